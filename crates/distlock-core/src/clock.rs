@@ -1,0 +1,52 @@
+//! The clock validity deadlines are computed on.
+//!
+//! `CLOCK_BOOTTIME` keeps counting while the machine is suspended (`CLOCK_MONOTONIC`, behind
+//! `std::time::Instant`, does not), so a deadline is never believed to be further away than it is after
+//! a suspend. Both keep counting through SIGSTOP.
+
+use std::time::Duration;
+
+use rustix::time::{clock_gettime, clock_gettime_dynamic, ClockId, DynamicClockId};
+
+/// A point on the boot clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Instant(Duration);
+
+/// Now, on the boot clock.
+pub fn now() -> Instant {
+    let ts = clock_gettime_dynamic(DynamicClockId::Boottime)
+        .unwrap_or_else(|_| clock_gettime(ClockId::Monotonic));
+    Instant(Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32))
+}
+
+impl Instant {
+    /// Time from `earlier` to `self`, zero if `earlier` is later.
+    pub fn saturating_duration_since(self, earlier: Instant) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    /// `self + d`, saturating.
+    pub fn add(self, d: Duration) -> Instant {
+        Instant(self.0.saturating_add(d))
+    }
+
+    /// `self - d`, saturating at zero.
+    pub fn sub(self, d: Duration) -> Instant {
+        Instant(self.0.saturating_sub(d))
+    }
+
+    /// The time left until `self`, zero if it has passed.
+    pub fn remaining(self) -> Duration {
+        self.saturating_duration_since(now())
+    }
+
+    /// The same moment as a tokio instant, for arming timers.
+    pub fn to_tokio(self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.remaining()
+    }
+
+    /// The same moment as a std instant (monotonic clock), for callers.
+    pub fn to_std(self) -> std::time::Instant {
+        std::time::Instant::now() + self.remaining()
+    }
+}

@@ -1,0 +1,548 @@
+//! `Locks` (a connection to a lock service), `Lock` (one owner of one name) and the acquire algorithm.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::OwnedMutexGuard;
+
+use crate::capabilities::Capabilities;
+use crate::clock;
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::{Holding, LockGuard};
+use crate::options::{LockOptions, Wait};
+use crate::raw::{AcquireRequest, Attempt, Backend, DynBackend, ErasedAcquisition, LockInfo};
+use crate::sync::lock;
+use crate::watchdog::Watchdog;
+
+/// The longest caller-supplied owner id accepted, in bytes.
+pub const MAX_OWNER_BYTES: usize = 256;
+
+/// A handle on one lock service: cheap to clone, shares connections, hands out [`Lock`]s.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// use distlock_core::{Locks, memory::MemoryBackend};
+///
+/// let locks = Locks::new(MemoryBackend::new());
+/// let lock = locks.lock("orders/42")?;
+/// let guard = lock.acquire().await?;
+/// assert!(guard.token().is_some());
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Locks {
+    inner: Arc<LocksInner>,
+}
+
+pub(crate) struct LocksInner {
+    pub(crate) backend: Arc<dyn DynBackend>,
+    runtime: OnceLock<Handle>,
+    defaults: LockOptions,
+    /// Same-name waiters of this `Locks` queue here (tokio's mutex is FIFO), so only the head contends
+    /// with the engine.
+    gates: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    pub(crate) watchdog: Arc<Watchdog>,
+}
+
+fn process_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| uuid::Uuid::new_v4().to_string())
+}
+
+fn next_owner_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("{}:{}", process_id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+impl Locks {
+    /// Wraps a backend. Defaults: lease 30 s, wait forever.
+    pub fn new<B: Backend>(backend: B) -> Self {
+        Self::with_defaults(backend, LockOptions::default())
+    }
+
+    /// Wraps a backend with other default options for its locks (a URL's `?lease=`).
+    pub fn with_defaults<B: Backend>(backend: B, defaults: LockOptions) -> Self {
+        Self {
+            inner: Arc::new(LocksInner {
+                backend: Arc::new(backend),
+                runtime: OnceLock::new(),
+                defaults,
+                gates: Mutex::new(HashMap::new()),
+                watchdog: Arc::new(Watchdog::default()),
+            }),
+        }
+    }
+
+    /// A new owner of `name`, with an owner id unique in this process (`<process uuid>:<n>`). No I/O.
+    ///
+    /// Fails with [`ErrorKind::InvalidName`] for an empty name, one over 1024 bytes, or one the backend
+    /// cannot map.
+    pub fn lock(&self, name: &str) -> Result<Lock> {
+        self.lock_as(name, next_owner_id())
+    }
+
+    /// A new owner of `name` with a caller-supplied owner id (to resume ownership across restarts, or
+    /// to interoperate with another client's id scheme).
+    pub fn lock_as(&self, name: &str, owner: impl Into<String>) -> Result<Lock> {
+        let owner = owner.into();
+        let backend = self.inner.backend.kind();
+        crate::name::validate(name)
+            .and_then(|()| self.inner.backend.validate_name(name))
+            .map_err(|e| e.with_backend(backend))?;
+        if owner.is_empty() || owner.len() > MAX_OWNER_BYTES {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("an owner id must be 1 to {MAX_OWNER_BYTES} bytes"),
+            )
+            .with_backend(backend)
+            .with_lock(name));
+        }
+        Ok(Lock {
+            shared: Arc::new(LockShared {
+                locks: self.inner.clone(),
+                name: name.to_string(),
+                owner,
+                acquiring: tokio::sync::Mutex::new(()),
+                held: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// What the backend promises.
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.backend.capabilities()
+    }
+
+    /// The backend's short name (`"file"`, `"memory"`, `"redis"`).
+    pub fn backend_kind(&self) -> &'static str {
+        self.inner.backend.kind()
+    }
+
+    /// The default options of this handle's locks.
+    pub fn defaults(&self) -> LockOptions {
+        self.inner.defaults
+    }
+
+    /// What the server knows about `name`: holder, token, remaining lease, waiters where it can tell.
+    pub async fn inspect(&self, name: &str) -> Result<LockInfo> {
+        let backend = self.inner.backend.kind();
+        crate::name::validate(name)
+            .and_then(|()| self.inner.backend.validate_name(name))
+            .map_err(|e| e.with_backend(backend))?;
+        self.inner
+            .backend
+            .inspect(name)
+            .await
+            .map_err(|e| tag(e, backend, name))
+    }
+}
+
+impl fmt::Debug for Locks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locks")
+            .field("backend", &self.inner.backend.kind())
+            .field("defaults", &self.inner.defaults)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocksInner {
+    /// The runtime background work (drop-release, undo, renewals) runs on: the one the first acquire ran
+    /// on, so a guard dropped outside any runtime still releases.
+    pub(crate) fn runtime(&self) -> Option<&Handle> {
+        self.runtime.get()
+    }
+
+    fn bind_runtime(&self) -> Result<()> {
+        if self.runtime.get().is_some() {
+            return Ok(());
+        }
+        let handle = Handle::try_current().map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidConfig,
+                "distlock needs a tokio runtime: call it from inside one",
+            )
+        })?;
+        let _ = self.runtime.set(handle);
+        Ok(())
+    }
+
+    fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = lock(&self.gates);
+        if let Some(gate) = gates.get(name).and_then(Weak::upgrade) {
+            return gate;
+        }
+        if gates.len() >= 64 {
+            gates.retain(|_, gate| gate.strong_count() > 0);
+        }
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        gates.insert(name.to_string(), Arc::downgrade(&gate));
+        gate
+    }
+}
+
+/// Adds the backend and lock name to an error if the backend did not.
+pub(crate) fn tag(mut error: Error, backend: &'static str, name: &str) -> Error {
+    if error.backend().is_empty() {
+        error = error.with_backend(backend);
+    }
+    if error.lock_name().is_none() {
+        error = error.with_lock(name);
+    }
+    error
+}
+
+/// One owner of one lock name. Not `Clone`: tasks that must exclude each other each call
+/// [`Locks::lock`]. Acquiring again while one of its guards lives is reentrant: it returns another guard
+/// with the same token, and the lock is released when the last guard goes.
+pub struct Lock {
+    shared: Arc<LockShared>,
+}
+
+pub(crate) struct LockShared {
+    pub(crate) locks: Arc<LocksInner>,
+    pub(crate) name: String,
+    pub(crate) owner: String,
+    /// Serialises acquires of this `Lock`, so a second task's acquire sees the first one's hold and
+    /// joins it instead of racing it to the engine.
+    acquiring: tokio::sync::Mutex<()>,
+    /// The current hold and how many guards share it.
+    pub(crate) held: Mutex<Option<(Arc<Holding>, usize)>>,
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.shared.name)
+            .field("owner", &self.shared.owner)
+            .field("backend", &self.shared.locks.backend.kind())
+            .finish()
+    }
+}
+
+impl Lock {
+    /// The lock name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// This owner's id.
+    pub fn owner(&self) -> &str {
+        &self.shared.owner
+    }
+
+    /// Acquires the lock with the defaults of its [`Locks`] (by default waiting as long as it takes).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves no lock and no queue entry behind: whatever was already sent is undone
+    /// by a background task (compare-and-delete by owner, delete of the own queued key). The same holds
+    /// for a request whose reply was lost.
+    pub async fn acquire(&self) -> Result<LockGuard> {
+        self.options().acquire().await
+    }
+
+    /// One attempt: `Ok(None)` when the lock is held elsewhere (including by another [`Lock`] of this
+    /// process).
+    ///
+    /// # Cancel safety
+    /// As for [`acquire`](Self::acquire).
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
+        self.options().try_acquire().await
+    }
+
+    /// Options for one acquire: `lock.options().wait(d).lease(d).max_hold(d).acquire().await`.
+    pub fn options(&self) -> AcquireOptions<'_> {
+        AcquireOptions { lock: self, options: self.shared.locks.defaults }
+    }
+
+    /// Whether a guard of this `Lock` is alive.
+    pub fn is_held(&self) -> bool {
+        lock(&self.shared.held).is_some()
+    }
+
+    async fn run(&self, options: LockOptions) -> Result<Option<LockGuard>> {
+        let shared = &self.shared;
+        let locks = &shared.locks;
+        let backend_kind = locks.backend.kind();
+        let result = self.run_inner(options).await;
+        result.map_err(|e| tag(e, backend_kind, &shared.name))
+    }
+
+    async fn run_inner(&self, options: LockOptions) -> Result<Option<LockGuard>> {
+        options.validate()?;
+        let shared = &self.shared;
+        let locks = &shared.locks;
+        locks.bind_runtime()?;
+        if options.max_hold.is_some() && !locks.backend.capabilities().server_ttl {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "max_hold needs a lease on the server; this backend holds a lock until it is released or its process ends",
+            ));
+        }
+        let deadline = match options.wait {
+            Wait::Forever => None,
+            Wait::Limit(limit) => Some(tokio::time::Instant::now() + limit),
+        };
+
+        let Some(_serial) = within(deadline, shared.acquiring.lock()).await else {
+            return Ok(None);
+        };
+        if let Some(guard) = self.reenter()? {
+            return Ok(Some(guard));
+        }
+        let gate = locks.gate(&shared.name);
+        let Some(gate) = within(deadline, gate.lock_owned()).await else {
+            return Ok(None);
+        };
+
+        let request = AcquireRequest {
+            name: shared.name.clone(),
+            owner: shared.owner.clone(),
+            lease: options.first_ttl(),
+        };
+        let acquisition = locks.backend.begin(&request)?;
+        let mut pending = Pending {
+            acquisition: Some(acquisition),
+            gate: Some(gate),
+            request,
+            locks: locks.clone(),
+        };
+        loop {
+            // Read before the request is sent: the validity deadline counts from here.
+            let sent_at = clock::now();
+            // A try is never cut short by the wait limit (a grant that arrives is not thrown away, and a
+            // zero wait still makes one whole attempt); backends bound their own requests.
+            let (acquisition, request) = pending.parts()?;
+            let attempt = match locks.backend.try_acquire(acquisition, request).await {
+                Ok(attempt) => attempt,
+                Err(e) => {
+                    pending.abandon().await;
+                    return Err(e);
+                }
+            };
+            let retry_after = match attempt {
+                Attempt::Acquired(grant) => {
+                    if let Some(ttl) = grant.ttl {
+                        if clock::now() >= crate::guard::validity_deadline(sent_at, ttl) {
+                            pending.abandon().await;
+                            return Err(Error::new(
+                                ErrorKind::Unavailable,
+                                format!(
+                                    "the grant arrived after its validity deadline (the round trip took longer than the {} lease); use a longer lease",
+                                    crate::duration::format(ttl)
+                                ),
+                            ));
+                        }
+                    }
+                    let gate = pending.disarm();
+                    return Ok(Some(self.install(grant, sent_at, options, gate)));
+                }
+                Attempt::Busy { retry_after } => retry_after,
+            };
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                pending.abandon().await;
+                return Ok(None);
+            }
+            let (acquisition, request) = pending.parts()?;
+            let waited = within(deadline, locks.backend.wait(acquisition, request, retry_after)).await;
+            match waited {
+                None => {
+                    pending.abandon().await;
+                    return Ok(None);
+                }
+                Some(Err(e)) => {
+                    pending.abandon().await;
+                    return Err(e);
+                }
+                Some(Ok(())) => {}
+            }
+        }
+    }
+
+    /// Joins the current hold if there is one: the same token, one more guard.
+    fn reenter(&self) -> Result<Option<LockGuard>> {
+        let mut held = lock(&self.shared.held);
+        let Some((holding, count)) = held.as_mut() else { return Ok(None) };
+        if let Some(reason) = holding.loss_reason() {
+            return Err(Error::new(
+                ErrorKind::LockLost,
+                format!("cannot re-enter a lock that was lost: {reason}"),
+            ));
+        }
+        *count += 1;
+        Ok(Some(LockGuard::new(holding.clone())))
+    }
+
+    fn install(
+        &self,
+        grant: crate::raw::Grant<crate::raw::ErasedLease>,
+        sent_at: clock::Instant,
+        options: LockOptions,
+        gate: Option<OwnedMutexGuard<()>>,
+    ) -> LockGuard {
+        let holding = Holding::new(self.shared.clone(), grant.lease, grant.token, grant.ttl, sent_at, options, gate);
+        *lock(&self.shared.held) = Some((holding.clone(), 1));
+        if grant.ttl.is_some() || options.max_hold.is_some() {
+            self.shared.locks.watchdog.register(&holding, &self.shared.locks);
+        }
+        if let Some(loss) = grant.loss {
+            holding.watch_loss(loss);
+        }
+        LockGuard::new(holding)
+    }
+}
+
+/// Runs `fut` until `deadline`; `None` if it elapsed first. The future is polled once even when the
+/// deadline has already passed, so a zero wait still takes what is free.
+async fn within<F: std::future::Future>(
+    deadline: Option<tokio::time::Instant>,
+    fut: F,
+) -> Option<F::Output> {
+    match deadline {
+        None => Some(fut.await),
+        Some(deadline) => tokio::time::timeout_at(deadline, fut).await.ok(),
+    }
+}
+
+/// An acquisition the core has not finished: if it is dropped (the acquire future was cancelled) or
+/// abandoned, whatever it may have left on the server is undone in the background, and the local gate
+/// is passed on only after that, so the next waiter of this process never races the undo.
+struct Pending {
+    acquisition: Option<ErasedAcquisition>,
+    gate: Option<OwnedMutexGuard<()>>,
+    request: AcquireRequest,
+    locks: Arc<LocksInner>,
+}
+
+impl Pending {
+    /// The acquisition and its request, for the next call to the backend.
+    fn parts(&mut self) -> Result<(&mut ErasedAcquisition, &AcquireRequest)> {
+        match self.acquisition.as_mut() {
+            Some(acquisition) => Ok((acquisition, &self.request)),
+            None => Err(Error::new(
+                ErrorKind::Protocol,
+                "internal error: acquisition already finished",
+            )),
+        }
+    }
+
+    /// The acquire succeeded: nothing to undo. Returns the gate for the hold to keep.
+    fn disarm(&mut self) -> Option<OwnedMutexGuard<()>> {
+        self.acquisition = None;
+        self.gate.take()
+    }
+
+    /// Undoes the acquisition and waits for that to finish; the undo goes on if this future is dropped.
+    async fn abandon(&mut self) {
+        if let Some(task) = self.spawn_abandon() {
+            let _ = task.await;
+        }
+    }
+
+    fn spawn_abandon(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        let acquisition = self.acquisition.take()?;
+        let gate = self.gate.take();
+        let backend = self.locks.backend.clone();
+        let request = self.request.clone();
+        let runtime = self.locks.runtime()?;
+        Some(runtime.spawn(async move {
+            backend.abandon(acquisition, &request).await;
+            drop(gate);
+        }))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.spawn_abandon().is_some() {
+            tracing::debug!(lock = %self.request.name, "acquire cancelled; undoing it in the background");
+        }
+    }
+}
+
+/// Options for one acquire, from [`Lock::options`].
+#[must_use = "options do nothing until .acquire() or .try_acquire() is awaited"]
+pub struct AcquireOptions<'a> {
+    lock: &'a Lock,
+    options: LockOptions,
+}
+
+impl fmt::Debug for AcquireOptions<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcquireOptions")
+            .field("lock", &self.lock.name())
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl AcquireOptions<'_> {
+    /// Waits at most `limit` for a lock held elsewhere, then fails with [`ErrorKind::Timeout`].
+    pub fn wait(mut self, limit: Duration) -> Self {
+        self.options.wait = Wait::Limit(limit);
+        self
+    }
+
+    /// Waits as long as it takes.
+    pub fn wait_forever(mut self) -> Self {
+        self.options.wait = Wait::Forever;
+        self
+    }
+
+    /// Makes one attempt: the same as `wait(Duration::ZERO)`.
+    pub fn no_wait(self) -> Self {
+        self.wait(Duration::ZERO)
+    }
+
+    /// The lease on the server (default 30 s); the watchdog renews it every third while a guard lives.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.options.lease = lease;
+        self
+    }
+
+    /// Caps the whole hold: renewals ask for at most what is left, and the guard becomes Lost when the cap
+    /// is reached. Redisson's `lock(leaseTime)` is `lease(t).max_hold(t)`.
+    pub fn max_hold(mut self, cap: Duration) -> Self {
+        self.options.max_hold = Some(cap);
+        self
+    }
+
+    /// The options as set so far.
+    pub fn as_options(&self) -> LockOptions {
+        self.options
+    }
+
+    /// Acquires with these options; [`ErrorKind::Timeout`] if a wait limit elapses.
+    ///
+    /// # Cancel safety
+    /// As for [`Lock::acquire`].
+    pub async fn acquire(self) -> Result<LockGuard> {
+        let waited = match self.options.wait {
+            Wait::Limit(limit) => limit,
+            Wait::Forever => Duration::MAX,
+        };
+        match self.lock.run(self.options).await? {
+            Some(guard) => Ok(guard),
+            None => Err(tag(
+                Error::timeout(self.lock.name(), waited),
+                self.lock.shared.locks.backend.kind(),
+                self.lock.name(),
+            )),
+        }
+    }
+
+    /// One attempt with these options (the wait limit is ignored): `Ok(None)` when held elsewhere.
+    ///
+    /// # Cancel safety
+    /// As for [`Lock::acquire`].
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>> {
+        self.lock.run(self.options.with_wait(Wait::Limit(Duration::ZERO))).await
+    }
+}

@@ -1,0 +1,312 @@
+//! The in-memory backend: the reference implementation of every semantic, TTLs included, inside one
+//! process. `memory://name` is a process-global store per namespace; [`MemoryBackend::new`] a private
+//! one.
+//!
+//! Its "server side" can be frozen ([`MemoryBackend::freeze`], or `memory://ns?freeze_after=2s`), as on a
+//! partition: every request then fails with [`ErrorKind::Unavailable`] while leases keep expiring, so a
+//! guard goes to Jeopardy and then Lost at its deadline. That is how the loss path is tested without a
+//! server.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::capabilities::{Capabilities, Fencing};
+use crate::clock::{self, Instant};
+use crate::error::{Error, ErrorKind, Result};
+use crate::raw::{
+    AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, Released, Renewal, Renewed,
+};
+use crate::sync::lock;
+use crate::token::FencingToken;
+use crate::url::LockUrl;
+
+/// The in-memory backend. Cloning shares the store.
+#[derive(Clone)]
+pub struct MemoryBackend {
+    store: Arc<Store>,
+    namespace: Option<String>,
+}
+
+struct Store {
+    names: Mutex<HashMap<String, NameState>>,
+    /// Bumped on every release, so waiters wake without polling and never miss one.
+    releases: watch::Sender<u64>,
+    frozen: AtomicBool,
+    freeze_at: Mutex<Option<Instant>>,
+}
+
+#[derive(Default)]
+struct NameState {
+    holder: Option<Holder>,
+    last_token: u64,
+}
+
+struct Holder {
+    owner: String,
+    token: u64,
+    expires_at: Instant,
+    since: SystemTime,
+}
+
+impl Holder {
+    fn live(&self, now: Instant) -> bool {
+        now < self.expires_at
+    }
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("namespace", &self.namespace)
+            .field("frozen", &self.store.is_frozen())
+            .finish()
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Store {
+    fn new() -> Self {
+        Self {
+            names: Mutex::new(HashMap::new()),
+            releases: watch::channel(0).0,
+            frozen: AtomicBool::new(false),
+            freeze_at: Mutex::new(None),
+        }
+    }
+
+    fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst) || lock(&self.freeze_at).is_some_and(|at| clock::now() >= at)
+    }
+
+    fn check_reachable(&self) -> Result<()> {
+        if self.is_frozen() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "the memory server is frozen (simulated partition)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn released(&self) {
+        self.releases.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+impl MemoryBackend {
+    /// A private store, shared only by clones of this backend.
+    pub fn new() -> Self {
+        Self { store: Arc::new(Store::new()), namespace: None }
+    }
+
+    /// The process-global store of `namespace`: every `memory://namespace` in this process shares it.
+    pub fn namespace(namespace: &str) -> Self {
+        static STORES: OnceLock<Mutex<HashMap<String, Arc<Store>>>> = OnceLock::new();
+        let stores = STORES.get_or_init(|| Mutex::new(HashMap::new()));
+        let store = lock(stores)
+            .entry(namespace.to_string())
+            .or_insert_with(|| Arc::new(Store::new()))
+            .clone();
+        Self { store, namespace: Some(namespace.to_string()) }
+    }
+
+    /// `memory://[namespace][?freeze_after=DURATION]`. `freeze_after` freezes the server side that long
+    /// after the backend is made: a fault-injection knob for testing the loss path (of `distlock run`,
+    /// say) in another process.
+    pub fn from_url(url: &LockUrl) -> Result<Self> {
+        url.reject_unknown_query(&["freeze_after", "lease"])?;
+        if url.hosts().len() > 1 || !url.path().trim_matches('/').is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "memory URLs take only a namespace: memory://[namespace]",
+            ));
+        }
+        let backend = Self::namespace(url.hosts().first().map_or("", String::as_str));
+        if let Some(after) = url.query_duration("freeze_after")? {
+            backend.freeze_after(after);
+        }
+        Ok(backend)
+    }
+
+    /// Freezes the server side: every request fails as on a partition; leases keep expiring.
+    pub fn freeze(&self) {
+        self.store.frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// Freezes the server side `after` from now.
+    pub fn freeze_after(&self, after: Duration) {
+        *lock(&self.store.freeze_at) = Some(clock::now().add(after));
+    }
+
+    /// Ends a freeze.
+    pub fn unfreeze(&self) {
+        self.store.frozen.store(false, Ordering::SeqCst);
+        *lock(&self.store.freeze_at) = None;
+    }
+
+    /// Whether the server side is frozen.
+    pub fn is_frozen(&self) -> bool {
+        self.store.is_frozen()
+    }
+}
+
+/// A memory acquisition: the release counter last seen, so no release between a busy try and the wait
+/// is missed.
+#[derive(Debug)]
+pub struct MemoryAcquisition {
+    releases: watch::Receiver<u64>,
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    type Lease = ();
+    type Acquisition = MemoryAcquisition;
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::mutex()
+            .with_server_ttl(true)
+            .with_fencing(Fencing::Strict)
+            .with_notify_wait(true)
+            .with_shared_across_processes(false)
+    }
+
+    fn begin(&self, _request: &AcquireRequest) -> Result<MemoryAcquisition> {
+        let mut releases = self.store.releases.subscribe();
+        releases.borrow_and_update();
+        Ok(MemoryAcquisition { releases })
+    }
+
+    async fn try_acquire(
+        &self,
+        acquisition: &mut MemoryAcquisition,
+        request: &AcquireRequest,
+    ) -> Result<Attempt<()>> {
+        self.store.check_reachable()?;
+        acquisition.releases.borrow_and_update();
+        let now = clock::now();
+        let mut names = lock(&self.store.names);
+        let state = names.entry(request.name.clone()).or_default();
+        if let Some(holder) = state.holder.as_mut().filter(|h| h.live(now)) {
+            if holder.owner != request.owner {
+                return Ok(Attempt::Busy {
+                    retry_after: Some(holder.expires_at.saturating_duration_since(now)),
+                });
+            }
+            // Ours already (an earlier reply was lost): the same hold, refreshed.
+            holder.expires_at = now.add(request.lease);
+            return Ok(Attempt::Acquired(
+                Grant::new(()).with_token(FencingToken::new(holder.token)).with_ttl(request.lease),
+            ));
+        }
+        state.last_token += 1;
+        state.holder = Some(Holder {
+            owner: request.owner.clone(),
+            token: state.last_token,
+            expires_at: now.add(request.lease),
+            since: SystemTime::now(),
+        });
+        Ok(Attempt::Acquired(
+            Grant::new(()).with_token(FencingToken::new(state.last_token)).with_ttl(request.lease),
+        ))
+    }
+
+    async fn wait(
+        &self,
+        acquisition: &mut MemoryAcquisition,
+        _request: &AcquireRequest,
+        retry_after: Option<Duration>,
+    ) -> Result<()> {
+        let expiry = retry_after.unwrap_or(Duration::from_secs(3600));
+        tokio::select! {
+            _ = acquisition.releases.changed() => {}
+            _ = tokio::time::sleep(expiry) => {}
+        }
+        Ok(())
+    }
+
+    async fn abandon(&self, _acquisition: MemoryAcquisition, request: &AcquireRequest) {
+        if self.store.check_reachable().is_err() {
+            return;
+        }
+        let mut names = lock(&self.store.names);
+        if let Some(state) = names.get_mut(&request.name) {
+            if state.holder.as_ref().is_some_and(|h| h.owner == request.owner) {
+                state.holder = None;
+                drop(names);
+                self.store.released();
+            }
+        }
+    }
+
+    async fn renew(&self, batch: &[Renewal<'_, ()>]) -> Vec<Result<Renewed>> {
+        if let Err(e) = self.store.check_reachable() {
+            return batch.iter().map(|_| Err(Error::new(e.kind(), e.message()))).collect();
+        }
+        let now = clock::now();
+        let mut names = lock(&self.store.names);
+        batch
+            .iter()
+            .map(|entry| {
+                let holder = names.get_mut(entry.name).and_then(|s| s.holder.as_mut());
+                Ok(match holder {
+                    Some(h) if h.owner == entry.owner && h.live(now) => {
+                        h.expires_at = now.add(entry.ttl);
+                        Renewed::Extended { ttl: entry.ttl }
+                    }
+                    Some(h) if h.live(now) => Renewed::Gone { reason: "another owner holds the lock".into() },
+                    _ => Renewed::Gone { reason: "the lease expired on the server".into() },
+                })
+            })
+            .collect()
+    }
+
+    async fn release(&self, _lease: &(), name: &str, owner: &str) -> Result<Released> {
+        self.store.check_reachable()?;
+        let now = clock::now();
+        let mut names = lock(&self.store.names);
+        let Some(state) = names.get_mut(name) else { return Ok(Released::NotHeld) };
+        match &state.holder {
+            Some(h) if h.owner == owner && h.live(now) => {
+                state.holder = None;
+                drop(names);
+                self.store.released();
+                Ok(Released::Released)
+            }
+            _ => Ok(Released::NotHeld),
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<LockInfo> {
+        self.store.check_reachable()?;
+        let now = clock::now();
+        let names = lock(&self.store.names);
+        let mut info = LockInfo::default();
+        if let Some(state) = names.get(name) {
+            info.last_token = (state.last_token > 0).then(|| FencingToken::new(state.last_token));
+            if let Some(h) = state.holder.as_ref().filter(|h| h.live(now)) {
+                let mut holder = HolderInfo::default();
+                holder.owner = Some(h.owner.clone());
+                holder.token = Some(FencingToken::new(h.token));
+                holder.remaining_lease = Some(h.expires_at.saturating_duration_since(now));
+                holder.pid = Some(std::process::id());
+                holder.since = Some(h.since);
+                info.holder = Some(holder);
+            }
+        }
+        Ok(info)
+    }
+}

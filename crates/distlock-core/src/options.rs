@@ -1,0 +1,91 @@
+//! Lock options and their defaults.
+
+use std::time::Duration;
+
+use crate::duration;
+use crate::error::{Error, ErrorKind, Result};
+
+/// The default lease: Redisson's watchdog timeout.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The shortest lease accepted. Renewals run every third of the lease, so shorter leases would spend
+/// more time renewing than holding.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// How long an acquire may wait for a lock held elsewhere.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Until the lock is acquired (or the future is dropped).
+    Forever,
+    /// At most this long, then [`ErrorKind::Timeout`]. Zero means one attempt.
+    Limit(Duration),
+}
+
+/// Options of one acquire: how long to wait, the lease on the server, and a cap on the whole hold.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockOptions {
+    /// How long an acquire may wait.
+    pub wait: Wait,
+    /// The time-to-live on the server; the watchdog renews it every third while a guard lives.
+    pub lease: Duration,
+    /// Cap on the total hold: renewals stop asking beyond it and the guard becomes Lost when reached.
+    pub max_hold: Option<Duration>,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self { wait: Wait::Forever, lease: DEFAULT_LEASE, max_hold: None }
+    }
+}
+
+impl LockOptions {
+    /// Sets the wait limit.
+    pub fn with_wait(mut self, wait: Wait) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets the lease.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the cap on the total hold.
+    pub fn with_max_hold(mut self, max_hold: Option<Duration>) -> Self {
+        self.max_hold = max_hold;
+        self
+    }
+
+    /// Rejects values no lock can work with, naming the allowed range.
+    pub fn validate(&self) -> Result<()> {
+        if self.lease < MIN_LEASE {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "lease {} is too short: it must be at least {}",
+                    duration::format(self.lease),
+                    duration::format(MIN_LEASE)
+                ),
+            ));
+        }
+        if let Some(max_hold) = self.max_hold {
+            if max_hold.is_zero() {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    "max_hold must be longer than zero",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The lease the first request asks for: the lease, capped by `max_hold`.
+    pub(crate) fn first_ttl(&self) -> Duration {
+        match self.max_hold {
+            Some(cap) => self.lease.min(cap),
+            None => self.lease,
+        }
+    }
+}

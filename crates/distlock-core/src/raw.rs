@@ -1,0 +1,369 @@
+//! The trait backends implement. Users never see it: they use [`Locks`](crate::Locks), [`Lock`] and
+//! [`LockGuard`], whose semantics (reentrancy, the local FIFO, validity deadlines, the three states,
+//! the watchdog, undoing cancelled acquires) are computed here in the core, once, for every backend.
+//!
+//! A backend only talks to its engine:
+//!
+//! * an acquire is a [`Backend::Acquisition`] made by [`begin`](Backend::begin) (no I/O), tried with
+//!   [`try_acquire`](Backend::try_acquire) and, while busy, parked in [`wait`](Backend::wait) until a
+//!   notification (pub/sub, watch) or the hint says another try is worthwhile;
+//! * an acquisition the core gives up on, including one whose future was dropped or whose reply was
+//!   lost, is handed to [`abandon`](Backend::abandon), which removes whatever the requests may have left
+//!   on the server for this owner (a queued key, an unacknowledged grant);
+//! * held locks are renewed in batches: [`renew`](Backend::renew) gets every lease due in one watchdog
+//!   tick and sends one round trip per group (connection, slot, session);
+//! * [`release`](Backend::release) deletes only what this owner holds, and is safe to retry.
+//!
+//! [`Lock`]: crate::Lock
+//! [`LockGuard`]: crate::LockGuard
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::capabilities::Capabilities;
+use crate::error::{Error, ErrorKind, Result};
+use crate::token::FencingToken;
+
+/// One acquire as the backend sees it.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireRequest {
+    /// The lock name, already validated by the core and the backend.
+    pub name: String,
+    /// The owner id: `<process uuid>:<n>` or caller-supplied. Unique per [`Lock`](crate::Lock).
+    pub owner: String,
+    /// The lease to ask the server for (already capped by `max_hold`).
+    pub lease: Duration,
+}
+
+/// A future that resolves, with the reason, once the backend knows a held lock is gone (a session
+/// expired, a connection closed). Backends that learn of a loss only by renewing return none.
+pub type LossSignal = Pin<Box<dyn Future<Output = String> + Send + 'static>>;
+
+/// A granted lock.
+#[non_exhaustive]
+pub struct Grant<L> {
+    /// What the backend needs to renew and release it.
+    pub lease: L,
+    /// The fencing token, if the backend mints one.
+    pub token: Option<FencingToken>,
+    /// The time-to-live the server granted; `None` when the lock has no server-side expiry.
+    pub ttl: Option<Duration>,
+    /// Resolves when the backend learns the lock is gone.
+    pub loss: Option<LossSignal>,
+}
+
+impl<L> Grant<L> {
+    /// A grant with no token, no expiry and no loss signal.
+    pub fn new(lease: L) -> Self {
+        Self { lease, token: None, ttl: None, loss: None }
+    }
+
+    /// Sets the fencing token.
+    pub fn with_token(mut self, token: FencingToken) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// Sets the granted time-to-live.
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Sets the loss signal.
+    pub fn with_loss(mut self, loss: LossSignal) -> Self {
+        self.loss = Some(loss);
+        self
+    }
+}
+
+impl<L> std::fmt::Debug for Grant<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant")
+            .field("token", &self.token)
+            .field("ttl", &self.ttl)
+            .field("loss", &self.loss.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The outcome of one try.
+#[non_exhaustive]
+#[derive(Debug)]
+pub enum Attempt<L> {
+    /// The lock is ours.
+    Acquired(Grant<L>),
+    /// Held elsewhere. `retry_after` is when the holder's lease ends if nobody renews it (Redis pttl):
+    /// [`Backend::wait`] need not wait longer than that.
+    Busy {
+        /// The holder's remaining lease, if known.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// One lease in a renewal batch.
+#[non_exhaustive]
+#[derive(Debug)]
+pub struct Renewal<'a, L> {
+    /// The lock name.
+    pub name: &'a str,
+    /// The owner that holds it.
+    pub owner: &'a str,
+    /// The backend's record of the held lock.
+    pub lease: &'a L,
+    /// The time-to-live to ask for (the lease, capped by what is left of `max_hold`).
+    pub ttl: Duration,
+}
+
+/// The outcome of renewing one lease. An `Err` means "unknown" (the guard goes to Jeopardy).
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Renewed {
+    /// The server extended the lease by `ttl`.
+    Extended {
+        /// The time-to-live granted.
+        ttl: Duration,
+    },
+    /// The server says the lock is no longer this owner's: expired, deleted, or someone else's.
+    Gone {
+        /// What the server said, for the guard's loss reason.
+        reason: String,
+    },
+}
+
+/// The outcome of a release.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// This owner's lock was deleted.
+    Released,
+    /// Nothing of this owner's was there (expired, taken over, or already released).
+    NotHeld,
+}
+
+/// What `status` shows about a lock.
+#[non_exhaustive]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The current holder, if the lock is held.
+    pub holder: Option<HolderInfo>,
+    /// Processes or clients waiting, where the engine can tell.
+    pub waiters: Option<usize>,
+    /// The last fencing token minted for this name, where the engine keeps it.
+    pub last_token: Option<FencingToken>,
+}
+
+/// What is known of a lock's holder; every field is optional because engines record different things.
+#[non_exhaustive]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HolderInfo {
+    /// The owner id.
+    pub owner: Option<String>,
+    /// The holder's fencing token.
+    pub token: Option<FencingToken>,
+    /// Time left on the lease on the server.
+    pub remaining_lease: Option<Duration>,
+    /// The holder's process id.
+    pub pid: Option<u32>,
+    /// The holder's host name.
+    pub host: Option<String>,
+    /// When the hold began.
+    pub since: Option<SystemTime>,
+}
+
+/// The engine side of a lock service. See the [module docs](self) for the contract.
+///
+/// Every method may be called concurrently for different locks. The core never calls two methods for
+/// the same acquisition at once.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// What the backend keeps for a held lock (a key and revision, an open file, a znode path).
+    type Lease: Send + Sync + 'static;
+    /// What the backend keeps while an acquire is under way (a subscription, a queued key).
+    type Acquisition: Send + 'static;
+
+    /// The backend's short name for errors and logs: `"memory"`, `"file"`, `"redis"`.
+    fn kind(&self) -> &'static str;
+
+    /// What this backend promises.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Backend-specific name rules beyond [`crate::name::validate`] (which the core has already run).
+    fn validate_name(&self, _name: &str) -> Result<()> {
+        Ok(())
+    }
+
+    /// Starts an acquire. No I/O.
+    fn begin(&self, request: &AcquireRequest) -> Result<Self::Acquisition>;
+
+    /// One try. May leave state on the server for `abandon` to clean up (a queued key).
+    ///
+    /// # Cancel safety
+    /// The core may drop this future; it then calls [`abandon`](Self::abandon) with the acquisition.
+    async fn try_acquire(
+        &self,
+        acquisition: &mut Self::Acquisition,
+        request: &AcquireRequest,
+    ) -> Result<Attempt<Self::Lease>>;
+
+    /// Waits until another try is worthwhile: a release notification, the `retry_after` hint, or a
+    /// backoff for engines that cannot notify. May return early; the core bounds it by its deadline.
+    async fn wait(
+        &self,
+        acquisition: &mut Self::Acquisition,
+        request: &AcquireRequest,
+        retry_after: Option<Duration>,
+    ) -> Result<()>;
+
+    /// Undoes whatever the acquisition may have left on the server for `request.owner`, including a
+    /// grant whose reply never arrived. Must not touch another owner's lock. Errors are the backend's to
+    /// log.
+    async fn abandon(&self, acquisition: Self::Acquisition, request: &AcquireRequest);
+
+    /// Renews every lease in `batch`, one round trip per group, and returns one outcome per entry in
+    /// the same order.
+    async fn renew(&self, batch: &[Renewal<'_, Self::Lease>]) -> Vec<Result<Renewed>>;
+
+    /// Releases a held lock if, and only if, it is still this owner's. Safe to retry.
+    async fn release(&self, lease: &Self::Lease, name: &str, owner: &str) -> Result<Released>;
+
+    /// What the server knows about a lock, for `distlock status`.
+    async fn inspect(&self, _name: &str) -> Result<LockInfo> {
+        Err(Error::new(ErrorKind::Unsupported, "this backend cannot inspect locks"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Type erasure: the core holds `Arc<dyn DynBackend>` and never names a backend's types.
+
+pub(crate) type ErasedLease = Arc<dyn Any + Send + Sync>;
+pub(crate) type ErasedAcquisition = Box<dyn Any + Send>;
+
+#[async_trait]
+pub(crate) trait DynBackend: Send + Sync + 'static {
+    fn kind(&self) -> &'static str;
+    fn capabilities(&self) -> Capabilities;
+    fn validate_name(&self, name: &str) -> Result<()>;
+    fn begin(&self, request: &AcquireRequest) -> Result<ErasedAcquisition>;
+    async fn try_acquire(
+        &self,
+        acquisition: &mut ErasedAcquisition,
+        request: &AcquireRequest,
+    ) -> Result<Attempt<ErasedLease>>;
+    async fn wait(
+        &self,
+        acquisition: &mut ErasedAcquisition,
+        request: &AcquireRequest,
+        retry_after: Option<Duration>,
+    ) -> Result<()>;
+    async fn abandon(&self, acquisition: ErasedAcquisition, request: &AcquireRequest);
+    async fn renew(&self, batch: &[Renewal<'_, ErasedLease>]) -> Vec<Result<Renewed>>;
+    async fn release(&self, lease: &ErasedLease, name: &str, owner: &str) -> Result<Released>;
+    async fn inspect(&self, name: &str) -> Result<LockInfo>;
+}
+
+fn mismatch(what: &str) -> Error {
+    Error::new(
+        ErrorKind::Protocol,
+        format!("internal error: {what} belongs to another backend"),
+    )
+}
+
+#[async_trait]
+impl<B: Backend> DynBackend for B {
+    fn kind(&self) -> &'static str {
+        Backend::kind(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Backend::capabilities(self)
+    }
+
+    fn validate_name(&self, name: &str) -> Result<()> {
+        Backend::validate_name(self, name)
+    }
+
+    fn begin(&self, request: &AcquireRequest) -> Result<ErasedAcquisition> {
+        Ok(Box::new(Backend::begin(self, request)?))
+    }
+
+    async fn try_acquire(
+        &self,
+        acquisition: &mut ErasedAcquisition,
+        request: &AcquireRequest,
+    ) -> Result<Attempt<ErasedLease>> {
+        let acquisition = acquisition
+            .downcast_mut::<B::Acquisition>()
+            .ok_or_else(|| mismatch("an acquisition"))?;
+        Ok(match Backend::try_acquire(self, acquisition, request).await? {
+            Attempt::Acquired(grant) => Attempt::Acquired(Grant {
+                lease: Arc::new(grant.lease) as ErasedLease,
+                token: grant.token,
+                ttl: grant.ttl,
+                loss: grant.loss,
+            }),
+            Attempt::Busy { retry_after } => Attempt::Busy { retry_after },
+        })
+    }
+
+    async fn wait(
+        &self,
+        acquisition: &mut ErasedAcquisition,
+        request: &AcquireRequest,
+        retry_after: Option<Duration>,
+    ) -> Result<()> {
+        let acquisition = acquisition
+            .downcast_mut::<B::Acquisition>()
+            .ok_or_else(|| mismatch("an acquisition"))?;
+        Backend::wait(self, acquisition, request, retry_after).await
+    }
+
+    async fn abandon(&self, acquisition: ErasedAcquisition, request: &AcquireRequest) {
+        match acquisition.downcast::<B::Acquisition>() {
+            Ok(acquisition) => Backend::abandon(self, *acquisition, request).await,
+            Err(_) => tracing::error!("internal error: abandoned acquisition of another backend"),
+        }
+    }
+
+    async fn renew(&self, batch: &[Renewal<'_, ErasedLease>]) -> Vec<Result<Renewed>> {
+        let mut typed = Vec::with_capacity(batch.len());
+        let mut positions = Vec::with_capacity(batch.len());
+        let mut outcomes: Vec<Option<Result<Renewed>>> = Vec::with_capacity(batch.len());
+        for (i, entry) in batch.iter().enumerate() {
+            match entry.lease.downcast_ref::<B::Lease>() {
+                Some(lease) => {
+                    typed.push(Renewal { name: entry.name, owner: entry.owner, lease, ttl: entry.ttl });
+                    positions.push(i);
+                    outcomes.push(None);
+                }
+                None => outcomes.push(Some(Err(mismatch("a lease")))),
+            }
+        }
+        let results = Backend::renew(self, &typed).await;
+        let mut results = results.into_iter();
+        for i in positions {
+            outcomes[i] = Some(results.next().unwrap_or_else(|| {
+                Err(Error::new(ErrorKind::Protocol, "internal error: the backend returned too few renewal outcomes"))
+            }));
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(mismatch("a lease"))))
+            .collect()
+    }
+
+    async fn release(&self, lease: &ErasedLease, name: &str, owner: &str) -> Result<Released> {
+        let lease = lease.downcast_ref::<B::Lease>().ok_or_else(|| mismatch("a lease"))?;
+        Backend::release(self, lease, name, owner).await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<LockInfo> {
+        Backend::inspect(self, name).await
+    }
+}

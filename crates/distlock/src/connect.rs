@@ -1,0 +1,84 @@
+//! `connect(url)`: the backend is picked by the URL's scheme.
+
+use std::path::PathBuf;
+
+use distlock_core::url::{redact, LockUrl};
+use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
+
+/// Connects to the lock service a URL names.
+///
+/// | scheme | form |
+/// |---|---|
+/// | `memory` | `memory://[namespace]`: a process-global store per namespace |
+/// | `file` | `file:///dir`: flock(2) lock files in `dir` (created if missing) |
+///
+/// Every URL may carry `?lease=DURATION` (default 30 s), the lease of the locks it hands out.
+/// `redis`, `rediss`, `redis+sentinel`, `redis+cluster`, `redlock`, `etcd`, `etcds`, `zk`, `postgres`
+/// and `mysql` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
+/// scheme whose cargo feature is off fails with [`ErrorKind::InvalidConfig`] naming the feature.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use distlock::ErrorKind;
+/// let err = distlock::connect("gopher://x").await.unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+/// let err = distlock::connect("memory://?lease=0s").await.unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+/// # }
+/// ```
+pub async fn connect(url: &str) -> Result<Locks> {
+    let parsed = LockUrl::parse(url)?;
+    let mut defaults = LockOptions::default();
+    if let Some(lease) = parsed.query_duration("lease")? {
+        defaults = defaults.with_lease(lease);
+    }
+    defaults.validate()?;
+    match parsed.scheme() {
+        "memory" => Ok(Locks::with_defaults(
+            distlock_core::memory::MemoryBackend::from_url(&parsed)?,
+            defaults,
+        )),
+        "file" => file(&parsed, defaults),
+        scheme @ ("redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "redlock" | "etcd"
+        | "etcds" | "zk" | "postgres" | "postgresql" | "mysql" | "mariadb") => Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "the {scheme}:// backend is not part of this version of distlock yet; use file:///dir or memory://"
+            ),
+        )),
+        other => Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "unknown URL scheme {other:?} in {:?}; known: memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, etcds, zk, postgres, mysql",
+                redact(url)
+            ),
+        )),
+    }
+}
+
+#[cfg(feature = "file")]
+fn file(url: &LockUrl, defaults: LockOptions) -> Result<Locks> {
+    Ok(Locks::with_defaults(distlock_local::FileBackend::from_url(url)?, defaults))
+}
+
+#[cfg(not(feature = "file"))]
+fn file(_url: &LockUrl, _defaults: LockOptions) -> Result<Locks> {
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        "file:// needs distlock's `file` cargo feature, which is not enabled",
+    ))
+}
+
+/// The directory `distlock run` uses when no URL is given: `$XDG_STATE_HOME/distlock`, else
+/// `~/.local/state/distlock`, else `/tmp/distlock-<uid>`. Per user; pass `file:///var/lock/…` to share
+/// across users.
+pub fn default_file_dir() -> PathBuf {
+    if let Some(state) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(state).join("distlock");
+    }
+    if let Some(home) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(home).join(".local/state/distlock");
+    }
+    std::env::temp_dir().join(format!("distlock-{}", rustix::process::getuid().as_raw()))
+}
