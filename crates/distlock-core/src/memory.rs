@@ -2,10 +2,11 @@
 //! process. `memory://name` is a process-global store per namespace; [`MemoryBackend::new`] a private
 //! one.
 //!
-//! Its "server side" can be frozen ([`MemoryBackend::freeze`], or `memory://ns?freeze_after=2s`), as on a
-//! partition: every request then fails with [`ErrorKind::Unavailable`] while leases keep expiring, so a
-//! guard goes to Jeopardy and then Lost at its deadline. That is how the loss path is tested without a
-//! server.
+//! A handle can be cut off from the store ([`MemoryBackend::freeze`], or `memory://ns?freeze_after=2s`),
+//! as on a partition: every request of that handle (and its clones) then fails with
+//! [`ErrorKind::Unavailable`] while leases keep expiring in the store, so its guards go to Jeopardy and
+//! then Lost at their deadline, and other handles can take the lock over. That is how the loss path is
+//! tested without a server.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,10 +26,11 @@ use crate::sync::lock;
 use crate::token::FencingToken;
 use crate::url::LockUrl;
 
-/// The in-memory backend. Cloning shares the store.
+/// The in-memory backend. Clones share the store and the link to it (a freeze cuts them all).
 #[derive(Clone)]
 pub struct MemoryBackend {
     store: Arc<Store>,
+    link: Arc<Link>,
     namespace: Option<String>,
 }
 
@@ -36,8 +38,29 @@ struct Store {
     names: Mutex<HashMap<String, NameState>>,
     /// Bumped on every release, so waiters wake without polling and never miss one.
     releases: watch::Sender<u64>,
+}
+
+/// This handle's connection to the store, which a test can cut.
+#[derive(Default)]
+struct Link {
     frozen: AtomicBool,
     freeze_at: Mutex<Option<Instant>>,
+}
+
+impl Link {
+    fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst) || lock(&self.freeze_at).is_some_and(|at| clock::now() >= at)
+    }
+
+    fn check_reachable(&self) -> Result<()> {
+        if self.is_frozen() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "the memory store is unreachable from this handle (frozen: a simulated partition)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Default)]
@@ -63,7 +86,7 @@ impl std::fmt::Debug for MemoryBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryBackend")
             .field("namespace", &self.namespace)
-            .field("frozen", &self.store.is_frozen())
+            .field("frozen", &self.link.is_frozen())
             .finish()
     }
 }
@@ -76,26 +99,7 @@ impl Default for MemoryBackend {
 
 impl Store {
     fn new() -> Self {
-        Self {
-            names: Mutex::new(HashMap::new()),
-            releases: watch::channel(0).0,
-            frozen: AtomicBool::new(false),
-            freeze_at: Mutex::new(None),
-        }
-    }
-
-    fn is_frozen(&self) -> bool {
-        self.frozen.load(Ordering::SeqCst) || lock(&self.freeze_at).is_some_and(|at| clock::now() >= at)
-    }
-
-    fn check_reachable(&self) -> Result<()> {
-        if self.is_frozen() {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                "the memory server is frozen (simulated partition)",
-            ));
-        }
-        Ok(())
+        Self { names: Mutex::new(HashMap::new()), releases: watch::channel(0).0 }
     }
 
     fn released(&self) {
@@ -106,7 +110,7 @@ impl Store {
 impl MemoryBackend {
     /// A private store, shared only by clones of this backend.
     pub fn new() -> Self {
-        Self { store: Arc::new(Store::new()), namespace: None }
+        Self { store: Arc::new(Store::new()), link: Arc::default(), namespace: None }
     }
 
     /// The process-global store of `namespace`: every `memory://namespace` in this process shares it.
@@ -117,7 +121,7 @@ impl MemoryBackend {
             .entry(namespace.to_string())
             .or_insert_with(|| Arc::new(Store::new()))
             .clone();
-        Self { store, namespace: Some(namespace.to_string()) }
+        Self { store, link: Arc::default(), namespace: Some(namespace.to_string()) }
     }
 
     /// `memory://[namespace][?freeze_after=DURATION]`. `freeze_after` freezes the server side that long
@@ -132,31 +136,38 @@ impl MemoryBackend {
             ));
         }
         let backend = Self::namespace(url.hosts().first().map_or("", String::as_str));
+        // Each URL connection is a client of its own, as with a server.
         if let Some(after) = url.query_duration("freeze_after")? {
             backend.freeze_after(after);
         }
         Ok(backend)
     }
 
-    /// Freezes the server side: every request fails as on a partition; leases keep expiring.
-    pub fn freeze(&self) {
-        self.store.frozen.store(true, Ordering::SeqCst);
+    /// Another handle on the same store with a link of its own: what a second client would have.
+    pub fn another_client(&self) -> Self {
+        Self { store: self.store.clone(), link: Arc::default(), namespace: self.namespace.clone() }
     }
 
-    /// Freezes the server side `after` from now.
+    /// Cuts this handle (and its clones) off the store: every request fails as on a partition, while
+    /// leases keep expiring in the store.
+    pub fn freeze(&self) {
+        self.link.frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// Cuts this handle off `after` from now.
     pub fn freeze_after(&self, after: Duration) {
-        *lock(&self.store.freeze_at) = Some(clock::now().add(after));
+        *lock(&self.link.freeze_at) = Some(clock::now().add(after));
     }
 
     /// Ends a freeze.
     pub fn unfreeze(&self) {
-        self.store.frozen.store(false, Ordering::SeqCst);
-        *lock(&self.store.freeze_at) = None;
+        self.link.frozen.store(false, Ordering::SeqCst);
+        *lock(&self.link.freeze_at) = None;
     }
 
-    /// Whether the server side is frozen.
+    /// Whether this handle is cut off.
     pub fn is_frozen(&self) -> bool {
-        self.store.is_frozen()
+        self.link.is_frozen()
     }
 }
 
@@ -195,7 +206,7 @@ impl Backend for MemoryBackend {
         acquisition: &mut MemoryAcquisition,
         request: &AcquireRequest,
     ) -> Result<Attempt<()>> {
-        self.store.check_reachable()?;
+        self.link.check_reachable()?;
         acquisition.releases.borrow_and_update();
         let now = clock::now();
         let mut names = lock(&self.store.names);
@@ -239,7 +250,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn abandon(&self, _acquisition: MemoryAcquisition, request: &AcquireRequest) {
-        if self.store.check_reachable().is_err() {
+        if self.link.check_reachable().is_err() {
             return;
         }
         let mut names = lock(&self.store.names);
@@ -253,7 +264,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn renew(&self, batch: &[Renewal<'_, ()>]) -> Vec<Result<Renewed>> {
-        if let Err(e) = self.store.check_reachable() {
+        if let Err(e) = self.link.check_reachable() {
             return batch.iter().map(|_| Err(Error::new(e.kind(), e.message()))).collect();
         }
         let now = clock::now();
@@ -275,7 +286,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn release(&self, _lease: &(), name: &str, owner: &str) -> Result<Released> {
-        self.store.check_reachable()?;
+        self.link.check_reachable()?;
         let now = clock::now();
         let mut names = lock(&self.store.names);
         let Some(state) = names.get_mut(name) else { return Ok(Released::NotHeld) };
@@ -291,7 +302,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
-        self.store.check_reachable()?;
+        self.link.check_reachable()?;
         let now = clock::now();
         let names = lock(&self.store.names);
         let mut info = LockInfo::default();
