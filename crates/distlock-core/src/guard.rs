@@ -439,14 +439,12 @@ impl LockGuard {
     /// Cancel safe: the release runs as a task of its own and completes even if this future is dropped.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
-        match self.leave() {
-            Some(holding) => match self.spawn_finish(holding) {
-                Some(task) => task.await.unwrap_or_else(|e| {
-                    Err(Error::new(ErrorKind::Unavailable, format!("the release task failed: {e}")))
-                }),
-                None => Ok(()),
-            },
-            None => Ok(()),
+        let Some(holding) = self.leave() else { return Ok(()) };
+        match holding.shared.locks.runtime().cloned() {
+            Some(runtime) => runtime.spawn(holding.finish()).await.unwrap_or_else(|e| {
+                Err(Error::new(ErrorKind::Unavailable, format!("the release task failed: {e}")))
+            }),
+            None => holding.finish().await,
         }
     }
 
@@ -466,10 +464,6 @@ impl LockGuard {
         }
     }
 
-    fn spawn_finish(&self, holding: Arc<Holding>) -> Option<tokio::task::JoinHandle<Result<()>>> {
-        let runtime = self.holding.shared.locks.runtime()?.clone();
-        Some(runtime.spawn(holding.finish()))
-    }
 }
 
 impl Drop for LockGuard {
