@@ -16,7 +16,10 @@ pub struct Instant(Duration);
 pub fn now() -> Instant {
     let ts = clock_gettime_dynamic(DynamicClockId::Boottime)
         .unwrap_or_else(|_| clock_gettime(ClockId::Monotonic));
-    Instant(Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32))
+    Instant(Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    ))
 }
 
 impl Instant {
@@ -26,12 +29,12 @@ impl Instant {
     }
 
     /// `self + d`, saturating.
-    pub fn add(self, d: Duration) -> Instant {
+    pub fn saturating_add(self, d: Duration) -> Instant {
         Instant(self.0.saturating_add(d))
     }
 
     /// `self - d`, saturating at zero.
-    pub fn sub(self, d: Duration) -> Instant {
+    pub fn saturating_sub(self, d: Duration) -> Instant {
         Instant(self.0.saturating_sub(d))
     }
 

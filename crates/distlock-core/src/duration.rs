@@ -18,11 +18,15 @@ pub fn parse(text: &str) -> Result<Duration> {
     let invalid = || {
         Error::new(
             ErrorKind::InvalidConfig,
-            format!("invalid duration {text:?}: write a number with a unit, like 500ms, 10s, 2m or 1h"),
+            format!(
+                "invalid duration {text:?}: write a number with a unit, like 500ms, 10s, 2m or 1h"
+            ),
         )
     };
     let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let value: f64 = number.parse().map_err(|_| invalid())?;
     let seconds = match unit.trim() {

@@ -76,7 +76,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// A new error of `kind` with a message that says what to do about it.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, backend: "", lock: None, message: message.into(), source: None }
+        Self {
+            kind,
+            backend: "",
+            lock: None,
+            message: message.into(),
+            source: None,
+        }
     }
 
     /// Tags the error with the backend it came from (`"redis"`, `"file"`, …).
@@ -92,7 +98,10 @@ impl Error {
     }
 
     /// Keeps the underlying error reachable through [`std::error::Error::source`].
-    pub fn with_source(mut self, source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+    pub fn with_source(
+        mut self,
+        source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
         self.source = Some(source.into());
         self
     }
@@ -128,7 +137,10 @@ impl Error {
     pub(crate) fn timeout(name: &str, waited: std::time::Duration) -> Self {
         Error::new(
             ErrorKind::Timeout,
-            format!("still held elsewhere after waiting {}", crate::duration::format(waited)),
+            format!(
+                "still held elsewhere after waiting {}",
+                crate::duration::format(waited)
+            ),
         )
         .with_lock(name)
     }
@@ -167,6 +179,8 @@ impl fmt::Debug for Error {
 
 impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source.as_deref().map(|s| s as &(dyn StdError + 'static))
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
     }
 }

@@ -22,7 +22,9 @@ const SLACK: Duration = Duration::from_millis(2);
 
 /// `sent_at + ttl·(1−0.01) − 2 ms`: until when a grant or renewal sent at `sent_at` can be trusted.
 pub(crate) fn validity_deadline(sent_at: Instant, ttl: Duration) -> Instant {
-    sent_at.add(ttl.mul_f64(DRIFT)).sub(SLACK)
+    sent_at
+        .saturating_add(ttl.mul_f64(DRIFT))
+        .saturating_sub(SLACK)
 }
 
 /// One hold of a lock, shared by the reentrant guards of one [`Lock`](crate::Lock).
@@ -76,7 +78,7 @@ impl Holding {
         let renew_every = options.lease / 3;
         let status = Status {
             deadline: ttl.map(|ttl| validity_deadline(sent_at, ttl)),
-            next_renew_at: ttl.map(|_| sent_at.add(renew_every)),
+            next_renew_at: ttl.map(|_| sent_at.saturating_add(renew_every)),
             ..Status::default()
         };
         let (state_tx, _) = watch::channel(LockState::Held);
@@ -86,7 +88,7 @@ impl Holding {
             token,
             lease_ttl: options.lease,
             renew_every,
-            max_hold_end: options.max_hold.map(|cap| sent_at.add(cap)),
+            max_hold_end: options.max_hold.map(|cap| sent_at.saturating_add(cap)),
             status: Mutex::new(status),
             state_tx,
             gate: Mutex::new(gate),
@@ -110,7 +112,8 @@ impl Holding {
     fn refresh(&self, status: &mut Status, now: Instant) {
         if status.lost.is_none() {
             if status.deadline.is_some_and(|d| now >= d) {
-                status.lost = Some("the validity deadline passed without a confirmed renewal".into());
+                status.lost =
+                    Some("the validity deadline passed without a confirmed renewal".into());
             } else if self.max_hold_end.is_some_and(|end| now >= end) {
                 status.lost = Some("max_hold was reached".into());
             }
@@ -158,7 +161,11 @@ impl Holding {
     pub(crate) fn take_due(&self, now: Instant, slack: Duration) -> Option<Duration> {
         let mut status = lock(&self.status);
         let due = status.next_renew_at?;
-        if status.renewing || status.released || status.lost.is_some() || due > now.add(slack) {
+        if status.renewing
+            || status.released
+            || status.lost.is_some()
+            || due > now.saturating_add(slack)
+        {
             return None;
         }
         status.renewing = true;
@@ -168,7 +175,10 @@ impl Holding {
     /// The lease, capped by what is left of `max_hold`.
     fn renewal_ttl(&self, now: Instant) -> Duration {
         match self.max_hold_end {
-            Some(end) => self.lease_ttl.min(end.saturating_duration_since(now)).max(Duration::from_millis(1)),
+            Some(end) => self
+                .lease_ttl
+                .min(end.saturating_duration_since(now))
+                .max(Duration::from_millis(1)),
             None => self.lease_ttl,
         }
     }
@@ -176,8 +186,15 @@ impl Holding {
     /// When the watchdog must next look at this hold.
     pub(crate) fn next_event(&self) -> Option<Instant> {
         let status = lock(&self.status);
-        let renew = if status.renewing { None } else { status.next_renew_at };
-        [renew, status.deadline, self.max_hold_end].into_iter().flatten().min()
+        let renew = if status.renewing {
+            None
+        } else {
+            status.next_renew_at
+        };
+        [renew, status.deadline, self.max_hold_end]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Applies the outcome of a renewal sent at `sent_at`.
@@ -193,7 +210,7 @@ impl Holding {
             Ok(Renewed::Extended { ttl }) => {
                 status.deadline = Some(validity_deadline(sent_at, ttl));
                 status.jeopardy = false;
-                status.next_renew_at = Some(sent_at.add(self.renew_every));
+                status.next_renew_at = Some(sent_at.saturating_add(self.renew_every));
             }
             Ok(Renewed::Gone { reason }) => {
                 tracing::warn!(lock = %self.shared.name, %reason, "lock lost");
@@ -206,7 +223,7 @@ impl Holding {
                 status.jeopardy = true;
                 // Retry well before the deadline.
                 let retry = (self.renew_every / 4).max(Duration::from_millis(20));
-                status.next_renew_at = Some(now.add(retry));
+                status.next_renew_at = Some(now.saturating_add(retry));
             }
         }
         self.publish(&status);
@@ -215,11 +232,19 @@ impl Holding {
     /// Renews now with `ttl`, outside the watchdog's schedule.
     async fn renew_now(&self, ttl: Duration) -> Result<()> {
         let backend = self.shared.locks.backend.clone();
-        let batch = [Renewal { name: &self.shared.name, owner: &self.shared.owner, lease: &self.lease, ttl }];
+        let batch = [Renewal {
+            name: &self.shared.name,
+            owner: &self.shared.owner,
+            lease: &self.lease,
+            ttl,
+        }];
         let sent_at = clock::now();
         let mut outcomes = backend.renew(&batch).await;
         let outcome = outcomes.pop().unwrap_or_else(|| {
-            Err(Error::new(ErrorKind::Protocol, "internal error: the backend returned no renewal outcome"))
+            Err(Error::new(
+                ErrorKind::Protocol,
+                "internal error: the backend returned no renewal outcome",
+            ))
         });
         let failure = match &outcome {
             Ok(Renewed::Extended { .. }) => None,
@@ -235,7 +260,9 @@ impl Holding {
 
     /// Watches a backend's loss signal until the hold ends.
     pub(crate) fn watch_loss(self: &Arc<Self>, loss: LossSignal) {
-        let Some(runtime) = self.shared.locks.runtime() else { return };
+        let Some(runtime) = self.shared.locks.runtime() else {
+            return;
+        };
         let weak = Arc::downgrade(self);
         let mut changes = self.state_tx.subscribe();
         runtime.spawn(async move {
@@ -266,7 +293,9 @@ impl Holding {
             status.released = true;
         }
         let backend = self.shared.locks.backend.clone();
-        let outcome = backend.release(&self.lease, &self.shared.name, &self.shared.owner).await;
+        let outcome = backend
+            .release(&self.lease, &self.shared.name, &self.shared.owner)
+            .await;
         let lost = lock(&self.status).lost.clone();
         drop(lock(&self.gate).take());
         let kind = backend.kind();
@@ -278,7 +307,9 @@ impl Holding {
                     ErrorKind::NotHeld,
                     match lost {
                         Some(reason) => format!("the lock was no longer held at release: {reason}"),
-                        None => "the lock was no longer held at release (expired or taken over)".into(),
+                        None => {
+                            "the lock was no longer held at release (expired or taken over)".into()
+                        }
                     },
                 ),
                 kind,
@@ -317,7 +348,10 @@ impl fmt::Debug for LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(holding: Arc<Holding>) -> Self {
-        Self { holding, done: false }
+        Self {
+            holding,
+            done: false,
+        }
     }
 
     /// The lock name.
@@ -410,7 +444,10 @@ impl LockGuard {
         let name = self.name().to_string();
         if lock(&self.holding.status).deadline.is_none() {
             return Err(tag(
-                Error::new(ErrorKind::Unsupported, "this lock has no lease on the server to extend"),
+                Error::new(
+                    ErrorKind::Unsupported,
+                    "this lock has no lease on the server to extend",
+                ),
                 kind,
                 &name,
             ));
@@ -419,7 +456,10 @@ impl LockGuard {
             return Err(tag(
                 Error::new(
                     ErrorKind::InvalidConfig,
-                    format!("extend needs at least {}", crate::duration::format(crate::options::MIN_LEASE)),
+                    format!(
+                        "extend needs at least {}",
+                        crate::duration::format(crate::options::MIN_LEASE)
+                    ),
                 ),
                 kind,
                 &name,
@@ -428,7 +468,10 @@ impl LockGuard {
         if let Some(reason) = self.holding.loss_reason() {
             return Err(tag(Error::new(ErrorKind::NotHeld, reason), kind, &name));
         }
-        self.holding.renew_now(ttl).await.map_err(|e| tag(e, kind, &name))
+        self.holding
+            .renew_now(ttl)
+            .await
+            .map_err(|e| tag(e, kind, &name))
     }
 
     /// Releases now. With reentrant guards alive, only this one ends and `Ok(())` is returned; the last
@@ -439,10 +482,15 @@ impl LockGuard {
     /// Cancel safe: the release runs as a task of its own and completes even if this future is dropped.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
-        let Some(holding) = self.leave() else { return Ok(()) };
+        let Some(holding) = self.leave() else {
+            return Ok(());
+        };
         match holding.shared.locks.runtime().cloned() {
             Some(runtime) => runtime.spawn(holding.finish()).await.unwrap_or_else(|e| {
-                Err(Error::new(ErrorKind::Unavailable, format!("the release task failed: {e}")))
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("the release task failed: {e}"),
+                ))
             }),
             None => holding.finish().await,
         }
@@ -463,7 +511,6 @@ impl LockGuard {
             _ => None,
         }
     }
-
 }
 
 impl Drop for LockGuard {

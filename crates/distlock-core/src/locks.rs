@@ -259,7 +259,10 @@ impl Lock {
 
     /// Options for one acquire: `lock.options().wait(d).lease(d).max_hold(d).acquire().await`.
     pub fn options(&self) -> AcquireOptions<'_> {
-        AcquireOptions { lock: self, options: self.shared.locks.defaults }
+        AcquireOptions {
+            lock: self,
+            options: self.shared.locks.defaults,
+        }
     }
 
     /// Whether a guard of this `Lock` is alive.
@@ -351,7 +354,11 @@ impl Lock {
                 return Ok(None);
             }
             let (acquisition, request) = pending.parts()?;
-            let waited = within(deadline, locks.backend.wait(acquisition, request, retry_after)).await;
+            let waited = within(
+                deadline,
+                locks.backend.wait(acquisition, request, retry_after),
+            )
+            .await;
             match waited {
                 None => {
                     pending.abandon().await;
@@ -369,7 +376,9 @@ impl Lock {
     /// Joins the current hold if there is one: the same token, one more guard.
     fn reenter(&self) -> Result<Option<LockGuard>> {
         let mut held = lock(&self.shared.held);
-        let Some((holding, count)) = held.as_mut() else { return Ok(None) };
+        let Some((holding, count)) = held.as_mut() else {
+            return Ok(None);
+        };
         if let Some(reason) = holding.loss_reason() {
             return Err(Error::new(
                 ErrorKind::LockLost,
@@ -387,10 +396,21 @@ impl Lock {
         options: LockOptions,
         gate: Option<OwnedMutexGuard<()>>,
     ) -> LockGuard {
-        let holding = Holding::new(self.shared.clone(), grant.lease, grant.token, grant.ttl, sent_at, options, gate);
+        let holding = Holding::new(
+            self.shared.clone(),
+            grant.lease,
+            grant.token,
+            grant.ttl,
+            sent_at,
+            options,
+            gate,
+        );
         *lock(&self.shared.held) = Some((holding.clone(), 1));
         if grant.ttl.is_some() || options.max_hold.is_some() {
-            self.shared.locks.watchdog.register(&holding, &self.shared.locks);
+            self.shared
+                .locks
+                .watchdog
+                .register(&holding, &self.shared.locks);
         }
         if let Some(loss) = grant.loss {
             holding.watch_loss(loss);
@@ -543,6 +563,8 @@ impl AcquireOptions<'_> {
     /// # Cancel safety
     /// As for [`Lock::acquire`].
     pub async fn try_acquire(self) -> Result<Option<LockGuard>> {
-        self.lock.run(self.options.with_wait(Wait::Limit(Duration::ZERO))).await
+        self.lock
+            .run(self.options.with_wait(Wait::Limit(Duration::ZERO)))
+            .await
     }
 }

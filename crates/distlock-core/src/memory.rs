@@ -49,7 +49,8 @@ struct Link {
 
 impl Link {
     fn is_frozen(&self) -> bool {
-        self.frozen.load(Ordering::SeqCst) || lock(&self.freeze_at).is_some_and(|at| clock::now() >= at)
+        self.frozen.load(Ordering::SeqCst)
+            || lock(&self.freeze_at).is_some_and(|at| clock::now() >= at)
     }
 
     fn check_reachable(&self) -> Result<()> {
@@ -99,7 +100,10 @@ impl Default for MemoryBackend {
 
 impl Store {
     fn new() -> Self {
-        Self { names: Mutex::new(HashMap::new()), releases: watch::channel(0).0 }
+        Self {
+            names: Mutex::new(HashMap::new()),
+            releases: watch::channel(0).0,
+        }
     }
 
     fn released(&self) {
@@ -110,7 +114,11 @@ impl Store {
 impl MemoryBackend {
     /// A private store, shared only by clones of this backend.
     pub fn new() -> Self {
-        Self { store: Arc::new(Store::new()), link: Arc::default(), namespace: None }
+        Self {
+            store: Arc::new(Store::new()),
+            link: Arc::default(),
+            namespace: None,
+        }
     }
 
     /// The process-global store of `namespace`: every `memory://namespace` in this process shares it.
@@ -121,7 +129,11 @@ impl MemoryBackend {
             .entry(namespace.to_string())
             .or_insert_with(|| Arc::new(Store::new()))
             .clone();
-        Self { store, link: Arc::default(), namespace: Some(namespace.to_string()) }
+        Self {
+            store,
+            link: Arc::default(),
+            namespace: Some(namespace.to_string()),
+        }
     }
 
     /// `memory://[namespace][?freeze_after=DURATION]`. `freeze_after` freezes the server side that long
@@ -145,7 +157,11 @@ impl MemoryBackend {
 
     /// Another handle on the same store with a link of its own: what a second client would have.
     pub fn another_client(&self) -> Self {
-        Self { store: self.store.clone(), link: Arc::default(), namespace: self.namespace.clone() }
+        Self {
+            store: self.store.clone(),
+            link: Arc::default(),
+            namespace: self.namespace.clone(),
+        }
     }
 
     /// Cuts this handle (and its clones) off the store: every request fails as on a partition, while
@@ -156,7 +172,7 @@ impl MemoryBackend {
 
     /// Cuts this handle off `after` from now.
     pub fn freeze_after(&self, after: Duration) {
-        *lock(&self.link.freeze_at) = Some(clock::now().add(after));
+        *lock(&self.link.freeze_at) = Some(clock::now().saturating_add(after));
     }
 
     /// Ends a freeze.
@@ -218,20 +234,24 @@ impl Backend for MemoryBackend {
                 });
             }
             // Ours already (an earlier reply was lost): the same hold, refreshed.
-            holder.expires_at = now.add(request.lease);
+            holder.expires_at = now.saturating_add(request.lease);
             return Ok(Attempt::Acquired(
-                Grant::new(()).with_token(FencingToken::new(holder.token)).with_ttl(request.lease),
+                Grant::new(())
+                    .with_token(FencingToken::new(holder.token))
+                    .with_ttl(request.lease),
             ));
         }
         state.last_token += 1;
         state.holder = Some(Holder {
             owner: request.owner.clone(),
             token: state.last_token,
-            expires_at: now.add(request.lease),
+            expires_at: now.saturating_add(request.lease),
             since: SystemTime::now(),
         });
         Ok(Attempt::Acquired(
-            Grant::new(()).with_token(FencingToken::new(state.last_token)).with_ttl(request.lease),
+            Grant::new(())
+                .with_token(FencingToken::new(state.last_token))
+                .with_ttl(request.lease),
         ))
     }
 
@@ -255,7 +275,11 @@ impl Backend for MemoryBackend {
         }
         let mut names = lock(&self.store.names);
         if let Some(state) = names.get_mut(&request.name) {
-            if state.holder.as_ref().is_some_and(|h| h.owner == request.owner) {
+            if state
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.owner == request.owner)
+            {
                 state.holder = None;
                 drop(names);
                 self.store.released();
@@ -265,7 +289,10 @@ impl Backend for MemoryBackend {
 
     async fn renew(&self, batch: &[Renewal<'_, ()>]) -> Vec<Result<Renewed>> {
         if let Err(e) = self.link.check_reachable() {
-            return batch.iter().map(|_| Err(Error::new(e.kind(), e.message()))).collect();
+            return batch
+                .iter()
+                .map(|_| Err(Error::new(e.kind(), e.message())))
+                .collect();
         }
         let now = clock::now();
         let mut names = lock(&self.store.names);
@@ -275,11 +302,15 @@ impl Backend for MemoryBackend {
                 let holder = names.get_mut(entry.name).and_then(|s| s.holder.as_mut());
                 Ok(match holder {
                     Some(h) if h.owner == entry.owner && h.live(now) => {
-                        h.expires_at = now.add(entry.ttl);
+                        h.expires_at = now.saturating_add(entry.ttl);
                         Renewed::Extended { ttl: entry.ttl }
                     }
-                    Some(h) if h.live(now) => Renewed::Gone { reason: "another owner holds the lock".into() },
-                    _ => Renewed::Gone { reason: "the lease expired on the server".into() },
+                    Some(h) if h.live(now) => Renewed::Gone {
+                        reason: "another owner holds the lock".into(),
+                    },
+                    _ => Renewed::Gone {
+                        reason: "the lease expired on the server".into(),
+                    },
                 })
             })
             .collect()
@@ -289,7 +320,9 @@ impl Backend for MemoryBackend {
         self.link.check_reachable()?;
         let now = clock::now();
         let mut names = lock(&self.store.names);
-        let Some(state) = names.get_mut(name) else { return Ok(Released::NotHeld) };
+        let Some(state) = names.get_mut(name) else {
+            return Ok(Released::NotHeld);
+        };
         match &state.holder {
             Some(h) if h.owner == owner && h.live(now) => {
                 state.holder = None;
@@ -309,12 +342,14 @@ impl Backend for MemoryBackend {
         if let Some(state) = names.get(name) {
             info.last_token = (state.last_token > 0).then(|| FencingToken::new(state.last_token));
             if let Some(h) = state.holder.as_ref().filter(|h| h.live(now)) {
-                let mut holder = HolderInfo::default();
-                holder.owner = Some(h.owner.clone());
-                holder.token = Some(FencingToken::new(h.token));
-                holder.remaining_lease = Some(h.expires_at.saturating_duration_since(now));
-                holder.pid = Some(std::process::id());
-                holder.since = Some(h.since);
+                let holder = HolderInfo {
+                    owner: Some(h.owner.clone()),
+                    token: Some(FencingToken::new(h.token)),
+                    remaining_lease: Some(h.expires_at.saturating_duration_since(now)),
+                    pid: Some(std::process::id()),
+                    since: Some(h.since),
+                    ..HolderInfo::default()
+                };
                 info.holder = Some(holder);
             }
         }

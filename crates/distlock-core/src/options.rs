@@ -35,7 +35,11 @@ pub struct LockOptions {
 
 impl Default for LockOptions {
     fn default() -> Self {
-        Self { wait: Wait::Forever, lease: DEFAULT_LEASE, max_hold: None }
+        Self {
+            wait: Wait::Forever,
+            lease: DEFAULT_LEASE,
+            max_hold: None,
+        }
     }
 }
 

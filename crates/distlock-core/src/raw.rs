@@ -61,7 +61,12 @@ pub struct Grant<L> {
 impl<L> Grant<L> {
     /// A grant with no token, no expiry and no loss signal.
     pub fn new(lease: L) -> Self {
-        Self { lease, token: None, ttl: None, loss: None }
+        Self {
+            lease,
+            token: None,
+            ttl: None,
+            loss: None,
+        }
     }
 
     /// Sets the fencing token.
@@ -235,7 +240,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// What the server knows about a lock, for `distlock status`.
     async fn inspect(&self, _name: &str) -> Result<LockInfo> {
-        Err(Error::new(ErrorKind::Unsupported, "this backend cannot inspect locks"))
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this backend cannot inspect locks",
+        ))
     }
 }
 
@@ -301,15 +309,17 @@ impl<B: Backend> DynBackend for B {
         let acquisition = acquisition
             .downcast_mut::<B::Acquisition>()
             .ok_or_else(|| mismatch("an acquisition"))?;
-        Ok(match Backend::try_acquire(self, acquisition, request).await? {
-            Attempt::Acquired(grant) => Attempt::Acquired(Grant {
-                lease: Arc::new(grant.lease) as ErasedLease,
-                token: grant.token,
-                ttl: grant.ttl,
-                loss: grant.loss,
-            }),
-            Attempt::Busy { retry_after } => Attempt::Busy { retry_after },
-        })
+        Ok(
+            match Backend::try_acquire(self, acquisition, request).await? {
+                Attempt::Acquired(grant) => Attempt::Acquired(Grant {
+                    lease: Arc::new(grant.lease) as ErasedLease,
+                    token: grant.token,
+                    ttl: grant.ttl,
+                    loss: grant.loss,
+                }),
+                Attempt::Busy { retry_after } => Attempt::Busy { retry_after },
+            },
+        )
     }
 
     async fn wait(
@@ -338,7 +348,12 @@ impl<B: Backend> DynBackend for B {
         for (i, entry) in batch.iter().enumerate() {
             match entry.lease.downcast_ref::<B::Lease>() {
                 Some(lease) => {
-                    typed.push(Renewal { name: entry.name, owner: entry.owner, lease, ttl: entry.ttl });
+                    typed.push(Renewal {
+                        name: entry.name,
+                        owner: entry.owner,
+                        lease,
+                        ttl: entry.ttl,
+                    });
                     positions.push(i);
                     outcomes.push(None);
                 }
@@ -349,7 +364,10 @@ impl<B: Backend> DynBackend for B {
         let mut results = results.into_iter();
         for i in positions {
             outcomes[i] = Some(results.next().unwrap_or_else(|| {
-                Err(Error::new(ErrorKind::Protocol, "internal error: the backend returned too few renewal outcomes"))
+                Err(Error::new(
+                    ErrorKind::Protocol,
+                    "internal error: the backend returned too few renewal outcomes",
+                ))
             }));
         }
         outcomes
@@ -359,7 +377,9 @@ impl<B: Backend> DynBackend for B {
     }
 
     async fn release(&self, lease: &ErasedLease, name: &str, owner: &str) -> Result<Released> {
-        let lease = lease.downcast_ref::<B::Lease>().ok_or_else(|| mismatch("a lease"))?;
+        let lease = lease
+            .downcast_ref::<B::Lease>()
+            .ok_or_else(|| mismatch("a lease"))?;
         Backend::release(self, lease, name, owner).await
     }
 

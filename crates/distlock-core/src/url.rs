@@ -38,14 +38,20 @@ fn invalid(url: &str, why: impl fmt::Display) -> Error {
 
 /// The URL with any password replaced by `***`, for messages.
 pub fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_string() };
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
     let rest = &url[scheme_end + 3..];
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     match rest[..authority_end].rfind('@') {
         Some(at) => {
             let userinfo = &rest[..at];
             let user = userinfo.split(':').next().unwrap_or("");
-            let shown = if userinfo.contains(':') { format!("{user}:***") } else { user.to_string() };
+            let shown = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                user.to_string()
+            };
             format!("{}://{}{}", &url[..scheme_end], shown, &rest[at..])
         }
         None => url.to_string(),
@@ -57,13 +63,21 @@ impl LockUrl {
     pub fn parse(text: &str) -> Result<Self> {
         let text = text.trim();
         let Some(scheme_end) = text.find("://") else {
-            return Err(invalid(text, "expected scheme://…, for example file:///var/lock/myapp or redis://127.0.0.1:6379"));
+            return Err(invalid(
+                text,
+                "expected scheme://…, for example file:///var/lock/myapp or redis://127.0.0.1:6379",
+            ));
         };
         let scheme = text[..scheme_end].to_ascii_lowercase();
         if scheme.is_empty()
-            || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            || !scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
         {
-            return Err(invalid(text, "the scheme is empty or has characters a scheme cannot have"));
+            return Err(invalid(
+                text,
+                "the scheme is empty or has characters a scheme cannot have",
+            ));
         }
         let rest = &text[scheme_end + 3..];
         let (before_query, query_text) = match rest.split_once('?') {
@@ -94,7 +108,10 @@ impl LockUrl {
         for host in &hosts {
             if let Some((_, port)) = host.rsplit_once(':') {
                 if !host.ends_with(']') && port.parse::<u16>().is_err() {
-                    return Err(invalid(text, format_args!("port {port:?} is not a number from 0 to 65535")));
+                    return Err(invalid(
+                        text,
+                        format_args!("port {port:?} is not a number from 0 to 65535"),
+                    ));
                 }
             }
         }
@@ -105,7 +122,14 @@ impl LockUrl {
                 query.push((percent_decode(k), percent_decode(v)));
             }
         }
-        Ok(Self { scheme, user, password, hosts, path: percent_decode(path), query })
+        Ok(Self {
+            scheme,
+            user,
+            password,
+            hosts,
+            path: percent_decode(path),
+            query,
+        })
     }
 
     /// The scheme, lower-cased.
@@ -140,7 +164,11 @@ impl LockUrl {
 
     /// The last value of a query parameter.
     pub fn query(&self, key: &str) -> Option<&str> {
-        self.query.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.query
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// A query parameter read as a duration (`500ms`, `10s`), naming the parameter on error.
@@ -148,7 +176,10 @@ impl LockUrl {
         self.query(key)
             .map(|v| {
                 duration::parse(v).map_err(|e| {
-                    Error::new(ErrorKind::InvalidConfig, format!("URL parameter {key}: {}", e.message()))
+                    Error::new(
+                        ErrorKind::InvalidConfig,
+                        format!("URL parameter {key}: {}", e.message()),
+                    )
                 })
             })
             .transpose()
@@ -164,7 +195,11 @@ impl LockUrl {
                     format!(
                         "unknown URL parameter {k:?} for {}://; known: {}",
                         self.scheme,
-                        if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
                     ),
                 ));
             }

@@ -36,7 +36,9 @@ impl Watchdog {
             self.wake.notify_one();
             return;
         }
-        let Some(runtime) = locks.runtime() else { return };
+        let Some(runtime) = locks.runtime() else {
+            return;
+        };
         registry.running = true;
         runtime.spawn(self.clone().run(locks.backend.clone()));
     }
@@ -48,7 +50,9 @@ impl Watchdog {
             let mut next_wake: Option<Instant> = None;
             {
                 let mut registry = lock(&self.state);
-                registry.holds.retain(|weak| weak.upgrade().is_some_and(|h| h.watched(now)));
+                registry
+                    .holds
+                    .retain(|weak| weak.upgrade().is_some_and(|h| h.watched(now)));
                 if registry.holds.is_empty() {
                     // Decided under the lock `register` takes, so no hold is left unwatched.
                     registry.running = false;
@@ -76,7 +80,11 @@ impl Watchdog {
     }
 }
 
-async fn renew_batch(backend: Arc<dyn DynBackend>, due: Vec<(Arc<Holding>, Duration)>, watchdog: Arc<Watchdog>) {
+async fn renew_batch(
+    backend: Arc<dyn DynBackend>,
+    due: Vec<(Arc<Holding>, Duration)>,
+    watchdog: Arc<Watchdog>,
+) {
     let sent_at = clock::now();
     // A reply after the last deadline of the batch is useless: every entry would count it as failed.
     let limit = due
@@ -86,16 +94,24 @@ async fn renew_batch(backend: Arc<dyn DynBackend>, due: Vec<(Arc<Holding>, Durat
         .unwrap_or(Duration::from_secs(1));
     let batch: Vec<Renewal<'_, _>> = due
         .iter()
-        .map(|(h, ttl)| Renewal { name: &h.shared.name, owner: &h.shared.owner, lease: &h.lease, ttl: *ttl })
+        .map(|(h, ttl)| Renewal {
+            name: &h.shared.name,
+            owner: &h.shared.owner,
+            lease: &h.lease,
+            ttl: *ttl,
+        })
         .collect();
-    let outcomes = match tokio::time::timeout(limit, backend.renew(&batch)).await {
-        Ok(outcomes) => outcomes,
-        Err(_) => Vec::new(),
-    };
+    // On timeout every entry gets "no reply in time" below.
+    let outcomes = tokio::time::timeout(limit, backend.renew(&batch))
+        .await
+        .unwrap_or_default();
     let mut outcomes = outcomes.into_iter();
     for (holding, _) in &due {
         let outcome = outcomes.next().unwrap_or_else(|| {
-            Err(Error::new(ErrorKind::Unavailable, "the renewal got no reply in time"))
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                "the renewal got no reply in time",
+            ))
         });
         holding.apply_renewal(sent_at, outcome);
     }

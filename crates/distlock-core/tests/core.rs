@@ -16,18 +16,33 @@ fn two_clients() -> (MemoryBackend, Locks, Locks) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jeopardy_returns_to_held_on_a_renewal_before_the_deadline() {
     let (link, a, _) = two_clients();
-    let guard = a.lock("j").unwrap().options().lease(Duration::from_secs(2)).acquire().await.unwrap();
+    let guard = a
+        .lock("j")
+        .unwrap()
+        .options()
+        .lease(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
     let mut changes = guard.state_changes();
     link.freeze();
-    tokio::time::timeout(Duration::from_secs(3), guard.jeopardy()).await.expect("jeopardy");
+    tokio::time::timeout(Duration::from_secs(3), guard.jeopardy())
+        .await
+        .expect("jeopardy");
     assert_eq!(guard.state(), LockState::Jeopardy);
     let deadline = guard.validity_deadline().expect("a lease has a deadline");
     link.unfreeze();
-    tokio::time::timeout(Duration::from_secs(3), changes.wait_for(|s| *s == LockState::Held))
-        .await
-        .expect("back to Held")
-        .unwrap();
-    assert!(guard.validity_deadline().unwrap() > deadline, "the renewal must move the deadline");
+    tokio::time::timeout(
+        Duration::from_secs(3),
+        changes.wait_for(|s| *s == LockState::Held),
+    )
+    .await
+    .expect("back to Held")
+    .unwrap();
+    assert!(
+        guard.validity_deadline().unwrap() > deadline,
+        "the renewal must move the deadline"
+    );
     assert!(guard.loss_reason().is_none());
     guard.release().await.unwrap();
 }
@@ -35,18 +50,38 @@ async fn jeopardy_returns_to_held_on_a_renewal_before_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_is_final_even_if_the_link_comes_back() {
     let (link, a, b) = two_clients();
-    let guard = a.lock("final").unwrap().options().lease(Duration::from_millis(300)).acquire().await.unwrap();
+    let guard = a
+        .lock("final")
+        .unwrap()
+        .options()
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
     link.freeze();
-    tokio::time::timeout(Duration::from_secs(3), guard.lost()).await.expect("lost");
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("lost");
     link.unfreeze();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(guard.state(), LockState::Lost);
-    let successor = b.lock("final").unwrap().options().wait(Duration::from_secs(3)).acquire().await.unwrap();
+    let successor = b
+        .lock("final")
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
     assert!(successor.token() > guard.token());
     assert_eq!(guard.state(), LockState::Lost);
     let err = guard.release().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
-    assert_eq!(successor.state(), LockState::Held, "the stale release touched the successor");
+    assert_eq!(
+        successor.state(),
+        LockState::Held,
+        "the stale release touched the successor"
+    );
     successor.release().await.unwrap();
 }
 
@@ -54,9 +89,16 @@ async fn lost_is_final_even_if_the_link_comes_back() {
 async fn reentering_a_lost_hold_fails_with_lock_lost() {
     let (link, a, _) = two_clients();
     let lock = a.lock("reenter-lost").unwrap();
-    let guard = lock.options().lease(Duration::from_millis(300)).acquire().await.unwrap();
+    let guard = lock
+        .options()
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
     link.freeze();
-    tokio::time::timeout(Duration::from_secs(3), guard.lost()).await.expect("lost");
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("lost");
     let err = lock.try_acquire().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
     assert_eq!(err.backend(), "memory");
@@ -66,13 +108,23 @@ async fn reentering_a_lost_hold_fails_with_lock_lost() {
 
 #[test]
 fn a_guard_dropped_outside_any_runtime_still_releases() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let (_, a, b) = two_clients();
-    let guard: LockGuard = runtime.block_on(async { a.lock("outside").unwrap().acquire().await.unwrap() });
+    let guard: LockGuard =
+        runtime.block_on(async { a.lock("outside").unwrap().acquire().await.unwrap() });
     // No runtime context on this thread: Drop must hand the release to the acquire's runtime.
     std::thread::spawn(move || drop(guard)).join().unwrap();
     let got = runtime.block_on(async {
-        b.lock("outside").unwrap().options().wait(Duration::from_secs(5)).acquire().await
+        b.lock("outside")
+            .unwrap()
+            .options()
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
     });
     assert!(got.is_ok(), "the dropped guard was not released: {got:?}");
 }
@@ -81,7 +133,14 @@ fn a_guard_dropped_outside_any_runtime_still_releases() {
 async fn errors_name_backend_lock_and_cause() {
     let (_, a, b) = two_clients();
     let _held = a.lock("busy").unwrap().acquire().await.unwrap();
-    let err = b.lock("busy").unwrap().options().wait(Duration::from_millis(50)).acquire().await.unwrap_err();
+    let err = b
+        .lock("busy")
+        .unwrap()
+        .options()
+        .wait(Duration::from_millis(50))
+        .acquire()
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout);
     assert!(err.is_temporary());
     let text = err.to_string();
@@ -89,7 +148,14 @@ async fn errors_name_backend_lock_and_cause() {
     let err = a.lock("").unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName);
     assert!(err.to_string().contains("must not be empty"), "{err}");
-    let err = a.lock("x").unwrap().options().max_hold(Duration::ZERO).acquire().await.unwrap_err();
+    let err = a
+        .lock("x")
+        .unwrap()
+        .options()
+        .max_hold(Duration::ZERO)
+        .acquire()
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
 }
 
@@ -101,7 +167,10 @@ fn public_types_are_send_and_sync() {
     send_sync::<distlock_core::Lock>();
     send_sync::<LockGuard>();
     send_sync::<distlock_core::Error>();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async {
         let locks = Locks::new(MemoryBackend::new());
         let lock = locks.lock("send").unwrap();
@@ -122,15 +191,31 @@ fn url_grammar() {
     assert_eq!(url.password(), Some("p@ss"));
     assert_eq!(url.hosts(), ["h1:1", "h2:2"]);
     assert_eq!(url.path(), "/3");
-    assert_eq!(url.query_duration("lease").unwrap(), Some(Duration::from_secs(10)));
+    assert_eq!(
+        url.query_duration("lease").unwrap(),
+        Some(Duration::from_secs(10))
+    );
     assert!(url.reject_unknown_query(&["lease"]).is_err());
-    assert_eq!(LockUrl::parse("file:///var/lock/x").unwrap().path(), "/var/lock/x");
+    assert_eq!(
+        LockUrl::parse("file:///var/lock/x").unwrap().path(),
+        "/var/lock/x"
+    );
     assert!(LockUrl::parse("file:///x").unwrap().hosts().is_empty());
-    for bad in ["", "no-scheme", "://x", "redis://h:port", "redis://a,,b", "re dis://x"] {
+    for bad in [
+        "",
+        "no-scheme",
+        "://x",
+        "redis://h:port",
+        "redis://a,,b",
+        "re dis://x",
+    ] {
         let err = LockUrl::parse(bad).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad}: {err}");
     }
     let err = LockUrl::parse("redis://u:secret@h:notaport").unwrap_err();
     assert!(!err.to_string().contains("secret"), "{err}");
-    assert_eq!(distlock_core::url::redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+    assert_eq!(
+        distlock_core::url::redact("redis://u:secret@h:1/0"),
+        "redis://u:***@h:1/0"
+    );
 }

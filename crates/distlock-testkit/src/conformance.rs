@@ -1,0 +1,846 @@
+//! The conformance suite: every behaviour a backend must show, as a `pub async fn` over a
+//! [`Provider`], expanded per backend by [`conformance_suite!`](crate::conformance_suite) so that a backend
+//! cannot miss a case. Behaviours differ only by [`Capabilities`](distlock_core::Capabilities), never by
+//! the backend's name; a case that does not apply asserts the capability that says so instead of
+//! skipping silently.
+//!
+//! The cases panic on failure (they are test code); everything they need from the backend comes through
+//! the provider.
+//!
+//! ```ignore
+//! distlock_testkit::conformance_suite!(my_provider);   // `async fn my_provider() -> impl Provider`
+//! ```
+
+// The cases are test code run inside `#[test]`s: a failed expectation is the test's failure.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use distlock_core::{ErrorKind, Fencing, LockState, Locks};
+
+use crate::holder::HolderProcess;
+
+/// A future a [`Client`]'s cut hook returns.
+pub type CutFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// One client of the backend under test: a [`Locks`] with connections of its own, and optionally a way
+/// to cut it off its server as a partition would.
+pub struct Client {
+    /// The client's lock handle.
+    pub locks: Locks,
+    cut: Option<Box<dyn Fn() -> CutFuture + Send + Sync>>,
+    heal: Option<Box<dyn Fn() -> CutFuture + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("locks", &self.locks)
+            .field("can_cut", &self.cut.is_some())
+            .finish()
+    }
+}
+
+impl Client {
+    /// A client that cannot be cut off.
+    pub fn new(locks: Locks) -> Self {
+        Self {
+            locks,
+            cut: None,
+            heal: None,
+        }
+    }
+
+    /// Adds the hook that reconnects a cut-off client.
+    pub fn with_heal(mut self, heal: impl Fn() -> CutFuture + Send + Sync + 'static) -> Self {
+        self.heal = Some(Box::new(heal));
+        self
+    }
+
+    /// Reconnects a cut-off client; `false` if the provider has no way to.
+    pub async fn heal(&self) -> bool {
+        match &self.heal {
+            Some(heal) => {
+                heal().await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Adds the hook that cuts this client off its server (blackholes its connections, freezes it).
+    pub fn with_cut(mut self, cut: impl Fn() -> CutFuture + Send + Sync + 'static) -> Self {
+        self.cut = Some(Box::new(cut));
+        self
+    }
+
+    /// Cuts the client off; `false` if this backend's provider has no way to.
+    pub async fn cut(&self) -> bool {
+        match &self.cut {
+            Some(cut) => {
+                cut().await;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What a backend's test gives the suite.
+#[async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// A new client of the backend under test, on the same server(s) as every other client.
+    async fn client(&self) -> Client;
+
+    /// A URL another process can use (`distlock run --url`), if locks are shared across processes.
+    fn url(&self) -> Option<String>;
+
+    /// A lease the server honours reliably, for expiry and watchdog cases (1 s by default).
+    fn short_lease(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+/// A lock name unique to this case and run, so cases never see each other's locks.
+pub fn unique_name(case: &str) -> String {
+    format!(
+        "conformance/{case}/{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// A generous bound for "this happens promptly" on a loaded 2-core machine. Mechanism bounds in the cases
+/// are multiples of the lease; this is only the floor.
+const PROMPT: Duration = Duration::from_secs(5);
+
+/// Four tasks, each its own client, take turns; never two inside at once.
+pub async fn mutual_exclusion(provider: &impl Provider) {
+    let name = unique_name("mutual_exclusion");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let entries = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let client = provider.client().await;
+        let (name, inside, entries, tokens) = (
+            name.clone(),
+            inside.clone(),
+            entries.clone(),
+            tokens.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let lock = client.locks.lock(&name).expect("valid name");
+            for _ in 0..5 {
+                let guard = lock.acquire().await.expect("acquire");
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders inside at once"
+                );
+                entries.fetch_add(1, Ordering::SeqCst);
+                tokens.lock().expect("tokens").push(guard.token());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().await.expect("release");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    assert_eq!(entries.load(Ordering::SeqCst), 20);
+    let tokens = tokens.lock().expect("tokens").clone();
+    if provider.client().await.locks.capabilities().fencing != Fencing::None {
+        let distinct: HashSet<_> = tokens.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            tokens.len(),
+            "a token was granted twice: {tokens:?}"
+        );
+    }
+}
+
+/// `try_acquire` on a lock held elsewhere is `Ok(None)`, both from another client and from another
+/// `Lock` of the same client; it succeeds once the holder releases.
+pub async fn try_acquire_when_held_is_none(provider: &impl Provider) {
+    let name = unique_name("try_acquire_when_held");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let holder = a.locks.lock(&name).expect("name");
+    let guard = holder.acquire().await.expect("acquire");
+    let other_client = b.locks.lock(&name).expect("name");
+    assert!(
+        other_client.try_acquire().await.expect("try").is_none(),
+        "another client got a held lock"
+    );
+    let same_client = a.locks.lock(&name).expect("name");
+    assert!(
+        same_client.try_acquire().await.expect("try").is_none(),
+        "another Lock of the holder's client got it"
+    );
+    guard.release().await.expect("release");
+    let again = other_client.try_acquire().await.expect("try");
+    assert!(again.is_some(), "the lock stayed held after release");
+}
+
+/// A bounded wait on a held lock fails with `Timeout` after the limit, not before.
+pub async fn wait_timeout(provider: &impl Provider) {
+    let name = unique_name("wait_timeout");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let guard = a
+        .locks
+        .lock(&name)
+        .expect("name")
+        .acquire()
+        .await
+        .expect("acquire");
+    let waiter = b.locks.lock(&name).expect("name");
+    let limit = Duration::from_millis(400);
+    let started = Instant::now();
+    let err = waiter
+        .options()
+        .wait(limit)
+        .acquire()
+        .await
+        .expect_err("must time out");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(
+        started.elapsed() >= limit,
+        "timed out after {:?}, before the {limit:?} limit",
+        started.elapsed()
+    );
+    assert_eq!(guard.state(), LockState::Held);
+    guard.release().await.expect("release");
+    // The timed-out waiter left nothing behind: it can acquire now without waiting.
+    assert!(waiter.try_acquire().await.expect("try").is_some());
+}
+
+/// Dropping an acquire future leaves no lock and no queue entry behind.
+pub async fn cancelled_acquire_leaves_nothing(provider: &impl Provider) {
+    let name = unique_name("cancelled_acquire");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let c = provider.client().await;
+    let guard = a
+        .locks
+        .lock(&name)
+        .expect("name")
+        .acquire()
+        .await
+        .expect("acquire");
+    let cancelled = b.locks.lock(&name).expect("name");
+    let dropped = tokio::time::timeout(Duration::from_millis(300), cancelled.acquire()).await;
+    assert!(dropped.is_err(), "the waiter got a held lock");
+    guard.release().await.expect("release");
+    // Neither the cancelled waiter nor its undo holds it: a third client gets it, without waiting for a
+    // lease to run out.
+    let third = c.locks.lock(&name).expect("name");
+    let got = third
+        .options()
+        .wait(PROMPT)
+        .acquire()
+        .await
+        .expect("third client must get it");
+    got.release().await.expect("release");
+    // And the cancelled Lock itself can still acquire.
+    let again = cancelled
+        .options()
+        .wait(PROMPT)
+        .acquire()
+        .await
+        .expect("cancelled Lock acquires later");
+    again.release().await.expect("release");
+}
+
+/// Dropping a guard releases the lock in the background, long before its 30 s lease would end.
+pub async fn drop_releases(provider: &impl Provider) {
+    let name = unique_name("drop_releases");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let guard = a
+        .locks
+        .lock(&name)
+        .expect("name")
+        .options()
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("acquire");
+    drop(guard);
+    let other = b.locks.lock(&name).expect("name");
+    let got = other
+        .options()
+        .wait(PROMPT)
+        .acquire()
+        .await
+        .expect("a dropped guard must release");
+    got.release().await.expect("release");
+}
+
+/// Only the owner releases, and a late release never deletes a newer holder's lock: a holder cut off
+/// past its lease loses the lock to another client, and its release then reports `NotHeld` and leaves the
+/// new holder's lock in place.
+pub async fn release_is_owner_only(provider: &impl Provider) {
+    let name = unique_name("release_owner_only");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let c = provider.client().await;
+    let caps = a.locks.capabilities();
+    let lease = provider.short_lease();
+    let first = a
+        .locks
+        .lock(&name)
+        .expect("name")
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire");
+    if !a.cut().await {
+        assert!(
+            !caps.server_ttl,
+            "a backend with leases must let the suite cut a client off"
+        );
+        // No lease to run out: the only way to free the lock is the owner's release, which works once.
+        let other = b.locks.lock(&name).expect("name");
+        assert!(other.try_acquire().await.expect("try").is_none());
+        first.release().await.expect("release");
+        let second = other
+            .try_acquire()
+            .await
+            .expect("try")
+            .expect("free after release");
+        assert_eq!(second.state(), LockState::Held);
+        second.release().await.expect("release");
+        return;
+    }
+    let second = b
+        .locks
+        .lock(&name)
+        .expect("name")
+        .options()
+        .lease(Duration::from_secs(30))
+        .wait(lease * 4 + PROMPT)
+        .acquire()
+        .await
+        .expect("the cut-off holder's lease must expire");
+    let healed = a.heal().await;
+    let err = first
+        .release()
+        .await
+        .expect_err("a superseded holder's release must fail");
+    if healed {
+        // Reconnected, the release reaches the server, which must refuse it.
+        assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    } else {
+        assert!(
+            matches!(err.kind(), ErrorKind::NotHeld | ErrorKind::Unavailable),
+            "{err}"
+        );
+    }
+    assert_eq!(second.state(), LockState::Held);
+    let third = c.locks.lock(&name).expect("name");
+    assert!(
+        third.try_acquire().await.expect("try").is_none(),
+        "the late release deleted the new holder's lock"
+    );
+    second.release().await.expect("release");
+}
+
+/// Acquiring again through the same `Lock` while a guard lives is reentrant: the same token, and the lock
+/// is released only when the last guard goes.
+pub async fn reentrancy_same_token(provider: &impl Provider) {
+    let name = unique_name("reentrancy");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let lock = a.locks.lock(&name).expect("name");
+    let outer = lock.acquire().await.expect("acquire");
+    let inner = lock
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("reentrant acquire");
+    assert_eq!(
+        inner.token(),
+        outer.token(),
+        "a reentrant acquire must return the same token"
+    );
+    let other = b.locks.lock(&name).expect("name");
+    outer.release().await.expect("inner release");
+    assert!(
+        other.try_acquire().await.expect("try").is_none(),
+        "released while a reentrant guard lived"
+    );
+    assert_eq!(inner.state(), LockState::Held);
+    inner.release().await.expect("release");
+    assert!(
+        other.options().wait(PROMPT).acquire().await.is_ok(),
+        "not released after the last guard"
+    );
+}
+
+/// A lease expires when its holder is cut off, and another client gets the lock after it, not before.
+pub async fn abandoned_lease_expires(provider: &impl Provider) {
+    let name = unique_name("abandoned_lease");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let lease = provider.short_lease();
+    let guard = a
+        .locks
+        .lock(&name)
+        .expect("name")
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire");
+    let cut_at = Instant::now();
+    if !a.cut().await {
+        assert!(
+            !a.locks.capabilities().server_ttl,
+            "a backend with leases must let the suite cut a client off"
+        );
+        assert!(guard.validity_deadline().is_none());
+        return;
+    }
+    let other = b.locks.lock(&name).expect("name");
+    let got = other
+        .options()
+        .wait(lease * 4 + PROMPT)
+        .acquire()
+        .await
+        .expect("the lease must expire");
+    // The renewal a third of a lease before the cut may have been the last: the lock cannot be free
+    // before two thirds of a lease after the cut.
+    assert!(
+        cut_at.elapsed() >= lease * 2 / 3 - Duration::from_millis(50),
+        "taken over {:?} after the cut, inside the lease",
+        cut_at.elapsed()
+    );
+    assert_eq!(
+        guard.state(),
+        LockState::Lost,
+        "the cut-off holder still believes it holds the lock"
+    );
+    if got.token().is_some() {
+        assert!(
+            got.token() > guard.token(),
+            "the new holder's token must be higher"
+        );
+    }
+    got.release().await.expect("release");
+}
+
+/// The watchdog keeps a lock held far beyond its lease while the guard lives.
+pub async fn watchdog_outlives_lease(provider: &impl Provider) {
+    let name = unique_name("watchdog");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let lease = provider.short_lease();
+    let guard = a
+        .locks
+        .lock(&name)
+        .expect("name")
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire");
+    let token = guard.token();
+    tokio::time::sleep(lease * 3).await;
+    assert_eq!(
+        guard.state(),
+        LockState::Held,
+        "lost while the watchdog should renew: {:?}",
+        guard.loss_reason()
+    );
+    assert_eq!(guard.token(), token);
+    let other = b.locks.lock(&name).expect("name");
+    assert!(
+        other.try_acquire().await.expect("try").is_none(),
+        "the lease ran out under a live guard"
+    );
+    if a.locks.capabilities().server_ttl {
+        let deadline = guard
+            .validity_deadline()
+            .expect("a lease has a validity deadline");
+        assert!(
+            deadline > std::time::Instant::now(),
+            "the validity deadline was not pushed forward"
+        );
+    }
+    guard.release().await.expect("release");
+}
+
+/// When the client is cut off, `jeopardy()` and then `lost()` fire, and `state()` is never `Held` after
+/// the validity deadline.
+pub async fn lost_fires_when_cut_off(provider: &impl Provider) {
+    let name = unique_name("lost_fires");
+    let a = provider.client().await;
+    let lease = provider.short_lease();
+    let guard = a
+        .locks
+        .lock(&name)
+        .expect("name")
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire");
+    let mut changes = guard.state_changes();
+    if !a.cut().await {
+        assert!(!a.locks.capabilities().server_ttl);
+        assert!(guard.validity_deadline().is_none());
+        assert_eq!(guard.state(), LockState::Held);
+        return;
+    }
+    let bound = lease * 2 + PROMPT;
+    tokio::time::timeout(bound, guard.jeopardy())
+        .await
+        .expect("jeopardy() must fire");
+    // Sample the state until it is Lost: past the deadline it must never read Held.
+    let sampled = tokio::time::timeout(bound, async {
+        loop {
+            let deadline = guard.validity_deadline();
+            let state = guard.state();
+            if let Some(deadline) = deadline {
+                if std::time::Instant::now() >= deadline {
+                    assert_ne!(state, LockState::Held, "Held after the validity deadline");
+                }
+            }
+            if state == LockState::Lost {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(sampled.is_ok(), "never Lost after the cut");
+    tokio::time::timeout(Duration::from_millis(100), guard.lost())
+        .await
+        .expect("lost() resolves at once when Lost");
+    assert!(guard.loss_reason().is_some());
+    // The watch saw the transition too.
+    tokio::time::timeout(PROMPT, changes.wait_for(|s| *s == LockState::Lost))
+        .await
+        .expect("state_changes")
+        .expect("watch open");
+    drop(guard);
+}
+
+/// Tokens strictly increase across holders.
+pub async fn tokens_strictly_increase(provider: &impl Provider) {
+    let name = unique_name("tokens");
+    let mut last = None;
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(provider.client().await);
+    }
+    let fencing = clients[0].locks.capabilities().fencing;
+    for round in 0..6 {
+        let client = &clients[round % clients.len()];
+        let guard = client
+            .locks
+            .lock(&name)
+            .expect("name")
+            .acquire()
+            .await
+            .expect("acquire");
+        match fencing {
+            Fencing::None => assert!(
+                guard.token().is_none(),
+                "a backend without fencing returned a token"
+            ),
+            _ => {
+                let token = guard.token().expect("a fencing backend returns a token");
+                if let Some(previous) = last {
+                    assert!(token > previous, "token {token} after {previous}");
+                }
+                last = Some(token);
+            }
+        }
+        guard.release().await.expect("release");
+    }
+}
+
+/// Names are case-sensitive and never collide after mapping; invalid names are refused before any I/O.
+pub async fn names_map_as_documented(provider: &impl Provider) {
+    let client = provider.client().await;
+    let other = provider.client().await;
+    let base = unique_name("names");
+    let names = [
+        format!("{base}/Name"),
+        format!("{base}/name"),
+        format!("{base}/a b"),
+        format!("{base}/a%20b"),
+        format!("{base}/x_y"),
+        format!("{base}/x:y"),
+        format!("{base}/ü"),
+        format!("{base}/u"),
+        format!("{base}/{}", "l".repeat(1024 - base.len() - 1)),
+    ];
+    let mut guards = Vec::new();
+    for name in &names {
+        let lock = client.locks.lock(name).expect("a valid name");
+        guards.push(
+            lock.try_acquire()
+                .await
+                .expect("try")
+                .unwrap_or_else(|| panic!("{name:?} collided with another name")),
+        );
+    }
+    for name in &names {
+        let lock = other.locks.lock(name).expect("a valid name");
+        assert!(
+            lock.try_acquire().await.expect("try").is_none(),
+            "{name:?} not held after mapping"
+        );
+    }
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+    for bad in [String::new(), "x".repeat(1025)] {
+        let err = client.locks.lock(&bad).expect_err("an invalid name");
+        assert_eq!(err.kind(), ErrorKind::InvalidName, "{err}");
+    }
+}
+
+/// Waiters of one client queue first come, first served, and only the head contends with the engine:
+/// waiters are served in arrival order, and a task that releases and at once re-acquires goes behind the
+/// waiter already queued instead of winning the race back (what pollers do 96–99 % of the time).
+pub async fn local_waiters_fifo(provider: &impl Provider) {
+    let name = unique_name("local_fifo");
+    let client = provider.client().await;
+    let holder = client.locks.lock(&name).expect("name");
+    let first = holder.acquire().await.expect("acquire");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let lock = client.locks.lock(&name).expect("name");
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = lock.acquire().await.expect("acquire");
+            order.lock().expect("order").push(i);
+            guard.release().await.expect("release");
+        }));
+        // Let each waiter reach the queue before the next one starts.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Release and re-acquire at once: the holder must queue behind the four waiters.
+    first.release().await.expect("release");
+    let again = holder
+        .options()
+        .wait(PROMPT * 2)
+        .acquire()
+        .await
+        .expect("re-acquire");
+    order.lock().expect("order").push(99);
+    again.release().await.expect("release");
+    for task in tasks {
+        tokio::time::timeout(PROMPT * 2, task)
+            .await
+            .expect("waiters finish")
+            .expect("task");
+    }
+    assert_eq!(
+        *order.lock().expect("order"),
+        vec![0, 1, 2, 3, 99],
+        "local waiters were not served in arrival order (99 is the releasing task re-acquiring)"
+    );
+}
+
+/// `max_hold` ends a hold: the guard becomes Lost at the cap and another client gets the lock, even
+/// though the watchdog renews in between. Backends with no lease refuse it as Unsupported.
+pub async fn max_hold_caps_the_hold(provider: &impl Provider) {
+    let name = unique_name("max_hold");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let lease = provider.short_lease();
+    let cap = lease * 2;
+    let lock = a.locks.lock(&name).expect("name");
+    let acquired = lock.options().lease(lease).max_hold(cap).acquire().await;
+    if !a.locks.capabilities().server_ttl {
+        let err = acquired.expect_err("max_hold without a lease must be refused");
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+        assert!(
+            b.locks
+                .lock(&name)
+                .expect("name")
+                .try_acquire()
+                .await
+                .expect("try")
+                .is_some(),
+            "the refused acquire locked something"
+        );
+        return;
+    }
+    let guard = acquired.expect("acquire");
+    let started = Instant::now();
+    tokio::time::timeout(cap + PROMPT, guard.lost())
+        .await
+        .expect("Lost at max_hold");
+    assert!(
+        started.elapsed() >= cap - Duration::from_millis(50),
+        "lost before the cap: {:?}",
+        started.elapsed()
+    );
+    let other = b.locks.lock(&name).expect("name");
+    let got = other
+        .options()
+        .wait(lease + PROMPT)
+        .acquire()
+        .await
+        .expect("the capped lease must run out");
+    got.release().await.expect("release");
+}
+
+/// `extend` renews now where there is a lease, and is Unsupported where there is none; bad options are
+/// refused before anything is locked.
+pub async fn extend_and_bad_options(provider: &impl Provider) {
+    let name = unique_name("extend");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let lock = a.locks.lock(&name).expect("name");
+    for lease in [Duration::ZERO, Duration::from_millis(1)] {
+        let err = lock
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .expect_err("a tiny lease is refused");
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    }
+    let probe = b
+        .locks
+        .lock(&name)
+        .expect("name")
+        .try_acquire()
+        .await
+        .expect("try");
+    probe
+        .expect("a refused acquire locked something")
+        .release()
+        .await
+        .expect("release");
+    let guard = lock
+        .options()
+        .wait(PROMPT)
+        .acquire()
+        .await
+        .expect("acquire");
+    let extended = guard.extend(Duration::from_secs(20)).await;
+    if a.locks.capabilities().server_ttl {
+        extended.expect("extend");
+        let left = guard.validity_deadline().expect("deadline") - std::time::Instant::now();
+        assert!(
+            left > Duration::from_secs(15),
+            "extend did not push the deadline: {left:?} left"
+        );
+    } else {
+        assert_eq!(
+            extended.expect_err("no lease to extend").kind(),
+            ErrorKind::Unsupported
+        );
+    }
+    guard.release().await.expect("release");
+}
+
+/// A holder in another process (the `distlock` binary) excludes this one; when that process is
+/// SIGKILLed, the lock frees (at once where the engine frees on process death, else after the lease).
+pub async fn killed_holder_process_frees_lock(provider: &impl Provider) {
+    let client = provider.client().await;
+    let caps = client.locks.capabilities();
+    let Some(url) = provider.url() else {
+        assert!(
+            !caps.shared_across_processes,
+            "a backend shared across processes must give the suite a URL"
+        );
+        return;
+    };
+    let name = unique_name("killed_holder");
+    let lease = provider.short_lease();
+    let mut holder = HolderProcess::spawn(&url, &name, lease).expect("holder process");
+    let lock = client.locks.lock(&name).expect("name");
+    assert!(
+        lock.try_acquire().await.expect("try").is_none(),
+        "the other process's lock was not seen"
+    );
+    if let (Some(theirs), Fencing::Strict | Fencing::BestEffort) = (holder.token(), caps.fencing) {
+        assert!(theirs > 0);
+    }
+    holder.kill9().expect("kill the holder");
+    let started = Instant::now();
+    let bound = if caps.frees_on_process_death {
+        PROMPT
+    } else {
+        lease * 4 + PROMPT
+    };
+    let guard = lock
+        .options()
+        .wait(bound)
+        .acquire()
+        .await
+        .expect("the lock must free after the holder dies");
+    if !caps.frees_on_process_death {
+        assert!(
+            started.elapsed() >= lease / 3,
+            "freed {:?} after the kill, inside the lease",
+            started.elapsed()
+        );
+    }
+    if let (Some(ours), Some(theirs)) = (guard.token(), holder.token()) {
+        assert!(
+            ours.get() > theirs,
+            "token {ours} after the killed holder's {theirs}"
+        );
+    }
+    assert!(
+        holder.child_gone(PROMPT),
+        "the killed holder's command outlived it"
+    );
+    guard.release().await.expect("release");
+}
+
+/// Expands the whole suite for one backend: one `#[tokio::test]` per case, named after it.
+///
+/// `$make` is an async fn (or closure returning a future) producing the [`Provider`]; each test calls it
+/// once, so providers may start a fresh server per test.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr) => {
+        $crate::conformance_suite!(@cases $make;
+            mutual_exclusion,
+            try_acquire_when_held_is_none,
+            wait_timeout,
+            cancelled_acquire_leaves_nothing,
+            drop_releases,
+            release_is_owner_only,
+            reentrancy_same_token,
+            abandoned_lease_expires,
+            watchdog_outlives_lease,
+            lost_fires_when_cut_off,
+            tokens_strictly_increase,
+            names_map_as_documented,
+            local_waiters_fifo,
+            max_hold_caps_the_hold,
+            extend_and_bad_options,
+            killed_holder_process_frees_lock,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let provider = ($make)().await;
+                $crate::conformance::$case(&provider).await;
+            }
+        )*
+    };
+}

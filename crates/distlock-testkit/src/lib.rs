@@ -1,0 +1,19 @@
+//! Real-server test kit for distlock.
+//!
+//! * [`process`], [`ports`], [`sweep`]: spawn real server processes on reserved loopback ports, identify
+//!   them by pid, kill their process group on drop, and sweep what a SIGKILLed test left behind.
+//! * [`redis`]: a standalone `redis-server` (the first server kind; etcd, ZooKeeper, PostgreSQL and
+//!   MariaDB slot in the same way).
+//! * [`conformance`]: the behaviours every backend must show, as `pub async fn`s, expanded per backend by
+//!   [`conformance_suite!`].
+
+pub mod error;
+pub mod holder;
+pub mod ports;
+pub mod process;
+pub mod redis;
+pub mod sweep;
+
+pub mod conformance;
+
+pub use error::{Error, Result};

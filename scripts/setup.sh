@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs, only where it is missing. Idempotent: scripts/test.sh runs it
+# every time, and on a machine that has everything it changes nothing and needs no network.
+set -euo pipefail
+
+# Debian packages the tests use today.
+PACKAGES=(redis-server redis-tools)
+
+# The rest of the list in shared/reference/infra.md §9, to move into PACKAGES as the tests that need
+# them land (not installed now: they cost minutes and hundreds of MiB):
+#   redis-sentinel
+#   etcd-server etcd-client
+#   zookeeper libslf4j-java default-jre-headless
+#   postgresql-15 postgresql-client-15
+#   mariadb-server mariadb-client
+#   faketime libfaketime
+#   iproute2 nftables
+#   protobuf-compiler gcc libc6-dev curl util-linux
+
+log() { printf 'setup.sh: %s\n' "$*"; }
+die() { printf 'setup.sh: error: %s\n' "$*" >&2; exit 1; }
+
+installed() {
+    [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
+}
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    installed "$pkg" || missing+=("$pkg")
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    [ "$(id -u)" -eq 0 ] || die "missing packages: ${missing[*]}; run as root, or: sudo apt-get install -y --no-install-recommends ${missing[*]}"
+    # Installing a server package must not start it as a service on its default port (redis on 6379,
+    # ...). policy-rc.d exiting 101 tells invoke-rc.d "not now". Remove it again only if we made it.
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
+    log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+for bin in redis-server redis-cli; do
+    command -v "$bin" >/dev/null || die "$bin not on PATH after installing ${PACKAGES[*]}"
+done
+
+# Rust tooling: the test runner and the two checks scripts/test.sh runs.
+command -v cargo >/dev/null || die "cargo not found; install a Rust toolchain (rustup) first"
+if ! cargo nextest --version >/dev/null 2>&1; then
+    log "installing cargo-nextest"
+    cargo install cargo-nextest --locked
+fi
+components=()
+cargo fmt --version >/dev/null 2>&1 || components+=(rustfmt)
+cargo clippy --version >/dev/null 2>&1 || components+=(clippy)
+if [ "${#components[@]}" -gt 0 ]; then
+    command -v rustup >/dev/null || die "missing ${components[*]} and no rustup to add them"
+    log "adding rustup components ${components[*]}"
+    rustup component add "${components[@]}"
+fi
+
+log "ok ($(redis-server --version | awk '{print $3}'), $(cargo nextest --version | head -n1))"
