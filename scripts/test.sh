@@ -27,11 +27,12 @@ step() {
 step fmt cargo fmt --all -- --check
 step tests cargo nextest run --workspace --all-features --no-fail-fast --profile "$profile"
 step doctests cargo test --workspace --doc --all-features
+step examples cargo run -q -p distlock --all-features --example basic
 step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 echo
 if [ "${#failed[@]}" -eq 0 ]; then
-    echo "test.sh: ALL PASSED (fmt, tests, doctests, clippy) in ${SECONDS}s"
+    echo "test.sh: ALL PASSED (fmt, tests, doctests, examples, clippy) in ${SECONDS}s"
 else
     echo "test.sh: FAILED: ${failed[*]} (after ${SECONDS}s)"
     exit 1

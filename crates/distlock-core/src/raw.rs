@@ -41,6 +41,17 @@ pub struct AcquireRequest {
     pub lease: Duration,
 }
 
+impl AcquireRequest {
+    /// A request, as the core makes them; for backends' own tests of their trait impl.
+    pub fn new(name: impl Into<String>, owner: impl Into<String>, lease: Duration) -> Self {
+        Self {
+            name: name.into(),
+            owner: owner.into(),
+            lease,
+        }
+    }
+}
+
 /// A future that resolves, with the reason, once the backend knows a held lock is gone (a session
 /// expired, a connection closed). Backends that learn of a loss only by renewing return none.
 pub type LossSignal = Pin<Box<dyn Future<Output = String> + Send + 'static>>;

@@ -1,0 +1,348 @@
+//! The on-disk layout, all of it: which file a lock name maps to, and what that file holds.
+//!
+//! Both are a compatibility contract: another distlock version (or another tool) that opens the same
+//! directory must find the same file for the same name and read the same counter, so nothing here may
+//! change without a new format number.
+//!
+//! # File names
+//!
+//! `<dir>/<escaped name>.lock`, where the escape keeps `A–Z a–z 0–9 _ -` and `.` (except a leading
+//! `.`, so no lock file is hidden and `.`/`..` never appear) and writes every other byte of the UTF-8
+//! name as `%XX` (upper-case hex). `/` becomes `%2F`, so a name never makes a subdirectory; `%` itself
+//! becomes `%25`, so the escape is one-to-one. If the escaped name is longer than [`MAX_STEM`] bytes, its
+//! first [`KEPT_PREFIX`] bytes are kept (never cutting an escape in half) and `~` plus the 16 hex digits
+//! of [`fnv1a64`] of the whole name are appended: file names stay under the 255-byte limit of every
+//! Linux file system. `~` is always escaped in names, so a hashed file name never equals an escaped one.
+//!
+//! ```
+//! use distlock_local::layout::{file_name, fnv1a64};
+//!
+//! assert_eq!(file_name("orders/42"), "orders%2F42.lock");
+//! assert_eq!(file_name("job.daily"), "job.daily.lock");
+//! assert_eq!(file_name(".hidden"), "%2Ehidden.lock");
+//! assert_eq!(file_name("größe 100%"), "gr%C3%B6%C3%9Fe%20100%25.lock");
+//!
+//! // Long names keep a prefix and a stable hash of the whole name.
+//! let long = "x".repeat(1024);
+//! assert_eq!(fnv1a64(long.as_bytes()), 0x51bf_c410_78b3_7325);
+//! assert_eq!(file_name(&long), format!("{}~51bfc41078b37325.lock", "x".repeat(183)));
+//! ```
+//!
+//! Two names that differ only in letter case map to different files, but on a case-insensitive file
+//! system (macOS by default, or a Linux `casefold` directory) those files are the same, so the two names
+//! share one lock.
+//!
+//! # File content
+//!
+//! A few lines of `key=value` text, rewritten whole (at offset 0, then truncated to length) by each
+//! holder while it holds the `flock`:
+//!
+//! ```text
+//! # distlock lock file, format 1. Keep it: the fencing counter lives here.
+//! token=42
+//! owner=6f1c0d9e-…:3
+//! pid=1234
+//! host=build-7
+//! since=1700000000123
+//! end
+//! ```
+//!
+//! `token` is the last fencing token minted for the name; `owner`, `pid`, `host` and `since` (Unix time
+//! in milliseconds) describe the current holder and are removed at release, leaving the token line. Lines
+//! starting with `#` and blank lines are comments; unknown keys are ignored (later formats may add some).
+//! Values have `%`, and bytes below 0x20 or 0x7F, written as `%XX`. Reading stops at the `end` line:
+//! if a crash lands between the write and the truncation (possible only without `fdatasync`), the tail
+//! of a longer, older record that follows it is ignored, not mistaken for corruption. An empty file has token 0; a file
+//! with content but no readable `token` line is corrupt, and acquiring it fails rather than restart the
+//! counter (see [`Record::parse`]).
+//!
+//! The record says who holds the lock only while the lock file is `flock`ed: after a crash the last
+//! holder's fields stay behind, which is why `status` tests the lock itself.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The suffix of every lock file.
+pub const SUFFIX: &str = ".lock";
+
+/// The longest escaped name kept whole, in bytes. Longer ones are shortened with a hash.
+pub const MAX_STEM: usize = 200;
+
+/// How many bytes of a long escaped name are kept before `~` and the hash.
+pub const KEPT_PREFIX: usize = MAX_STEM - 17;
+
+/// The longest record a lock file may hold; anything larger is not a distlock lock file.
+pub const MAX_RECORD_BYTES: usize = 4096;
+
+/// The comment written as the first line of every record.
+pub const HEADER: &str = "# distlock lock file, format 1. Keep it: the fencing counter lives here.";
+
+/// FNV-1a, 64-bit: the hash that shortens long names.
+///
+/// It is written out here, not taken from a crate, because the file a name maps to must never change:
+/// not across distlock versions, compilers, platforms or endianness. **Never change this function.**
+///
+/// ```
+/// use distlock_local::layout::fnv1a64;
+/// // The published FNV-1a test vectors.
+/// assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+/// assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+/// assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+/// ```
+pub const fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET_BASIS;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(PRIME);
+        i += 1;
+    }
+    hash
+}
+
+/// The file name (no directory) of the lock file for `name`. See the [module docs](self).
+pub fn file_name(name: &str) -> String {
+    let mut stem = String::with_capacity(name.len() + 8);
+    for (i, &b) in name.as_bytes().iter().enumerate() {
+        let keep = b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0);
+        if keep {
+            stem.push(b as char);
+        } else {
+            push_escape(&mut stem, b);
+        }
+    }
+    if stem.len() > MAX_STEM {
+        // Cut before an escape that would straddle the limit: `%XX` is 3 bytes.
+        let mut cut = KEPT_PREFIX;
+        if let Some(pct) = stem[cut.saturating_sub(2)..cut].rfind('%') {
+            cut = cut - 2 + pct;
+        }
+        stem.truncate(cut);
+        let _ = write!(stem, "~{:016x}", fnv1a64(name.as_bytes()));
+    }
+    stem.push_str(SUFFIX);
+    stem
+}
+
+fn push_escape(out: &mut String, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.push('%');
+    out.push(HEX[(b >> 4) as usize] as char);
+    out.push(HEX[(b & 0xF) as usize] as char);
+}
+
+/// What a lock file holds: the last token and, while held, the holder.
+///
+/// ```
+/// use distlock_local::layout::Record;
+///
+/// let mut record = Record::released(41);
+/// record.token = 42;
+/// record.owner = Some("a1:3".into());
+/// record.pid = Some(1234);
+/// record.host = Some("build-7".into());
+/// record.since_ms = Some(1_700_000_000_123);
+/// let text = record.render();
+/// assert!(text.ends_with("\ntoken=42\nowner=a1:3\npid=1234\nhost=build-7\nsince=1700000000123\nend\n"));
+/// assert_eq!(Record::parse(text.as_bytes()), Ok(record));
+///
+/// // Released: only the counter stays.
+/// assert_eq!(Record::parse(Record::released(42).render().as_bytes()), Ok(Record::released(42)));
+/// assert_eq!(Record::parse(b""), Ok(Record::released(0)));
+/// assert!(Record::parse(b"garbage").is_err());
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    /// The last fencing token minted for the name (0: none yet).
+    pub token: u64,
+    /// The holder's owner id.
+    pub owner: Option<String>,
+    /// The holder's process id (in its pid namespace).
+    pub pid: Option<u32>,
+    /// The holder's host name.
+    pub host: Option<String>,
+    /// When the hold began, in milliseconds since the Unix epoch.
+    pub since_ms: Option<u64>,
+}
+
+impl Record {
+    /// A record with only the counter: what a released lock file holds.
+    pub fn released(token: u64) -> Self {
+        Self {
+            token,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the record names a holder.
+    pub fn has_holder(&self) -> bool {
+        self.owner.is_some() || self.pid.is_some() || self.host.is_some() || self.since_ms.is_some()
+    }
+
+    /// When the hold began, if recorded.
+    pub fn since(&self) -> Option<SystemTime> {
+        self.since_ms
+            .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms)))
+    }
+
+    /// The file content for this record.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(160);
+        out.push_str(HEADER);
+        let _ = write!(out, "\ntoken={}\n", self.token);
+        if let Some(owner) = &self.owner {
+            let _ = writeln!(out, "owner={}", escape_value(owner));
+        }
+        if let Some(pid) = self.pid {
+            let _ = writeln!(out, "pid={pid}");
+        }
+        if let Some(host) = &self.host {
+            let _ = writeln!(out, "host={}", escape_value(host));
+        }
+        if let Some(since) = self.since_ms {
+            let _ = writeln!(out, "since={since}");
+        }
+        out.push_str("end\n");
+        out
+    }
+
+    /// Reads a lock file's content.
+    ///
+    /// Empty (or blank) content is a fresh file: token 0, no holder. Content with no `token` line, a
+    /// `token` that is not a number, two `token` lines, or bytes that are not UTF-8 is corrupt: the counter
+    /// cannot be trusted, and restarting it would hand out tokens a resource has already seen. Holder
+    /// fields that do not parse are dropped (they are only shown by `status`).
+    pub fn parse(content: &[u8]) -> Result<Self, String> {
+        let text =
+            std::str::from_utf8(content).map_err(|_| "the file is not UTF-8 text".to_string())?;
+        let mut record = Record::default();
+        let mut token = None;
+        for line in text.lines() {
+            let line = line.trim_end_matches('\r');
+            if line == "end" {
+                break;
+            }
+            if line.trim().is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let Some((key, value)) = line.split_once('=') else {
+                return Err(format!("line {line:?} is not key=value"));
+            };
+            match key {
+                "token" => {
+                    if token.is_some() {
+                        return Err("it has two token lines".into());
+                    }
+                    let value: u64 = value
+                        .parse()
+                        .map_err(|_| format!("the token {value:?} is not a number"))?;
+                    token = Some(value);
+                }
+                "owner" => record.owner = Some(unescape_value(value)),
+                "pid" => record.pid = value.parse().ok(),
+                "host" => record.host = Some(unescape_value(value)),
+                "since" => record.since_ms = value.parse().ok(),
+                _ => {}
+            }
+        }
+        match token {
+            Some(token) => {
+                record.token = token;
+                Ok(record)
+            }
+            None if record.has_holder() => Err("it has no token line".into()),
+            None => Ok(record),
+        }
+    }
+}
+
+/// Escapes `%` and control bytes so a value stays on its line.
+fn escape_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        if c == '%' || (c as u32) < 0x20 || c as u32 == 0x7F {
+            push_escape(&mut out, c as u8);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn unescape_value(value: &str) -> String {
+    distlock_core::url::percent_decode(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_is_one_to_one_on_tricky_names() {
+        let names = [
+            "a/b", "a%2Fb", "a~b", ".", "..", "a.", "-", "_", " ", "ü", "u\u{308}",
+        ];
+        let files: std::collections::HashSet<_> = names.iter().map(|n| file_name(n)).collect();
+        assert_eq!(files.len(), names.len());
+        for f in &files {
+            assert!(!f.contains('/'));
+            assert!(!f.starts_with('.'));
+        }
+    }
+
+    #[test]
+    fn long_names_never_cut_an_escape_and_stay_short() {
+        for pad in 0..4 {
+            let name = format!("{}{}", "a".repeat(180 + pad), "/".repeat(100));
+            let file = file_name(&name);
+            let stem = file.strip_suffix(SUFFIX).unwrap();
+            let (prefix, hash) = stem.split_once('~').unwrap();
+            assert_eq!(hash.len(), 16);
+            assert!(prefix.len() <= KEPT_PREFIX);
+            assert!(prefix.len() > KEPT_PREFIX - 3);
+            // The last `%` of the prefix starts a whole escape.
+            if let Some(pct) = prefix.rfind('%') {
+                assert!(pct + 3 <= prefix.len(), "cut escape in {prefix}");
+            }
+            assert!(file.len() <= 255);
+        }
+        // Exactly at the limit: kept whole.
+        let edge = "b".repeat(MAX_STEM);
+        assert_eq!(file_name(&edge), format!("{edge}.lock"));
+        assert!(file_name(&"b".repeat(MAX_STEM + 1)).contains('~'));
+    }
+
+    #[test]
+    fn values_with_newlines_round_trip() {
+        let mut record = Record::released(7);
+        record.owner = Some("evil\nowner=x%".into());
+        let parsed = Record::parse(record.render().as_bytes()).unwrap();
+        assert_eq!(parsed, record);
+    }
+
+    #[test]
+    fn corrupt_content_is_refused() {
+        for bad in [
+            &b"token=x\n"[..],
+            b"token=1\ntoken=2\n",
+            b"owner=a\n",
+            b"\0\0\0\0",
+            b"\xff",
+        ] {
+            assert!(Record::parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(Record::parse(b"\n  \n").unwrap(), Record::released(0));
+        assert_eq!(
+            Record::parse(b"token=3\nfuture=1\n").unwrap(),
+            Record::released(3)
+        );
+        // A torn tail after `end` is ignored.
+        assert_eq!(
+            Record::parse(b"token=3\nend\nner=x:1\npid=12").unwrap(),
+            Record::released(3)
+        );
+    }
+}

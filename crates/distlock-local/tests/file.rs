@@ -1,0 +1,577 @@
+//! The file backend on real files: exclusion, tokens, waking, cancellation, inspect, names, URLs, errors.
+// Test helpers panic on setup failures, like the tests themselves.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use distlock_core::url::LockUrl;
+use distlock_core::{ErrorKind, Fencing, LockState, Locks};
+use distlock_local::{FileBackend, FileConfig};
+
+/// How long a mechanism gets to act (a notification to arrive, a background undo to finish). Tests
+/// assert that something happens before it, never how fast.
+const BOUND: Duration = Duration::from_secs(5);
+
+/// A fallback poll so slow that only inotify can wake a waiter within [`BOUND`].
+fn no_polling(dir: &Path) -> FileConfig {
+    FileConfig::new(dir).with_poll_backoff(Duration::from_secs(60), Duration::from_secs(60))
+}
+
+fn locks(dir: &Path) -> Locks {
+    Locks::new(FileBackend::new(dir).unwrap())
+}
+
+fn url(text: &str) -> distlock_core::Result<FileBackend> {
+    FileBackend::from_url(&LockUrl::parse(text)?)
+}
+
+#[tokio::test]
+async fn two_locks_of_one_name_in_one_process_exclude_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let locks = locks(dir.path());
+    let a = locks.lock("orders/42").unwrap();
+    let b = locks.lock("orders/42").unwrap();
+    let guard = a.try_acquire().await.unwrap().expect("free");
+    assert!(b.try_acquire().await.unwrap().is_none());
+    guard.release().await.unwrap();
+    let guard = b.try_acquire().await.unwrap().expect("released");
+    assert!(a.try_acquire().await.unwrap().is_none());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn two_handles_over_one_directory_exclude_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = locks(dir.path());
+    let two = locks(dir.path());
+    let guard = one.lock("x").unwrap().acquire().await.unwrap();
+    assert!(two
+        .lock("x")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    // Other names are independent.
+    let other = two
+        .lock("y")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("y is free");
+    other.release().await.unwrap();
+    guard.release().await.unwrap();
+    let guard = two
+        .lock("x")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("released");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn tokens_strictly_increase_across_holders_and_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut last = None;
+    for round in 0..3 {
+        // A new backend each round: the counter lives in the file, not in memory.
+        let locks = locks(dir.path());
+        for _ in 0..3 {
+            let guard = locks.lock("t").unwrap().acquire().await.unwrap();
+            let token = guard.token().expect("file locks mint tokens");
+            assert!(
+                last.is_none_or(|l| token > l),
+                "round {round}: {token} after {last:?}"
+            );
+            last = Some(token);
+            guard.release().await.unwrap();
+        }
+    }
+    assert_eq!(last.map(|t| t.get()), Some(9));
+    let caps = locks(dir.path()).capabilities();
+    assert_eq!(caps.fencing, Fencing::Strict);
+    assert!(!caps.server_ttl && caps.frees_on_process_death && caps.notify_wait && !caps.fifo);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_without_polling() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two backends, so the waiter really waits on the file (inside one `Locks` the core's local queue
+    // would hand over without the file being involved).
+    let holder = Locks::new(FileBackend::from_config(no_polling(dir.path())).unwrap());
+    let waiter = Locks::new(FileBackend::from_config(no_polling(dir.path())).unwrap());
+    let guard = holder.lock("w").unwrap().acquire().await.unwrap();
+    let lock = waiter.lock("w").unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "acquired while held");
+    let token = guard.token();
+    guard.release().await.unwrap();
+    // Without the inotify wake-up the waiter would sleep 30–60 s (its fallback poll).
+    let got = tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("the waiter was not woken by the release")
+        .unwrap()
+        .unwrap();
+    assert!(got.token() > token);
+    got.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_are_all_woken() {
+    // More waiters than the default per-user limit of inotify instances (128): they share one.
+    let dir = tempfile::tempdir().unwrap();
+    let holder = Locks::new(FileBackend::from_config(no_polling(dir.path())).unwrap());
+    let waiter = Locks::new(FileBackend::from_config(no_polling(dir.path())).unwrap());
+    let mut guards = Vec::new();
+    for i in 0..150 {
+        guards.push(
+            holder
+                .lock(&format!("n{i}"))
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let mut waiting = Vec::new();
+    for i in 0..150 {
+        let lock = waiter.lock(&format!("n{i}")).unwrap();
+        waiting.push(tokio::spawn(async move { lock.acquire().await }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(waiting.iter().all(|w| !w.is_finished()));
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    for w in waiting {
+        let guard = tokio::time::timeout(BOUND, w)
+            .await
+            .expect("a waiter was not woken")
+            .unwrap()
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn polling_alone_still_finds_a_released_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = FileConfig::new(dir.path())
+        .with_notify(false)
+        .with_poll_backoff(Duration::from_millis(5), Duration::from_millis(50));
+    let holder = Locks::new(FileBackend::from_config(config.clone()).unwrap());
+    let waiter = Locks::new(FileBackend::from_config(config).unwrap());
+    assert!(!waiter.capabilities().notify_wait);
+    let guard = holder.lock("p").unwrap().acquire().await.unwrap();
+    let lock = waiter.lock("p").unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished());
+    guard.release().await.unwrap();
+    let got = tokio::time::timeout(BOUND, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    got.release().await.unwrap();
+}
+
+/// Asserts that a fresh handle can take and release `name` now, and that the record shows it.
+async fn free_for_a_third_party(dir: &Path, name: &str) {
+    let third = locks(dir);
+    let lock = third.lock(name).unwrap();
+    let guard = lock
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a phantom holder kept the lock");
+    let info = third.inspect(name).await.unwrap();
+    assert_eq!(info.holder.unwrap().owner.as_deref(), Some(lock.owner()));
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_timed_out_wait_leaves_no_lock_and_no_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = locks(dir.path());
+    let b = locks(dir.path());
+    let a_lock = a.lock("bounded").unwrap();
+    let guard = a_lock.acquire().await.unwrap();
+
+    let err = b
+        .lock("bounded")
+        .unwrap()
+        .options()
+        .wait(Duration::from_millis(200))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    let info = b.inspect("bounded").await.unwrap();
+    assert_eq!(info.holder.unwrap().owner.as_deref(), Some(a_lock.owner()));
+
+    // Had the timed-out wait left a thread blocked in flock, it would take the lock at this release.
+    guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    free_for_a_third_party(dir.path(), "bounded").await;
+
+    // The original holder takes it again; its next release lets a third party in.
+    let guard = a_lock.acquire().await.unwrap();
+    guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    free_for_a_third_party(dir.path(), "bounded").await;
+    assert!(b.inspect("bounded").await.unwrap().holder.is_none());
+}
+
+#[tokio::test]
+async fn a_cancelled_wait_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = locks(dir.path());
+    let b = locks(dir.path());
+    let guard = a.lock("cancel").unwrap().acquire().await.unwrap();
+    let b_lock = b.lock("cancel").unwrap();
+    let cancelled = tokio::time::timeout(Duration::from_millis(200), b_lock.acquire()).await;
+    assert!(cancelled.is_err(), "acquired a held lock");
+    guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    free_for_a_third_party(dir.path(), "cancel").await;
+    // The cancelled owner can still acquire normally afterwards.
+    b_lock.acquire().await.unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_cancelled_at_any_point_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let locks = locks(dir.path());
+    for step in 0..40u64 {
+        let lock = locks.lock("anywhere").unwrap();
+        // Cut the acquire short at a different point each time, including inside the blocking try.
+        let attempt = tokio::time::timeout(Duration::from_micros(step * 40), lock.acquire()).await;
+        if let Ok(guard) = attempt {
+            guard.unwrap().release().await.unwrap();
+        }
+        // A try that locked the file after its future was dropped unlocks when its result is dropped.
+        let other = self::locks(dir.path());
+        let deadline = tokio::time::Instant::now() + BOUND;
+        loop {
+            if let Some(guard) = other.lock("anywhere").unwrap().try_acquire().await.unwrap() {
+                guard.release().await.unwrap();
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "step {step}: the cancelled acquire kept the lock"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(other.inspect("anywhere").await.unwrap().holder.is_none());
+    }
+}
+
+#[tokio::test]
+async fn inspect_shows_the_holder_while_held_and_none_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let locks = locks(dir.path());
+    let never = locks.inspect("never-used").await.unwrap();
+    assert!(never.holder.is_none() && never.last_token.is_none());
+
+    let lock = locks.lock("seen").unwrap();
+    let before = std::time::SystemTime::now() - Duration::from_secs(1);
+    let guard = lock.acquire().await.unwrap();
+    let info = locks.inspect("seen").await.unwrap();
+    let holder = info.holder.expect("held");
+    assert_eq!(holder.owner.as_deref(), Some(lock.owner()));
+    assert_eq!(holder.pid, Some(std::process::id()));
+    assert_eq!(holder.token, guard.token());
+    assert!(holder.host.is_some_and(|h| !h.is_empty()));
+    assert!(holder.since.is_some_and(|s| s >= before));
+    assert_eq!(info.last_token, guard.token());
+
+    let token = guard.token();
+    guard.release().await.unwrap();
+    let info = locks.inspect("seen").await.unwrap();
+    assert!(info.holder.is_none());
+    assert_eq!(info.last_token, token);
+}
+
+#[tokio::test]
+async fn lock_files_stay_after_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::new(dir.path()).unwrap();
+    let path = backend.lock_file("stays");
+    let locks = Locks::new(backend);
+    locks
+        .lock("stays")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert!(path.is_file());
+    let content = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        content.contains("\ntoken=1\n") && !content.contains("owner="),
+        "{content}"
+    );
+}
+
+#[tokio::test]
+async fn odd_names_map_to_valid_distinct_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::new(dir.path()).unwrap();
+    let names = [
+        "a/b".to_string(),
+        "a%2Fb".into(),
+        "a/b/".into(),
+        "größe".into(),
+        "日本語/ロック".into(),
+        ".hidden".into(),
+        ".".into(),
+        "..".into(),
+        "~".into(),
+        " ".into(),
+        "x".repeat(1024),
+        "x".repeat(1023),
+        "é".repeat(512),
+    ];
+    let files: HashSet<_> = names.iter().map(|n| backend.lock_file(n)).collect();
+    assert_eq!(files.len(), names.len());
+    let locks = Locks::new(backend);
+    let mut guards = Vec::new();
+    for name in &names {
+        // All distinct files: all free at once.
+        guards.push(
+            locks
+                .lock(name)
+                .unwrap()
+                .try_acquire()
+                .await
+                .unwrap()
+                .expect(name),
+        );
+    }
+    let entries: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect();
+    assert_eq!(entries.len(), names.len());
+    for entry in &entries {
+        assert!(entry.file_type().unwrap().is_file(), "{entry:?}");
+        let file_name = entry.file_name();
+        let file_name = file_name.to_str().unwrap();
+        assert!(
+            file_name.len() <= 255 && !file_name.starts_with('.'),
+            "{file_name}"
+        );
+        assert!(files.contains(&entry.path()));
+    }
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+#[test]
+fn bad_urls_are_invalid_config() {
+    for bad in [
+        "file://relative",
+        "file://relative/dir",
+        "file://host/x",
+        "file:///tmp/x?bogus=1",
+        "file://",
+        "file://localhost",
+        "file://user@/tmp/x",
+        "file://a,b/tmp/x",
+    ] {
+        let err = url(bad).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad}: {err}");
+        assert_eq!(err.backend(), "file", "{bad}");
+    }
+    let message = url("file://relative").unwrap_err().to_string();
+    assert!(message.contains("file:///"), "{message}");
+    let message = url("file:///tmp/x?bogus=1").unwrap_err().to_string();
+    assert!(message.contains("bogus"), "{message}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let ok = format!("file://{}?lease=10s", dir.path().join("sub").display());
+    assert_eq!(url(&ok).unwrap().dir(), dir.path().join("sub"));
+    let ok = format!("file://localhost{}", dir.path().display());
+    assert_eq!(url(&ok).unwrap().dir(), dir.path());
+}
+
+#[test]
+fn a_directory_that_cannot_be_made_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, "x").unwrap();
+
+    let err = FileBackend::new(file.join("locks")).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&*file.join("locks").to_string_lossy()),
+        "{message}"
+    );
+    assert!(message.contains("not a directory"), "{message}");
+
+    let err = FileBackend::new(&file).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(err.to_string().contains("not a directory"), "{err}");
+
+    assert_eq!(
+        FileBackend::new("").unwrap_err().kind(),
+        ErrorKind::InvalidConfig
+    );
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_created_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let locks_dir = dir.path().join("a/b");
+    let locks = locks(&locks_dir);
+    std::fs::remove_dir_all(dir.path().join("a")).unwrap();
+    locks
+        .lock("x")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert!(locks_dir.join("x.lock").is_file());
+}
+
+#[tokio::test]
+async fn a_corrupt_counter_is_refused_not_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::new(dir.path()).unwrap();
+    let path = backend.lock_file("c");
+    std::fs::write(&path, "token=banana\n").unwrap();
+    let locks = Locks::new(backend);
+    let err = locks.lock("c").unwrap().acquire().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&*path.to_string_lossy()) && message.contains("token="),
+        "{message}"
+    );
+    // The failed acquire did not keep the lock, and left the file as it was.
+    assert!(locks.inspect("c").await.unwrap().holder.is_none());
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "token=banana\n");
+
+    // Repaired as the message says, the counter continues from there.
+    std::fs::write(&path, "token=41\n").unwrap();
+    let guard = locks.lock("c").unwrap().acquire().await.unwrap();
+    assert_eq!(guard.token().map(|t| t.get()), Some(42));
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn deleting_a_held_lock_file_makes_the_guard_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::new(dir.path()).unwrap();
+    let path = backend.lock_file("deleted");
+    let locks = Locks::new(backend);
+    let guard = locks.lock("deleted").unwrap().acquire().await.unwrap();
+    assert_eq!(guard.state(), LockState::Held);
+    assert!(guard.validity_deadline().is_none());
+    // A chmod is not a loss.
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(guard.state(), LockState::Held);
+
+    std::fs::remove_file(&path).unwrap();
+    tokio::time::timeout(BOUND, guard.lost())
+        .await
+        .expect("the deletion went unnoticed");
+    assert!(guard.loss_reason().unwrap().contains("deleted"));
+    // Which is why: another process can now lock a new file of the name.
+    let other = self::locks(dir.path());
+    let taken = other
+        .lock("deleted")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a new file is free");
+    assert_eq!(
+        guard.release().await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    taken.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn child_processes_do_not_inherit_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::new(dir.path()).unwrap();
+    let path = backend.lock_file("cloexec");
+    let locks = Locks::new(backend);
+    let guard = locks.lock("cloexec").unwrap().acquire().await.unwrap();
+    let output = Command::new("ls")
+        .arg("-l")
+        .arg("/proc/self/fd/")
+        .output()
+        .expect("ls runs");
+    assert!(output.status.success());
+    let listing = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        !listing.contains(&*path.to_string_lossy()),
+        "the child inherited the lock file:\n{listing}"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_process_frees_the_lock_and_wakes_the_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let locks = locks(dir.path());
+    let first = locks.lock("killed").unwrap().acquire().await.unwrap();
+    let first_token = first.token();
+    first.release().await.unwrap();
+
+    // Another process holds it: util-linux flock(1), which flocks the same file.
+    let path = FileBackend::new(dir.path()).unwrap().lock_file("killed");
+    let mut holder = Command::new("flock")
+        .arg("-o")
+        .arg(&path)
+        .args(["sleep", "60"])
+        .stdin(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("flock(1) is missing: apt-get install util-linux");
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while locks.inspect("killed").await.unwrap().holder.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "flock(1) never took the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let lock = locks.lock("killed").unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "acquired while flock(1) held it");
+
+    let group = rustix::process::Pid::from_raw(holder.id() as i32).unwrap();
+    rustix::process::kill_process_group(group, rustix::process::Signal::KILL).unwrap();
+    holder.wait().unwrap();
+    let got = tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("the holder's death did not free the lock")
+        .unwrap()
+        .unwrap();
+    assert!(got.token() > first_token);
+    got.release().await.unwrap();
+}
