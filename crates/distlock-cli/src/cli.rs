@@ -1,0 +1,248 @@
+//! The command line: clap types, usage errors mapped to exit 64, and where the URL comes from.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::exit::{self, Code, Failure};
+
+/// The environment variable naming the lock service when `--url` is not given.
+pub const URL_ENV: &str = "DISTLOCK_URL";
+
+/// Distributed locks from the shell: run a command while holding a lock, like flock(1) across machines.
+#[derive(Debug, Parser)]
+#[command(name = "distlock", version, after_help = exit::help_table())]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding a lock; the command never outlives the hold.
+    #[command(long_about = RUN_ABOUT)]
+    Run(RunArgs),
+    /// Show who holds a lock (holder, token, remaining lease, waiters where known), or "free".
+    Status(StatusArgs),
+}
+
+const URL_HELP: &str = "Lock service URL (file:///dir, redis://host:port, …). Default: $DISTLOCK_URL, else \
+                        file://$XDG_STATE_HOME/distlock (else ~/.local/state/distlock): per user, no server";
+
+const RUN_ABOUT: &str = "\
+Run a command while holding a lock; the command never outlives the hold.
+
+The command gets DISTLOCK_NAME and DISTLOCK_TOKEN (the fencing token, when the backend mints one) in \
+its environment and runs in its own process group. It is killed (SIGKILL) if distlock dies. SIGINT, \
+SIGTERM, SIGHUP and SIGQUIT sent to distlock are passed on to the command once. If the lock is lost \
+while the command runs, --on-lost decides what happens to it, and distlock exits 76. The lock is \
+released when the command exits.";
+
+/// `distlock run`.
+#[derive(Debug, Args)]
+#[command(
+    override_usage = "distlock run [OPTIONS] NAME [--] CMD [ARGS]...",
+    after_help = exit::help_table()
+)]
+pub struct RunArgs {
+    #[arg(long, value_name = "URL", help = URL_HELP)]
+    pub url: Option<String>,
+    /// Wait at most this long for the lock (500ms, 10s, 2m), then exit 124. Default: wait forever.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+    /// Do not wait: exit 75 if the lock is held elsewhere (the same as --wait 0).
+    #[arg(long)]
+    pub no_wait: bool,
+    /// The lease on the server, renewed every third of it while the command runs.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
+    pub lease: Duration,
+    /// What to do with the command if the lock is lost: SIGTERM (then SIGKILL after --grace), SIGKILL
+    /// at once, or let it finish. distlock exits 76 in every case.
+    #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnLost::Term)]
+    pub on_lost: OnLost,
+    /// With --on-lost term: how long the command may take to exit after SIGTERM before SIGKILL.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    pub grace: Duration,
+    /// The lock name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// The command and its arguments (after `--` when they start with `-`).
+    #[arg(value_name = "CMD", required = true, trailing_var_arg = true, num_args = 1..)]
+    pub command: Vec<OsString>,
+}
+
+/// `distlock status`.
+#[derive(Debug, Args)]
+#[command(after_help = exit::help_table())]
+pub struct StatusArgs {
+    #[arg(long, value_name = "URL", help = URL_HELP)]
+    pub url: Option<String>,
+    /// The lock name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+}
+
+/// What `run` does with the command when the lock is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnLost {
+    /// SIGTERM to the command's process group, SIGKILL after the grace.
+    Term,
+    /// SIGKILL to the command's process group at once.
+    Kill,
+    /// Let the command run to completion (distlock still exits 76).
+    Ignore,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    distlock::duration::parse(text).map_err(|e| e.message().to_string())
+}
+
+/// Parses the command line. `Err` carries the exit code: 0 after `--help`/`--version` (already
+/// printed), 64 for every usage error (clap's own default would be 2), with the one line printed.
+pub fn parse() -> Result<Cli, i32> {
+    parse_from(std::env::args_os())
+}
+
+/// [`parse`] over given arguments.
+pub fn parse_from<I, T>(args: I) -> Result<Cli, i32>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    use clap::error::ErrorKind as K;
+    match Cli::try_parse_from(args) {
+        Ok(cli) => Ok(cli),
+        Err(e) if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion) => {
+            // Help and version go to stdout; a closed stdout is not worth a failure.
+            let _ = e.print();
+            Err(0)
+        }
+        Err(e) if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand => {
+            exit::report("missing subcommand: distlock run NAME -- CMD [ARGS…] or distlock status NAME (see distlock --help)");
+            Err(Code::Usage.as_i32())
+        }
+        Err(e) => {
+            exit::report(format_args!("{} (see distlock --help)", clap_message(&e)));
+            Err(Code::Usage.as_i32())
+        }
+    }
+}
+
+/// clap's error without the `error:` prefix, tips and usage: its first paragraph, as one line.
+fn clap_message(error: &clap::Error) -> String {
+    let rendered = error.render().to_string();
+    let paragraph: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let text = paragraph.join(" ");
+    text.strip_prefix("error:")
+        .map_or(text.clone(), |t| t.trim().to_string())
+}
+
+/// The URL to use: `--url`, else `$DISTLOCK_URL` (empty counts as unset), else the per-user file
+/// directory, created (mode 0700) if missing.
+pub fn lock_url(explicit: Option<&str>) -> Result<String, Failure> {
+    if let Some(url) = explicit {
+        return Ok(url.to_string());
+    }
+    if let Some(url) = std::env::var_os(URL_ENV).filter(|v| !v.is_empty()) {
+        return url
+            .into_string()
+            .map_err(|_| Failure::new(Code::Usage, format!("${URL_ENV} is not valid UTF-8")));
+    }
+    let dir = distlock::default_file_dir();
+    create_private_dir(&dir).map_err(|e| {
+        Failure::new(
+            Code::Unavailable,
+            format!(
+                "cannot create the default lock directory {}: {e}; pass --url or set ${URL_ENV}",
+                dir.display()
+            ),
+        )
+    })?;
+    file_url(&dir)
+}
+
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// `file://` + the path, with the characters the URL grammar reads (`%`, `?`) escaped.
+fn file_url(dir: &Path) -> Result<String, Failure> {
+    let path = dir.to_str().ok_or_else(|| {
+        Failure::new(
+            Code::Usage,
+            format!(
+                "the default lock directory {} is not valid UTF-8; pass --url",
+                dir.display()
+            ),
+        )
+    })?;
+    let escaped = path.replace('%', "%25").replace('?', "%3F");
+    Ok(format!("file://{escaped}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_defaults() {
+        let Ok(cli) = parse_from(["distlock", "run", "--wait", "500ms", "n", "--", "true"]) else {
+            panic!("should parse")
+        };
+        let Command::Run(run) = cli.command else {
+            panic!("run")
+        };
+        assert_eq!(run.wait, Some(Duration::from_millis(500)));
+        assert_eq!(run.lease, Duration::from_secs(30));
+        assert_eq!(run.grace, Duration::from_secs(10));
+        assert_eq!(run.on_lost, OnLost::Term);
+        assert_eq!(run.command, ["true"]);
+    }
+
+    #[test]
+    fn command_flags_are_not_ours() {
+        let Ok(cli) = parse_from(["distlock", "run", "n", "sh", "-c", "--lease"]) else {
+            panic!("should parse")
+        };
+        let Command::Run(run) = cli.command else {
+            panic!("run")
+        };
+        assert_eq!(run.command, ["sh", "-c", "--lease"]);
+        assert_eq!(run.lease, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn usage_errors_exit_64() {
+        assert_eq!(parse_from(["distlock", "run", "n"]).err(), Some(64));
+        assert_eq!(
+            parse_from(["distlock", "run", "--wait", "5x", "n", "true"]).err(),
+            Some(64)
+        );
+        assert_eq!(
+            parse_from(["distlock", "run", "--wait", "1s", "--no-wait", "n", "true"]).err(),
+            Some(64)
+        );
+        assert_eq!(parse_from(["distlock"]).err(), Some(64));
+    }
+
+    #[test]
+    fn file_urls_escape_what_the_grammar_reads() {
+        assert_eq!(
+            file_url(Path::new("/a b/%x?y")).ok().as_deref(),
+            Some("file:///a b/%25x%3Fy")
+        );
+    }
+}

@@ -1,0 +1,48 @@
+//! The `distlock` command-line tool: `distlock run NAME -- CMD…` runs a command while holding a lock
+//! (like flock(1), across machines); `distlock status NAME` shows who holds it.
+//!
+//! The binary is a thin `main`; this library holds the command so its pieces (the exit-code table,
+//! argument parsing) can be tested and shown in `--help` from one place.
+
+pub mod child;
+pub mod cli;
+pub mod exit;
+pub mod run;
+pub mod status;
+
+/// Parses the command line, runs the subcommand, and returns the process exit code. Usage errors and
+/// failures have already been reported on stderr as one line.
+pub fn main_exit_code() -> i32 {
+    let cli = match cli::parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    // One thread is plenty: the work is waiting. Children are forked from a dedicated thread anyway
+    // (see `child`), so the runtime's flavour does not matter for their parent-death signal.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            exit::report(format_args!("cannot start the async runtime: {e}"));
+            return exit::Code::Unavailable.as_i32();
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            cli::Command::Run(args) => run::run(args).await,
+            cli::Command::Status(args) => status::status(args).await,
+        }
+    });
+    // Nothing is left to finish (the lock was released explicitly); do not wait for stray blocking
+    // threads.
+    runtime.shutdown_background();
+    match result {
+        Ok(code) => code,
+        Err(failure) => {
+            exit::report(&failure);
+            failure.code().as_i32()
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! `distlock run`: acquire, run the command while held, react to loss and signals, release.
+
+use std::ffi::OsStr;
+use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
+use std::time::Duration;
+
+use distlock::{Lock, LockGuard, LockOptions, LockState};
+use rustix::process::Signal;
+
+use crate::child::{self, Child, Signals, Spec};
+use crate::cli::{self, OnLost, RunArgs};
+use crate::exit::{self, Code, Failure};
+
+/// Runs `distlock run`; `Ok` is the exit code to use.
+pub async fn run(args: RunArgs) -> Result<i32, Failure> {
+    // Everything the user typed is checked before any lock is touched.
+    LockOptions::default()
+        .with_lease(args.lease)
+        .validate()
+        .map_err(|e| Failure::new(Code::Usage, format!("invalid --lease: {}", e.message())))?;
+    distlock::name::validate(&args.name)?;
+    let Some((program, program_args)) = args.command.split_first() else {
+        return Err(Failure::new(
+            Code::Usage,
+            "no command given: distlock run NAME -- CMD [ARGS…]",
+        ));
+    };
+    precheck_command(program)?;
+    let wait = if args.no_wait {
+        Some(Duration::ZERO)
+    } else {
+        args.wait
+    };
+    let url = cli::lock_url(args.url.as_deref())?;
+
+    // Caught from here on, so a signal during the wait ends it cleanly and one during the run is
+    // forwarded rather than killing distlock and orphaning the command's hold.
+    let mut signals = Signals::install().map_err(|e| {
+        Failure::new(
+            Code::Unavailable,
+            format!("cannot install signal handlers: {e}"),
+        )
+    })?;
+
+    let locks = match or_signal(&mut signals, distlock::connect(&url)).await {
+        Ok(connected) => connected?,
+        Err(signal) => return Ok(exit::signal_code(signal.as_raw())),
+    };
+    let lock = locks.lock(&args.name)?;
+    let guard = match or_signal(&mut signals, acquire(&lock, wait, args.lease)).await {
+        Ok(Ok(Some(guard))) => guard,
+        Ok(Ok(None)) => {
+            let flag = if args.no_wait {
+                "--no-wait"
+            } else {
+                "--wait 0"
+            };
+            return Err(Failure::new(
+                Code::Busy,
+                format!("lock {:?}: held elsewhere ({flag})", args.name),
+            ));
+        }
+        Ok(Err(e)) => return Err(e.into()),
+        // Dropping the acquire is cancel safe: nothing is left queued or held.
+        Err(signal) => return Ok(exit::signal_code(signal.as_raw())),
+    };
+
+    // A signal that came while acquiring or a loss since: do not start the command at all.
+    if let Some(signal) = signals.pending().await {
+        release(guard, &mut signals).await;
+        return Ok(exit::signal_code(signal.as_raw()));
+    }
+    if guard.state() == LockState::Lost {
+        report_loss(&guard, "the command was not started");
+        release(guard, &mut signals).await;
+        return Ok(Code::Lost.as_i32());
+    }
+
+    let mut set_env = vec![("DISTLOCK_NAME", args.name.clone())];
+    let mut remove_env = Vec::new();
+    match guard.token() {
+        Some(token) => set_env.push(("DISTLOCK_TOKEN", token.to_string())),
+        // An inherited token (from an outer `distlock run`) must not pass for this hold's.
+        None => remove_env.push("DISTLOCK_TOKEN"),
+    }
+    let spec = Spec {
+        program,
+        args: program_args,
+        set_env,
+        remove_env,
+    };
+    let mut child = match child::spawn(spec).await {
+        Ok(child) => child,
+        Err(e) => {
+            release(guard, &mut signals).await;
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => Code::NotFound,
+                _ => Code::CannotExecute,
+            };
+            return Err(Failure::new(
+                code,
+                format!("cannot run {}: {e}", quoted(program)),
+            ));
+        }
+    };
+
+    let outcome = supervise(&mut child, &guard, &mut signals, args.on_lost, args.grace).await;
+    let lost_while_running = outcome.lost || guard.state() == LockState::Lost;
+    if lost_while_running && !outcome.lost {
+        // Lost at the moment the command ended: it cannot be said to have finished while held.
+        report_loss(&guard, "the command had just finished");
+    }
+    let released = or_signal(&mut signals, guard.release()).await;
+
+    let status = match outcome.status {
+        Ok(status) => status,
+        Err(e) => {
+            return Err(Failure::new(
+                Code::Unavailable,
+                format!("lost track of the command (pid {}): {e}", outcome.pid),
+            ))
+        }
+    };
+    if lost_while_running {
+        return Ok(Code::Lost.as_i32());
+    }
+    match released {
+        Ok(Err(e)) if e.kind() == distlock::ErrorKind::NotHeld => {
+            // The lock slipped away without the guard noticing: the command did not run entirely
+            // under it.
+            exit::report(&e);
+            return Ok(Code::Lost.as_i32());
+        }
+        Ok(Err(e)) => {
+            // The command did finish while held; an unconfirmed release only means the lease runs out.
+            exit::report(format_args!(
+                "{e} (the command had finished; the lock frees when its lease ends)"
+            ));
+        }
+        Ok(Ok(())) | Err(_) => {}
+    }
+    Ok(child::exit_code(status))
+}
+
+/// Acquires as asked: one attempt for a zero wait (`None` when busy), else waits (a limit elapsing is
+/// `ErrorKind::Timeout`).
+async fn acquire(
+    lock: &Lock,
+    wait: Option<Duration>,
+    lease: Duration,
+) -> distlock::Result<Option<LockGuard>> {
+    let options = lock.options().lease(lease);
+    match wait {
+        Some(limit) if limit.is_zero() => options.try_acquire().await,
+        Some(limit) => options.wait(limit).acquire().await.map(Some),
+        None => options.wait_forever().acquire().await.map(Some),
+    }
+}
+
+/// How the command's run ended.
+struct Outcome {
+    status: std::io::Result<std::process::ExitStatus>,
+    pid: u32,
+    /// The lock was lost while the command ran.
+    lost: bool,
+}
+
+/// Waits for the command, forwarding signals to its process group and acting on loss.
+async fn supervise(
+    child: &mut Child,
+    guard: &LockGuard,
+    signals: &mut Signals,
+    on_lost: OnLost,
+    grace: Duration,
+) -> Outcome {
+    let pid = child.id().unwrap_or(0);
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    let mut was_lost = false;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            signal = signals.recv() => {
+                // The command has its own process group, so this is the only copy it gets.
+                tracing::debug!(signal = signal.as_raw(), "forwarding a signal to the command");
+                child.signal_group(signal);
+            }
+            () = &mut lost, if !was_lost => {
+                was_lost = true;
+                let action = match on_lost {
+                    OnLost::Term => {
+                        child.signal_group(Signal::TERM);
+                        kill_at = Some(tokio::time::Instant::now() + grace);
+                        format!(
+                            "sent SIGTERM to the command, SIGKILL in {} if it is still running",
+                            distlock::duration::format(grace)
+                        )
+                    }
+                    OnLost::Kill => {
+                        child.signal_group(Signal::KILL);
+                        "sent SIGKILL to the command".to_string()
+                    }
+                    OnLost::Ignore => "letting the command finish (--on-lost ignore); exit code will be 76".to_string(),
+                };
+                report_loss(guard, &action);
+            }
+            () = sleep_until(kill_at), if kill_at.is_some() => {
+                kill_at = None;
+                child.signal_group(Signal::KILL);
+            }
+        }
+    };
+    if status.is_err() {
+        // Cannot wait for it, so make sure it does not run on unheld.
+        child.signal_group(Signal::KILL);
+    }
+    Outcome {
+        status,
+        pid,
+        lost: was_lost,
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The one line saying the lock was lost, why, and what was done about it.
+fn report_loss(guard: &LockGuard, action: &str) {
+    let reason = guard
+        .loss_reason()
+        .unwrap_or_else(|| "no reason recorded".to_string());
+    exit::report(format_args!(
+        "lock {:?} lost: {reason}; {action}",
+        guard.name()
+    ));
+}
+
+/// Releases, giving up early on a signal (the lock then frees when the process or its lease ends).
+/// Used where the exit code is already decided.
+async fn release(guard: LockGuard, signals: &mut Signals) {
+    if let Ok(Err(e)) = or_signal(signals, guard.release()).await {
+        tracing::debug!(error = %e, "release failed");
+    }
+}
+
+/// Runs `fut` unless one of the forwarded signals arrives first.
+async fn or_signal<F: Future>(signals: &mut Signals, fut: F) -> Result<F::Output, Signal> {
+    tokio::select! {
+        out = fut => Ok(out),
+        signal = signals.recv() => Err(signal),
+    }
+}
+
+/// Fails with 127 before anything is locked when the command plainly does not exist (no such path, or
+/// in no `PATH` directory); whatever else can go wrong is found out at exec time.
+fn precheck_command(program: &OsStr) -> Result<(), Failure> {
+    let not_found = |why: &str| {
+        Failure::new(
+            Code::NotFound,
+            format!("cannot run {}: {why}", quoted(program)),
+        )
+    };
+    if program.is_empty() {
+        return Err(not_found("the command is empty"));
+    }
+    if program.as_bytes().contains(&b'/') {
+        return match std::fs::symlink_metadata(program) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(not_found("no such file")),
+            _ => Ok(()),
+        };
+    }
+    // With no PATH the C library falls back to a default search path: leave it to exec.
+    let Some(path) = std::env::var_os("PATH").filter(|p| !p.is_empty()) else {
+        return Ok(());
+    };
+    let found = std::env::split_paths(&path).any(|dir| {
+        let dir = if dir.as_os_str().is_empty() {
+            std::path::PathBuf::from(".")
+        } else {
+            dir
+        };
+        dir.join(program).symlink_metadata().is_ok()
+    });
+    if found {
+        Ok(())
+    } else {
+        Err(not_found("command not found in PATH"))
+    }
+}
+
+fn quoted(program: &OsStr) -> String {
+    format!("{:?}", program.to_string_lossy())
+}

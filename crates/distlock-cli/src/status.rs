@@ -1,0 +1,173 @@
+//! `distlock status`: what the lock service knows about a lock, as stable `key: value` lines.
+//!
+//! Lines, in this order, each only when the engine knows the value: `name`, `backend`, `state`
+//! (`held` or `free`), then for a held lock `token`, `owner`, `pid`, `host`, `since` (RFC 3339, UTC),
+//! `held_for`, `remaining_lease`; then `last_token` and `waiters`. Control characters in values are
+//! escaped so every record stays one line.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use distlock::raw::LockInfo;
+
+use crate::cli::{self, StatusArgs};
+use crate::exit::{Code, Failure};
+
+/// Runs `distlock status`; `Ok` is the exit code (0: the service could tell, held or free).
+pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
+    distlock::name::validate(&args.name)?;
+    let url = cli::lock_url(args.url.as_deref())?;
+    let locks = distlock::connect(&url).await?;
+    let info = locks.inspect(&args.name).await?;
+    let text = render(&args.name, locks.backend_kind(), &info, SystemTime::now());
+    // The one place the CLI writes to stdout.
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(0),
+        // A reader that stopped early (`| head -1`) got what it wanted.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        Err(e) => Err(Failure::new(
+            Code::Unavailable,
+            format!("cannot write the status: {e}"),
+        )),
+    }
+}
+
+/// The status text; `now` is only used for `held_for`.
+pub fn render(name: &str, backend: &str, info: &LockInfo, now: SystemTime) -> String {
+    let mut out = String::new();
+    let mut line = |key: &str, value: &str| {
+        let _ = writeln!(out, "{key}: {}", one_line(value));
+    };
+    line("name", name);
+    line("backend", backend);
+    match &info.holder {
+        None => line("state", "free"),
+        Some(holder) => {
+            line("state", "held");
+            if let Some(token) = holder.token {
+                line("token", &token.to_string());
+            }
+            if let Some(owner) = &holder.owner {
+                line("owner", owner);
+            }
+            if let Some(pid) = holder.pid {
+                line("pid", &pid.to_string());
+            }
+            if let Some(host) = &holder.host {
+                line("host", host);
+            }
+            if let Some(since) = holder.since {
+                if let Some(text) = rfc3339(since) {
+                    line("since", &text);
+                }
+                if let Ok(held) = now.duration_since(since) {
+                    line("held_for", &distlock::duration::format(held));
+                }
+            }
+            if let Some(remaining) = holder.remaining_lease {
+                line("remaining_lease", &distlock::duration::format(remaining));
+            }
+        }
+    }
+    if let Some(token) = info.last_token {
+        line("last_token", &token.to_string());
+    }
+    if let Some(waiters) = info.waiters {
+        line("waiters", &waiters.to_string());
+    }
+    out
+}
+
+/// Escapes control characters (a name may hold a newline) so a value cannot break the line format.
+fn one_line(value: &str) -> String {
+    value
+        .chars()
+        .fold(String::with_capacity(value.len()), |mut s, c| {
+            if c.is_control() {
+                s.extend(c.escape_default());
+            } else {
+                s.push(c);
+            }
+            s
+        })
+}
+
+/// `2024-05-01T12:34:56Z`, without a date-time dependency.
+fn rfc3339(time: SystemTime) -> Option<String> {
+    let secs = time.duration_since(UNIX_EPOCH).ok()?.as_secs();
+    let days = i64::try_from(secs / 86_400).ok()?;
+    let rem = secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    Some(format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    ))
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use distlock::raw::HolderInfo;
+    use distlock::FencingToken;
+
+    use super::*;
+
+    #[test]
+    fn free_lock() {
+        let mut info = LockInfo::default();
+        info.last_token = Some(FencingToken::new(4));
+        let text = render("a\nb", "file", &info, SystemTime::now());
+        assert_eq!(
+            text,
+            "name: a\\nb\nbackend: file\nstate: free\nlast_token: 4\n"
+        );
+    }
+
+    #[test]
+    fn held_lock() {
+        let since = UNIX_EPOCH + Duration::from_secs(1_714_566_896);
+        let mut holder = HolderInfo::default();
+        holder.token = Some(FencingToken::new(5));
+        holder.pid = Some(42);
+        holder.since = Some(since);
+        holder.remaining_lease = Some(Duration::from_millis(1500));
+        let mut info = LockInfo::default();
+        info.holder = Some(holder);
+        info.waiters = Some(2);
+        let text = render("x", "memory", &info, since + Duration::from_secs(3));
+        assert_eq!(
+            text,
+            "name: x\nbackend: memory\nstate: held\ntoken: 5\npid: 42\nsince: 2024-05-01T12:34:56Z\n\
+             held_for: 3s\nremaining_lease: 1.5s\nwaiters: 2\n"
+        );
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)).as_deref(),
+            Some("2000-02-29T00:00:00Z")
+        );
+    }
+}

@@ -1,0 +1,829 @@
+//! `distlock run` and `distlock status` as a user runs them: the real binary, real child processes,
+//! the file backend in a temporary directory (the memory backend, which lives inside one `distlock`
+//! process, only where a simulated partition is needed). Bounds are generous mechanism bounds, never
+//! speed figures.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::borrow::BorrowMut;
+use std::fs;
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use distlock_cli::exit::Code;
+use rustix::process::{Pid, Signal};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+/// How long anything that should happen "soon" may take on a loaded machine.
+const SOON: Duration = Duration::from_secs(30);
+
+/// A temporary directory with a lock directory in it, and commands that use it.
+struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("file://{}/locks", self.dir.path().display())
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `distlock` with a clean environment: no inherited URL or token, the default directory inside
+    /// the sandbox, and the sandbox as working directory (so scripts use relative file names).
+    fn distlock(&self) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .current_dir(self.dir.path())
+            .env_remove("DISTLOCK_URL")
+            .env_remove("DISTLOCK_TOKEN")
+            .env_remove("DISTLOCK_NAME")
+            .env_remove("RUST_LOG")
+            .env("XDG_STATE_HOME", self.path("state"))
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// `distlock run --url <sandbox> ARGS…`.
+    fn run(&self, args: &[&str]) -> Command {
+        let mut command = self.distlock();
+        command.arg("run").arg("--url").arg(self.url()).args(args);
+        command
+    }
+
+    /// `distlock status --url <sandbox> NAME`.
+    fn status(&self, name: &str) -> Command {
+        let mut command = self.distlock();
+        command.arg("status").arg("--url").arg(self.url()).arg(name);
+        command
+    }
+
+    /// Starts a `run` of `name` whose command records its token and pid, then holds until
+    /// [`Holder::finish`]; returns once the command is running.
+    fn hold(&self, name: &str) -> Holder {
+        let ready = format!("ready-{name}");
+        let script = format!(
+            "echo $DISTLOCK_TOKEN > token-{name}; echo $$ > {ready}; \
+             while [ ! -e stop-{name} ]; do sleep 0.05; done"
+        );
+        let child = Running::spawn(
+            self.run(&[name, "--", "sh", "-c", &script])
+                .stdout(Stdio::null()),
+        );
+        let ready = self.path(&ready);
+        wait_until(
+            SOON,
+            &format!("the holder of {name} to start its command"),
+            || non_empty(&ready),
+        );
+        Holder {
+            child,
+            stop: self.path(&format!("stop-{name}")),
+            token: read_u64(&self.path(&format!("token-{name}"))),
+        }
+    }
+}
+
+/// A `distlock run` that holds a lock until told to stop.
+struct Holder {
+    child: Running,
+    stop: PathBuf,
+    /// The `DISTLOCK_TOKEN` its command got.
+    token: u64,
+}
+
+impl Holder {
+    /// Lets the command finish and expects `distlock` to exit 0.
+    fn finish(mut self) {
+        fs::write(&self.stop, "").unwrap();
+        let status = self.child.wait(SOON);
+        assert_eq!(status.code(), Some(0), "holder exit: {status:?}");
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.pid
+    }
+}
+
+/// A child process that is SIGKILLed if the test ends (or panics) with it still running; `distlock`'s
+/// command then dies with it through its parent-death signal.
+struct Running {
+    child: Option<Child>,
+    pid: u32,
+}
+
+impl Running {
+    fn spawn(command: &mut Command) -> Self {
+        let child = command.spawn().unwrap();
+        Self {
+            pid: child.id(),
+            child: Some(child),
+        }
+    }
+
+    /// Waits for the exit, failing the test after `limit`.
+    fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let child = self.child.as_mut().expect("already waited");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "process {} still running after {limit:?}",
+                self.pid
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What a finished command printed and how it exited.
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Finished {
+    fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    /// Asserts the exit code, showing stderr if it differs.
+    fn expect_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code(),
+            Some(code),
+            "status {:?}; stderr: {}",
+            self.status,
+            self.stderr
+        );
+        self
+    }
+
+    /// Asserts stderr is one `distlock: …` line and returns it.
+    fn one_error_line(&self) -> &str {
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "expected one line on stderr, got: {:?}",
+            self.stderr
+        );
+        assert!(
+            lines[0].starts_with("distlock: ") && lines[0].len() > 12,
+            "stderr: {:?}",
+            self.stderr
+        );
+        lines[0]
+    }
+}
+
+/// Runs a command to completion with output captured, failing the test after `limit`.
+fn finish(mut command: impl BorrowMut<Command>, limit: Duration) -> Finished {
+    let command = command.borrow_mut();
+    let start = Instant::now();
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        let _ = out.read_to_string(&mut stdout);
+        let _ = err.read_to_string(&mut stderr);
+        let _ = tx.send((child.wait(), stdout, stderr));
+    });
+    match rx.recv_timeout(limit) {
+        Ok((status, stdout, stderr)) => Finished {
+            status: status.unwrap(),
+            stdout,
+            stderr,
+            took: start.elapsed(),
+        },
+        Err(_) => {
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+            panic!("{command:?} still running after {limit:?}");
+        }
+    }
+}
+
+fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn non_empty(path: &Path) -> bool {
+    fs::read_to_string(path).is_ok_and(|s| s.ends_with('\n'))
+}
+
+fn read_u64(path: &Path) -> u64 {
+    let text = fs::read_to_string(path).unwrap();
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{} holds {text:?}, not a number", path.display()))
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether `pid` is a live process (a zombie counts as dead: it runs nothing and holds nothing).
+fn alive(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may itself contain spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+/// Whether `pid` has a handler installed for signal `signo` (SigCgt in /proc/<pid>/status).
+fn catches(pid: u32, signo: u32) -> bool {
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signo - 1)) != 0)
+}
+
+/// The process group of `pid`, from /proc.
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After "pid (comm)": state, ppid, pgrp.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
+/// A lock that is free can be taken at once by a `--no-wait` run.
+fn assert_free(sandbox: &Sandbox, name: &str) {
+    finish(sandbox.run(&["--no-wait", name, "--", "true"]), SOON).expect_code(0);
+}
+
+// --- 1. mutual exclusion and tokens -------------------------------------------------------------
+
+#[test]
+fn concurrent_runs_take_turns_with_increasing_tokens() {
+    let sandbox = Sandbox::new();
+    let script =
+        "echo \"start $DISTLOCK_TOKEN\" >> log; sleep 0.2; echo \"end $DISTLOCK_TOKEN\" >> log";
+    let mut runs: Vec<Running> = (0..4)
+        .map(|_| Running::spawn(&mut sandbox.run(&["shared", "--", "sh", "-c", script])))
+        .collect();
+    for run in &mut runs {
+        assert_eq!(run.wait(Duration::from_secs(60)).code(), Some(0));
+    }
+    let log = lines(&sandbox.path("log"));
+    assert_eq!(log.len(), 8, "log: {log:?}");
+    let mut last = 0;
+    for pair in log.chunks(2) {
+        let start = pair[0]
+            .strip_prefix("start ")
+            .unwrap_or_else(|| panic!("interleaved: {log:?}"));
+        let end = pair[1]
+            .strip_prefix("end ")
+            .unwrap_or_else(|| panic!("interleaved: {log:?}"));
+        assert_eq!(start, end, "interleaved: {log:?}");
+        let token: u64 = start
+            .parse()
+            .unwrap_or_else(|_| panic!("no token: {log:?}"));
+        assert!(token > last, "tokens not strictly increasing: {log:?}");
+        last = token;
+    }
+}
+
+// --- 2 and 3. busy and timed out: the command does not run ---------------------------------------
+
+#[test]
+fn no_wait_on_a_held_lock_exits_75_without_running() {
+    let sandbox = Sandbox::new();
+    let holder = sandbox.hold("busy");
+    let out = finish(
+        sandbox.run(&["--no-wait", "busy", "--", "touch", "marker"]),
+        SOON,
+    );
+    out.expect_code(Code::Busy.as_i32());
+    assert!(
+        out.one_error_line().contains("held elsewhere"),
+        "{}",
+        out.stderr
+    );
+    assert!(!sandbox.path("marker").exists(), "the command ran");
+    // `--wait 0` is the same.
+    finish(
+        sandbox.run(&["--wait", "0s", "busy", "--", "touch", "marker"]),
+        SOON,
+    )
+    .expect_code(Code::Busy.as_i32());
+    assert!(!sandbox.path("marker").exists(), "the command ran");
+
+    holder.finish();
+    finish(
+        sandbox.run(&["--no-wait", "busy", "--", "touch", "marker"]),
+        SOON,
+    )
+    .expect_code(0);
+    assert!(
+        sandbox.path("marker").exists(),
+        "the command did not run on a free lock"
+    );
+}
+
+#[test]
+fn wait_limit_on_a_held_lock_exits_124_without_running() {
+    let sandbox = Sandbox::new();
+    let holder = sandbox.hold("slow");
+    let out = finish(
+        sandbox.run(&["--wait", "1s", "slow", "--", "touch", "marker"]),
+        SOON,
+    );
+    out.expect_code(Code::Timeout.as_i32());
+    out.one_error_line();
+    assert!(
+        out.took >= Duration::from_secs(1),
+        "gave up before the wait limit: {:?}",
+        out.took
+    );
+    assert!(!sandbox.path("marker").exists(), "the command ran");
+    holder.finish();
+    assert_free(&sandbox, "slow");
+}
+
+#[test]
+fn interrupted_wait_exits_130_and_takes_nothing() {
+    let sandbox = Sandbox::new();
+    let holder = sandbox.hold("queue");
+    let mut waiter = Running::spawn(
+        sandbox
+            .run(&["queue", "--", "touch", "marker"])
+            .stderr(Stdio::null()),
+    );
+    // Once distlock catches SIGINT it is connecting or waiting; either way a SIGINT ends the wait.
+    wait_until(SOON, "distlock to catch SIGINT", || catches(waiter.pid, 2));
+    std::thread::sleep(Duration::from_millis(300));
+    rustix::process::kill_process(Pid::from_raw(waiter.pid as i32).unwrap(), Signal::INT).unwrap();
+    let status = waiter.wait(SOON);
+    assert_eq!(status.code(), Some(128 + 2), "{status:?}");
+    holder.finish();
+    assert!(
+        !sandbox.path("marker").exists(),
+        "the interrupted waiter ran its command"
+    );
+    assert_free(&sandbox, "queue");
+}
+
+// --- 4. exit codes -----------------------------------------------------------------------------
+
+#[test]
+fn the_commands_exit_code_passes_through() {
+    let sandbox = Sandbox::new();
+    let code =
+        |script: &str| finish(sandbox.run(&["codes", "--", "sh", "-c", script]), SOON).code();
+    assert_eq!(code("exit 0"), Some(0));
+    assert_eq!(code("exit 7"), Some(7));
+    assert_eq!(
+        code("test \"$DISTLOCK_NAME\" = codes && test -n \"$DISTLOCK_TOKEN\""),
+        Some(0)
+    );
+    assert_eq!(code("kill -KILL $$"), Some(128 + 9));
+    assert_eq!(code("kill -TERM $$"), Some(128 + 15));
+    assert_free(&sandbox, "codes");
+}
+
+#[test]
+fn commands_that_cannot_run_exit_126_or_127() {
+    let sandbox = Sandbox::new();
+    let out = finish(
+        sandbox.run(&["exec", "--", "no-such-command-distlock-test"]),
+        SOON,
+    );
+    out.expect_code(Code::NotFound.as_i32());
+    assert!(out
+        .one_error_line()
+        .contains("no-such-command-distlock-test"));
+    finish(sandbox.run(&["exec", "--", "./missing"]), SOON).expect_code(Code::NotFound.as_i32());
+
+    fs::write(sandbox.path("not-executable"), "#!/bin/sh\n").unwrap();
+    let out = finish(sandbox.run(&["exec", "--", "./not-executable"]), SOON);
+    out.expect_code(Code::CannotExecute.as_i32());
+    out.one_error_line();
+    assert_free(&sandbox, "exec");
+}
+
+// --- 5. the command never outlives its holder --------------------------------------------------
+
+#[test]
+fn a_sigkilled_distlock_takes_its_command_along() {
+    let sandbox = Sandbox::new();
+    let mut run = Running::spawn(&mut sandbox.run(&[
+        "doomed",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ > pid; exec sleep 120",
+    ]));
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    let pid = read_u64(&sandbox.path("pid")) as u32;
+    assert!(alive(pid));
+
+    rustix::process::kill_process(Pid::from_raw(run.pid as i32).unwrap(), Signal::KILL).unwrap();
+    assert_eq!(run.wait(SOON).signal(), Some(9));
+    wait_until(
+        Duration::from_secs(10),
+        "the command to die with distlock",
+        || !alive(pid),
+    );
+    assert_free(&sandbox, "doomed");
+}
+
+// --- 6. signals reach the command exactly once ----------------------------------------------------
+
+#[test]
+fn signals_reach_the_command_exactly_once() {
+    let sandbox = Sandbox::new();
+    let signals = [
+        ("TERM", Signal::TERM),
+        ("INT", Signal::INT),
+        ("HUP", Signal::HUP),
+        ("QUIT", Signal::QUIT),
+    ];
+    let mut runs = Vec::new();
+    for (name, _) in signals {
+        // `wait` returns as soon as a trapped signal arrives, so the trap runs at once and a second
+        // copy a moment later runs it again (a foreground `sleep` would let the two merge).
+        let script = format!(
+            "trap 'echo {name} >> sig-{name}' {name}; echo $$ > ready-{name}; \
+             while [ ! -e stop-{name} ]; do sleep 0.05 & wait $!; done; exit 0"
+        );
+        // Its own process group, which the test signals as a terminal would signal the foreground
+        // job: had the command stayed in distlock's group it would get the signal twice.
+        let run = Running::spawn(
+            sandbox
+                .run(&[&format!("sig-{name}"), "--", "sh", "-c", &script])
+                .process_group(0),
+        );
+        runs.push(run);
+    }
+    for ((name, signal), run) in signals.iter().zip(&runs) {
+        let ready = sandbox.path(&format!("ready-{name}"));
+        wait_until(SOON, "the command to start", || non_empty(&ready));
+        // The command leads a process group of its own, so a group-wide signal to distlock's group
+        // cannot also reach it directly.
+        let pid = read_u64(&ready) as u32;
+        assert_eq!(
+            process_group(pid),
+            Some(pid),
+            "the command does not lead its own process group"
+        );
+        rustix::process::kill_process_group(Pid::from_raw(run.pid as i32).unwrap(), *signal)
+            .unwrap();
+    }
+    for (name, _) in signals {
+        wait_until(SOON, &format!("SIG{name} to reach the command"), || {
+            !lines(&sandbox.path(&format!("sig-{name}"))).is_empty()
+        });
+    }
+    // Room for a second copy to arrive, had one been sent.
+    std::thread::sleep(Duration::from_secs(1));
+    for ((name, _), run) in signals.iter().zip(&mut runs) {
+        fs::write(sandbox.path(&format!("stop-{name}")), "").unwrap();
+        let status = run.wait(SOON);
+        assert_eq!(status.code(), Some(0), "SIG{name}: {status:?}");
+        assert_eq!(
+            lines(&sandbox.path(&format!("sig-{name}"))),
+            [*name],
+            "SIG{name} not delivered exactly once"
+        );
+    }
+}
+
+// --- 7. the lock is lost while the command runs -------------------------------------------------
+
+/// A memory URL whose server side freezes `after` the process connects, as on a partition.
+fn partitioned(after: &str) -> String {
+    format!("memory://loss?freeze_after={after}")
+}
+
+#[test]
+fn on_loss_the_command_gets_sigterm_then_sigkill_after_the_grace() {
+    let sandbox = Sandbox::new();
+    let script = "trap 'echo TERM >> log' TERM; echo $$ > pid; while :; do sleep 0.1; echo alive >> log; done";
+    let mut command = sandbox.distlock();
+    command.args([
+        "run",
+        "--url",
+        &partitioned("1s"),
+        "--lease",
+        "1s",
+        "--grace",
+        "2s",
+        "lost",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    let out = finish(&mut command, Duration::from_secs(60));
+    out.expect_code(Code::Lost.as_i32());
+    let loss = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("distlock: "))
+        .collect::<Vec<_>>();
+    assert!(
+        loss.len() == 1 && loss[0].contains("lost") && loss[0].contains("SIGTERM"),
+        "stderr: {}",
+        out.stderr
+    );
+
+    let log = lines(&sandbox.path("log"));
+    let term = log
+        .iter()
+        .position(|l| l == "TERM")
+        .unwrap_or_else(|| panic!("no SIGTERM: {log:?}"));
+    assert_eq!(
+        log.iter().filter(|l| *l == "TERM").count(),
+        1,
+        "log: {log:?}"
+    );
+    assert!(
+        log[term + 1..].iter().any(|l| l == "alive"),
+        "the command did not get its grace: {log:?}"
+    );
+    // It never stops by itself, so it was killed; and it is gone.
+    let pid = read_u64(&sandbox.path("pid")) as u32;
+    wait_until(Duration::from_secs(10), "the command to be gone", || {
+        !alive(pid)
+    });
+}
+
+#[test]
+fn on_loss_with_kill_the_command_gets_sigkill_at_once() {
+    let sandbox = Sandbox::new();
+    let script = "trap 'echo TERM >> log' TERM; while :; do sleep 0.1; done";
+    let mut command = sandbox.distlock();
+    command.args([
+        "run",
+        "--url",
+        &partitioned("500ms"),
+        "--lease",
+        "1s",
+        "--on-lost",
+        "kill",
+        "lost",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    finish(&mut command, Duration::from_secs(60)).expect_code(Code::Lost.as_i32());
+    assert!(
+        lines(&sandbox.path("log")).is_empty(),
+        "the command got SIGTERM"
+    );
+}
+
+#[test]
+fn on_loss_with_ignore_the_command_finishes_and_distlock_exits_76() {
+    let sandbox = Sandbox::new();
+    let mut command = sandbox.distlock();
+    command.args([
+        "run",
+        "--url",
+        &partitioned("500ms"),
+        "--lease",
+        "1s",
+        "--on-lost",
+        "ignore",
+        "lost",
+        "--",
+        "sh",
+        "-c",
+        "sleep 6; echo done > out",
+    ]);
+    let out = finish(&mut command, Duration::from_secs(60));
+    out.expect_code(Code::Lost.as_i32());
+    assert!(out.stderr.contains("lost"), "stderr: {}", out.stderr);
+    assert_eq!(
+        lines(&sandbox.path("out")),
+        ["done"],
+        "the command did not run to completion"
+    );
+}
+
+// --- 8. bad input: exit 64, one line, nothing locked -------------------------------------------
+
+#[test]
+fn bad_input_exits_64_with_one_line_and_locks_nothing() {
+    let sandbox = Sandbox::new();
+    let url = sandbox.url();
+    let long_name = "n".repeat(2048);
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["--url", "gopher://host", "bad", "--", "touch", "marker"],
+        vec!["--url", "file://", "bad", "--", "touch", "marker"],
+        vec![
+            "--url",
+            "redis://h:notaport",
+            "bad",
+            "--",
+            "touch",
+            "marker",
+        ],
+        vec!["--url", &url, "", "--", "touch", "marker"],
+        vec!["--url", &url, &long_name, "--", "touch", "marker"],
+        vec![
+            "--url", &url, "--lease", "0s", "bad", "--", "touch", "marker",
+        ],
+        vec![
+            "--url", &url, "--wait", "5x", "bad", "--", "touch", "marker",
+        ],
+        vec![
+            "--url", &url, "--grace", "soon", "bad", "--", "touch", "marker",
+        ],
+        vec![
+            "--url",
+            &url,
+            "--on-lost",
+            "maybe",
+            "bad",
+            "--",
+            "touch",
+            "marker",
+        ],
+        vec![
+            "--url",
+            &url,
+            "--wait",
+            "1s",
+            "--no-wait",
+            "bad",
+            "--",
+            "touch",
+            "marker",
+        ],
+        vec!["--url", &url, "--bogus", "bad", "--", "touch", "marker"],
+        vec!["--url", &url, "bad"],
+        vec!["--url", &url, "bad", "--"],
+    ];
+    for args in &cases {
+        let mut command = sandbox.distlock();
+        command.arg("run").args(args);
+        let out = finish(&mut command, SOON);
+        assert_eq!(
+            out.code(),
+            Some(Code::Usage.as_i32()),
+            "{args:?}: {:?}; stderr: {}",
+            out.status,
+            out.stderr
+        );
+        out.one_error_line();
+        assert!(!sandbox.path("marker").exists(), "{args:?} ran the command");
+        assert_free(&sandbox, "bad");
+    }
+
+    // A malformed URL from the environment is a usage error too.
+    let mut command = sandbox.distlock();
+    command
+        .env("DISTLOCK_URL", "redis://h:notaport")
+        .args(["run", "bad", "--", "touch", "marker"]);
+    let out = finish(&mut command, SOON);
+    out.expect_code(Code::Usage.as_i32()).one_error_line();
+
+    // No subcommand; a bad name for status.
+    finish(&mut sandbox.distlock(), SOON)
+        .expect_code(Code::Usage.as_i32())
+        .one_error_line();
+    finish(&mut sandbox.status(""), SOON)
+        .expect_code(Code::Usage.as_i32())
+        .one_error_line();
+    assert!(!sandbox.path("marker").exists());
+}
+
+#[test]
+fn help_shows_the_exit_code_table() {
+    let sandbox = Sandbox::new();
+    let mut command = sandbox.distlock();
+    command.args(["run", "--help"]);
+    let out = finish(&mut command, SOON);
+    out.expect_code(0);
+    for code in Code::ALL {
+        assert!(
+            out.stdout.contains(&format!("  {} ", code.as_i32())),
+            "--help lacks {code:?}: {}",
+            out.stdout
+        );
+    }
+}
+
+// --- 9. status ---------------------------------------------------------------------------------
+
+#[test]
+fn status_shows_the_holder_then_free() {
+    let sandbox = Sandbox::new();
+    let out = finish(&mut sandbox.status("report"), SOON);
+    out.expect_code(0);
+    assert!(
+        out.stdout.lines().any(|l| l == "state: free"),
+        "{}",
+        out.stdout
+    );
+
+    let holder = sandbox.hold("report");
+    let out = finish(&mut sandbox.status("report"), SOON);
+    out.expect_code(0);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines.contains(&"state: held"), "{}", out.stdout);
+    assert!(
+        lines.contains(&format!("token: {}", holder.token).as_str()),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines.contains(&format!("pid: {}", holder.pid()).as_str()),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines.iter().all(|l| l.split_once(": ").is_some()),
+        "not key: value lines: {}",
+        out.stdout
+    );
+
+    holder.finish();
+    let out = finish(&mut sandbox.status("report"), SOON);
+    out.expect_code(0);
+    assert!(
+        out.stdout.lines().any(|l| l == "state: free"),
+        "{}",
+        out.stdout
+    );
+}
+
+// --- where the URL comes from -------------------------------------------------------------------
+
+#[test]
+fn the_url_comes_from_the_environment_else_the_per_user_directory() {
+    let sandbox = Sandbox::new();
+    // No --url, no DISTLOCK_URL: the file backend under $XDG_STATE_HOME/distlock, created.
+    let mut command = sandbox.distlock();
+    command.args(["run", "default", "--", "true"]);
+    finish(&mut command, SOON).expect_code(0);
+    assert!(sandbox.path("state/distlock").is_dir());
+
+    // DISTLOCK_URL is used when --url is absent: a holder under it is seen as held through it.
+    let holder = sandbox.hold("env");
+    let mut command = sandbox.distlock();
+    command
+        .env("DISTLOCK_URL", sandbox.url())
+        .args(["run", "--no-wait", "env", "--", "true"]);
+    finish(&mut command, SOON).expect_code(Code::Busy.as_i32());
+    holder.finish();
+}
