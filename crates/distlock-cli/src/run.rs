@@ -47,8 +47,27 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         Ok(connected) => connected?,
         Err(signal) => return Ok(exit::signal_code(signal.as_raw())),
     };
+    let outcome = hold(&locks, &args, program, program_args, wait, &mut signals).await;
+    // Let the undo of an interrupted acquire or a handed-off release reach the server, so nothing is
+    // left to expire by lease; bounded, since the server may be the reason we are leaving.
+    let _ = tokio::time::timeout(CLOSE_LIMIT, locks.close()).await;
+    outcome
+}
+
+/// How long `distlock` waits at exit for background releases and undos.
+const CLOSE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Acquires, runs the command while held, releases; `Ok` is the exit code to use.
+async fn hold(
+    locks: &distlock::Locks,
+    args: &RunArgs,
+    program: &std::ffi::OsString,
+    program_args: &[std::ffi::OsString],
+    wait: Option<Duration>,
+    signals: &mut Signals,
+) -> Result<i32, Failure> {
     let lock = locks.lock(&args.name)?;
-    let guard = match or_signal(&mut signals, acquire(&lock, wait, args.lease)).await {
+    let guard = match or_signal(signals, acquire(&lock, wait, args.lease)).await {
         Ok(Ok(Some(guard))) => guard,
         Ok(Ok(None)) => {
             let flag = if args.no_wait {
@@ -68,12 +87,12 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
 
     // A signal that came while acquiring or a loss since: do not start the command at all.
     if let Some(signal) = signals.pending().await {
-        release(guard, &mut signals).await;
+        release(guard, signals).await;
         return Ok(exit::signal_code(signal.as_raw()));
     }
     if guard.state() == LockState::Lost {
         report_loss(&guard, "the command was not started");
-        release(guard, &mut signals).await;
+        release(guard, signals).await;
         return Ok(Code::Lost.as_i32());
     }
 
@@ -93,7 +112,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     let mut child = match child::spawn(spec).await {
         Ok(child) => child,
         Err(e) => {
-            release(guard, &mut signals).await;
+            release(guard, signals).await;
             let code = match e.kind() {
                 std::io::ErrorKind::NotFound => Code::NotFound,
                 _ => Code::CannotExecute,
@@ -105,13 +124,13 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         }
     };
 
-    let outcome = supervise(&mut child, &guard, &mut signals, args.on_lost, args.grace).await;
+    let outcome = supervise(&mut child, &guard, signals, args.on_lost, args.grace).await;
     let lost_while_running = outcome.lost || guard.state() == LockState::Lost;
     if lost_while_running && !outcome.lost {
         // Lost at the moment the command ended: it cannot be said to have finished while held.
         report_loss(&guard, "the command had just finished");
     }
-    let released = or_signal(&mut signals, guard.release()).await;
+    let released = or_signal(signals, guard.release()).await;
 
     let status = match outcome.status {
         Ok(status) => status,

@@ -485,8 +485,9 @@ impl LockGuard {
         let Some(holding) = self.leave() else {
             return Ok(());
         };
-        match holding.shared.locks.runtime().cloned() {
-            Some(runtime) => runtime.spawn(holding.finish()).await.unwrap_or_else(|e| {
+        let locks = holding.shared.locks.clone();
+        match locks.spawn_background(holding.clone().finish()) {
+            Some(task) => task.await.unwrap_or_else(|e| {
                 Err(Error::new(
                     ErrorKind::Unavailable,
                     format!("the release task failed: {e}"),
@@ -520,13 +521,12 @@ impl Drop for LockGuard {
         }
         if let Some(holding) = self.leave() {
             let name = holding.shared.name.clone();
-            if let Some(runtime) = holding.shared.locks.runtime().cloned() {
-                runtime.spawn(async move {
-                    if let Err(error) = holding.finish().await {
-                        tracing::warn!(lock = %name, %error, "release after drop failed");
-                    }
-                });
-            }
+            let locks = holding.shared.locks.clone();
+            locks.spawn_background(async move {
+                if let Err(error) = holding.finish().await {
+                    tracing::warn!(lock = %name, %error, "release after drop failed");
+                }
+            });
         }
     }
 }

@@ -49,6 +49,26 @@ pub(crate) struct LocksInner {
     /// with the engine.
     gates: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
     pub(crate) watchdog: Arc<Watchdog>,
+    background: Arc<Background>,
+}
+
+/// Counts background tasks (releases of dropped guards, undo of cancelled acquires) so that
+/// [`Locks::close`] can wait for them.
+#[derive(Default)]
+struct Background {
+    running: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// Held by a background task while it runs; counts down even if the task is dropped unfinished.
+struct BackgroundTask(Arc<Background>);
+
+impl Drop for BackgroundTask {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 fn process_id() -> &'static str {
@@ -76,6 +96,7 @@ impl Locks {
                 defaults,
                 gates: Mutex::new(HashMap::new()),
                 watchdog: Arc::new(Watchdog::default()),
+                background: Arc::default(),
             }),
         }
     }
@@ -130,6 +151,25 @@ impl Locks {
         self.inner.defaults
     }
 
+    /// Waits until the background work of this handle has finished: releases handed off by dropped
+    /// guards and the undo of cancelled acquires. Call it before the process exits, so that nothing is
+    /// left on the server to expire by lease. Guards still alive are not released.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits; the work goes on.
+    pub async fn close(&self) {
+        let background = &self.inner.background;
+        loop {
+            let idle = background.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if background.running.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
     /// What the server knows about `name`: holder, token, remaining lease, waiters where it can tell.
     pub async fn inspect(&self, name: &str) -> Result<LockInfo> {
         let backend = self.inner.backend.kind();
@@ -158,6 +198,22 @@ impl LocksInner {
     /// on, so a guard dropped outside any runtime still releases.
     pub(crate) fn runtime(&self) -> Option<&Handle> {
         self.runtime.get()
+    }
+
+    /// Runs `work` on the bound runtime as counted background work (see [`Locks::close`]); `None` if
+    /// no runtime is bound yet.
+    pub(crate) fn spawn_background<F>(&self, work: F) -> Option<tokio::task::JoinHandle<F::Output>>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let runtime = self.runtime()?;
+        self.background.running.fetch_add(1, Ordering::AcqRel);
+        let task = BackgroundTask(self.background.clone());
+        Some(runtime.spawn(async move {
+            let _task = task;
+            work.await
+        }))
     }
 
     fn bind_runtime(&self) -> Result<()> {
@@ -471,11 +527,10 @@ impl Pending {
         let gate = self.gate.take();
         let backend = self.locks.backend.clone();
         let request = self.request.clone();
-        let runtime = self.locks.runtime()?;
-        Some(runtime.spawn(async move {
+        self.locks.spawn_background(async move {
             backend.abandon(acquisition, &request).await;
             drop(gate);
-        }))
+        })
     }
 }
 

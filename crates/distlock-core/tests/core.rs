@@ -219,3 +219,17 @@ fn url_grammar() {
         "redis://u:***@h:1/0"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn close_waits_for_the_release_of_a_dropped_guard() {
+    let (_, a, b) = two_clients();
+    let guard = a.lock("close").unwrap().acquire().await.unwrap();
+    drop(guard);
+    // On a current-thread runtime the background release cannot have run yet: only close() lets it.
+    a.close().await;
+    let got = b.lock("close").unwrap().try_acquire().await.unwrap();
+    assert!(
+        got.is_some(),
+        "close() returned before the dropped guard was released"
+    );
+}
