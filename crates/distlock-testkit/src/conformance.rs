@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::{ErrorKind, Fencing, LockState, Locks};
+use distlock_core::{ErrorKind, Fencing, Lock, LockGuard, LockState, Locks};
 
 use crate::holder::HolderProcess;
 
@@ -80,6 +80,21 @@ impl Client {
         self
     }
 
+    /// A new `Lock` of `name` on this client.
+    pub fn lock(&self, name: &str) -> Lock {
+        self.locks.lock(name).expect("a valid lock name")
+    }
+
+    /// Acquires `name` with `lease`, waiting as long as it takes.
+    pub async fn hold(&self, name: &str, lease: Duration) -> LockGuard {
+        self.lock(name)
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .expect("acquire")
+    }
+
     /// Cuts the client off; `false` if this backend's provider has no way to.
     pub async fn cut(&self) -> bool {
         match &self.cut {
@@ -135,7 +150,7 @@ pub async fn mutual_exclusion(provider: &impl Provider) {
             tokens.clone(),
         );
         tasks.push(tokio::spawn(async move {
-            let lock = client.locks.lock(&name).expect("valid name");
+            let lock = client.lock(&name);
             for _ in 0..5 {
                 let guard = lock.acquire().await.expect("acquire");
                 assert_eq!(
@@ -172,14 +187,14 @@ pub async fn try_acquire_when_held_is_none(provider: &impl Provider) {
     let name = unique_name("try_acquire_when_held");
     let a = provider.client().await;
     let b = provider.client().await;
-    let holder = a.locks.lock(&name).expect("name");
+    let holder = a.lock(&name);
     let guard = holder.acquire().await.expect("acquire");
-    let other_client = b.locks.lock(&name).expect("name");
+    let other_client = b.lock(&name);
     assert!(
         other_client.try_acquire().await.expect("try").is_none(),
         "another client got a held lock"
     );
-    let same_client = a.locks.lock(&name).expect("name");
+    let same_client = a.lock(&name);
     assert!(
         same_client.try_acquire().await.expect("try").is_none(),
         "another Lock of the holder's client got it"
@@ -194,14 +209,8 @@ pub async fn wait_timeout(provider: &impl Provider) {
     let name = unique_name("wait_timeout");
     let a = provider.client().await;
     let b = provider.client().await;
-    let guard = a
-        .locks
-        .lock(&name)
-        .expect("name")
-        .acquire()
-        .await
-        .expect("acquire");
-    let waiter = b.locks.lock(&name).expect("name");
+    let guard = a.lock(&name).acquire().await.expect("acquire");
+    let waiter = b.lock(&name);
     let limit = Duration::from_millis(400);
     let started = Instant::now();
     let err = waiter
@@ -228,20 +237,14 @@ pub async fn cancelled_acquire_leaves_nothing(provider: &impl Provider) {
     let a = provider.client().await;
     let b = provider.client().await;
     let c = provider.client().await;
-    let guard = a
-        .locks
-        .lock(&name)
-        .expect("name")
-        .acquire()
-        .await
-        .expect("acquire");
-    let cancelled = b.locks.lock(&name).expect("name");
+    let guard = a.lock(&name).acquire().await.expect("acquire");
+    let cancelled = b.lock(&name);
     let dropped = tokio::time::timeout(Duration::from_millis(300), cancelled.acquire()).await;
     assert!(dropped.is_err(), "the waiter got a held lock");
     guard.release().await.expect("release");
     // Neither the cancelled waiter nor its undo holds it: a third client gets it, without waiting for a
     // lease to run out.
-    let third = c.locks.lock(&name).expect("name");
+    let third = c.lock(&name);
     let got = third
         .options()
         .wait(PROMPT)
@@ -265,16 +268,14 @@ pub async fn drop_releases(provider: &impl Provider) {
     let a = provider.client().await;
     let b = provider.client().await;
     let guard = a
-        .locks
         .lock(&name)
-        .expect("name")
         .options()
         .lease(Duration::from_secs(30))
         .acquire()
         .await
         .expect("acquire");
     drop(guard);
-    let other = b.locks.lock(&name).expect("name");
+    let other = b.lock(&name);
     let got = other
         .options()
         .wait(PROMPT)
@@ -294,22 +295,14 @@ pub async fn release_is_owner_only(provider: &impl Provider) {
     let c = provider.client().await;
     let caps = a.locks.capabilities();
     let lease = provider.short_lease();
-    let first = a
-        .locks
-        .lock(&name)
-        .expect("name")
-        .options()
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
+    let first = a.hold(&name, lease).await;
     if !a.cut().await {
         assert!(
             !caps.server_ttl,
             "a backend with leases must let the suite cut a client off"
         );
         // No lease to run out: the only way to free the lock is the owner's release, which works once.
-        let other = b.locks.lock(&name).expect("name");
+        let other = b.lock(&name);
         assert!(other.try_acquire().await.expect("try").is_none());
         first.release().await.expect("release");
         let second = other
@@ -322,9 +315,7 @@ pub async fn release_is_owner_only(provider: &impl Provider) {
         return;
     }
     let second = b
-        .locks
         .lock(&name)
-        .expect("name")
         .options()
         .lease(Duration::from_secs(30))
         .wait(lease * 4 + PROMPT)
@@ -346,7 +337,7 @@ pub async fn release_is_owner_only(provider: &impl Provider) {
         );
     }
     assert_eq!(second.state(), LockState::Held);
-    let third = c.locks.lock(&name).expect("name");
+    let third = c.lock(&name);
     assert!(
         third.try_acquire().await.expect("try").is_none(),
         "the late release deleted the new holder's lock"
@@ -360,7 +351,7 @@ pub async fn reentrancy_same_token(provider: &impl Provider) {
     let name = unique_name("reentrancy");
     let a = provider.client().await;
     let b = provider.client().await;
-    let lock = a.locks.lock(&name).expect("name");
+    let lock = a.lock(&name);
     let outer = lock.acquire().await.expect("acquire");
     let inner = lock
         .try_acquire()
@@ -372,7 +363,7 @@ pub async fn reentrancy_same_token(provider: &impl Provider) {
         outer.token(),
         "a reentrant acquire must return the same token"
     );
-    let other = b.locks.lock(&name).expect("name");
+    let other = b.lock(&name);
     outer.release().await.expect("inner release");
     assert!(
         other.try_acquire().await.expect("try").is_none(),
@@ -392,15 +383,7 @@ pub async fn abandoned_lease_expires(provider: &impl Provider) {
     let a = provider.client().await;
     let b = provider.client().await;
     let lease = provider.short_lease();
-    let guard = a
-        .locks
-        .lock(&name)
-        .expect("name")
-        .options()
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = a.hold(&name, lease).await;
     let cut_at = Instant::now();
     if !a.cut().await {
         assert!(
@@ -410,7 +393,7 @@ pub async fn abandoned_lease_expires(provider: &impl Provider) {
         assert!(guard.validity_deadline().is_none());
         return;
     }
-    let other = b.locks.lock(&name).expect("name");
+    let other = b.lock(&name);
     let got = other
         .options()
         .wait(lease * 4 + PROMPT)
@@ -444,15 +427,7 @@ pub async fn watchdog_outlives_lease(provider: &impl Provider) {
     let a = provider.client().await;
     let b = provider.client().await;
     let lease = provider.short_lease();
-    let guard = a
-        .locks
-        .lock(&name)
-        .expect("name")
-        .options()
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = a.hold(&name, lease).await;
     let token = guard.token();
     tokio::time::sleep(lease * 3).await;
     assert_eq!(
@@ -462,7 +437,7 @@ pub async fn watchdog_outlives_lease(provider: &impl Provider) {
         guard.loss_reason()
     );
     assert_eq!(guard.token(), token);
-    let other = b.locks.lock(&name).expect("name");
+    let other = b.lock(&name);
     assert!(
         other.try_acquire().await.expect("try").is_none(),
         "the lease ran out under a live guard"
@@ -485,15 +460,7 @@ pub async fn lost_fires_when_cut_off(provider: &impl Provider) {
     let name = unique_name("lost_fires");
     let a = provider.client().await;
     let lease = provider.short_lease();
-    let guard = a
-        .locks
-        .lock(&name)
-        .expect("name")
-        .options()
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = a.hold(&name, lease).await;
     let mut changes = guard.state_changes();
     if !a.cut().await {
         assert!(!a.locks.capabilities().server_ttl);
@@ -546,13 +513,7 @@ pub async fn tokens_strictly_increase(provider: &impl Provider) {
     let fencing = clients[0].locks.capabilities().fencing;
     for round in 0..6 {
         let client = &clients[round % clients.len()];
-        let guard = client
-            .locks
-            .lock(&name)
-            .expect("name")
-            .acquire()
-            .await
-            .expect("acquire");
+        let guard = client.lock(&name).acquire().await.expect("acquire");
         match fencing {
             Fencing::None => assert!(
                 guard.token().is_none(),
@@ -618,12 +579,12 @@ pub async fn names_map_as_documented(provider: &impl Provider) {
 pub async fn local_waiters_fifo(provider: &impl Provider) {
     let name = unique_name("local_fifo");
     let client = provider.client().await;
-    let holder = client.locks.lock(&name).expect("name");
+    let holder = client.lock(&name);
     let first = holder.acquire().await.expect("acquire");
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..4 {
-        let lock = client.locks.lock(&name).expect("name");
+        let lock = client.lock(&name);
         let order = order.clone();
         tasks.push(tokio::spawn(async move {
             let guard = lock.acquire().await.expect("acquire");
@@ -664,19 +625,13 @@ pub async fn max_hold_caps_the_hold(provider: &impl Provider) {
     let b = provider.client().await;
     let lease = provider.short_lease();
     let cap = lease * 2;
-    let lock = a.locks.lock(&name).expect("name");
+    let lock = a.lock(&name);
     let acquired = lock.options().lease(lease).max_hold(cap).acquire().await;
     if !a.locks.capabilities().server_ttl {
         let err = acquired.expect_err("max_hold without a lease must be refused");
         assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
         assert!(
-            b.locks
-                .lock(&name)
-                .expect("name")
-                .try_acquire()
-                .await
-                .expect("try")
-                .is_some(),
+            b.lock(&name).try_acquire().await.expect("try").is_some(),
             "the refused acquire locked something"
         );
         return;
@@ -691,7 +646,7 @@ pub async fn max_hold_caps_the_hold(provider: &impl Provider) {
         "lost before the cap: {:?}",
         started.elapsed()
     );
-    let other = b.locks.lock(&name).expect("name");
+    let other = b.lock(&name);
     let got = other
         .options()
         .wait(lease + PROMPT)
@@ -707,7 +662,7 @@ pub async fn extend_and_bad_options(provider: &impl Provider) {
     let name = unique_name("extend");
     let a = provider.client().await;
     let b = provider.client().await;
-    let lock = a.locks.lock(&name).expect("name");
+    let lock = a.lock(&name);
     for lease in [Duration::ZERO, Duration::from_millis(1)] {
         let err = lock
             .options()
@@ -717,13 +672,7 @@ pub async fn extend_and_bad_options(provider: &impl Provider) {
             .expect_err("a tiny lease is refused");
         assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
     }
-    let probe = b
-        .locks
-        .lock(&name)
-        .expect("name")
-        .try_acquire()
-        .await
-        .expect("try");
+    let probe = b.lock(&name).try_acquire().await.expect("try");
     probe
         .expect("a refused acquire locked something")
         .release()
@@ -767,7 +716,7 @@ pub async fn killed_holder_process_frees_lock(provider: &impl Provider) {
     let name = unique_name("killed_holder");
     let lease = provider.short_lease();
     let mut holder = HolderProcess::spawn(&url, &name, lease).expect("holder process");
-    let lock = client.locks.lock(&name).expect("name");
+    let lock = client.lock(&name);
     assert!(
         lock.try_acquire().await.expect("try").is_none(),
         "the other process's lock was not seen"
