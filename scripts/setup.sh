@@ -4,18 +4,16 @@
 set -euo pipefail
 
 # Debian packages the tests use today.
-PACKAGES=(redis-server redis-tools)
+PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-client protobuf-compiler libprotobuf-dev)
 
 # The rest of the list in shared/reference/infra.md §9, to move into PACKAGES as the tests that need
 # them land (not installed now: they cost minutes and hundreds of MiB):
-#   redis-sentinel
-#   etcd-server etcd-client
 #   zookeeper libslf4j-java default-jre-headless
 #   postgresql-15 postgresql-client-15
 #   mariadb-server mariadb-client
 #   faketime libfaketime
-#   iproute2 nftables
-#   protobuf-compiler gcc libc6-dev curl util-linux
+#   iproute2
+#   gcc libc6-dev curl util-linux
 
 log() { printf 'setup.sh: %s\n' "$*"; }
 die() { printf 'setup.sh: error: %s\n' "$*" >&2; exit 1; }
@@ -44,7 +42,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-for bin in redis-server redis-cli; do
+# etcd-client (the crate) compiles etcd's protos at build time: protoc plus the well-known types.
+[ -e /usr/include/google/protobuf/descriptor.proto ] || die "google/protobuf/descriptor.proto missing after installing libprotobuf-dev"
+for bin in redis-server redis-cli redis-sentinel etcd etcdctl protoc; do
     command -v "$bin" >/dev/null || die "$bin not on PATH after installing ${PACKAGES[*]}"
 done
 

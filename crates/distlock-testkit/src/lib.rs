@@ -4,6 +4,9 @@
 //!   them by pid, kill their process group on drop, and sweep what a SIGKILLed test left behind.
 //! * [`redis`]: a standalone `redis-server` (the first server kind; etcd, ZooKeeper, PostgreSQL and
 //!   MariaDB slot in the same way).
+//! * [`sentinel`], [`cluster`]: Redis master + replica + 3 Sentinels, and a 6-node Redis Cluster, with
+//!   failover waits; [`proxy`] (a TCP fault proxy: pass, delay, blackhole, reset, refuse) and
+//!   [`netcut`] (nftables drops on loopback, root only) inject network faults.
 //! * [`conformance`]: the behaviours every backend must show, as `pub async fn`s, expanded per backend by
 //!   [`conformance_suite!`].
 
@@ -13,6 +16,12 @@ pub mod ports;
 pub mod process;
 pub mod redis;
 pub mod sweep;
+
+pub mod cluster;
+pub mod etcd;
+pub mod netcut;
+pub mod proxy;
+pub mod sentinel;
 
 pub mod conformance;
 

@@ -1,0 +1,35 @@
+//! The etcd v3 backend of distlock: `etcd://h:p,h:p` (`etcds://` for TLS) in a URL, [`EtcdBackend`] in
+//! code. Built on the `etcd-client` crate.
+//!
+//! * **Layout compatible with etcd's Go `concurrency.Mutex` and `etcdctl lock NAME`** (see [`layout`]):
+//!   key `NAME/<session lease id in hex>`, the holder is the oldest key under `NAME/`, waiters queue in
+//!   creation order and each watches only its predecessor. distlock, Go services and `etcdctl lock`
+//!   exclude each other. As in Go, prefixes nest: lock `a` also sees the keys of lock `a/b`.
+//! * **Sessions.** One lease per distinct TTL per backend (a lock's lease, rounded up to whole seconds,
+//!   picks its session), kept alive on one stream every third of its TTL; every lock key of the backend
+//!   hangs on its session's lease, so an acquire is one transaction and renewals cost one keep-alive per
+//!   session per watchdog tick. [`EtcdBackend::default_lease`] is `?session_ttl=` (60 s, Go's default).
+//! * **Fencing.** The token is the holder key's create_revision, strictly increasing per name.
+//!   [`layout::fenced_put`] writes into etcd only while the lock key still has that revision.
+//! * **Loss.** Keep-alive failures make guards Jeopardy, then Lost at the deadline computed from the
+//!   granted TTL; a lease confirmed gone (revoked, expired) makes them Lost at once, noticed within one
+//!   keep-alive interval.
+//! * **What the Go client gets wrong, done right:** after waiting, the own key is checked (same
+//!   transaction as the holder read) before the lock is reported held (etcd issue 11456); release deletes
+//!   the own key only while its create_revision matches (22082); a waiter whose session dies stops with
+//!   an error (19597); a cancelled acquire deletes its queued key.
+#![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
+
+mod backend;
+mod config;
+mod error;
+pub mod layout;
+mod session;
+
+pub use backend::{EtcdAcquisition, EtcdBackend, EtcdLease};
+pub use config::{EtcdConfig, DEFAULT_PORT, DEFAULT_SESSION_TTL, DEFAULT_TIMEOUT};
+
+/// `etcd://…` / `etcds://…`: the entry point the facade's `connect` uses. See [`EtcdConfig::from_url`].
+pub async fn connect(url: &distlock_core::url::LockUrl) -> distlock_core::Result<EtcdBackend> {
+    EtcdBackend::connect(url).await
+}

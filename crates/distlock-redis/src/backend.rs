@@ -1,0 +1,690 @@
+//! `impl raw::Backend` for Redis.
+//!
+//! # Acquire and wait
+//! A try runs the acquire script ([`layout::ACQUIRE`]): a grant returns the token (`INCR` of the
+//! token key) and the pttl; a busy lock returns the holder's pttl. While busy, the first
+//! [`wait`](RedisBackend::wait) subscribes to the lock's channel on the backend's one pub/sub connection
+//! and returns as soon as the server confirmed it, so the core tries again with the subscription in
+//! place; later waits sleep until a message on the channel or the pttl, whichever is first (see
+//! [`crate::pubsub`]). Dropping the acquisition unsubscribes (ref-counted per channel).
+//!
+//! # Renewals
+//! `renew(batch)` sends one pipeline of renew-script calls per group: the whole batch on one
+//! connection (standalone, Sentinel), or one pipeline per hash slot in Cluster (pipelines there must stay
+//! in one slot), all groups at once. A reply of "no key" or "another owner" is `Gone` (Lost at once); an
+//! I/O error or a timeout is an error (Jeopardy until the deadline).
+//!
+//! # Durability
+//! With `wait_replicas = n`, the acquire script and `WAIT n timeout` go in one pipeline on a dedicated
+//! connection used by one request at a time (`WAIT` blocks its connection, and counts the replication
+//! of that connection's own writes). Fewer than `n` confirmations undo the grant (compare-and-delete by
+//! owner) and fail with `InsufficientReplicas`; renewals go the same way, and a shortfall there is an
+//! error for the batch (Jeopardy).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_core::raw::{
+    AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, Released, Renewal, Renewed,
+};
+use distlock_core::url::LockUrl;
+use distlock_core::{Capabilities, Error, ErrorKind, Fencing, FencingToken, Result};
+use redis::{Pipeline, Value};
+
+use crate::config::RedisConfig;
+use crate::conn::{Conn, Link, Target};
+use crate::error::{RedisError, BACKEND};
+use crate::layout::{self, Scripts};
+use crate::pubsub::{Hub, Subscription};
+
+/// How long a waiter sleeps when the holder's key has no expiry (not made by distlock or Redisson),
+/// so no pttl bounds the wait: it still wakes on every release message.
+const NO_EXPIRY_RECHECK: Duration = Duration::from_secs(5);
+
+/// The Redis backend: standalone, Sentinel or Cluster. Cheap to clone (clones share connections).
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    target: Arc<Target>,
+    link: Link,
+    /// The dedicated connection for `WAIT` (only with `wait_replicas > 0`), one request at a time.
+    durable: Option<(tokio::sync::Mutex<()>, Link)>,
+    hub: Hub,
+    scripts: Scripts,
+    /// `publish`, or `spublish` in Cluster (sharded pub/sub, as Redisson uses on Redis ≥ 7).
+    publish: &'static str,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("config", self.inner.target.config())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the Redis backend keeps for a held lock: nothing beyond the name and owner the core passes.
+#[derive(Debug)]
+pub struct RedisLease {
+    _private: (),
+}
+
+/// An acquire under way: the channel subscription, once the first wait made it.
+#[derive(Debug)]
+pub struct RedisAcquisition {
+    subscription: Option<Subscription>,
+    /// Whether a grant may exist that the core has not seen (a try was sent and no busy reply came
+    /// back), so `abandon` knows whether to undo.
+    maybe_granted: bool,
+}
+
+/// The acquire script's reply.
+enum Outcome {
+    Granted { token: u64, pttl: Option<Duration> },
+    Busy { pttl: Option<Duration> },
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn pttl(ms: i64) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn server_error(v: &Value) -> Option<redis::RedisError> {
+    match v {
+        Value::ServerError(e) => Some(e.clone().into()),
+        _ => None,
+    }
+}
+
+fn parse_acquire(v: &Value) -> std::result::Result<Outcome, RedisError> {
+    let bad = || RedisError::Reply {
+        what: "the acquire script",
+        detail: format!("{v:?}"),
+    };
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let [granted, token, ttl] = items.as_slice() else {
+        return Err(bad());
+    };
+    let (granted, token, ttl) = (
+        int(granted).ok_or_else(bad)?,
+        int(token).ok_or_else(bad)?,
+        int(ttl).ok_or_else(bad)?,
+    );
+    if granted == 1 {
+        Ok(Outcome::Granted {
+            token: u64::try_from(token).map_err(|_| bad())?,
+            pttl: pttl(ttl),
+        })
+    } else {
+        Ok(Outcome::Busy { pttl: pttl(ttl) })
+    }
+}
+
+fn request_error(what: &'static str, target: &Target, source: redis::RedisError) -> RedisError {
+    RedisError::Request {
+        what,
+        target: target.shown.clone(),
+        source,
+    }
+}
+
+fn is_noscript(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
+impl RedisBackend {
+    /// Connects as the URL says (see [`RedisConfig::from_url`]). The entry point of
+    /// `distlock::connect("redis://…")`.
+    ///
+    /// Connects once before returning, so an unreachable server or a wrong password fails here
+    /// (`Unavailable`, `PermissionDenied`); later connection losses are repaired on the next request.
+    pub async fn connect(url: &LockUrl) -> Result<Self> {
+        Self::from_config(RedisConfig::from_url(url)?).await
+    }
+
+    /// A backend with the given configuration; connects once (see [`connect`](Self::connect)).
+    pub async fn from_config(config: RedisConfig) -> Result<Self> {
+        config.check().map_err(|e| e.into_core(None))?;
+        let cluster = matches!(config.topology, crate::Topology::Cluster { .. });
+        let durable = config.wait_replicas > 0;
+        let target = Arc::new(Target::new(config));
+        let backend = Self {
+            inner: Arc::new(Inner {
+                hub: Hub::start(target.clone()),
+                link: Link::new(),
+                durable: durable.then(|| (tokio::sync::Mutex::new(()), Link::new())),
+                scripts: Scripts::new(),
+                publish: if cluster { "spublish" } else { "publish" },
+                target,
+            }),
+        };
+        let io = backend.config().io_timeout;
+        backend
+            .inner
+            .link
+            .run(&backend.inner.target, "PING", io, |mut c| async move {
+                redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .map(|_| ())
+            })
+            .await
+            .map_err(|e| e.into_core(None))?;
+        Ok(backend)
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &RedisConfig {
+        self.inner.target.config()
+    }
+
+    fn io(&self) -> Duration {
+        self.config().io_timeout
+    }
+
+    fn wait_cmd(&self) -> redis::Cmd {
+        let config = self.config();
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(config.wait_replicas)
+            .arg(millis(config.wait_timeout));
+        cmd
+    }
+
+    /// Runs a pipeline (with replies as values, errors included), loading the scripts and trying once
+    /// more if the server had not seen one (`NOSCRIPT`: a restarted server, a failover).
+    async fn pipeline(
+        &self,
+        link: &Link,
+        what: &'static str,
+        timeout: Duration,
+        pipe: Pipeline,
+    ) -> std::result::Result<Vec<Value>, RedisError> {
+        let target = &self.inner.target;
+        let mut pipe = pipe;
+        pipe.ignore_errors();
+        for attempt in 0..2 {
+            let p = pipe.clone();
+            let values: Vec<Value> = link
+                .run(target, what, timeout, |mut c: Conn| async move {
+                    p.query_async::<Vec<Value>>(&mut c).await
+                })
+                .await?;
+            if attempt == 0 && values.iter().any(is_noscript) {
+                let scripts = &self.inner.scripts;
+                let mut load = redis::pipe();
+                load.load_script(&scripts.acquire)
+                    .load_script(&scripts.release)
+                    .load_script(&scripts.renew);
+                link.run(target, "SCRIPT LOAD", self.io(), |mut c: Conn| async move {
+                    load.query_async::<Vec<String>>(&mut c).await
+                })
+                .await?;
+                continue;
+            }
+            return Ok(values);
+        }
+        Err(RedisError::Reply {
+            what,
+            detail: "NOSCRIPT after SCRIPT LOAD".into(),
+        })
+    }
+
+    /// One script call, `EVALSHA` with the `EVAL` fallback.
+    async fn script(
+        &self,
+        link: &Link,
+        what: &'static str,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> std::result::Result<Value, RedisError> {
+        let target = &self.inner.target;
+        link.run(target, what, self.io(), |mut c: Conn| async move {
+            invocation.invoke_async::<Value>(&mut c).await
+        })
+        .await
+    }
+
+    async fn acquire_once(
+        &self,
+        request: &AcquireRequest,
+    ) -> std::result::Result<Outcome, RedisError> {
+        let scripts = &self.inner.scripts;
+        let name = &request.name;
+        let mut invocation = scripts.acquire.prepare_invoke();
+        invocation
+            .key(layout::lock_key(name))
+            .key(layout::token_key(name))
+            .arg(millis(request.lease))
+            .arg(&request.owner);
+        let Some((gate, link)) = &self.inner.durable else {
+            let value = self.script(&self.inner.link, "acquire", invocation).await?;
+            return parse_acquire(&value);
+        };
+        let _one_at_a_time = gate.lock().await;
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&invocation).add_command(self.wait_cmd());
+        let timeout = self.io() + self.config().wait_timeout;
+        let values = self.pipeline(link, "acquire + WAIT", timeout, pipe).await?;
+        let [reply, waited] = values.as_slice() else {
+            return Err(RedisError::Reply {
+                what: "acquire + WAIT",
+                detail: format!("{values:?}"),
+            });
+        };
+        if let Some(e) = server_error(reply) {
+            return Err(request_error("acquire", &self.inner.target, e));
+        }
+        let outcome = parse_acquire(reply)?;
+        if let Outcome::Granted { .. } = outcome {
+            let required = self.config().wait_replicas;
+            let confirmed = match waited {
+                Value::Int(n) => u32::try_from(*n).unwrap_or(0),
+                other => {
+                    if let Some(e) = server_error(other) {
+                        tracing::warn!(error = %e, "WAIT failed");
+                    }
+                    0
+                }
+            };
+            if confirmed < required {
+                // Undo on the same connection, so the delete is ordered after the grant.
+                self.release_on(link, name, &request.owner).await?;
+                return Err(RedisError::Replicas {
+                    confirmed,
+                    required,
+                });
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn release_on(
+        &self,
+        link: &Link,
+        name: &str,
+        owner: &str,
+    ) -> std::result::Result<bool, RedisError> {
+        let mut invocation = self.inner.scripts.release.prepare_invoke();
+        invocation
+            .key(layout::lock_key(name))
+            .key(layout::channel(name))
+            .arg(owner)
+            .arg(self.inner.publish)
+            .arg(layout::UNLOCK_MESSAGE);
+        let value = self.script(link, "release", invocation).await?;
+        match int(&value) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            _ => Err(RedisError::Reply {
+                what: "the release script",
+                detail: format!("{value:?}"),
+            }),
+        }
+    }
+
+    /// Renews one group (one connection, or one Cluster slot) in one round trip.
+    async fn renew_group(&self, group: &[&Renewal<'_, RedisLease>]) -> Vec<Result<Renewed>> {
+        let scripts = &self.inner.scripts;
+        let mut pipe = redis::pipe();
+        for entry in group {
+            let mut invocation = scripts.renew.prepare_invoke();
+            invocation
+                .key(layout::lock_key(entry.name))
+                .arg(millis(entry.ttl))
+                .arg(entry.owner);
+            pipe.invoke_script(&invocation);
+        }
+        let longest = group.iter().map(|e| e.ttl).max().unwrap_or_default();
+        // A renewal answered after half the lease is of little use; fail it and let the core retry.
+        let timeout = self.io().min((longest / 2).max(Duration::from_millis(50)));
+        let (link, durable_gate) = match &self.inner.durable {
+            Some((gate, link)) => {
+                pipe.add_command(self.wait_cmd());
+                (link, Some(gate))
+            }
+            None => (&self.inner.link, None),
+        };
+        let _one_at_a_time = match durable_gate {
+            Some(gate) => Some(gate.lock().await),
+            None => None,
+        };
+        let timeout = if durable_gate.is_some() {
+            timeout + self.config().wait_timeout
+        } else {
+            timeout
+        };
+        let values = match self.pipeline(link, "renew", timeout, pipe).await {
+            Ok(values) if values.len() == group.len() + usize::from(durable_gate.is_some()) => {
+                values
+            }
+            Ok(values) => {
+                let e = RedisError::Reply {
+                    what: "renew",
+                    detail: format!("{} replies for {} renewals", values.len(), group.len()),
+                };
+                return group.iter().map(|g| Err(copy(&e, g.name))).collect();
+            }
+            Err(e) => {
+                let e = e.into_core(None);
+                return group
+                    .iter()
+                    .map(|g| {
+                        Err(Error::new(e.kind(), e.message())
+                            .with_backend(BACKEND)
+                            .with_lock(g.name))
+                    })
+                    .collect();
+            }
+        };
+        let shortfall = if durable_gate.is_some() {
+            let required = self.config().wait_replicas;
+            let confirmed = values
+                .last()
+                .and_then(int)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0);
+            (confirmed < required).then_some(RedisError::Replicas {
+                confirmed,
+                required,
+            })
+        } else {
+            None
+        };
+        group
+            .iter()
+            .zip(&values)
+            .map(|(entry, value)| {
+                if let Some(e) = server_error(value) {
+                    return Err(request_error("renew", &self.inner.target, e).into_core(Some(entry.name)));
+                }
+                match int(value) {
+                    Some(1) => match &shortfall {
+                        Some(e) => Err(copy(e, entry.name)),
+                        None => Ok(Renewed::Extended { ttl: entry.ttl }),
+                    },
+                    Some(0) => Ok(Renewed::Gone {
+                        reason: "another owner holds the lock on the server".into(),
+                    }),
+                    Some(-1) => Ok(Renewed::Gone {
+                        reason: "the lock's key is gone from the server (expired, deleted, or the server restarted without it)".into(),
+                    }),
+                    Some(-2) => Ok(Renewed::Gone {
+                        reason: "the lock's key was overwritten with another type".into(),
+                    }),
+                    _ => Err(RedisError::Reply {
+                        what: "the renew script",
+                        detail: format!("{value:?}"),
+                    }
+                    .into_core(Some(entry.name))),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The same error for another entry of a batch.
+fn copy(e: &RedisError, name: &str) -> Error {
+    let kind = match e {
+        RedisError::Replicas {
+            confirmed,
+            required,
+        } => ErrorKind::InsufficientReplicas {
+            confirmed: *confirmed,
+            required: *required,
+        },
+        _ => ErrorKind::Protocol,
+    };
+    Error::new(kind, e.to_string())
+        .with_backend(BACKEND)
+        .with_lock(name)
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    type Lease = RedisLease;
+    type Acquisition = RedisAcquisition;
+
+    fn kind(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::mutex()
+            .with_server_ttl(true)
+            .with_fencing(Fencing::BestEffort)
+            .with_notify_wait(true)
+            .with_fifo(false)
+            .with_frees_on_process_death(false)
+    }
+
+    fn validate_name(&self, name: &str) -> Result<()> {
+        if self.inner.target.is_cluster() && !layout::keys_share_slot(name) {
+            return Err(Error::new(
+                ErrorKind::InvalidName,
+                format!(
+                    "in Redis Cluster a lock name with '{{' must carry a non-empty hash tag such as {{tenant}}, so that the lock, its token key and its channel share a slot; {name:?} does not"
+                ),
+            )
+            .with_backend(BACKEND)
+            .with_lock(name));
+        }
+        Ok(())
+    }
+
+    fn begin(&self, _request: &AcquireRequest) -> Result<RedisAcquisition> {
+        Ok(RedisAcquisition {
+            subscription: None,
+            maybe_granted: false,
+        })
+    }
+
+    async fn try_acquire(
+        &self,
+        acquisition: &mut RedisAcquisition,
+        request: &AcquireRequest,
+    ) -> Result<Attempt<RedisLease>> {
+        if let Some(sub) = acquisition.subscription.as_mut() {
+            // Messages from now on count: one arriving during this try makes the next wait return.
+            sub.mark_seen();
+        }
+        acquisition.maybe_granted = true;
+        let outcome = self
+            .acquire_once(request)
+            .await
+            .map_err(|e| e.into_core(Some(&request.name)))?;
+        match outcome {
+            Outcome::Granted { token, pttl } => Ok(Attempt::Acquired(
+                Grant::new(RedisLease { _private: () })
+                    .with_token(FencingToken::new(token))
+                    .with_ttl(pttl.unwrap_or(request.lease).min(request.lease)),
+            )),
+            Outcome::Busy { pttl } => {
+                acquisition.maybe_granted = false;
+                Ok(Attempt::Busy { retry_after: pttl })
+            }
+        }
+    }
+
+    async fn wait(
+        &self,
+        acquisition: &mut RedisAcquisition,
+        request: &AcquireRequest,
+        retry_after: Option<Duration>,
+    ) -> Result<()> {
+        if acquisition.subscription.is_none() {
+            let sub = self.inner.hub.register(layout::channel(&request.name));
+            let confirmed = sub.confirm().await;
+            acquisition.subscription = Some(sub);
+            match confirmed {
+                // Subscribed: the core tries again, and no release after this point is missed.
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    // The hub wakes this waiter once it is connected again; until then the pttl bounds
+                    // the wait.
+                    tracing::debug!(error = %e, lock = %request.name, "cannot subscribe yet");
+                }
+            }
+        }
+        let Some(sub) = acquisition.subscription.as_mut() else {
+            return Ok(());
+        };
+        let limit = retry_after.unwrap_or(NO_EXPIRY_RECHECK);
+        tokio::select! {
+            _ = sub.changed() => {}
+            _ = tokio::time::sleep(limit) => {}
+        }
+        Ok(())
+    }
+
+    async fn abandon(&self, acquisition: RedisAcquisition, request: &AcquireRequest) {
+        drop(acquisition.subscription);
+        if !acquisition.maybe_granted {
+            return;
+        }
+        let link = match &self.inner.durable {
+            Some((_, link)) => link,
+            None => &self.inner.link,
+        };
+        match self.release_on(link, &request.name, &request.owner).await {
+            Ok(true) => tracing::debug!(lock = %request.name, "undid an abandoned grant"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(lock = %request.name, error = %e, "could not undo an abandoned acquire; it expires with its lease")
+            }
+        }
+    }
+
+    async fn renew(&self, batch: &[Renewal<'_, RedisLease>]) -> Vec<Result<Renewed>> {
+        if !self.inner.target.is_cluster() {
+            let group: Vec<&Renewal<'_, RedisLease>> = batch.iter().collect();
+            return self.renew_group(&group).await;
+        }
+        // Cluster: one pipeline per slot, all at once.
+        let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, entry) in batch.iter().enumerate() {
+            slots
+                .entry(layout::hash_slot(entry.name.as_bytes()))
+                .or_default()
+                .push(i);
+        }
+        let groups: Vec<Vec<usize>> = slots.into_values().collect();
+        let results = futures_util::future::join_all(groups.iter().map(|idx| {
+            let group: Vec<&Renewal<'_, RedisLease>> = idx.iter().map(|&i| &batch[i]).collect();
+            async move { self.renew_group(&group).await }
+        }))
+        .await;
+        let mut out: Vec<Option<Result<Renewed>>> = batch.iter().map(|_| None).collect();
+        for (idx, results) in groups.iter().zip(results) {
+            for (&i, r) in idx.iter().zip(results) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(
+                        Error::new(ErrorKind::Protocol, "internal: renewal without outcome")
+                            .with_backend(BACKEND),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    async fn release(&self, _lease: &RedisLease, name: &str, owner: &str) -> Result<Released> {
+        let released = self
+            .release_on(&self.inner.link, name, owner)
+            .await
+            .map_err(|e| e.into_core(Some(name)))?;
+        Ok(if released {
+            Released::Released
+        } else {
+            Released::NotHeld
+        })
+    }
+
+    /// Holder (the hash's field), remaining lease (`PTTL`), last token (`GET` of the token key) and,
+    /// outside Cluster, `PUBSUB NUMSUB` of the channel as the waiters: the number of *connections*
+    /// subscribed (one per waiting distlock backend or Redisson client, however many tasks wait in
+    /// it), so an estimate. The holder's own token is not recorded in Redisson's layout (`None`).
+    async fn inspect(&self, name: &str) -> Result<LockInfo> {
+        let cluster = self.inner.target.is_cluster();
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL")
+            .arg(layout::lock_key(name))
+            .cmd("PTTL")
+            .arg(layout::lock_key(name))
+            .cmd("GET")
+            .arg(layout::token_key(name));
+        if !cluster {
+            pipe.cmd("PUBSUB").arg("NUMSUB").arg(layout::channel(name));
+        }
+        let values = self
+            .pipeline(&self.inner.link, "inspect", self.io(), pipe)
+            .await
+            .map_err(|e| e.into_core(Some(name)))?;
+        for v in &values {
+            if let Some(e) = server_error(v) {
+                return Err(request_error("inspect", &self.inner.target, e).into_core(Some(name)));
+            }
+        }
+        let mut info = LockInfo::default();
+        let owner = match values.first() {
+            Some(Value::Array(items)) => items.first().and_then(|v| match v {
+                Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                _ => None,
+            }),
+            Some(Value::Map(pairs)) => pairs.first().and_then(|(k, _)| match k {
+                Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                _ => None,
+            }),
+            _ => None,
+        };
+        if let Some(owner) = owner {
+            info.holder = Some({
+                let mut h = HolderInfo::default();
+                h.owner = Some(owner);
+                h.remaining_lease = values.get(1).and_then(int).and_then(pttl);
+                h
+            });
+        }
+        info.last_token = values
+            .get(2)
+            .and_then(int)
+            .and_then(|t| u64::try_from(t).ok())
+            .map(FencingToken::new);
+        if !cluster {
+            info.waiters = match values.get(3) {
+                Some(Value::Array(items)) => items
+                    .get(1)
+                    .and_then(int)
+                    .and_then(|n| usize::try_from(n).ok()),
+                Some(Value::Map(pairs)) => pairs
+                    .first()
+                    .and_then(|(_, n)| int(n))
+                    .and_then(|n| usize::try_from(n).ok()),
+                _ => None,
+            };
+        }
+        Ok(info)
+    }
+}

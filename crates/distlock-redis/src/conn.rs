@@ -1,0 +1,315 @@
+//! Connections: one reconnecting command connection per [`Link`], resolved afresh (through Sentinel,
+//! for a Sentinel topology) every time it is (re)made.
+//!
+//! redis-rs's multiplexed connection matches replies to requests in order; after a request timed out
+//! its reply may still arrive and be taken for the next request's. So a connection whose request timed
+//! out or failed with an I/O error is dropped, and the next request makes a new one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
+    RedisConnectionInfo,
+};
+
+use crate::config::{split_host, RedisConfig, Topology, DEFAULT_PORT};
+use crate::error::RedisError;
+
+/// A connection of either kind; cheap to clone (both multiplex).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// How to reach the servers: shared by the command links and the pub/sub hub.
+pub(crate) struct Target {
+    config: RedisConfig,
+    /// Shown in messages: the address, the Sentinels and master, or the seed nodes.
+    pub(crate) shown: String,
+}
+
+fn redis_info(config: &RedisConfig) -> RedisConnectionInfo {
+    let mut info = RedisConnectionInfo::default().set_db(config.db);
+    if let Some(user) = &config.username {
+        info = info.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        info = info.set_password(password);
+    }
+    info
+}
+
+fn addr(host: &str, tls: bool) -> Result<ConnectionAddr, RedisError> {
+    let (host, port) = split_host(host, DEFAULT_PORT)?;
+    Ok(if tls {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host, port)
+    })
+}
+
+impl Target {
+    pub(crate) fn new(config: RedisConfig) -> Self {
+        let shown = match &config.topology {
+            Topology::Standalone { addr } => addr.clone(),
+            Topology::Sentinel { sentinels, master } => {
+                format!("master {master:?} of Sentinels {}", sentinels.join(","))
+            }
+            Topology::Cluster { nodes } => format!("Cluster nodes {}", nodes.join(",")),
+        };
+        Self { config, shown }
+    }
+
+    pub(crate) fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.config.topology, Topology::Cluster { .. })
+    }
+
+    fn connect_error(&self, source: redis::RedisError) -> RedisError {
+        RedisError::Connect {
+            target: self.shown.clone(),
+            source,
+        }
+    }
+
+    fn connect_timeout(&self, what: &'static str) -> RedisError {
+        RedisError::Timeout {
+            what,
+            target: self.shown.clone(),
+            after: self.config.connect_timeout,
+        }
+    }
+
+    /// A client for the data node: the standalone server, or the master Sentinel names now.
+    pub(crate) async fn client(&self) -> Result<Client, RedisError> {
+        let config = &self.config;
+        match &config.topology {
+            Topology::Standalone { addr: host } => {
+                let info = addr(host, config.tls)?
+                    .into_connection_info()
+                    .map_err(|e| self.connect_error(e))?
+                    .set_redis_settings(redis_info(config));
+                Client::open(info).map_err(|e| self.connect_error(e))
+            }
+            Topology::Sentinel { sentinels, master } => {
+                let nodes: Vec<ConnectionInfo> = sentinels
+                    .iter()
+                    .map(|s| {
+                        addr(s, false)?
+                            .into_connection_info()
+                            .map_err(|e| self.connect_error(e))
+                    })
+                    .collect::<Result<_, _>>()?;
+                let mut node_info = redis::sentinel::SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(redis_info(config));
+                if config.tls {
+                    node_info = node_info.set_tls_mode(redis::TlsMode::Secure);
+                }
+                let mut sentinel = redis::sentinel::SentinelClient::build(
+                    nodes,
+                    master.clone(),
+                    Some(node_info),
+                    redis::sentinel::SentinelServerType::Master,
+                )
+                .map_err(|e| self.connect_error(e))?;
+                match tokio::time::timeout(config.connect_timeout, sentinel.async_get_client())
+                    .await
+                {
+                    Ok(Ok(client)) => Ok(client),
+                    Ok(Err(e)) => Err(self.connect_error(e)),
+                    Err(_) => Err(self.connect_timeout("asking the Sentinels for the master")),
+                }
+            }
+            Topology::Cluster { .. } => Err(RedisError::Unsupported(
+                "internal: a Cluster has no single client".into(),
+            )),
+        }
+    }
+
+    fn connection_config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.config.connect_timeout))
+            .set_response_timeout(Some(self.config.io_timeout))
+    }
+
+    /// A new command connection.
+    pub(crate) async fn connect(&self) -> Result<Conn, RedisError> {
+        let config = &self.config;
+        if let Topology::Cluster { nodes } = &config.topology {
+            let infos: Vec<ConnectionInfo> = nodes
+                .iter()
+                .map(|n| {
+                    addr(n, config.tls)?
+                        .into_connection_info()
+                        .map_err(|e| self.connect_error(e))
+                })
+                .collect::<Result<_, _>>()?;
+            let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(config.io_timeout)
+                .retries(2);
+            if let Some(user) = &config.username {
+                builder = builder.username(user);
+            }
+            if let Some(password) = &config.password {
+                builder = builder.password(password);
+            }
+            let client = builder.build().map_err(|e| self.connect_error(e))?;
+            return match tokio::time::timeout(
+                config.connect_timeout * 2,
+                client.get_async_connection(),
+            )
+            .await
+            {
+                Ok(Ok(c)) => Ok(Conn::Cluster(c)),
+                Ok(Err(e)) => Err(self.connect_error(e)),
+                Err(_) => Err(self.connect_timeout("connecting to the Cluster")),
+            };
+        }
+        let client = self.client().await?;
+        match tokio::time::timeout(
+            config.connect_timeout,
+            client.get_multiplexed_async_connection_with_config(&self.connection_config()),
+        )
+        .await
+        {
+            Ok(Ok(c)) => Ok(Conn::Single(c)),
+            Ok(Err(e)) => Err(self.connect_error(e)),
+            Err(_) => Err(self.connect_timeout("connecting")),
+        }
+    }
+}
+
+/// One reconnecting command connection.
+pub(crate) struct Link {
+    current: Mutex<Option<(u64, Conn)>>,
+    /// Only one task connects at a time; the others wait for its connection.
+    connecting: tokio::sync::Mutex<()>,
+    generation: AtomicU64,
+}
+
+impl Link {
+    pub(crate) fn new() -> Self {
+        Self {
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    fn cached(&self) -> Option<(u64, Conn)> {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The current connection, made if there is none.
+    pub(crate) async fn get(&self, target: &Target) -> Result<(u64, Conn), RedisError> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let conn = target.connect().await?;
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        *self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((generation, conn.clone()));
+        Ok((generation, conn))
+    }
+
+    /// Drops the connection of `generation` (if still current), so the next request reconnects.
+    pub(crate) fn invalidate(&self, generation: u64) {
+        let mut current = self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *current = None;
+        }
+    }
+
+    /// Runs `request` on the current connection within `timeout`, replacing the connection when the
+    /// request leaves it in an unknown state.
+    pub(crate) async fn run<T, F, Fut>(
+        &self,
+        target: &Target,
+        what: &'static str,
+        timeout: Duration,
+        request: F,
+    ) -> Result<T, RedisError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
+    {
+        let (generation, conn) = self.get(target).await?;
+        let result = match tokio::time::timeout(timeout, request(conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(RedisError::Request {
+                what,
+                target: target.shown.clone(),
+                source,
+            }),
+            Err(_) => Err(RedisError::Timeout {
+                what,
+                target: target.shown.clone(),
+                after: timeout,
+            }),
+        };
+        if let Err(e) = &result {
+            if e.breaks_connection() {
+                tracing::debug!(error = %e, "replacing the Redis connection");
+                self.invalidate(generation);
+            }
+        }
+        result
+    }
+}

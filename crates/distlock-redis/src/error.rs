@@ -1,0 +1,189 @@
+//! The Redis backend's errors, mapped once into [`distlock_core::Error`] (tagged backend `"redis"`).
+
+use std::fmt;
+use std::time::Duration;
+
+use distlock_core::{Error, ErrorKind};
+
+/// The backend's short name, for errors and logs.
+pub(crate) const BACKEND: &str = "redis";
+
+/// Everything that can go wrong in the Redis backend.
+#[derive(Debug)]
+pub(crate) enum RedisError {
+    /// A bad URL or option.
+    Config(String),
+    /// A valid request this backend cannot honour.
+    Unsupported(String),
+    /// Connecting to `target` failed.
+    Connect {
+        target: String,
+        source: redis::RedisError,
+    },
+    /// A request (`what`) to `target` failed.
+    Request {
+        what: &'static str,
+        target: String,
+        source: redis::RedisError,
+    },
+    /// A request did not complete within the bound.
+    Timeout {
+        what: &'static str,
+        target: String,
+        after: Duration,
+    },
+    /// The server answered something the scripts never return.
+    Reply { what: &'static str, detail: String },
+    /// `WAIT` confirmed fewer replicas than required.
+    Replicas { confirmed: u32, required: u32 },
+}
+
+impl RedisError {
+    /// The error as distlock reports it, tagged with the backend and, when known, the lock name.
+    pub(crate) fn into_core(self, lock: Option<&str>) -> Error {
+        let error = Error::from(self);
+        match lock {
+            Some(name) => error.with_lock(name),
+            None => error,
+        }
+    }
+
+    fn kind(&self) -> ErrorKind {
+        match self {
+            RedisError::Config(_) => ErrorKind::InvalidConfig,
+            RedisError::Unsupported(_) => ErrorKind::Unsupported,
+            RedisError::Connect { source, .. } | RedisError::Request { source, .. } => {
+                classify(source)
+            }
+            RedisError::Timeout { .. } => ErrorKind::Unavailable,
+            RedisError::Reply { .. } => ErrorKind::Protocol,
+            RedisError::Replicas {
+                confirmed,
+                required,
+            } => ErrorKind::InsufficientReplicas {
+                confirmed: *confirmed,
+                required: *required,
+            },
+        }
+    }
+
+    /// Whether the connection the request used should be replaced: its state is unknown (a reply may
+    /// still be on its way and would be taken for the next request's).
+    pub(crate) fn breaks_connection(&self) -> bool {
+        match self {
+            RedisError::Timeout { .. } => true,
+            RedisError::Request { source, .. } => {
+                source.is_io_error()
+                    || source.is_connection_dropped()
+                    || source.is_timeout()
+                    || source.is_unrecoverable_error()
+                    || matches!(code(source), Some("READONLY" | "MASTERDOWN"))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The server's error code (`WRONGTYPE`, `NOAUTH`, …), if the error is a server reply.
+fn code(e: &redis::RedisError) -> Option<&str> {
+    e.code()
+}
+
+fn mentions(e: &redis::RedisError, what: &str) -> bool {
+    code(e) == Some(what) || e.to_string().contains(what)
+}
+
+fn classify(e: &redis::RedisError) -> ErrorKind {
+    if mentions(e, "WRONGTYPE") {
+        return ErrorKind::Protocol;
+    }
+    if matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
+        || ["NOAUTH", "WRONGPASS", "NOPERM"]
+            .iter()
+            .any(|c| mentions(e, c))
+    {
+        return ErrorKind::PermissionDenied;
+    }
+    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal() {
+        return ErrorKind::Unavailable;
+    }
+    if matches!(
+        code(e),
+        Some("READONLY" | "MASTERDOWN" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY")
+    ) || matches!(
+        e.kind(),
+        redis::ErrorKind::MasterNameNotFoundBySentinel
+            | redis::ErrorKind::NoValidReplicasFoundBySentinel
+            | redis::ErrorKind::ClusterConnectionNotFound
+    ) {
+        return ErrorKind::Unavailable;
+    }
+    if matches!(e.kind(), redis::ErrorKind::InvalidClientConfig) {
+        return ErrorKind::InvalidConfig;
+    }
+    ErrorKind::Protocol
+}
+
+fn advice(e: &redis::RedisError) -> &'static str {
+    match classify(e) {
+        ErrorKind::Protocol if mentions(e, "WRONGTYPE") => {
+            " (the lock's key holds another type: something other than a lock — a string someone SET? — uses this name; distlock keeps a hash there, as Redisson does; pick another name or delete the key)"
+        }
+        ErrorKind::PermissionDenied => {
+            " (check the user and password in the URL, redis://user:password@host:port, and the user's ACL: it needs EVALSHA, EVAL, SCRIPT, PUBLISH, SUBSCRIBE, PTTL, HGET, GET)"
+        }
+        ErrorKind::Unavailable => {
+            " (check that the server runs at that address, that this host can reach it, and for Sentinel that the Sentinels know the master's name)"
+        }
+        _ => "",
+    }
+}
+
+impl fmt::Display for RedisError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisError::Config(message) | RedisError::Unsupported(message) => f.write_str(message),
+            RedisError::Connect { target, source } => {
+                write!(f, "cannot connect to {target}: {source}{}", advice(source))
+            }
+            RedisError::Request {
+                what,
+                target,
+                source,
+            } => write!(f, "{what} on {target} failed: {source}{}", advice(source)),
+            RedisError::Timeout {
+                what,
+                target,
+                after,
+            } => write!(
+                f,
+                "{what} on {target}: no reply within {}; the connection is replaced",
+                distlock_core::duration::format(*after)
+            ),
+            RedisError::Reply { what, detail } => {
+                write!(f, "unexpected reply to {what}: {detail}")
+            }
+            RedisError::Replicas {
+                confirmed,
+                required,
+            } => write!(
+                f,
+                "WAIT: {confirmed} of {required} required replicas confirmed the write in time; the grant was undone"
+            ),
+        }
+    }
+}
+
+impl From<RedisError> for Error {
+    fn from(error: RedisError) -> Self {
+        let kind = error.kind();
+        let message = error.to_string();
+        let error = match error {
+            RedisError::Connect { source, .. } | RedisError::Request { source, .. } => {
+                Error::new(kind, message).with_source(source)
+            }
+            _ => Error::new(kind, message),
+        };
+        error.with_backend(BACKEND)
+    }
+}

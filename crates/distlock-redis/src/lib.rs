@@ -1,0 +1,47 @@
+//! The Redis backend of distlock: standalone (`redis://`, `rediss://`), Sentinel (`redis+sentinel://`)
+//! and Cluster (`redis+cluster://`), on Redisson's `RLock` layout so Java services using Redisson and
+//! Rust services using distlock exclude each other (see [`layout`]).
+//!
+//! * **Lock.** A hash at key `NAME`, field = owner, `PEXPIRE` = lease; the watchdog of the core renews it
+//!   every third of the lease (one pipelined round trip per connection, or per Cluster slot).
+//! * **Fencing.** `INCR` of `redisson_lock_token:{NAME}` inside the acquire script:
+//!   [`Fencing::BestEffort`](distlock_core::Fencing::BestEffort), since a failover to a replica that
+//!   missed the increment, or a restart without persistence, can hand out a token again.
+//! * **Waiting.** Pub/sub on `redisson_lock__channel:{NAME}` (sharded in Cluster), one connection per
+//!   backend, no polling: see [`pubsub`](crate::RedisBackend#acquire-and-wait).
+//! * **Durability.** Optional `WAIT n timeout` after every grant and renewal
+//!   (`?wait_replicas=1&wait_timeout=200ms`), on a dedicated connection; fewer confirmations fail the
+//!   acquire with `InsufficientReplicas` (and undo it) or put a held lock in Jeopardy.
+//! * **Loss.** Found by the renewal reply (the key gone or someone else's → Lost at once) and by the
+//!   core's validity deadline (no confirmed renewal → Lost).
+//!
+//! ```no_run
+//! # async fn f() -> distlock_core::Result<()> {
+//! use distlock_core::{url::LockUrl, Locks};
+//! use distlock_redis::RedisBackend;
+//!
+//! let backend = RedisBackend::connect(&LockUrl::parse("redis://127.0.0.1:6379")?).await?;
+//! let locks = Locks::new(backend);
+//! let guard = locks.lock("orders/42")?.acquire().await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
+
+mod backend;
+mod config;
+mod conn;
+mod error;
+pub mod layout;
+mod pubsub;
+
+pub use backend::{RedisAcquisition, RedisBackend, RedisLease};
+pub use config::{
+    RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IO_TIMEOUT, DEFAULT_PORT,
+    DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
+};
+
+/// Connects as the URL says: `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`.
+pub async fn connect(url: &distlock_core::url::LockUrl) -> distlock_core::Result<RedisBackend> {
+    RedisBackend::connect(url).await
+}

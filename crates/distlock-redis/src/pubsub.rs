@@ -1,0 +1,417 @@
+//! Waiting without polling: one pub/sub connection per backend, multiplexed over every waiting lock.
+//!
+//! A waiter [`register`](Hub::register)s the lock's channel (ref-counted per channel), then
+//! [`Subscription::confirm`]s: the hub task sends `SUBSCRIBE` (`SSUBSCRIBE` in Cluster) and answers once
+//! the server confirmed it. Only then does the waiter try again, so a release between its busy try and
+//! the subscription is never missed. Every message on a channel bumps that channel's counter; a waiter
+//! marks the counter seen before each try and wakes when it moves.
+//!
+//! After a (re)connect the hub resubscribes every registered channel and then bumps every counter, so
+//! each waiter tries again (a release published while the connection was down is not lost: Redisson
+//! issue 1763). The connection is re-resolved on every connect (the Sentinel master included). While it
+//! is down, a confirmation fails at once and the waiter falls back on the holder's pttl until the next
+//! connect wakes it.
+//!
+//! Dropping the last [`Subscription`] of a channel unsubscribes it; the hub handles subscribe and
+//! unsubscribe requests in order, so an unsubscribe never undoes a later subscribe.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::{PubSubSink, PubSubStream};
+use redis::cluster_async::ClusterConnection;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::conn::Target;
+use crate::error::RedisError;
+
+/// The per-channel state: how many acquisitions wait on it, and the counter that wakes them.
+struct Entry {
+    refs: usize,
+    wake: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct Shared {
+    channels: Mutex<HashMap<String, Entry>>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wake(&self, channel: &str) {
+        if let Some(entry) = self.lock().get(channel) {
+            entry.wake.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    fn wake_all(&self) {
+        for entry in self.lock().values() {
+            entry.wake.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    fn snapshot(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    fn contains(&self, channel: &str) -> bool {
+        self.lock().contains_key(channel)
+    }
+}
+
+enum Cmd {
+    Subscribe(String, oneshot::Sender<Result<(), RedisError>>),
+    Unsubscribe(String),
+}
+
+/// The backend's pub/sub hub. The task behind it lives while the hub or any subscription does.
+pub(crate) struct Hub {
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<Cmd>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("channels", &self.shared.lock().len())
+            .finish()
+    }
+}
+
+impl Hub {
+    /// Starts the hub task (it connects on the first subscription).
+    pub(crate) fn start(target: Arc<Target>) -> Self {
+        let shared = Arc::new(Shared::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(target, shared.clone(), rx));
+        Self { shared, tx }
+    }
+
+    /// Registers interest in `channel`; no I/O. The subscription is seen from now on.
+    pub(crate) fn register(&self, channel: String) -> Subscription {
+        let mut channels = self.shared.lock();
+        let entry = channels.entry(channel.clone()).or_insert_with(|| Entry {
+            refs: 0,
+            wake: watch::channel(0).0,
+        });
+        entry.refs += 1;
+        let mut rx = entry.wake.subscribe();
+        rx.borrow_and_update();
+        Subscription {
+            channel,
+            shared: self.shared.clone(),
+            tx: self.tx.clone(),
+            rx,
+        }
+    }
+}
+
+/// One acquisition's interest in a channel.
+pub(crate) struct Subscription {
+    channel: String,
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<Cmd>,
+    rx: watch::Receiver<u64>,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("channel", &self.channel)
+            .finish()
+    }
+}
+
+impl Subscription {
+    /// Sends the subscribe and waits for the server's confirmation (or the hub's failure).
+    pub(crate) async fn confirm(&self) -> Result<(), RedisError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Cmd::Subscribe(self.channel.clone(), reply))
+            .map_err(|_| RedisError::Unsupported("the pub/sub hub has stopped".into()))?;
+        answer.await.unwrap_or_else(|_| {
+            Err(RedisError::Unsupported(
+                "the pub/sub hub has stopped".into(),
+            ))
+        })
+    }
+
+    /// Forgets the messages so far: the next [`changed`](Self::changed) waits for a newer one.
+    pub(crate) fn mark_seen(&mut self) {
+        self.rx.borrow_and_update();
+    }
+
+    /// Resolves when a message arrived on the channel (or the connection was remade) since the last
+    /// [`mark_seen`](Self::mark_seen).
+    pub(crate) async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            // The entry is gone (cannot happen while we hold a ref); never spin.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut channels = self.shared.lock();
+        if let Some(entry) = channels.get_mut(&self.channel) {
+            entry.refs = entry.refs.saturating_sub(1);
+            if entry.refs == 0 {
+                channels.remove(&self.channel);
+                // Sent under the lock, so the hub sees it before any later subscribe of this channel.
+                let _ = self.tx.send(Cmd::Unsubscribe(self.channel.clone()));
+            }
+        }
+    }
+}
+
+/// The hub's connection of either kind.
+enum PubConn {
+    Single {
+        sink: PubSubSink,
+        stream: PubSubStream,
+    },
+    Cluster {
+        conn: ClusterConnection,
+        pushes: mpsc::UnboundedReceiver<PushInfo>,
+    },
+}
+
+/// What the hub's connection said.
+enum Event {
+    Message(String),
+    /// The server (re)confirmed a subscription after redis-rs reconnected by itself (Cluster).
+    Resubscribed(String),
+    Closed,
+    Other,
+}
+
+impl PubConn {
+    async fn connect(target: &Target) -> Result<Self, RedisError> {
+        let config = target.config();
+        let timeout = config.connect_timeout;
+        let shown = || target.shown.clone();
+        if let crate::config::Topology::Cluster { nodes } = &config.topology {
+            let (push_tx, pushes) = mpsc::unbounded_channel();
+            let infos = nodes.clone();
+            let mut builder = redis::cluster::ClusterClientBuilder::new(
+                infos.iter().map(|n| format!("redis://{n}")),
+            )
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(push_tx)
+            .connection_timeout(config.connect_timeout)
+            .response_timeout(config.io_timeout);
+            if let Some(user) = &config.username {
+                builder = builder.username(user);
+            }
+            if let Some(password) = &config.password {
+                builder = builder.password(password);
+            }
+            let client = builder.build().map_err(|source| RedisError::Connect {
+                target: shown(),
+                source,
+            })?;
+            let conn = tokio::time::timeout(timeout * 2, client.get_async_connection())
+                .await
+                .map_err(|_| RedisError::Timeout {
+                    what: "pub/sub connect",
+                    target: shown(),
+                    after: timeout * 2,
+                })?
+                .map_err(|source| RedisError::Connect {
+                    target: shown(),
+                    source,
+                })?;
+            return Ok(PubConn::Cluster { conn, pushes });
+        }
+        let client = target.client().await?;
+        let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
+            .await
+            .map_err(|_| RedisError::Timeout {
+                what: "pub/sub connect",
+                target: shown(),
+                after: timeout,
+            })?
+            .map_err(|source| RedisError::Connect {
+                target: shown(),
+                source,
+            })?;
+        let (sink, stream) = pubsub.split();
+        Ok(PubConn::Single { sink, stream })
+    }
+
+    async fn subscribe(&mut self, channels: &[String]) -> redis::RedisResult<()> {
+        match self {
+            PubConn::Single { sink, .. } => sink.subscribe(channels).await,
+            PubConn::Cluster { conn, .. } => {
+                // Sharded channels of different slots live on different nodes: one call each.
+                for channel in channels {
+                    conn.ssubscribe(channel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            PubConn::Single { sink, .. } => sink.unsubscribe(channel).await,
+            PubConn::Cluster { conn, .. } => conn.sunsubscribe(channel).await,
+        }
+    }
+
+    async fn next(&mut self) -> Event {
+        match self {
+            PubConn::Single { stream, .. } => match stream.next().await {
+                Some(msg) => Event::Message(msg.get_channel_name().to_string()),
+                None => Event::Closed,
+            },
+            PubConn::Cluster { pushes, .. } => match pushes.recv().await {
+                Some(push) => {
+                    let channel = match push.data.first() {
+                        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                        _ => return Event::Other,
+                    };
+                    match push.kind {
+                        PushKind::Message | PushKind::SMessage => Event::Message(channel),
+                        PushKind::SSubscribe | PushKind::Subscribe => Event::Resubscribed(channel),
+                        _ => Event::Other,
+                    }
+                }
+                None => Event::Closed,
+            },
+        }
+    }
+}
+
+fn jittered(d: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.subsec_nanos());
+    d.mul_f64(0.5 + f64::from(nanos % 1000) / 1000.0)
+}
+
+/// Handles one command while connected; `false` when the connection is broken.
+async fn serve(conn: &mut PubConn, shared: &Shared, cmd: Cmd, io: Duration, shown: &str) -> bool {
+    match cmd {
+        Cmd::Subscribe(channel, reply) => {
+            let result =
+                tokio::time::timeout(io, conn.subscribe(std::slice::from_ref(&channel))).await;
+            let (ok, answer) = match result {
+                Ok(Ok(())) => (true, Ok(())),
+                Ok(Err(source)) => (
+                    false,
+                    Err(RedisError::Request {
+                        what: "SUBSCRIBE",
+                        target: shown.to_string(),
+                        source,
+                    }),
+                ),
+                Err(_) => (
+                    false,
+                    Err(RedisError::Timeout {
+                        what: "SUBSCRIBE",
+                        target: shown.to_string(),
+                        after: io,
+                    }),
+                ),
+            };
+            let _ = reply.send(answer);
+            ok
+        }
+        Cmd::Unsubscribe(channel) => {
+            if shared.contains(&channel) {
+                return true; // registered again since: keep it
+            }
+            matches!(
+                tokio::time::timeout(io, conn.unsubscribe(&channel)).await,
+                Ok(Ok(()))
+            )
+        }
+    }
+}
+
+fn refuse(cmd: Cmd, error: &RedisError) {
+    if let Cmd::Subscribe(_, reply) = cmd {
+        let _ = reply.send(Err(RedisError::Unsupported(format!(
+            "the pub/sub connection is down: {error}"
+        ))));
+    }
+}
+
+async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+    let io = target.config().io_timeout;
+    let mut backoff = Duration::from_millis(50);
+    // Connect only once someone waits.
+    let mut first = match rx.recv().await {
+        Some(cmd) => Some(cmd),
+        None => return,
+    };
+    loop {
+        let mut conn = match PubConn::connect(&target).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::warn!(error = %e, "redis pub/sub connection failed; retrying");
+                if let Some(cmd) = first.take() {
+                    refuse(cmd, &e);
+                }
+                let pause = tokio::time::sleep(jittered(backoff));
+                tokio::pin!(pause);
+                loop {
+                    tokio::select! {
+                        _ = &mut pause => break,
+                        cmd = rx.recv() => match cmd {
+                            Some(cmd) => refuse(cmd, &e),
+                            None => return,
+                        },
+                    }
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        let channels = shared.snapshot();
+        if !channels.is_empty() {
+            match tokio::time::timeout(io, conn.subscribe(&channels)).await {
+                Ok(Ok(())) => {}
+                _ => {
+                    tracing::warn!("redis pub/sub resubscribe failed; reconnecting");
+                    tokio::time::sleep(jittered(backoff)).await;
+                    continue;
+                }
+            }
+        }
+        backoff = Duration::from_millis(50);
+        // Every waiter tries again: a release may have been published while we were away.
+        shared.wake_all();
+        if let Some(cmd) = first.take() {
+            if !serve(&mut conn, &shared, cmd, io, &target.shown).await {
+                continue;
+            }
+        }
+        loop {
+            tokio::select! {
+                event = conn.next() => match event {
+                    Event::Message(channel) | Event::Resubscribed(channel) => shared.wake(&channel),
+                    Event::Other => {}
+                    Event::Closed => break,
+                },
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => {
+                        if !serve(&mut conn, &shared, cmd, io, &target.shown).await {
+                            break;
+                        }
+                    }
+                    None => return,
+                },
+            }
+        }
+        tracing::debug!("redis pub/sub connection lost; reconnecting");
+    }
+}

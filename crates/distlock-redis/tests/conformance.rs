@@ -1,0 +1,55 @@
+//! The shared conformance suite on a standalone `redis-server`: a fresh server per case (about 20 ms to
+//! start), every client its own `RedisBackend` reaching the server through its own testkit `Proxy`, so
+//! a cut blackholes that client alone (and a heal lets its bytes pass again). Other processes reach the
+//! server with its own `redis://` URL.
+// Provider setup panics on failure, like the tests themselves.
+#![allow(clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::url::LockUrl;
+use distlock_core::Locks;
+use distlock_redis::RedisBackend;
+use distlock_testkit::conformance::{Client, Provider};
+use distlock_testkit::proxy::Proxy;
+use distlock_testkit::redis::RedisServer;
+
+struct Standalone {
+    server: RedisServer,
+}
+
+#[async_trait::async_trait]
+impl Provider for Standalone {
+    async fn client(&self) -> Client {
+        let proxy = Arc::new(Proxy::start_or_panic(self.server.addr()));
+        let url = LockUrl::parse(&format!("redis://{}", proxy.addr())).expect("url");
+        let backend = RedisBackend::connect(&url).await.expect("connect");
+        let (cut, heal) = (proxy.clone(), proxy);
+        Client::new(Locks::new(backend))
+            .with_cut(move || {
+                cut.blackhole().expect("blackhole");
+                Box::pin(async {})
+            })
+            .with_heal(move || {
+                heal.pass().expect("pass");
+                Box::pin(async {})
+            })
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(self.server.url())
+    }
+
+    fn short_lease(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+async fn standalone() -> Standalone {
+    Standalone {
+        server: RedisServer::start_or_panic(),
+    }
+}
+
+distlock_testkit::conformance_suite!(standalone);

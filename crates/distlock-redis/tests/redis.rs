@@ -1,0 +1,438 @@
+//! Redis-specific behaviour on real `redis-server`s: interop with Redisson's own scripts, tokens in
+//! Redisson's token key, error kinds, loss detection, `WAIT` durability, and pub/sub reconnects.
+//! Tests whose name contains "fault" kill, restart or cut something (nextest runs them serially).
+// Test code: a failed expectation is the test's failure.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use distlock_core::url::LockUrl;
+use distlock_core::{ErrorKind, LockState, Locks};
+use distlock_redis::{layout, RedisBackend};
+use distlock_testkit::redis::{RedisServer, RespValue};
+
+/// Redisson's acquire, `RedissonLock.tryLockInnerAsync`
+/// (redisson/src/main/java/org/redisson/RedissonLock.java): KEYS[1] = lock, ARGV[1] = lease ms,
+/// ARGV[2] = `<client id>:<thread id>`. nil = acquired, else the holder's pttl.
+const REDISSON_ACQUIRE: &str = "if ((redis.call('exists', KEYS[1]) == 0) \
+    or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then \
+        redis.call('hincrby', KEYS[1], ARGV[2], 1); \
+        redis.call('pexpire', KEYS[1], ARGV[1]); \
+        return nil; \
+    end; \
+    return redis.call('pttl', KEYS[1]);";
+
+/// Redisson's release, `RedissonLock.unlockInnerAsync` (same file): KEYS = lock, channel, unlock
+/// latch; ARGV = unlock message (0), lease ms, owner, publish command, latch timeout. nil = not held by
+/// this owner, 0 = still held (reentrant), 1 = released and published.
+const REDISSON_UNLOCK: &str = "local val = redis.call('get', KEYS[3]); \
+    if val ~= false then \
+        return tonumber(val);\
+    end; \
+    if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then \
+        return nil;\
+    end; \
+    local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); \
+    if (counter > 0) then \
+        redis.call('pexpire', KEYS[1], ARGV[2]); \
+        redis.call('set', KEYS[3], 0, 'px', ARGV[5]); \
+        return 0; \
+    else \
+        redis.call('del', KEYS[1]); \
+        redis.call(ARGV[4], KEYS[2], ARGV[1]); \
+        redis.call('set', KEYS[3], 1, 'px', ARGV[5]); \
+        return 1; \
+    end; ";
+
+const REDISSON_OWNER: &str = "7c9e6679-7425-40de-944b-e07fc1f90ae7:1";
+
+fn unique(case: &str) -> String {
+    format!("redis-test/{case}/{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn locks(url: &str) -> Locks {
+    let backend = RedisBackend::connect(&LockUrl::parse(url).unwrap())
+        .await
+        .expect("connect");
+    Locks::new(backend)
+}
+
+async fn driver(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn redisson_acquire(
+    conn: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+    lease_ms: u64,
+) -> Option<i64> {
+    redis::Script::new(REDISSON_ACQUIRE)
+        .key(name)
+        .arg(lease_ms)
+        .arg(REDISSON_OWNER)
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
+async fn redisson_unlock(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Option<i64> {
+    redis::Script::new(REDISSON_UNLOCK)
+        .key(name)
+        .key(layout::channel(name))
+        .key(format!(
+            "redisson_unlock_latch:{{{name}}}:{}",
+            uuid::Uuid::new_v4()
+        ))
+        .arg(0)
+        .arg(30_000)
+        .arg(REDISSON_OWNER)
+        .arg("PUBLISH")
+        .arg(5_000)
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
+/// A Redisson-held lock is held for distlock; a Redisson unlock wakes a waiting distlock at once (not at
+/// the end of the 30 s lease); a distlock-held lock is held for Redisson's script, which gets its pttl;
+/// and Redisson cannot unlock it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisson_interop_both_ways() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("interop");
+    let mut conn = driver(&server).await;
+    let locks = locks(&server.url()).await;
+    let lock = locks.lock(&name).unwrap();
+
+    assert_eq!(redisson_acquire(&mut conn, &name, 30_000).await, None);
+    assert!(
+        lock.try_acquire().await.unwrap().is_none(),
+        "distlock took a Redisson-held lock"
+    );
+    let waiter = tokio::spawn(async move {
+        let started = Instant::now();
+        let guard = lock
+            .options()
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .expect("woken by Redisson's unlock");
+        (started.elapsed(), guard, lock)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let unlocked_at = Instant::now();
+    assert_eq!(redisson_unlock(&mut conn, &name).await, Some(1));
+    let (_, guard, lock) = waiter.await.unwrap();
+    let woke = unlocked_at.elapsed();
+    assert!(
+        woke < Duration::from_secs(5),
+        "the waiter woke {woke:?} after Redisson's unlock: not by the message (the lease was 30 s)"
+    );
+
+    // Now distlock holds it: Redisson's acquire sees it held and gets the pttl.
+    let pttl = redisson_acquire(&mut conn, &name, 30_000).await;
+    assert!(
+        pttl.is_some_and(|p| p > 0),
+        "Redisson acquired a distlock-held lock: {pttl:?}"
+    );
+    // Redisson's unlock of a lock it does not own returns nil and changes nothing.
+    assert_eq!(redisson_unlock(&mut conn, &name).await, None);
+    assert_eq!(guard.state(), LockState::Held);
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(fields, vec![lock.owner().to_string()]);
+    guard.release().await.unwrap();
+    assert_eq!(redisson_acquire(&mut conn, &name, 30_000).await, None);
+}
+
+/// A distlock release publishes `0` on Redisson's channel (so Redisson's waiters wake).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_publishes_on_redissons_channel() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("publish");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub
+        .subscribe(format!("redisson_lock__channel:{{{name}}}"))
+        .await
+        .unwrap();
+    let locks = locks(&server.url()).await;
+    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    guard.release().await.unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(5), async {
+        use futures_util::StreamExt;
+        pubsub.on_message().next().await
+    })
+    .await
+    .expect("a message")
+    .expect("stream open");
+    assert_eq!(msg.get_payload::<String>().unwrap(), "0");
+}
+
+/// Tokens strictly increase across holders and are the `INCR`ed value of Redisson's token key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_in_the_token_key() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("tokens");
+    let a = locks(&server.url()).await;
+    let b = locks(&server.url()).await;
+    let mut last = 0;
+    for round in 0..4 {
+        let locks = if round % 2 == 0 { &a } else { &b };
+        let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+        let token = guard.token().unwrap().get();
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+        let stored = server.command(&["GET", &layout::token_key(&name)]).unwrap();
+        assert_eq!(stored.as_str(), Some(token.to_string().as_str()));
+        let info = locks.inspect(&name).await.unwrap();
+        assert!(info.holder.is_some());
+        assert_eq!(info.last_token.map(|t| t.get()), Some(token));
+        guard.release().await.unwrap();
+    }
+    assert!(a.inspect(&name).await.unwrap().holder.is_none());
+}
+
+/// The lock key holding a string (someone SET it) is a Protocol error that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrongtype_is_protocol() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("wrongtype");
+    assert!(matches!(
+        server.command(&["SET", &name, "x"]).unwrap(),
+        RespValue::Simple(_)
+    ));
+    let locks = locks(&server.url()).await;
+    let err = locks
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("a string at the lock's key");
+    assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
+    assert!(err.to_string().contains("another type"), "{err}");
+}
+
+/// A wrong password, or none where one is required, is PermissionDenied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_is_permission_denied() {
+    let server = RedisServer::start_or_panic();
+    // Set after readiness: the testkit's probe speaks without a password.
+    server
+        .command(&["CONFIG", "SET", "requirepass", "s3cret"])
+        .unwrap();
+    let port = server.port();
+    for url in [
+        format!("redis://:wrong@127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port}"),
+    ] {
+        let err = RedisBackend::connect(&LockUrl::parse(&url).unwrap())
+            .await
+            .expect_err("must be refused");
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{url}: {err}");
+        assert!(
+            !err.to_string().contains("wrong"),
+            "the password leaked: {err}"
+        );
+    }
+    let ok = RedisBackend::connect(
+        &LockUrl::parse(&format!("redis://:s3cret@127.0.0.1:{port}")).unwrap(),
+    )
+    .await
+    .expect("the right password");
+    assert!(!format!("{ok:?}").contains("s3cret"));
+}
+
+/// Nothing listening: Unavailable, quickly, naming the address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_port_is_unavailable_fault() {
+    let mut server = RedisServer::start_or_panic();
+    let addr = server.addr();
+    server.stop().unwrap();
+    let started = Instant::now();
+    let err = RedisBackend::connect(&LockUrl::parse(&format!("redis://{addr}")).unwrap())
+        .await
+        .expect_err("nothing listens");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Deleting the key under a holder makes its guard Lost at the next renewal (a third of the lease),
+/// with the server's reason, not at the validity deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_key_makes_guard_lost_fault() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("deleted");
+    let locks = locks(&server.url()).await;
+    let lease = Duration::from_secs(3);
+    let guard = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    server.command(&["DEL", &name]).unwrap();
+    let deleted = Instant::now();
+    tokio::time::timeout(lease / 3 + Duration::from_millis(700), guard.lost())
+        .await
+        .expect("Lost within one renewal tick");
+    assert!(deleted.elapsed() < lease * 2 / 3, "{:?}", deleted.elapsed());
+    let reason = guard.loss_reason().unwrap_or_default();
+    assert!(reason.contains("gone"), "{reason}");
+}
+
+/// kill -9 and restart without persistence: the key is gone, and the guard is Lost at the first renewal
+/// that reaches the new server (well before the validity deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_loses_guard_fault() {
+    let mut server = RedisServer::start_or_panic();
+    let name = unique("restart");
+    let locks = locks(&server.url()).await;
+    let lease = Duration::from_secs(3);
+    let guard = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    server.kill9().unwrap();
+    server.restart().unwrap();
+    let restarted = Instant::now();
+    tokio::time::timeout(lease, guard.lost())
+        .await
+        .expect("Lost after the restart");
+    let reason = guard.loss_reason().unwrap_or_default();
+    assert!(
+        reason.contains("gone"),
+        "lost by the deadline, not by the server's answer: {reason} after {:?}",
+        restarted.elapsed()
+    );
+    // And the lock is free for the next holder (once the lost guard is gone: it keeps its place in
+    // this process's same-name queue until dropped).
+    drop(guard);
+    let next = locks.lock(&name).unwrap().try_acquire().await.unwrap();
+    assert!(next.is_some());
+}
+
+/// `WAIT 1` against a master with no replica: InsufficientReplicas {0, 1}, and the grant is undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_without_replica_is_insufficient_replicas() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("wait");
+    let locks = locks(&format!(
+        "{}?wait_replicas=1&wait_timeout=100ms",
+        server.url()
+    ))
+    .await;
+    let err = locks
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("no replica can confirm");
+    assert_eq!(
+        err.kind(),
+        ErrorKind::InsufficientReplicas {
+            confirmed: 0,
+            required: 1
+        },
+        "{err}"
+    );
+    assert_eq!(
+        server.command(&["EXISTS", &name]).unwrap().as_int(),
+        Some(0)
+    );
+}
+
+/// The pub/sub connection is killed while a distlock waits: the hub reconnects and resubscribes, and
+/// the waiter still wakes on the next release (well before the holder's 30 s lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubsub_reconnect_still_wakes_fault() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("pubsub");
+    let holder = locks(&server.url()).await;
+    let waiting = locks(&server.url()).await;
+    let guard = holder
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let lock = waiting.lock(&name).unwrap();
+    let waiter = tokio::spawn(async move {
+        lock.options()
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .map(|g| (g, lock))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed = server
+        .command(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .unwrap()
+        .as_int()
+        .unwrap_or(0);
+    assert!(killed >= 1, "no pub/sub connection to kill");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (got, _lock) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("waiter finished")
+        .unwrap()
+        .expect("acquired");
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "woke {:?} after the release",
+        released.elapsed()
+    );
+    got.release().await.unwrap();
+}
+
+/// `inspect` reports the holder, its remaining lease, the last token, and subscribers as waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reports_holder_and_waiters() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("inspect");
+    let a = locks(&server.url()).await;
+    let b = locks(&server.url()).await;
+    let lock = a.lock(&name).unwrap();
+    let guard = lock.acquire().await.unwrap();
+    let waiter_lock = b.lock(&name).unwrap();
+    let waiter = tokio::spawn(async move {
+        let _ = waiter_lock
+            .options()
+            .wait(Duration::from_secs(2))
+            .acquire()
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let info = a.inspect(&name).await.unwrap();
+    let holder = info.holder.expect("held");
+    assert_eq!(holder.owner.as_deref(), Some(lock.owner()));
+    assert!(holder
+        .remaining_lease
+        .is_some_and(|l| l > Duration::from_secs(20)));
+    assert_eq!(info.last_token, guard.token());
+    assert_eq!(info.waiters, Some(1));
+    guard.release().await.unwrap();
+    waiter.await.unwrap();
+}
