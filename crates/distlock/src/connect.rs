@@ -11,10 +11,13 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// |---|---|
 /// | `memory` | `memory://[namespace]`: a process-global store per namespace |
 /// | `file` | `file:///dir`: flock(2) lock files in `dir` (created if missing) |
+/// | `redis`, `rediss` | `redis://[user:pass@]host:port[/db][?wait_replicas=1&wait_timeout=200ms]`: Redisson-compatible layout |
+/// | `redis+sentinel` | `redis+sentinel://[user:pass@]h:p,h:p/<master name>[/db]`: the master re-resolved on every reconnect |
+/// | `redis+cluster` | `redis+cluster://[user:pass@]h:p,h:p`: slot-aware, sharded pub/sub |
+/// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s]`: Go-compatible `concurrency.Mutex` layout |
 ///
-/// Every URL may carry `?lease=DURATION` (default 30 s), the lease of the locks it hands out.
-/// `redis`, `rediss`, `redis+sentinel`, `redis+cluster`, `redlock`, `etcd`, `etcds`, `zk`, `postgres`
-/// and `mysql` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
+/// Every URL may carry `?lease=DURATION` (default 30 s; for etcd the session TTL), the lease of the
+/// locks it hands out. `redlock`, `zk`, `postgres` and `mysql` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
 /// scheme whose cargo feature is off fails with [`ErrorKind::InvalidConfig`] naming the feature.
 ///
 /// ```
@@ -29,8 +32,9 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// ```
 pub async fn connect(url: &str) -> Result<Locks> {
     let parsed = LockUrl::parse(url)?;
+    let lease = parsed.query_duration("lease")?;
     let mut defaults = LockOptions::default();
-    if let Some(lease) = parsed.query_duration("lease")? {
+    if let Some(lease) = lease {
         defaults = defaults.with_lease(lease);
     }
     defaults.validate()?;
@@ -40,8 +44,9 @@ pub async fn connect(url: &str) -> Result<Locks> {
             defaults,
         )),
         "file" => file(&parsed, defaults),
-        scheme @ ("redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "redlock" | "etcd"
-        | "etcds" | "zk" | "postgres" | "postgresql" | "mysql" | "mariadb") => Err(Error::new(
+        "etcd" | "etcds" => etcd(&parsed, lease).await,
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis(&parsed, defaults).await,
+        scheme @ ("redlock" | "zk" | "postgres" | "postgresql" | "mysql" | "mariadb") => Err(Error::new(
             ErrorKind::Unsupported,
             format!(
                 "the {scheme}:// backend is not part of this version of distlock yet; use file:///dir or memory://"
@@ -70,6 +75,45 @@ fn file(_url: &LockUrl, _defaults: LockOptions) -> Result<Locks> {
     Err(Error::new(
         ErrorKind::InvalidConfig,
         "file:// needs distlock's `file` cargo feature, which is not enabled",
+    ))
+}
+
+#[cfg(feature = "redis")]
+async fn redis(url: &LockUrl, defaults: LockOptions) -> Result<Locks> {
+    Ok(Locks::with_defaults(
+        distlock_redis::connect(url).await?,
+        defaults,
+    ))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis(url: &LockUrl, _defaults: LockOptions) -> Result<Locks> {
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        format!(
+            "{}:// needs distlock's `redis` cargo feature, which is not enabled",
+            url.scheme()
+        ),
+    ))
+}
+
+/// etcd locks default to the session TTL (`?session_ttl=`, 60 s like Go's `concurrency.Session`), so
+/// that a lock without its own lease rides the default session.
+#[cfg(feature = "etcd")]
+async fn etcd(url: &LockUrl, lease: Option<std::time::Duration>) -> Result<Locks> {
+    let backend = distlock_etcd::connect(url).await?;
+    let mut defaults = backend.default_options();
+    if let Some(lease) = lease {
+        defaults = defaults.with_lease(lease);
+    }
+    Ok(Locks::with_defaults(backend, defaults))
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn etcd(_url: &LockUrl, _lease: Option<std::time::Duration>) -> Result<Locks> {
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        "etcd:// needs distlock's `etcd` cargo feature, which is not enabled",
     ))
 }
 

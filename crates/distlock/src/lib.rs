@@ -22,8 +22,8 @@
 //! # }
 //! ```
 //!
-//! Backends compiled in, by cargo feature: `memory` (always), `file` (default). The others (Redis,
-//! Redlock, etcd, ZooKeeper, PostgreSQL, MySQL) are being built; their URL schemes are recognised and
+//! Backends compiled in, by cargo feature: `memory` (always), `file` (default), `redis`, `etcd`. The
+//! others (Redlock, ZooKeeper, PostgreSQL, MySQL) are being built; their URL schemes are recognised and
 //! fail with [`ErrorKind::Unsupported`] until they land.
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
@@ -35,3 +35,11 @@ pub use distlock_core::*;
 /// The embedded file backend.
 #[cfg(feature = "file")]
 pub use distlock_local as file;
+
+/// The Redis backend (standalone, Sentinel, Cluster).
+#[cfg(feature = "redis")]
+pub use distlock_redis as redis;
+
+/// The etcd backend.
+#[cfg(feature = "etcd")]
+pub use distlock_etcd as etcd;
