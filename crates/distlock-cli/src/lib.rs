@@ -1,9 +1,11 @@
 //! The `distlock` command-line tool: `distlock run NAME -- CMD…` runs a command while holding a lock
-//! (like flock(1), across machines); `distlock status NAME` shows who holds it.
+//! (like flock(1), across machines); `distlock status NAME` shows who holds it; `distlock bench`
+//! measures a lock service.
 //!
 //! The binary is a thin `main`; this library holds the command so its pieces (the exit-code table,
 //! argument parsing) can be tested and shown in `--help` from one place.
 
+pub mod bench;
 pub mod child;
 pub mod cli;
 pub mod exit;
@@ -18,11 +20,13 @@ pub fn main_exit_code() -> i32 {
         Err(code) => return code,
     };
     // One thread is plenty: the work is waiting. Children are forked from a dedicated thread anyway
-    // (see `child`), so the runtime's flavour does not matter for their parent-death signal.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // (see `child`), so the runtime's flavour does not matter for their parent-death signal. The
+    // benchmark gets the runtime shape its peers were measured with.
+    let mut builder = match cli.command {
+        cli::Command::Bench(_) => bench::runtime_builder(),
+        _ => tokio::runtime::Builder::new_current_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             exit::report(format_args!("cannot start the async runtime: {e}"));
@@ -33,6 +37,7 @@ pub fn main_exit_code() -> i32 {
         match cli.command {
             cli::Command::Run(args) => run::run(args).await,
             cli::Command::Status(args) => status::status(args).await,
+            cli::Command::Bench(args) => bench::bench(args).await,
         }
     });
     // Nothing is left to finish (the lock was released explicitly); do not wait for stray blocking

@@ -1,0 +1,374 @@
+//! The measuring loops, generic over what one cycle is: distlock's `Lock`, a bare engine client, or a
+//! round-trip probe.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::stats::Recorder;
+use crate::exit::{Code, Failure};
+
+/// One way to take and give back a lock.
+pub trait Cycler: Send + Sync + 'static {
+    /// Proof of holding, handed back to [`release`](Self::release).
+    type Held: Send + 'static;
+
+    /// Acquires, waiting at most `wait`; `Ok(None)` when the wait ran out.
+    fn acquire(
+        &self,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Option<Self::Held>, Failure>> + Send;
+
+    fn release(&self, held: Self::Held) -> impl Future<Output = Result<(), Failure>> + Send;
+}
+
+/// How long an uncontended acquire may wait before the run is declared broken (someone else holds
+/// a name that should be this run's alone).
+const UNCONTENDED_WAIT: Duration = Duration::from_secs(10);
+
+/// How long past the end of a contended run a waiter keeps waiting: a fair queue drains in a few
+/// holds, so a waiter still queued after this is stuck, and is counted as having given up.
+const CONTENDED_GRACE: Duration = Duration::from_secs(10);
+
+/// Lets each task say it has warmed up, then waits for the common start.
+pub struct Starter {
+    ready: mpsc::Sender<()>,
+    go: watch::Receiver<Option<Instant>>,
+}
+
+impl Starter {
+    /// Reports this task ready and returns the start instant, once every task is ready.
+    pub async fn ready(mut self) -> Result<Instant, Failure> {
+        let stopped = || Failure::new(Code::Unavailable, "internal error: the benchmark stopped");
+        self.ready.send(()).await.map_err(|_| stopped())?;
+        let start = *self
+            .go
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| stopped())?;
+        start.ok_or_else(stopped)
+    }
+}
+
+/// Spawns `n` tasks, starts them together once all have warmed up (a barrier, as in the peers'
+/// measurements), and collects their results; the first failure ends the run (the other tasks are
+/// aborted when the set is dropped).
+pub async fn run_tasks<T, F, Fut>(n: usize, mut body: F) -> Result<(Instant, Vec<T>), Failure>
+where
+    T: Send + 'static,
+    F: FnMut(usize, Starter) -> Fut,
+    Fut: Future<Output = Result<T, Failure>> + Send + 'static,
+{
+    let (ready_tx, mut ready_rx) = mpsc::channel(n.max(1));
+    let (go_tx, go_rx) = watch::channel(None);
+    let mut set = JoinSet::new();
+    for i in 0..n {
+        let starter = Starter {
+            ready: ready_tx.clone(),
+            go: go_rx.clone(),
+        };
+        let task = body(i, starter);
+        set.spawn(async move { (i, task.await) });
+    }
+    drop(ready_tx);
+    let mut ready = 0;
+    while ready < n {
+        tokio::select! {
+            Some(()) = ready_rx.recv() => ready += 1,
+            // A task that ends before the start failed while warming up.
+            joined = set.join_next() => return Err(joined_failure(joined)),
+        }
+    }
+    let start = Instant::now();
+    let _ = go_tx.send(Some(start));
+    let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok((i, Ok(result))) => results[i] = Some(result),
+            other => return Err(joined_failure(Some(other))),
+        }
+    }
+    Ok((start, results.into_iter().flatten().collect()))
+}
+
+type Joined<T> = Result<(usize, Result<T, Failure>), tokio::task::JoinError>;
+
+fn joined_failure<T>(joined: Option<Joined<T>>) -> Failure {
+    match joined {
+        Some(Ok((_, Err(failure)))) => failure,
+        Some(Err(e)) => Failure::new(
+            Code::Unavailable,
+            format!("internal error: a benchmark task failed: {e}"),
+        ),
+        Some(Ok((_, Ok(_)))) | None => Failure::new(
+            Code::Unavailable,
+            "internal error: a benchmark task ended early",
+        ),
+    }
+}
+
+/// The result of a cycles run: every task acquires and releases its own name as fast as it can.
+#[derive(Debug)]
+pub struct Cycles {
+    pub tasks: usize,
+    pub cycles: u64,
+    pub elapsed: Duration,
+    /// Acquire + release, per cycle.
+    pub latency: Recorder,
+}
+
+impl Cycles {
+    pub fn per_second(&self) -> f64 {
+        per_second(self.cycles, self.elapsed)
+    }
+}
+
+pub fn per_second(count: u64, elapsed: Duration) -> f64 {
+    if elapsed.is_zero() {
+        0.0
+    } else {
+        count as f64 / elapsed.as_secs_f64()
+    }
+}
+
+/// Runs acquire + release cycles on each client concurrently: `warmup` cycles each (bounded by a
+/// tenth of `duration`), then cycles for `duration` from a common start. The elapsed time runs from
+/// the start until the last task finished its last cycle.
+pub async fn run_cycles<C: Cycler>(
+    clients: Vec<C>,
+    warmup: usize,
+    duration: Duration,
+) -> Result<Cycles, Failure> {
+    let tasks = clients.len();
+    let mut clients: Vec<Option<C>> = clients.into_iter().map(Some).collect();
+    let (start, results) = run_tasks(tasks, |i, starter| {
+        let client = clients[i].take();
+        async move {
+            let client = client.ok_or_else(|| {
+                Failure::new(Code::Unavailable, "internal error: no client for a task")
+            })?;
+            let warm_until = Instant::now() + duration / 10;
+            for _ in 0..warmup {
+                if Instant::now() >= warm_until {
+                    break;
+                }
+                cycle(&client).await?;
+            }
+            let start = starter.ready().await?;
+            let deadline = start + duration;
+            let mut latency = Recorder::new();
+            let mut cycles = 0u64;
+            loop {
+                let began = Instant::now();
+                if began >= deadline {
+                    break;
+                }
+                cycle(&client).await?;
+                latency.record(began.elapsed());
+                cycles += 1;
+            }
+            Ok((cycles, latency, Instant::now()))
+        }
+    })
+    .await?;
+    let mut latency = Recorder::new();
+    let mut cycles = 0;
+    let mut end = start;
+    for (n, recorder, finished) in &results {
+        cycles += n;
+        latency.merge(recorder);
+        end = end.max(*finished);
+    }
+    Ok(Cycles {
+        tasks,
+        cycles,
+        elapsed: end.duration_since(start),
+        latency,
+    })
+}
+
+async fn cycle<C: Cycler>(client: &C) -> Result<(), Failure> {
+    match client.acquire(UNCONTENDED_WAIT).await? {
+        Some(held) => client.release(held).await,
+        None => Err(Failure::new(
+            Code::Unavailable,
+            format!(
+                "an uncontended acquire waited {}s: is another process using the benchmark's names?",
+                UNCONTENDED_WAIT.as_secs()
+            ),
+        )),
+    }
+}
+
+/// One acquisition of the contended run.
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    task: usize,
+    requested: Instant,
+    acquired: Instant,
+    released: Instant,
+}
+
+/// The result of a contended run: every task on the same name.
+#[derive(Debug)]
+pub struct Contended {
+    pub acquisitions: u64,
+    pub elapsed: Duration,
+    /// Release called → the next acquire returned, over all consecutive acquisitions.
+    pub handoff: Recorder,
+    /// The same, only where the next holder is another task (the real wake-up latency).
+    pub to_other: Recorder,
+    /// Acquire called → returned.
+    pub wait: Recorder,
+    pub mean_hold: Duration,
+    pub per_task: Vec<u64>,
+    /// Consecutive acquisitions by the same task.
+    pub same_holder: u64,
+    /// Consecutive acquisitions in all (acquisitions − 1).
+    pub pairs: u64,
+    /// Acquisitions that began before the previous holder released: mutual exclusion broken.
+    pub overlaps: u64,
+    /// Waits that ran out ([`CONTENDED_GRACE`] past the end).
+    pub gave_up: u64,
+}
+
+impl Contended {
+    pub fn per_second(&self) -> f64 {
+        per_second(self.acquisitions, self.elapsed)
+    }
+}
+
+/// Each client takes the (same) lock, holds it for `hold` (a thread sleep inside `block_in_place`, as
+/// the peers' measurements hold), releases it and asks again at once, for `duration`.
+pub async fn run_contended<C: Cycler>(
+    clients: Vec<C>,
+    hold: Duration,
+    duration: Duration,
+) -> Result<Contended, Failure> {
+    let tasks = clients.len();
+    let mut clients: Vec<Option<C>> = clients.into_iter().map(Some).collect();
+    let (start, results) = run_tasks(tasks, |task, starter| {
+        let client = clients[task].take();
+        async move {
+            let client = client.ok_or_else(|| {
+                Failure::new(Code::Unavailable, "internal error: no client for a task")
+            })?;
+            let start = starter.ready().await?;
+            let deadline = start + duration;
+            let mut events = Vec::new();
+            let mut gave_up = 0u64;
+            loop {
+                let requested = Instant::now();
+                if requested >= deadline {
+                    break;
+                }
+                let wait = deadline.duration_since(requested) + CONTENDED_GRACE;
+                let Some(held) = client.acquire(wait).await? else {
+                    gave_up += 1;
+                    break;
+                };
+                let acquired = Instant::now();
+                if !hold.is_zero() {
+                    tokio::task::block_in_place(|| std::thread::sleep(hold));
+                }
+                let released = Instant::now();
+                client.release(held).await?;
+                events.push(Event {
+                    task,
+                    requested,
+                    acquired,
+                    released,
+                });
+            }
+            Ok((events, gave_up, Instant::now()))
+        }
+    })
+    .await?;
+
+    let mut events = Vec::new();
+    let mut gave_up = 0;
+    let mut end = start;
+    for (task_events, task_gave_up, finished) in results {
+        events.extend(task_events);
+        gave_up += task_gave_up;
+        end = end.max(finished);
+    }
+    Ok(analyse(events, tasks, gave_up, end.duration_since(start)))
+}
+
+fn analyse(mut events: Vec<Event>, tasks: usize, gave_up: u64, elapsed: Duration) -> Contended {
+    events.sort_by_key(|e| e.acquired);
+    let mut per_task = vec![0u64; tasks];
+    let mut wait = Recorder::new();
+    let mut held = Duration::ZERO;
+    for e in &events {
+        if let Some(count) = per_task.get_mut(e.task) {
+            *count += 1;
+        }
+        wait.record(e.acquired.duration_since(e.requested));
+        held += e.released.duration_since(e.acquired);
+    }
+    let mut handoff = Recorder::new();
+    let mut to_other = Recorder::new();
+    let (mut same_holder, mut overlaps) = (0, 0);
+    for pair in events.windows(2) {
+        let (prev, next) = (pair[0], pair[1]);
+        let Some(gap) = next.acquired.checked_duration_since(prev.released) else {
+            overlaps += 1;
+            continue;
+        };
+        handoff.record(gap);
+        if next.task == prev.task {
+            same_holder += 1;
+        } else {
+            to_other.record(gap);
+        }
+    }
+    let acquisitions = events.len() as u64;
+    Contended {
+        acquisitions,
+        elapsed,
+        handoff,
+        to_other,
+        wait,
+        mean_hold: if events.is_empty() {
+            Duration::ZERO
+        } else {
+            held / u32::try_from(events.len()).unwrap_or(u32::MAX)
+        },
+        per_task,
+        same_holder,
+        pairs: acquisitions.saturating_sub(1),
+        overlaps,
+        gave_up,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handoffs_are_counted_by_holder() {
+        let t0 = Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        let ev = |task, acquired, released| Event {
+            task,
+            requested: at(0),
+            acquired: at(acquired),
+            released: at(released),
+        };
+        // Task 0, then 0 again, then 1, then 0 overlapping 1's hold.
+        let events = vec![ev(0, 10, 20), ev(0, 25, 30), ev(1, 40, 50), ev(0, 45, 60)];
+        let c = analyse(events, 2, 0, Duration::from_millis(1));
+        assert_eq!(c.acquisitions, 4);
+        assert_eq!(c.pairs, 3);
+        assert_eq!(c.same_holder, 1);
+        assert_eq!(c.overlaps, 1);
+        assert_eq!(c.per_task, [3, 1]);
+        assert_eq!(c.handoff.len(), 2);
+        assert_eq!(c.to_other.len(), 1);
+    }
+}

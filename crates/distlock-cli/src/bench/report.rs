@@ -1,0 +1,531 @@
+//! What `distlock bench` reports: one structure, printed as text for people or as JSON for scripts.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::harness::{Contended, Cycles};
+use super::stats::{fmt_count, fmt_us, round2, Latency};
+
+/// The whole run.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// The lock URL, password redacted.
+    pub url: String,
+    /// distlock's backend (`redis`, `file`, …), or the URL's scheme with `--baseline-only`.
+    pub backend: String,
+    pub duration_s: f64,
+    pub runtime_workers: usize,
+    pub round_trip: RoundTrip,
+    pub uncontended: Option<Uncontended>,
+    pub many: Option<Many>,
+    pub contended: Option<ContendedSection>,
+    /// The issues' targets where they apply, computed from this run; never asserted.
+    pub targets: Vec<Target>,
+}
+
+/// The engine's own round trip, measured in the same run; every ratio divides by `reference`'s mean.
+#[derive(Debug, Serialize)]
+pub struct RoundTrip {
+    pub reference: Option<Probe>,
+    /// Further probes (etcd: the range beside the put).
+    pub others: Vec<Probe>,
+    /// Why there is no reference: "no engine round trip" (memory, file) or what was not measured.
+    pub note: Option<String>,
+}
+
+impl RoundTrip {
+    fn mean_us(&self) -> Option<f64> {
+        self.reference
+            .as_ref()
+            .map(|p| p.latency.mean_us)
+            .filter(|&m| m > 0.0)
+    }
+}
+
+/// One round-trip probe.
+#[derive(Debug, Serialize)]
+pub struct Probe {
+    pub label: String,
+    pub calls_per_s: f64,
+    pub latency: Latency,
+}
+
+impl Probe {
+    pub fn new(label: impl Into<String>, run: &Cycles) -> Self {
+        Self {
+            label: label.into(),
+            calls_per_s: round2(run.per_second()),
+            latency: run.latency.summary(),
+        }
+    }
+}
+
+/// Figures of a cycles run.
+#[derive(Debug, Serialize)]
+pub struct CycleFigures {
+    pub label: String,
+    pub tasks: usize,
+    pub cycles: u64,
+    pub elapsed_s: f64,
+    pub cycles_per_s: f64,
+    /// One acquire + release, per cycle.
+    pub latency: Latency,
+    /// In round trips; absent when the engine has none.
+    pub in_round_trips: Option<CycleRatios>,
+}
+
+/// A cycles run's figures divided by the mean round trip.
+#[derive(Debug, Serialize)]
+pub struct CycleRatios {
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+    /// 1 / (cycles/s), in round trips: what one cycle costs in aggregate throughput.
+    pub time_per_cycle: f64,
+}
+
+impl CycleFigures {
+    pub fn new(label: impl Into<String>, run: &Cycles, rtt: &RoundTrip) -> Self {
+        let latency = run.latency.summary();
+        let rate = run.per_second();
+        let in_round_trips = rtt.mean_us().map(|rtt| CycleRatios {
+            mean: round2(latency.mean_us / rtt),
+            p50: round2(latency.p50_us / rtt),
+            p99: round2(latency.p99_us / rtt),
+            time_per_cycle: if rate > 0.0 {
+                round2(1e6 / rate / rtt)
+            } else {
+                0.0
+            },
+        });
+        Self {
+            label: label.into(),
+            tasks: run.tasks,
+            cycles: run.cycles,
+            elapsed_s: round2(run.elapsed.as_secs_f64()),
+            cycles_per_s: round2(rate),
+            latency,
+            in_round_trips,
+        }
+    }
+}
+
+/// (a) one task, one name.
+#[derive(Debug, Serialize)]
+pub struct Uncontended {
+    pub distlock: Option<CycleFigures>,
+    /// The bare-client loop (Redis), the peer lock (etcd), the flock floor (file).
+    pub baselines: Vec<CycleFigures>,
+}
+
+/// (b) many tasks, each on its own names.
+#[derive(Debug, Serialize)]
+pub struct Many {
+    pub tasks: usize,
+    /// All tasks share one `Locks` (one multiplexed connection where the engine has one).
+    pub shared: Option<CycleFigures>,
+    /// One `Locks` per task (`connect` per task).
+    pub per_task: Option<CycleFigures>,
+    pub baselines: Vec<CycleFigures>,
+}
+
+/// (c) many tasks on one name.
+#[derive(Debug, Serialize)]
+pub struct ContendedSection {
+    pub tasks: usize,
+    pub hold_us: f64,
+    pub distlock: Option<ContendedFigures>,
+    pub baselines: Vec<ContendedFigures>,
+}
+
+/// Figures of a contended run.
+#[derive(Debug, Serialize)]
+pub struct ContendedFigures {
+    pub label: String,
+    pub acquisitions: u64,
+    pub elapsed_s: f64,
+    pub acquisitions_per_s: f64,
+    pub mean_hold_us: f64,
+    /// 1 / mean hold: the rate with zero-cost handoffs.
+    pub ceiling_per_s: f64,
+    /// Release called → next acquire returned, over all consecutive acquisitions.
+    pub handoff: Latency,
+    /// The same where the next holder is another task.
+    pub handoff_to_other: Latency,
+    /// Acquire called → returned.
+    pub wait: Latency,
+    pub per_task_min: u64,
+    pub per_task_max: u64,
+    /// min / max acquisitions per task, in [0, 1]: 1 is perfectly even.
+    pub fairness_min_max: f64,
+    /// Share of acquisitions that went straight back to the task that had just released, in [0, 1].
+    pub same_holder_share: f64,
+    /// Acquisitions that returned before the previous holder released: mutual exclusion broken.
+    pub overlaps: u64,
+    /// Waits that ran out long after the end of the run (stuck waiters).
+    pub gave_up: u64,
+    pub in_round_trips: Option<ContendedRatios>,
+}
+
+/// A contended run's latencies divided by the mean round trip.
+#[derive(Debug, Serialize)]
+pub struct ContendedRatios {
+    pub handoff_p50: f64,
+    pub handoff_p99: f64,
+    pub to_other_p50: f64,
+    pub to_other_p99: f64,
+    /// (1 / acquisitions/s − mean hold): the dead time each acquisition costs.
+    pub dead_time_per_acquisition: f64,
+}
+
+impl ContendedFigures {
+    pub fn new(label: impl Into<String>, run: &Contended, rtt: &RoundTrip) -> Self {
+        let rate = run.per_second();
+        let hold_us = run.mean_hold.as_secs_f64() * 1e6;
+        let handoff = run.handoff.summary();
+        let handoff_to_other = run.to_other.summary();
+        let min = run.per_task.iter().copied().min().unwrap_or(0);
+        let max = run.per_task.iter().copied().max().unwrap_or(0);
+        let in_round_trips = rtt.mean_us().map(|rtt| ContendedRatios {
+            handoff_p50: round2(handoff.p50_us / rtt),
+            handoff_p99: round2(handoff.p99_us / rtt),
+            to_other_p50: round2(handoff_to_other.p50_us / rtt),
+            to_other_p99: round2(handoff_to_other.p99_us / rtt),
+            dead_time_per_acquisition: if rate > 0.0 {
+                round2((1e6 / rate - hold_us).max(0.0) / rtt)
+            } else {
+                0.0
+            },
+        });
+        Self {
+            label: label.into(),
+            acquisitions: run.acquisitions,
+            elapsed_s: round2(run.elapsed.as_secs_f64()),
+            acquisitions_per_s: round2(rate),
+            mean_hold_us: round2(hold_us),
+            ceiling_per_s: if hold_us > 0.0 {
+                round2(1e6 / hold_us)
+            } else {
+                0.0
+            },
+            handoff,
+            handoff_to_other,
+            wait: run.wait.summary(),
+            per_task_min: min,
+            per_task_max: max,
+            fairness_min_max: if max > 0 {
+                round2(min as f64 / max as f64)
+            } else {
+                0.0
+            },
+            same_holder_share: if run.pairs > 0 {
+                round2(run.same_holder as f64 / run.pairs as f64)
+            } else {
+                0.0
+            },
+            overlaps: run.overlaps,
+            gave_up: run.gave_up,
+            in_round_trips,
+        }
+    }
+}
+
+/// A target from the issues, checked against this run.
+#[derive(Debug, Serialize)]
+pub struct Target {
+    pub what: String,
+    pub value: f64,
+    /// `value <= limit` (`at_most`) or `value >= limit`.
+    pub limit: f64,
+    pub at_most: bool,
+    pub met: bool,
+}
+
+impl Target {
+    pub fn at_most(what: impl Into<String>, value: f64, limit: f64) -> Self {
+        Self {
+            what: what.into(),
+            value: round2(value),
+            limit,
+            at_most: true,
+            met: value <= limit,
+        }
+    }
+
+    pub fn at_least(what: impl Into<String>, value: f64, limit: f64) -> Self {
+        Self {
+            what: what.into(),
+            value: round2(value),
+            limit,
+            at_most: false,
+            met: value >= limit,
+        }
+    }
+}
+
+// --- text ------------------------------------------------------------------------------------------
+
+const BAR_WIDTH: f64 = 40.0;
+
+/// The report as text.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let o = &mut out;
+    let _ = writeln!(
+        o,
+        "distlock bench: {} (backend {}), {} per measurement, tokio multi-thread runtime with {} workers",
+        report.url,
+        report.backend,
+        fmt_us(report.duration_s * 1e6),
+        report.runtime_workers
+    );
+    let rtt = &report.round_trip;
+    match &rtt.reference {
+        Some(probe) => {
+            let _ = writeln!(
+                o,
+                "engine round trip (ratios below are to its mean, as ×RTT):"
+            );
+            for p in std::iter::once(probe).chain(&rtt.others) {
+                let l = &p.latency;
+                let _ = writeln!(
+                    o,
+                    "  {:<44} mean {:>9}  p50 {:>9}  p99 {:>9}  {:>9}/s",
+                    p.label,
+                    fmt_us(l.mean_us),
+                    fmt_us(l.p50_us),
+                    fmt_us(l.p99_us),
+                    fmt_count(p.calls_per_s)
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(
+                o,
+                "engine round trip: {}",
+                rtt.note.as_deref().unwrap_or("none")
+            );
+        }
+    }
+    let has_rtt = rtt.reference.is_some();
+
+    if let Some(a) = &report.uncontended {
+        let _ = writeln!(o, "\n(a) uncontended: 1 task, one name, acquire + release");
+        cycle_table(o, a.distlock.iter().chain(&a.baselines), has_rtt);
+        if let (Some(d), Some(b)) = (&a.distlock, a.baselines.first()) {
+            if b.latency.mean_us > 0.0 {
+                let _ = writeln!(
+                    o,
+                    "  distlock's mean cycle = {:.2}× {}'s",
+                    d.latency.mean_us / b.latency.mean_us,
+                    b.label
+                );
+            }
+        }
+        for f in a.distlock.iter().chain(&a.baselines) {
+            histogram(o, &format!("{} cycle", f.label), &f.latency);
+        }
+    }
+
+    if let Some(b) = &report.many {
+        let _ = writeln!(
+            o,
+            "\n(b) many names: {} tasks, each on its own name",
+            b.tasks
+        );
+        cycle_table(
+            o,
+            b.shared.iter().chain(&b.per_task).chain(&b.baselines),
+            has_rtt,
+        );
+        if let Some(base) = b.baselines.first().filter(|f| f.cycles_per_s > 0.0) {
+            for f in b.shared.iter().chain(&b.per_task) {
+                let _ = writeln!(
+                    o,
+                    "  {}: {:.2}× {}'s cycles/s",
+                    f.label,
+                    f.cycles_per_s / base.cycles_per_s,
+                    base.label
+                );
+            }
+        }
+        for f in b.shared.iter().chain(&b.per_task) {
+            histogram(o, &format!("{} cycle", f.label), &f.latency);
+        }
+    }
+
+    if let Some(c) = &report.contended {
+        let _ = writeln!(
+            o,
+            "\n(c) contended: {} tasks, one name, hold {} (thread sleep)",
+            c.tasks,
+            fmt_us(c.hold_us)
+        );
+        for f in c.distlock.iter().chain(&c.baselines) {
+            contended(o, f);
+        }
+    }
+
+    if !report.targets.is_empty() {
+        let _ = writeln!(o, "\ntargets (from the issues; measured, never asserted):");
+        for t in &report.targets {
+            let _ = writeln!(
+                o,
+                "  {:<62} {:>8.2} {} {:<6} {}",
+                t.what,
+                t.value,
+                if t.at_most { "≤" } else { "≥" },
+                t.limit,
+                if t.met { "met" } else { "MISSED" }
+            );
+        }
+    }
+    out
+}
+
+fn cycle_table<'a>(o: &mut String, rows: impl Iterator<Item = &'a CycleFigures>, has_rtt: bool) {
+    let rows: Vec<&CycleFigures> = rows.collect();
+    let width = rows
+        .iter()
+        .map(|f| f.label.chars().count())
+        .max()
+        .unwrap_or(0);
+    let _ = writeln!(
+        o,
+        "  {:<width$} {:>10} {:>9} {:>9} {:>9}  {}",
+        "",
+        "cycles/s",
+        "mean",
+        "p50",
+        "p99",
+        if has_rtt {
+            "×RTT mean / p50 / p99 / per cycle"
+        } else {
+            ""
+        }
+    );
+    for f in rows {
+        let l = &f.latency;
+        let ratios = match &f.in_round_trips {
+            Some(r) => format!(
+                "{:.2} / {:.2} / {:.2} / {:.2}",
+                r.mean, r.p50, r.p99, r.time_per_cycle
+            ),
+            None => "no engine round trip".to_string(),
+        };
+        let _ = writeln!(
+            o,
+            "  {:<width$} {:>10} {:>9} {:>9} {:>9}  {}",
+            f.label,
+            fmt_count(f.cycles_per_s),
+            fmt_us(l.mean_us),
+            fmt_us(l.p50_us),
+            fmt_us(l.p99_us),
+            ratios
+        );
+    }
+}
+
+fn contended(o: &mut String, f: &ContendedFigures) {
+    let _ = writeln!(
+        o,
+        "  {}: {} acquisitions/s ({} in {:.2} s; ceiling 1 / mean hold {} = {}/s)",
+        f.label,
+        fmt_count(f.acquisitions_per_s),
+        fmt_count(f.acquisitions as f64),
+        f.elapsed_s,
+        fmt_us(f.mean_hold_us),
+        fmt_count(f.ceiling_per_s)
+    );
+    let r = f.in_round_trips.as_ref();
+    let line = |o: &mut String, what: &str, l: &Latency, p50: Option<f64>, p99: Option<f64>| {
+        let ratios = match (p50, p99) {
+            (Some(a), Some(b)) => format!("  = {a:.2} / {b:.2} ×RTT"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            o,
+            "    {:<40} n {:>7}  p50 {:>9}  p99 {:>9}  mean {:>9}{}",
+            what,
+            fmt_count(l.n as f64),
+            fmt_us(l.p50_us),
+            fmt_us(l.p99_us),
+            fmt_us(l.mean_us),
+            ratios
+        );
+    };
+    line(
+        o,
+        "handoff (release → next grant)",
+        &f.handoff,
+        r.map(|r| r.handoff_p50),
+        r.map(|r| r.handoff_p99),
+    );
+    line(
+        o,
+        "handoff to another task",
+        &f.handoff_to_other,
+        r.map(|r| r.to_other_p50),
+        r.map(|r| r.to_other_p99),
+    );
+    line(o, "wait (acquire called → returned)", &f.wait, None, None);
+    let _ = writeln!(
+        o,
+        "    fairness min/max per task {}/{} = {:.2}; same-holder share {:.2}; overlaps {}; gave up {}",
+        f.per_task_min,
+        f.per_task_max,
+        f.fairness_min_max,
+        f.same_holder_share,
+        f.overlaps,
+        f.gave_up
+    );
+    match r {
+        Some(r) => {
+            let _ = writeln!(
+                o,
+                "    dead time per acquisition (1 / rate − hold) = {:.2} ×RTT",
+                r.dead_time_per_acquisition
+            );
+        }
+        None => {
+            let _ = writeln!(o, "    (no engine round trip: absolute figures only)");
+        }
+    }
+    histogram(o, &format!("{} handoff", f.label), &f.handoff);
+}
+
+/// A text histogram: one bar per 1-2-5 bucket.
+fn histogram(o: &mut String, title: &str, l: &Latency) {
+    if l.histogram.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "  {title} latency:");
+    let peak = l
+        .histogram
+        .iter()
+        .map(|b| b.count)
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let total = l.n.max(1) as f64;
+    for b in &l.histogram {
+        let range = match b.to_us {
+            Some(to) => format!("{} – {}", fmt_us(b.from_us), fmt_us(to)),
+            None => format!("≥ {}", fmt_us(b.from_us)),
+        };
+        let width = if b.count == 0 {
+            0
+        } else {
+            ((b.count as f64 / peak * BAR_WIDTH).ceil() as usize).max(1)
+        };
+        let _ = writeln!(
+            o,
+            "    {:>21} {:<40} {:>9} {:>6.2}%",
+            range,
+            "#".repeat(width),
+            fmt_count(b.count as f64),
+            b.count as f64 / total * 100.0
+        );
+    }
+}
