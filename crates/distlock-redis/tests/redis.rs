@@ -326,6 +326,7 @@ async fn restart_without_persistence_loses_guard_fault() {
     // And the lock is free for the next holder (once the lost guard is gone: it keeps its place in
     // this process's same-name queue until dropped).
     drop(guard);
+    locks.close().await; // the dropped guard's release runs in the background
     let next = locks.lock(&name).unwrap().try_acquire().await.unwrap();
     assert!(next.is_some());
 }

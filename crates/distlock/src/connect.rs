@@ -78,12 +78,20 @@ fn file(_url: &LockUrl, _defaults: LockOptions) -> Result<Locks> {
     ))
 }
 
+/// Erases a driver's connect future. Its type is deep enough (tonic, redis-rs) that checking auto traits
+/// of `connect`'s future overflowed the compiler's query depth in callers' crates once several backends
+/// were compiled in.
+#[cfg(any(feature = "redis", feature = "etcd"))]
+fn erased<'a, T>(
+    future: impl std::future::Future<Output = T> + Send + 'a,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>> {
+    Box::pin(future)
+}
+
 #[cfg(feature = "redis")]
 async fn redis(url: &LockUrl, defaults: LockOptions) -> Result<Locks> {
-    Ok(Locks::with_defaults(
-        distlock_redis::connect(url).await?,
-        defaults,
-    ))
+    let backend = erased(distlock_redis::connect(url)).await?;
+    Ok(Locks::with_defaults(backend, defaults))
 }
 
 #[cfg(not(feature = "redis"))]
@@ -101,7 +109,7 @@ async fn redis(url: &LockUrl, _defaults: LockOptions) -> Result<Locks> {
 /// that a lock without its own lease rides the default session.
 #[cfg(feature = "etcd")]
 async fn etcd(url: &LockUrl, lease: Option<std::time::Duration>) -> Result<Locks> {
-    let backend = distlock_etcd::connect(url).await?;
+    let backend = erased(distlock_etcd::connect(url)).await?;
     let mut defaults = backend.default_options();
     if let Some(lease) = lease {
         defaults = defaults.with_lease(lease);
