@@ -479,22 +479,20 @@ impl LockGuard {
     /// this owner's.
     ///
     /// # Cancel safety
-    /// Cancel safe: the release runs as a task of its own and completes even if this future is dropped.
+    /// Cancel safe: if this future is dropped before the release is confirmed, the release is started
+    /// again in the background (it is owner-guarded, so repeating it never touches another holder).
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
         let Some(holding) = self.leave() else {
             return Ok(());
         };
-        let locks = holding.shared.locks.clone();
-        match locks.spawn_background(holding.clone().finish()) {
-            Some(task) => task.await.unwrap_or_else(|e| {
-                Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!("the release task failed: {e}"),
-                ))
-            }),
-            None => holding.finish().await,
-        }
+        // Inline: a task of its own would cost a cross-thread hand-off on every release. If this future
+        // is dropped before the outcome is known, the release starts again in the background; it is
+        // owner-guarded and safe to repeat.
+        let mut unfinished = RestartOnDrop(Some(holding.clone()));
+        let outcome = holding.finish().await;
+        unfinished.0 = None;
+        outcome
     }
 
     /// Drops this guard's share of the hold; returns the hold if this was the last guard.
@@ -510,6 +508,23 @@ impl LockGuard {
                 None
             }
             _ => None,
+        }
+    }
+}
+
+/// Restarts an interrupted release in the background.
+struct RestartOnDrop(Option<Arc<Holding>>);
+
+impl Drop for RestartOnDrop {
+    fn drop(&mut self) {
+        if let Some(holding) = self.0.take() {
+            let name = holding.shared.name.clone();
+            let locks = holding.shared.locks.clone();
+            locks.spawn_background(async move {
+                if let Err(error) = holding.finish().await {
+                    tracing::warn!(lock = %name, %error, "release restarted after cancellation failed");
+                }
+            });
         }
     }
 }

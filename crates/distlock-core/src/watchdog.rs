@@ -25,15 +25,30 @@ pub(crate) struct Watchdog {
 struct Registry {
     holds: Vec<Weak<Holding>>,
     running: bool,
+    /// When the running task will next look at the holds, so a new hold wakes it only if it needs an
+    /// earlier look (a grant on every cycle would otherwise cost a cross-thread wake-up each).
+    wake_at: Option<Instant>,
+    /// Holds released since the task last looked are dropped from the list when it grows past this.
+    prune_at: usize,
 }
 
 impl Watchdog {
     pub(crate) fn register(self: &Arc<Self>, holding: &Arc<Holding>, locks: &LocksInner) {
         let mut registry = lock(&self.state);
+        if registry.holds.len() >= registry.prune_at {
+            registry.holds.retain(|weak| weak.strong_count() > 0);
+            registry.prune_at = (registry.holds.len() * 2).max(64);
+        }
         registry.holds.push(Arc::downgrade(holding));
         if registry.running {
+            let sooner = match (holding.next_event(), registry.wake_at) {
+                (Some(event), Some(wake_at)) => event < wake_at,
+                _ => true,
+            };
             drop(registry);
-            self.wake.notify_one();
+            if sooner {
+                self.wake.notify_one();
+            }
             return;
         }
         let Some(runtime) = locks.runtime() else {
@@ -58,6 +73,7 @@ impl Watchdog {
                     registry.running = false;
                     return;
                 }
+                registry.prune_at = (registry.holds.len() * 2).max(64);
                 for holding in registry.holds.iter().filter_map(Weak::upgrade) {
                     // Renewals due within an eighth of their period go together.
                     if let Some(ttl) = holding.take_due(now, holding.renew_every / 8) {
@@ -67,6 +83,10 @@ impl Watchdog {
                         next_wake = Some(next_wake.map_or(at, |w| w.min(at)));
                     }
                 }
+                // Set under the same lock as the scan: a hold registered after it compares against
+                // this, one registered before it was scanned. A renewal under way wakes the task when
+                // it completes, so there is no promise to make then.
+                registry.wake_at = if due.is_empty() { next_wake } else { None };
             }
             if !due.is_empty() {
                 tokio::spawn(renew_batch(backend.clone(), due, self.clone()));
