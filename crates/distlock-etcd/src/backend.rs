@@ -211,8 +211,23 @@ impl EtcdBackend {
             }
         };
         // The channel connects lazily: one cheap call proves a member answers (and auth works).
+        // Requests are balanced over the endpoints at random, so with one member down a single call
+        // may land on it: retry (bounded by the timeout) before calling the whole list unreachable.
         let mut maintenance = client.maintenance_client();
-        match tokio::time::timeout(config.timeout, maintenance.status()).await {
+        let started = tokio::time::Instant::now();
+        let mut retries = retries_for(config.endpoints.len()).saturating_sub(1);
+        let status = loop {
+            let left = config.timeout.saturating_sub(started.elapsed());
+            match tokio::time::timeout(left, maintenance.status()).await {
+                Ok(Err(e)) if retries > 0 => {
+                    tracing::debug!(error = %e, retries, "etcd status check failed; retrying");
+                    retries -= 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => break other,
+            }
+        };
+        match status {
             Ok(Ok(_)) => {}
             Ok(Err(source)) => {
                 return Err(EtcdError::Connect {
@@ -312,9 +327,11 @@ impl EtcdBackend {
         let timeout = self.inner.config.timeout;
         let started = tokio::time::Instant::now();
         let mut kv = self.inner.client.kv_client();
-        // Every txn here is idempotent (compare-guarded), so one retry is safe: it rides over a
-        // connection that broke since the last request, or fails over to another endpoint.
-        let mut retried = false;
+        // Every txn here is idempotent (compare-guarded), so retrying is safe: it rides over a
+        // connection that broke since the last request, or fails over to another endpoint. etcd-client
+        // balances requests over all endpoints at random and a dead member's connection fails each
+        // request sent to it, so with several endpoints a few retries are needed to find a live one.
+        let mut retries = self.retries();
         loop {
             let left = timeout.saturating_sub(started.elapsed());
             match tokio::time::timeout(left, kv.txn(txn.clone())).await {
@@ -326,19 +343,25 @@ impl EtcdBackend {
                 }
                 Ok(Ok(resp)) => return Ok(resp),
                 Ok(Err(e))
-                    if !retried
+                    if retries > 0
                         && !matches!(
                             crate::error::kind_of(&e),
                             distlock_core::ErrorKind::PermissionDenied
                         ) =>
                 {
-                    tracing::debug!(action, error = %e, "etcd request failed; retrying once");
-                    retried = true;
+                    tracing::debug!(action, error = %e, retries, "etcd request failed; retrying");
+                    retries -= 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Ok(Err(e)) => return Err(EtcdError::rpc(action)(e)),
             }
         }
+    }
+
+    /// How many times an idempotent request is retried: once with one endpoint, and with several
+    /// enough that a random pick among them meets a live one with near certainty while a member is down.
+    fn retries(&self) -> usize {
+        retries_for(self.inner.config.endpoints.len())
     }
 
     async fn get(
@@ -347,14 +370,34 @@ impl EtcdBackend {
         (key, options): (String, etcd_client::GetOptions),
     ) -> std::result::Result<GetResponse, EtcdError> {
         let timeout = self.inner.config.timeout;
+        let started = tokio::time::Instant::now();
         let mut kv = self.inner.client.kv_client();
-        tokio::time::timeout(timeout, kv.get(key, Some(options)))
-            .await
-            .map_err(|_| EtcdError::Timeout {
-                action,
-                after: timeout,
-            })?
-            .map_err(EtcdError::rpc(action))
+        // A read is idempotent: retried as a txn is (see there).
+        let mut retries = self.retries();
+        loop {
+            let left = timeout.saturating_sub(started.elapsed());
+            match tokio::time::timeout(left, kv.get(key.clone(), Some(options.clone()))).await {
+                Err(_) => {
+                    return Err(EtcdError::Timeout {
+                        action,
+                        after: timeout,
+                    })
+                }
+                Ok(Ok(resp)) => return Ok(resp),
+                Ok(Err(e))
+                    if retries > 0
+                        && !matches!(
+                            crate::error::kind_of(&e),
+                            distlock_core::ErrorKind::PermissionDenied
+                        ) =>
+                {
+                    tracing::debug!(action, error = %e, retries, "etcd read failed; retrying");
+                    retries -= 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(Err(e)) => return Err(EtcdError::rpc(action)(e)),
+            }
+        }
     }
 
     /// Deletes a key by key + create_revision, with a few retries: a queued key left behind on a live
@@ -468,6 +511,12 @@ async fn expiry_timer(
             .into(),
     ));
     backend.delete_own(&key, Some(rev), 0).await;
+}
+
+/// Retries of an idempotent request over `endpoints` endpoints: 1 for one, 4 per endpoint beyond it
+/// (with one of three members dead, ten picks all landing on it is a ~1-in-60 000 event).
+fn retries_for(endpoints: usize) -> usize {
+    1 + 4 * endpoints.saturating_sub(1)
 }
 
 fn get_of(op: Option<&TxnOpResponse>) -> std::result::Result<&GetResponse, EtcdError> {

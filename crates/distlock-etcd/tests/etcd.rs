@@ -284,3 +284,45 @@ async fn inspect_shows_holder_token_and_waiters() {
     guard.release().await.unwrap();
     assert!(waiting.await.unwrap().is_ok());
 }
+
+/// etcd issue 22082: two holds of one session reuse the key `NAME/<lease hex>`, so a stale release of
+/// the first (Go's Unlock deletes by key name only) would delete the second. distlock's release is
+/// guarded by the create_revision it acquired: the stale delete is refused and the newer hold stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_release_of_a_reused_session_key_leaves_the_newer_hold() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server).await;
+    let locks = Locks::new(backend.clone());
+    let name = name("stale_release");
+    let first = locks.lock(&name).unwrap().acquire().await.unwrap();
+    let first_rev = first.token().unwrap().get();
+    let first_key = create_revision(&server, &format!("{name}/"));
+    first.release().await.unwrap();
+    let second = locks.lock(&name).unwrap().acquire().await.unwrap();
+    let second_key = create_revision(&server, &format!("{name}/"));
+    assert_eq!(first_key.len(), 1);
+    assert_eq!(second_key.len(), 1);
+    assert_eq!(
+        first_key[0].0, second_key[0].0,
+        "the same session reuses the key"
+    );
+    assert!(second_key[0].1 > first_rev);
+    // The first hold's release, retried late (as after a lost reply): refused by the revision compare.
+    let stale = backend
+        .client()
+        .clone()
+        .txn(distlock_etcd::layout::release_txn(
+            &first_key[0].0,
+            i64::try_from(first_rev).unwrap(),
+        ))
+        .await
+        .unwrap();
+    assert!(
+        !stale.succeeded(),
+        "a stale release deleted the newer hold's key"
+    );
+    assert_eq!(create_revision(&server, &format!("{name}/")), second_key);
+    assert_eq!(second.state(), LockState::Held);
+    second.release().await.unwrap();
+    assert!(create_revision(&server, &format!("{name}/")).is_empty());
+}
