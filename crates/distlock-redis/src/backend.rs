@@ -224,24 +224,34 @@ impl RedisBackend {
         pipe.ignore_errors();
         for attempt in 0..2 {
             let p = pipe.clone();
-            let values: Vec<Value> = link
+            let result = link
                 .run(target, what, timeout, |mut c: Conn| async move {
                     p.query_async::<Vec<Value>>(&mut c).await
                 })
-                .await?;
-            if attempt == 0 && values.iter().any(is_noscript) {
+                .await;
+            // A standalone server answers NOSCRIPT in the pipeline's values; a Cluster pipeline fails
+            // as a whole with it.
+            let noscript = match &result {
+                Ok(values) => values.iter().any(is_noscript),
+                Err(RedisError::Request { source, .. }) => {
+                    source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                }
+                Err(_) => false,
+            };
+            if attempt == 0 && noscript {
+                // One `SCRIPT LOAD` command per script, not a pipeline: a keyless pipeline goes to one
+                // arbitrary Cluster node, while the command is routed to every node.
                 let scripts = &self.inner.scripts;
-                let mut load = redis::pipe();
-                load.load_script(&scripts.acquire)
-                    .load_script(&scripts.release)
-                    .load_script(&scripts.renew);
                 link.run(target, "SCRIPT LOAD", self.io(), |mut c: Conn| async move {
-                    load.query_async::<Vec<String>>(&mut c).await
+                    for script in [&scripts.acquire, &scripts.release, &scripts.renew] {
+                        script.load_async(&mut c).await?;
+                    }
+                    Ok(())
                 })
                 .await?;
                 continue;
             }
-            return Ok(values);
+            return result;
         }
         Err(RedisError::Reply {
             what,

@@ -1,0 +1,119 @@
+//! A standalone server restarted under a holder, with and without persistence: what happens to the lock
+//! and to the fencing counter (GUARANTEES.md, Redis). Test names carry `fault` (nextest's serial group).
+// Test code: a failed expectation is the test's failure.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use distlock_core::url::LockUrl;
+use distlock_core::{LockState, Locks};
+use distlock_redis::{layout, RedisBackend};
+use distlock_testkit::redis::RedisServer;
+
+const PROMPT: Duration = Duration::from_secs(5);
+
+async fn locks(url: &str) -> Locks {
+    Locks::new(
+        RedisBackend::connect(&LockUrl::parse(url).unwrap())
+            .await
+            .expect("connect"),
+    )
+}
+
+fn unique(case: &str) -> String {
+    format!("restart/{case}/{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Without persistence the counter restarts with the server: the first token after the restart is 1,
+/// lower than (or equal to) tokens already handed out. A resource that checks tokens then refuses new
+/// holders until its high-water mark is passed again, and at that point accepts a token that an earlier
+/// holder also had: tokens are best-effort across such a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_resets_tokens_fault() {
+    let mut server = RedisServer::start_or_panic();
+    let name = unique("tokens");
+    let locks = locks(&server.url()).await;
+    let mut before = 0;
+    for _ in 0..3 {
+        let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+        before = guard.token().unwrap().get();
+        guard.release().await.unwrap();
+    }
+    assert_eq!(before, 3);
+    server.kill9().unwrap();
+    server.restart().unwrap();
+    let lock = locks.lock(&name).unwrap();
+    let started = std::time::Instant::now();
+    let guard = loop {
+        // The first request finds its connection dead; the next one reconnects.
+        match lock.try_acquire().await {
+            Ok(Some(g)) => break g,
+            Ok(None) => panic!("the lock survived a restart without persistence"),
+            Err(_) if started.elapsed() < PROMPT => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the restarted server never answered: {e}"),
+        }
+    };
+    let after = guard.token().unwrap().get();
+    assert_eq!(
+        after, 1,
+        "the counter did not restart (token {after} after {before})"
+    );
+    guard.release().await.unwrap();
+}
+
+/// With `appendonly yes` and `appendfsync always`, a kill -9 and restart keeps both: the holder's key
+/// comes back with its absolute expiry, so the holder's renewals find it (Jeopardy while the server is
+/// down, then Held again), nobody else gets the lock meanwhile, and the counter goes on from where it
+/// was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_with_aof_always_keeps_lock_and_counter_fault() {
+    let mut server = RedisServer::builder().durable().start_or_panic();
+    let name = unique("aof");
+    let holder = locks(&server.url()).await;
+    let lease = Duration::from_secs(3);
+    let guard = holder
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let token = guard.token().unwrap().get();
+    server.kill9().unwrap();
+    server.restart().unwrap();
+    assert_eq!(
+        server.command(&["EXISTS", &name]).unwrap().as_int(),
+        Some(1),
+        "the AOF did not bring the key back"
+    );
+    assert_eq!(
+        server
+            .command(&["GET", &layout::token_key(&name)])
+            .unwrap()
+            .as_str(),
+        Some(token.to_string().as_str())
+    );
+    // Renewals over two lease periods reach the restarted server and find the key.
+    tokio::time::sleep(lease * 2).await;
+    assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+    // A client connected after the restart (an idle connection from before it would fail its first
+    // request with a broken pipe and reconnect on the next).
+    let other = locks(&server.url()).await;
+    let lock = other.lock(&name).unwrap();
+    assert!(
+        lock.try_acquire().await.unwrap().is_none(),
+        "another client got the lock of a live holder after the restart"
+    );
+    guard.release().await.unwrap();
+    let next = lock
+        .options()
+        .wait(PROMPT)
+        .acquire()
+        .await
+        .expect("free after release");
+    assert!(next.token().unwrap().get() > token);
+    next.release().await.unwrap();
+}
