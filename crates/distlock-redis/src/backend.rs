@@ -223,10 +223,10 @@ impl RedisBackend {
         let mut pipe = pipe;
         pipe.ignore_errors();
         for attempt in 0..2 {
-            let p = pipe.clone();
             let result = link
-                .run(target, what, timeout, |mut c: Conn| async move {
-                    p.query_async::<Vec<Value>>(&mut c).await
+                .run(target, what, timeout, |mut c: Conn| {
+                    let p = pipe.clone();
+                    async move { p.query_async::<Vec<Value>>(&mut c).await }
                 })
                 .await;
             // A standalone server answers NOSCRIPT in the pipeline's values; a Cluster pipeline fails
@@ -267,6 +267,7 @@ impl RedisBackend {
         invocation: redis::ScriptInvocation<'_>,
     ) -> std::result::Result<Value, RedisError> {
         let target = &self.inner.target;
+        let invocation = &invocation;
         link.run(target, what, self.io(), |mut c: Conn| async move {
             invocation.invoke_async::<Value>(&mut c).await
         })

@@ -278,38 +278,48 @@ impl Link {
     }
 
     /// Runs `request` on the current connection within `timeout`, replacing the connection when the
-    /// request leaves it in an unknown state.
+    /// request leaves it in an unknown state. A connection found broken (not one that timed out) is
+    /// typically one that sat idle while the server restarted or failed over: the request is tried once
+    /// more on a fresh connection. Every request distlock sends is safe to repeat for the same owner
+    /// (acquire grants again, release and renew are owner-guarded, reads are reads).
     pub(crate) async fn run<T, F, Fut>(
         &self,
         target: &Target,
         what: &'static str,
         timeout: Duration,
-        request: F,
+        mut request: F,
     ) -> Result<T, RedisError>
     where
-        F: FnOnce(Conn) -> Fut,
+        F: FnMut(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
     {
-        let (generation, conn) = self.get(target).await?;
-        let result = match tokio::time::timeout(timeout, request(conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(RedisError::Request {
-                what,
-                target: target.shown.clone(),
-                source,
-            }),
-            Err(_) => Err(RedisError::Timeout {
-                what,
-                target: target.shown.clone(),
-                after: timeout,
-            }),
-        };
-        if let Err(e) = &result {
-            if e.breaks_connection() {
-                tracing::debug!(error = %e, "replacing the Redis connection");
-                self.invalidate(generation);
+        let mut retried = false;
+        loop {
+            let (generation, conn) = self.get(target).await?;
+            let result = match tokio::time::timeout(timeout, request(conn)).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(source)) => Err(RedisError::Request {
+                    what,
+                    target: target.shown.clone(),
+                    source,
+                }),
+                Err(_) => Err(RedisError::Timeout {
+                    what,
+                    target: target.shown.clone(),
+                    after: timeout,
+                }),
+            };
+            if let Err(e) = &result {
+                if e.breaks_connection() {
+                    tracing::debug!(error = %e, "replacing the Redis connection");
+                    self.invalidate(generation);
+                    if !retried && e.is_broken_connection() {
+                        retried = true;
+                        continue;
+                    }
+                }
             }
+            return result;
         }
-        result
     }
 }

@@ -69,6 +69,17 @@ impl RedisError {
 
     /// Whether the connection the request used should be replaced: its state is unknown (a reply may
     /// still be on its way and would be taken for the next request's).
+    /// The connection failed at once (reset, closed, refused): unlike a timeout, the request did not
+    /// linger and a fresh connection may well succeed.
+    pub(crate) fn is_broken_connection(&self) -> bool {
+        match self {
+            RedisError::Request { source, .. } => {
+                (source.is_io_error() || source.is_connection_dropped()) && !source.is_timeout()
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn breaks_connection(&self) -> bool {
         match self {
             RedisError::Timeout { .. } => true,

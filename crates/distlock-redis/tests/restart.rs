@@ -117,3 +117,21 @@ async fn restart_with_aof_always_keeps_lock_and_counter_fault() {
     assert!(next.token().unwrap().get() > token);
     next.release().await.unwrap();
 }
+
+/// The first request on a connection that sat idle through a server restart finds it broken: it is
+/// retried once on a fresh connection instead of failing with `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_request_after_a_restart_reconnects_fault() {
+    let mut server = RedisServer::start_or_panic();
+    let locks = locks(&server.url()).await;
+    let name = unique("reconnect");
+    let lock = locks.lock(&name).unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap();
+    server.kill9().unwrap();
+    server.restart().unwrap();
+    let guard = lock.try_acquire().await;
+    assert!(
+        matches!(guard, Ok(Some(_))),
+        "the first acquire after the restart failed: {guard:?}"
+    );
+}
