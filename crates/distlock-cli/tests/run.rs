@@ -14,6 +14,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use distlock_cli::exit::Code;
+use distlock_testkit::sweep::is_alive;
 use rustix::process::{Pid, Signal};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
@@ -266,17 +267,6 @@ fn lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Whether `pid` is a live process (a zombie counts as dead: it runs nothing and holds nothing).
-fn alive(pid: u32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name, which may itself contain spaces.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => false,
-    }
-}
-
 /// Whether `pid` has a handler installed for signal `signo` (SigCgt in /proc/<pid>/status).
 fn catches(pid: u32, signo: u32) -> bool {
     let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
@@ -472,14 +462,14 @@ fn a_sigkilled_distlock_takes_its_command_along() {
         non_empty(&sandbox.path("pid"))
     });
     let pid = read_u64(&sandbox.path("pid")) as u32;
-    assert!(alive(pid));
+    assert!(is_alive(pid));
 
     rustix::process::kill_process(Pid::from_raw(run.pid as i32).unwrap(), Signal::KILL).unwrap();
     assert_eq!(run.wait(SOON).signal(), Some(9));
     wait_until(
         Duration::from_secs(10),
         "the command to die with distlock",
-        || !alive(pid),
+        || !is_alive(pid),
     );
     assert_free(&sandbox, "doomed");
 }
@@ -601,7 +591,7 @@ fn on_loss_the_command_gets_sigterm_then_sigkill_after_the_grace() {
     // It never stops by itself, so it was killed; and it is gone.
     let pid = read_u64(&sandbox.path("pid")) as u32;
     wait_until(Duration::from_secs(10), "the command to be gone", || {
-        !alive(pid)
+        !is_alive(pid)
     });
 }
 

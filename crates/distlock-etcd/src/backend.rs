@@ -324,17 +324,48 @@ impl EtcdBackend {
         action: &'static str,
         txn: Txn,
     ) -> std::result::Result<TxnResponse, EtcdError> {
+        let kv = self.inner.client.kv_client();
+        // Every txn here is compare-guarded, so repeating one is harmless.
+        self.idempotent(action, || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    async fn get(
+        &self,
+        action: &'static str,
+        (key, options): (String, etcd_client::GetOptions),
+    ) -> std::result::Result<GetResponse, EtcdError> {
+        let kv = self.inner.client.kv_client();
+        self.idempotent(action, || {
+            let (mut kv, key, options) = (kv.clone(), key.clone(), options.clone());
+            async move { kv.get(key, Some(options)).await }
+        })
+        .await
+    }
+
+    /// Runs an idempotent request within the request timeout, retrying failures other than a refusal
+    /// of the credentials. Retrying rides over a connection that broke since the last request, or fails
+    /// over to another endpoint: etcd-client balances requests over all endpoints at random and a dead
+    /// member's connection fails each request sent to it, so with several endpoints a few retries are
+    /// needed to find a live one.
+    async fn idempotent<T, F, Fut>(
+        &self,
+        action: &'static str,
+        mut request: F,
+    ) -> std::result::Result<T, EtcdError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
         let timeout = self.inner.config.timeout;
         let started = tokio::time::Instant::now();
-        let mut kv = self.inner.client.kv_client();
-        // Every txn here is idempotent (compare-guarded), so retrying is safe: it rides over a
-        // connection that broke since the last request, or fails over to another endpoint. etcd-client
-        // balances requests over all endpoints at random and a dead member's connection fails each
-        // request sent to it, so with several endpoints a few retries are needed to find a live one.
         let mut retries = self.retries();
         loop {
             let left = timeout.saturating_sub(started.elapsed());
-            match tokio::time::timeout(left, kv.txn(txn.clone())).await {
+            match tokio::time::timeout(left, request()).await {
                 Err(_) => {
                     return Err(EtcdError::Timeout {
                         action,
@@ -362,42 +393,6 @@ impl EtcdBackend {
     /// enough that a random pick among them meets a live one with near certainty while a member is down.
     fn retries(&self) -> usize {
         retries_for(self.inner.config.endpoints.len())
-    }
-
-    async fn get(
-        &self,
-        action: &'static str,
-        (key, options): (String, etcd_client::GetOptions),
-    ) -> std::result::Result<GetResponse, EtcdError> {
-        let timeout = self.inner.config.timeout;
-        let started = tokio::time::Instant::now();
-        let mut kv = self.inner.client.kv_client();
-        // A read is idempotent: retried as a txn is (see there).
-        let mut retries = self.retries();
-        loop {
-            let left = timeout.saturating_sub(started.elapsed());
-            match tokio::time::timeout(left, kv.get(key.clone(), Some(options.clone()))).await {
-                Err(_) => {
-                    return Err(EtcdError::Timeout {
-                        action,
-                        after: timeout,
-                    })
-                }
-                Ok(Ok(resp)) => return Ok(resp),
-                Ok(Err(e))
-                    if retries > 0
-                        && !matches!(
-                            crate::error::kind_of(&e),
-                            distlock_core::ErrorKind::PermissionDenied
-                        ) =>
-                {
-                    tracing::debug!(action, error = %e, retries, "etcd read failed; retrying");
-                    retries -= 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Ok(Err(e)) => return Err(EtcdError::rpc(action)(e)),
-            }
-        }
     }
 
     /// Deletes a key by key + create_revision, with a few retries: a queued key left behind on a live

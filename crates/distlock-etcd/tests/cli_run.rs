@@ -12,11 +12,12 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{gone_within, keys, no_wait_run, wait_keys, Run, HOLD_SCRIPT};
+use common::{keys, no_wait_run, wait_keys, Run, HOLD_SCRIPT};
 use distlock_core::url::LockUrl;
 use distlock_core::{LockState, Locks};
 use distlock_etcd::EtcdBackend;
 use distlock_testkit::etcd::{EtcdServer, ETCDCTL};
+use distlock_testkit::sweep::{gone_within, is_alive};
 use rustix::process::Signal;
 
 /// `--lease 2s`: a 2 s session, kept alive every 2/3 s.
@@ -116,7 +117,7 @@ async fn run_holds_excludes_etcdctl_and_token_is_create_revision() {
         "etcdctl's key gone",
         |k| k.len() == 1,
     );
-    assert!(common::alive(child_pid), "the command stopped on its own");
+    assert!(is_alive(child_pid), "the command stopped on its own");
     run.signal(Signal::TERM);
     let status = run
         .wait_for_exit(Duration::from_secs(10))
@@ -192,7 +193,7 @@ async fn fault_run_sigkilled_takes_its_command_and_the_lock_frees_after_the_sess
     let prefix = format!("{name}/");
     let mut run = Run::spawn(&url, "2s", &[], &name, HOLD_SCRIPT);
     let (token, child_pid) = run.wait_started();
-    assert!(common::alive(child_pid));
+    assert!(is_alive(child_pid));
 
     // A waiter in this process queues behind it.
     let (waiter, _) = locks(&server).await;

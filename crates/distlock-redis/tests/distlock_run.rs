@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use distlock_redis::layout;
 use distlock_testkit::holder::distlock_bin;
 use distlock_testkit::redis::RedisServer;
+use distlock_testkit::sweep::{gone_within, is_alive};
 
 /// Slack for "soon" on a loaded 2-core machine, added to mechanism bounds.
 const SLACK: Duration = Duration::from_secs(3);
@@ -158,28 +159,6 @@ fn read(path: &Path) -> String {
         .to_string()
 }
 
-/// Whether `pid` is a live process; a zombie (exited, not yet reaped) counts as gone.
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
-}
-
-fn gone_within(pid: u32, limit: Duration) -> bool {
-    let started = Instant::now();
-    while alive(pid) {
-        if started.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    true
-}
-
 /// The command runs under the lock (with the token Redis minted in `DISTLOCK_TOKEN`) and keeps it past
 /// several 1 s leases (another `--no-wait` run exits 75 throughout); deleting the key under it makes the
 /// next renewal find it gone: the command gets SIGTERM and `distlock` exits 76 within one renewal tick
@@ -234,7 +213,7 @@ async fn run_holds_and_deleted_key_stops_command_fault() {
         "TERM",
         "the command got no SIGTERM"
     );
-    assert!(!alive(child_pid), "the command outlived distlock");
+    assert!(!is_alive(child_pid), "the command outlived distlock");
     let stderr = sandbox.stderr();
     assert!(
         stderr.contains("lost") && stderr.contains("gone"),
@@ -251,7 +230,7 @@ async fn sigkilled_run_takes_its_command_fault() {
     let sandbox = Sandbox::new(&server);
     let name = unique("sigkill");
     let (mut holder, child_pid) = sandbox.hold(&name);
-    assert!(alive(child_pid));
+    assert!(is_alive(child_pid));
     holder.kill9();
     let killed = Instant::now();
     assert!(
@@ -301,7 +280,7 @@ async fn server_restart_without_persistence_exits_76_fault() {
         "TERM",
         "the command got no SIGTERM"
     );
-    assert!(!alive(child_pid), "the command outlived distlock");
+    assert!(!is_alive(child_pid), "the command outlived distlock");
     assert!(sandbox.stderr().contains("lost"), "{}", sandbox.stderr());
     eprintln!(
         "distlock exited 76 {:?} after the restart; it said: {}",
@@ -355,7 +334,7 @@ async fn paused_run_loses_lock_on_resume_fault() {
     let token2: u64 = read(&sandbox.path("token2")).parse().unwrap();
     assert!(token2 > first, "token {token2} after {first}");
     assert!(
-        alive(child_pid),
+        is_alive(child_pid),
         "the paused run's command stopped while distlock was paused"
     );
     signal(holder.pid(), "-CONT");

@@ -118,7 +118,7 @@ impl HolderProcess {
     pub fn child_gone(&self, within: Duration) -> bool {
         let started = Instant::now();
         loop {
-            if self.child_pid == 0 || !alive(self.child_pid) {
+            if self.child_pid == 0 || !crate::sweep::is_alive(self.child_pid) {
                 return true;
             }
             if started.elapsed() > within {
@@ -138,18 +138,5 @@ impl Drop for HolderProcess {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
         }
-    }
-}
-
-/// Whether `pid` is a live process. A zombie counts as gone: it has exited and only waits to be reaped
-/// (pid 1 of a container may be slow to reap orphans).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name, which is in parentheses and may contain spaces.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
     }
 }

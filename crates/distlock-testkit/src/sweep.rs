@@ -52,6 +52,24 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
+/// Whether `pid` is a live process. One that has exited and only waits to be reaped (a zombie) counts as
+/// gone: it runs nothing and holds nothing (pid 1 of a container may be slow to reap orphans).
+pub fn is_alive(pid: u32) -> bool {
+    stat_fields(pid).is_some_and(|f| f.get(STAT_STATE).is_some_and(|s| s != "Z" && s != "X"))
+}
+
+/// Polls every 10 ms until `pid` is gone ([`is_alive`]); whether it went within `within`.
+pub fn gone_within(pid: u32, within: std::time::Duration) -> bool {
+    let started = std::time::Instant::now();
+    while is_alive(pid) {
+        if started.elapsed() > within {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    true
+}
+
 /// A zombie has exited already and only waits for its (new) parent to reap it: nothing to kill.
 fn is_zombie(pid: u32) -> bool {
     stat_fields(pid).is_some_and(|f| f.get(STAT_STATE).is_some_and(|s| s == "Z"))

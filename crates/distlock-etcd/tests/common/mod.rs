@@ -213,29 +213,6 @@ pub fn no_wait_run(url: &str, name: &str) -> i32 {
         .expect("an exit code")
 }
 
-/// Whether `pid` is a live process: a zombie (state Z) or a vanished pid counts as gone.
-pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
-}
-
-/// Polls until `pid` is gone; whether it went within `within`.
-pub fn gone_within(pid: u32, within: Duration) -> bool {
-    let started = Instant::now();
-    while alive(pid) {
-        if started.elapsed() >= within {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    true
-}
-
 /// Whether `path` exists.
 pub fn exists(path: &Path) -> bool {
     path.exists()
