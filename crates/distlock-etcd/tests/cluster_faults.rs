@@ -183,7 +183,10 @@ async fn fault_cluster_leader_kill9_keeps_the_hold_and_hands_on_after_release() 
         .expect("B gets the lock after the release")
         .unwrap();
     let guard_b = guard_b.expect("B acquires");
-    assert!(got_b >= release_called, "B got the lock before A released it");
+    assert!(
+        got_b >= release_called,
+        "B got the lock before A released it"
+    );
     let token_b = guard_b.token().unwrap().get();
     assert!(token_b > token_a, "{token_b} after {token_a}");
     assert!(!waiting_c.is_finished(), "C got a lock B holds");
@@ -335,6 +338,13 @@ async fn fault_cluster_holder_cut_off_goes_jeopardy_then_lost_then_the_lock_is_h
         "the deadline lay more than a lease after the cut: {:?}",
         lost_at - cut_at
     );
+    // The recorder is a task of its own: let it catch up with the transition state() just published.
+    let _ = tokio::time::timeout(SLACK, async {
+        while !states.lock().unwrap().contains(&LockState::Lost) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
     let history = states.lock().unwrap().clone();
     let jeopardy = history.iter().position(|s| *s == LockState::Jeopardy);
     let lost = history.iter().position(|s| *s == LockState::Lost);
