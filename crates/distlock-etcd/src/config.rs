@@ -1,5 +1,6 @@
 //! The etcd backend's configuration and its URL form,
-//! `etcd://[user:pass@]h:p,h:p[?session_ttl=60s]` (`etcds://` for TLS).
+//! `etcd://[user:pass@]h:p,h:p[?session_ttl=60s]` (`etcds://…[?ca=/path/ca.pem]` for TLS, `ca` being a
+//! PEM file with the CA that signed the servers' certificates, trusted besides the system roots).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -101,8 +102,12 @@ impl EtcdConfig {
     /// assert_eq!(c.user.as_deref(), Some("u"));
     /// assert_eq!(c.session_ttl, std::time::Duration::from_secs(10));
     ///
+    /// let t = EtcdConfig::from_url(&LockUrl::parse("etcds://127.0.0.1:2379?ca=/etc/etcd/ca.pem")?)?;
+    /// assert!(t.tls);
+    /// assert_eq!(t.ca_file.as_deref(), Some(std::path::Path::new("/etc/etcd/ca.pem")));
+    ///
     /// for bad in ["etcd://", "etcd://h:1/path", "etcd://h:1?bogus=1", "etcd://h:1?session_ttl=1500ms",
-    ///             "etcd://u@h:1", "redis://h:1"] {
+    ///             "etcd://u@h:1", "redis://h:1", "etcd://h:1?ca=/ca.pem"] {
     ///     let err = EtcdConfig::from_url(&LockUrl::parse(bad)?).unwrap_err();
     ///     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad}");
     /// }

@@ -56,6 +56,20 @@ pub(crate) fn kind_of(source: &etcd_client::Error) -> ErrorKind {
 
 fn rpc_kind(source: &etcd_client::Error) -> ErrorKind {
     use tonic_code::Code;
+    // etcd answers a wrong user or password, and a request without one while auth is on, with
+    // InvalidArgument ("etcdserver: authentication failed, invalid user ID or password",
+    // "etcdserver: user name is empty").
+    let text = source.to_string();
+    if [
+        "authentication failed",
+        "user name is empty",
+        "invalid auth token",
+    ]
+    .iter()
+    .any(|w| text.contains(w))
+    {
+        return ErrorKind::PermissionDenied;
+    }
     match source {
         etcd_client::Error::GRpcStatus(status) => match tonic_code::of(status) {
             Code::Unauthenticated | Code::PermissionDenied => ErrorKind::PermissionDenied,
@@ -100,10 +114,22 @@ mod tonic_code {
     }
 }
 
+/// Whether a connect failed in the TLS layer (an untrusted certificate, a failed handshake).
+fn is_tls_failure(source: &etcd_client::Error) -> bool {
+    let text = format!("{source:?}");
+    ["certificate", "Certificate", "handshake", "tls:"]
+        .iter()
+        .any(|w| text.contains(w))
+}
+
 impl fmt::Display for EtcdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             EtcdError::Config(message) => f.write_str(message),
+            EtcdError::Connect { endpoints, source } if is_tls_failure(source) => write!(
+                f,
+                "cannot reach etcd at {endpoints}: {source} (the TLS handshake failed: the server's certificate must be signed by a CA in the system roots or in the file of etcds://…?ca=/path/ca.pem, and name the host of the URL; a server that wants a client certificate fails this way too)"
+            ),
             EtcdError::Connect { endpoints, source } => write!(
                 f,
                 "cannot reach etcd at {endpoints}: {source} (is etcd running there? `etcdctl --endpoints {endpoints} endpoint health` checks)"

@@ -1,6 +1,7 @@
 //! The Redis backend's configuration and its URL forms.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use distlock_core::url::LockUrl;
@@ -9,7 +10,7 @@ use distlock_core::Result;
 use crate::error::RedisError;
 
 /// Query parameters a Redis URL may carry. `lease` is read by the facade (`connect`).
-const KNOWN_QUERY: &[&str] = &["lease", "wait_replicas", "wait_timeout"];
+const KNOWN_QUERY: &[&str] = &["lease", "wait_replicas", "wait_timeout", "ca"];
 
 /// Default port of a Redis server.
 pub const DEFAULT_PORT: u16 = 6379;
@@ -65,8 +66,12 @@ pub enum Topology {
 pub struct RedisConfig {
     /// Where the servers are.
     pub topology: Topology,
-    /// TLS to the servers (`rediss://`); needs the `tls` feature (on by default).
+    /// TLS to the servers (`rediss://`); needs the `tls` feature (on by default). The servers'
+    /// certificates are verified against the system roots, or only against [`ca_file`](Self::ca_file).
     pub tls: bool,
+    /// A PEM file with the CA(s) that signed the servers' certificates (`rediss://…?ca=/path/ca.pem`),
+    /// trusted instead of the system roots; read on every connect.
+    pub ca_file: Option<PathBuf>,
     /// ACL user name (Redis ≥ 6), for the data nodes (not the Sentinels).
     pub username: Option<String>,
     /// Password, for the data nodes (not the Sentinels). Never shown by `Debug`.
@@ -88,6 +93,7 @@ impl fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("topology", &self.topology)
             .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("db", &self.db)
@@ -104,6 +110,7 @@ impl RedisConfig {
         Self {
             topology,
             tls: false,
+            ca_file: None,
             username: None,
             password: None,
             db: 0,
@@ -145,6 +152,14 @@ impl RedisConfig {
         self
     }
 
+    /// Trusts the CA(s) in this PEM file (instead of the system roots) for the servers' certificates,
+    /// and turns TLS on.
+    pub fn with_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self.tls = true;
+        self
+    }
+
     /// Sets the database number.
     pub fn with_db(mut self, db: i64) -> Self {
         self.db = db;
@@ -172,8 +187,10 @@ impl RedisConfig {
     ///   are for the master, not the Sentinels;
     /// * `redis+cluster://[user:pass@]h:p,h:p`;
     ///
-    /// with query parameters `lease` (read by the facade), `wait_replicas=N` and `wait_timeout=DUR`
-    /// (default 1 s). Anything else is refused with `InvalidConfig`.
+    /// with query parameters `lease` (read by the facade), `wait_replicas=N`, `wait_timeout=DUR`
+    /// (default 1 s) and, for `rediss://`, `ca=/path/ca.pem` (a PEM file with the CA that signed the
+    /// server's certificate, trusted instead of the system roots; a missing or unreadable file fails the
+    /// connect with `InvalidConfig`). Anything else is refused with `InvalidConfig`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -185,6 +202,10 @@ impl RedisConfig {
     /// assert_eq!((c.db, c.wait_replicas, c.wait_timeout), (3, 1, Duration::from_millis(200)));
     /// assert_eq!(c.password.as_deref(), Some("pw"));
     ///
+    /// let t = RedisConfig::from_url(&LockUrl::parse("rediss://127.0.0.1:6380?ca=/etc/redis/ca.pem")?)?;
+    /// assert!(t.tls);
+    /// assert_eq!(t.ca_file.as_deref(), Some(std::path::Path::new("/etc/redis/ca.pem")));
+    ///
     /// let s = RedisConfig::from_url(&LockUrl::parse("redis+sentinel://127.0.0.1:26379,127.0.0.1/mymaster")?)?;
     /// assert_eq!(s.topology, Topology::Sentinel {
     ///     sentinels: vec!["127.0.0.1:26379".into(), "127.0.0.1:26379".into()],
@@ -192,7 +213,7 @@ impl RedisConfig {
     /// });
     ///
     /// for bad in ["redis://a:1,b:2", "redis://h?bogus=1", "redis://h/x", "redis+sentinel://h",
-    ///             "redis+cluster://h/1", "redis://h?wait_replicas=x", "redis://"] {
+    ///             "redis+cluster://h/1", "redis://h?wait_replicas=x", "redis://", "redis://h?ca=/ca.pem"] {
     ///     let err = RedisConfig::from_url(&LockUrl::parse(bad)?).unwrap_err();
     ///     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad}");
     /// }
@@ -301,6 +322,20 @@ impl RedisConfig {
             }
             config.wait_timeout = t;
         }
+        if let Some(ca) = url.query("ca") {
+            if !config.tls {
+                return Err(RedisError::Config(format!(
+                    "URL parameter ca needs TLS: use rediss:// (not {scheme}://)"
+                )));
+            }
+            if ca.is_empty() {
+                return Err(RedisError::Config(
+                    "URL parameter ca: the path of a PEM file is missing, e.g. ?ca=/path/ca.pem"
+                        .into(),
+                ));
+            }
+            config.ca_file = Some(PathBuf::from(ca));
+        }
         config.check()?;
         Ok(config)
     }
@@ -310,6 +345,17 @@ impl RedisConfig {
         if self.tls && !cfg!(feature = "tls") {
             return Err(RedisError::Config(
                 "rediss:// needs the `tls` feature of distlock-redis".into(),
+            ));
+        }
+        if self.ca_file.is_some() && !self.tls {
+            return Err(RedisError::Config(
+                "a CA file (ca_file, ?ca=) needs TLS (rediss://)".into(),
+            ));
+        }
+        if self.ca_file.is_some() && matches!(self.topology, Topology::Sentinel { .. }) {
+            return Err(RedisError::Unsupported(
+                "a CA file (ca_file) is not supported with Sentinel yet; use a CA in the system roots"
+                    .into(),
             ));
         }
         match &self.topology {

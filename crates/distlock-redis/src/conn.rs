@@ -75,6 +75,34 @@ fn redis_info(config: &RedisConfig) -> RedisConnectionInfo {
     info
 }
 
+/// The CA certificates of [`RedisConfig::ca_file`], to trust instead of the system roots; `None`
+/// without a CA file. Read on every connect, so a replaced file is picked up.
+#[cfg(feature = "tls")]
+fn certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificates>, RedisError> {
+    let Some(path) = config.ca_file.as_ref().filter(|_| config.tls) else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(path).map_err(|e| {
+        RedisError::Config(format!(
+            "cannot read the TLS CA file {} (ca_file, ?ca=): {e}",
+            path.display()
+        ))
+    })?;
+    if !pem
+        .windows(b"-----BEGIN CERTIFICATE-----".len())
+        .any(|w| w == b"-----BEGIN CERTIFICATE-----")
+    {
+        return Err(RedisError::Config(format!(
+            "the TLS CA file {} (ca_file, ?ca=) holds no PEM certificate",
+            path.display()
+        )));
+    }
+    Ok(Some(redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem),
+    }))
+}
+
 fn addr(host: &str, tls: bool) -> Result<ConnectionAddr, RedisError> {
     let (host, port) = split_host(host, DEFAULT_PORT)?;
     Ok(if tls {
@@ -133,6 +161,10 @@ impl Target {
                     .into_connection_info()
                     .map_err(|e| self.connect_error(e))?
                     .set_redis_settings(redis_info(config));
+                #[cfg(feature = "tls")]
+                if let Some(certs) = certificates(config)? {
+                    return Client::build_with_tls(info, certs).map_err(|e| self.connect_error(e));
+                }
                 Client::open(info).map_err(|e| self.connect_error(e))
             }
             Topology::Sentinel { sentinels, master } => {
@@ -176,29 +208,45 @@ impl Target {
             .set_response_timeout(Some(self.config.io_timeout))
     }
 
+    /// A Cluster client builder for the seed nodes: TLS (and its CA), credentials and timeouts set.
+    pub(crate) fn cluster_builder(
+        &self,
+        nodes: &[String],
+    ) -> Result<redis::cluster::ClusterClientBuilder, RedisError> {
+        let config = &self.config;
+        let infos: Vec<ConnectionInfo> = nodes
+            .iter()
+            .map(|n| {
+                addr(n, config.tls)?
+                    .into_connection_info()
+                    .map_err(|e| self.connect_error(e))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
+            .connection_timeout(config.connect_timeout)
+            .response_timeout(config.io_timeout);
+        if let Some(user) = &config.username {
+            builder = builder.username(user);
+        }
+        if let Some(password) = &config.password {
+            builder = builder.password(password);
+        }
+        #[cfg(feature = "tls")]
+        if let Some(certs) = certificates(config)? {
+            builder = builder.certs(certs);
+        }
+        Ok(builder)
+    }
+
     /// A new command connection.
     pub(crate) async fn connect(&self) -> Result<Conn, RedisError> {
         let config = &self.config;
         if let Topology::Cluster { nodes } = &config.topology {
-            let infos: Vec<ConnectionInfo> = nodes
-                .iter()
-                .map(|n| {
-                    addr(n, config.tls)?
-                        .into_connection_info()
-                        .map_err(|e| self.connect_error(e))
-                })
-                .collect::<Result<_, _>>()?;
-            let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
-                .connection_timeout(config.connect_timeout)
-                .response_timeout(config.io_timeout)
-                .retries(2);
-            if let Some(user) = &config.username {
-                builder = builder.username(user);
-            }
-            if let Some(password) = &config.password {
-                builder = builder.password(password);
-            }
-            let client = builder.build().map_err(|e| self.connect_error(e))?;
+            let client = self
+                .cluster_builder(nodes)?
+                .retries(2)
+                .build()
+                .map_err(|e| self.connect_error(e))?;
             return match tokio::time::timeout(
                 config.connect_timeout * 2,
                 client.get_async_connection(),

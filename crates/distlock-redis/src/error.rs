@@ -135,8 +135,19 @@ fn classify(e: &redis::RedisError) -> ErrorKind {
     ErrorKind::Protocol
 }
 
+/// Whether the error came from the TLS layer (a certificate not trusted, a failed handshake).
+fn is_tls_failure(e: &redis::RedisError) -> bool {
+    let text = e.to_string();
+    ["certificate", "handshake", "TLS", "tls"]
+        .iter()
+        .any(|w| text.contains(w))
+}
+
 fn advice(e: &redis::RedisError) -> &'static str {
     match classify(e) {
+        ErrorKind::Unavailable if is_tls_failure(e) => {
+            " (the TLS handshake failed: the server's certificate must be signed by a CA in the system roots or in the file of rediss://…?ca=/path/ca.pem, and name the host of the URL; a server without TLS on that port fails this way too)"
+        }
         ErrorKind::Protocol if mentions(e, "WRONGTYPE") => {
             " (the lock's key holds another type: something other than a lock — a string someone SET? — uses this name; distlock keeps a hash there, as Redisson does; pick another name or delete the key)"
         }

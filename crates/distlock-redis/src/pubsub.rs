@@ -199,20 +199,11 @@ impl PubConn {
         let shown = || target.shown.clone();
         if let crate::config::Topology::Cluster { nodes } = &config.topology {
             let (push_tx, pushes) = mpsc::unbounded_channel();
-            let infos = nodes.clone();
-            let mut builder = redis::cluster::ClusterClientBuilder::new(
-                infos.iter().map(|n| format!("redis://{n}")),
-            )
-            .use_protocol(redis::ProtocolVersion::RESP3)
-            .push_sender(push_tx)
-            .connection_timeout(config.connect_timeout)
-            .response_timeout(config.io_timeout);
-            if let Some(user) = &config.username {
-                builder = builder.username(user);
-            }
-            if let Some(password) = &config.password {
-                builder = builder.password(password);
-            }
+            // The same seeds, TLS (and CA) and credentials as the command connections.
+            let builder = target
+                .cluster_builder(nodes)?
+                .use_protocol(redis::ProtocolVersion::RESP3)
+                .push_sender(push_tx);
             let client = builder.build().map_err(|source| RedisError::Connect {
                 target: shown(),
                 source,

@@ -197,12 +197,33 @@ pub fn ready_probe(addr: SocketAddr) -> ReadyProbe {
 #[derive(Debug, Clone, Default)]
 pub struct EtcdServerBuilder {
     timers: Option<Timers>,
+    tls: Option<TlsFiles>,
+}
+
+/// The PEM files of a TLS client listener.
+#[derive(Debug, Clone)]
+struct TlsFiles {
+    cert: PathBuf,
+    key: PathBuf,
 }
 
 impl EtcdServerBuilder {
     /// Raft timers (default [`Timers::SAFE`]).
     pub fn timers(mut self, timers: Timers) -> Self {
         self.timers = Some(timers);
+        self
+    }
+
+    /// Adds a second client listener, `https://127.0.0.1:<port>` on its own reserved port, serving
+    /// `ca`'s server certificate (`--cert-file --key-file`). No `--trusted-ca-file`: etcd 3.4 then
+    /// demands a client certificate even with `--client-cert-auth=false` ("tls: client didn't provide a
+    /// certificate"). The plain client URL stays for readiness and [`EtcdServer::etcdctl`]; clients
+    /// under test use [`EtcdServer::tls_url`].
+    pub fn tls(mut self, ca: &crate::tls::TestCa) -> Self {
+        self.tls = Some(TlsFiles {
+            cert: ca.server_cert().to_path_buf(),
+            key: ca.server_key().to_path_buf(),
+        });
         self
     }
 
@@ -214,13 +235,35 @@ impl EtcdServerBuilder {
         let data = dir.path().join("data");
         let initial = format!("n1={}", member.peer_url());
         let token = format!("t-{}", uuid::Uuid::new_v4().simple());
-        let spec = spec(&member, &data, &initial, &token, "new", timers);
+        let mut spec = spec(&member, &data, &initial, &token, "new", timers);
         let addr = member.client.addr();
+        let mut leases = Vec::new();
+        let mut tls_addr = None;
+        if let Some(files) = &self.tls {
+            let tls_lease = ports::reserve()?;
+            tls_addr = Some(tls_lease.addr());
+            // Repeated flags: the last one wins (Go's flag package).
+            let urls = format!(
+                "{},https://127.0.0.1:{}",
+                member.client_url(),
+                tls_lease.port()
+            );
+            spec = spec
+                .args(["--listen-client-urls", &urls])
+                .args(["--advertise-client-urls", &urls])
+                .arg("--cert-file")
+                .arg(&files.cert)
+                .arg("--key-file")
+                .arg(&files.key);
+            leases.push(tls_lease);
+        }
         let Member { client, peer, .. } = member;
-        let process = ServerProcess::spawn(spec, dir, vec![client, peer], ready_probe(addr))?;
+        leases.splice(0..0, [client, peer]);
+        let process = ServerProcess::spawn(spec, dir, leases, ready_probe(addr))?;
         Ok(EtcdServer {
             process,
             addr,
+            tls_addr,
             timers,
         })
     }
@@ -239,11 +282,12 @@ impl EtcdServerBuilder {
 pub struct EtcdServer {
     process: ServerProcess,
     addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
     timers: Timers,
 }
 
 impl EtcdServer {
-    /// A builder (timers).
+    /// A builder (timers, TLS).
     pub fn builder() -> EtcdServerBuilder {
         EtcdServerBuilder::default()
     }
@@ -266,6 +310,16 @@ impl EtcdServer {
     /// `127.0.0.1:<client port>`, as etcdctl's `--endpoints` takes it.
     pub fn endpoints(&self) -> String {
         self.addr.to_string()
+    }
+
+    /// `etcds://127.0.0.1:<TLS client port>`, if started with [`EtcdServerBuilder::tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_addr.map(|a| format!("etcds://{a}"))
+    }
+
+    /// The TLS client listener's address, if started with [`EtcdServerBuilder::tls`].
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// The client address.

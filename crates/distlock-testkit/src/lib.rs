@@ -6,7 +6,8 @@
 //!   MariaDB slot in the same way).
 //! * [`sentinel`], [`cluster`]: Redis master + replica + 3 Sentinels, and a 6-node Redis Cluster, with
 //!   failover waits; [`proxy`] (a TCP fault proxy: pass, delay, blackhole, reset, refuse) and
-//!   [`netcut`] (nftables drops on loopback, root only) inject network faults.
+//!   [`netcut`] (nftables drops on loopback, root only) inject network faults; [`tls`] makes a test CA
+//!   and server certificate at test time.
 //! * [`conformance`]: the behaviours every backend must show, as `pub async fn`s, expanded per backend by
 //!   [`conformance_suite!`].
 
@@ -22,6 +23,7 @@ pub mod etcd;
 pub mod netcut;
 pub mod proxy;
 pub mod sentinel;
+pub mod tls;
 
 pub mod conformance;
 

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Write as _};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -306,6 +306,15 @@ pub fn ready_probe(addr: SocketAddr) -> ReadyProbe {
 pub struct RedisServerBuilder {
     extra: Vec<String>,
     bus: bool,
+    tls: Option<TlsFiles>,
+}
+
+/// The PEM files of a TLS listener.
+#[derive(Debug, Clone)]
+struct TlsFiles {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
 }
 
 impl RedisServerBuilder {
@@ -341,6 +350,19 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Adds a TLS listener on a second reserved port (`--tls-port`), serving `ca`'s server
+    /// certificate, clients not asked for certificates (`--tls-auth-clients no`). The plain port stays
+    /// open for readiness, [`RedisServer::command`] and the like; clients under test use
+    /// [`RedisServer::tls_url`].
+    pub fn tls(mut self, ca: &crate::tls::TestCa) -> Self {
+        self.tls = Some(TlsFiles {
+            cert: ca.server_cert().to_path_buf(),
+            key: ca.server_key().to_path_buf(),
+            ca: ca.ca_cert().to_path_buf(),
+        });
+        self
+    }
+
     /// Starts the server and waits until it answers PING and reports our child's pid.
     pub fn start(self) -> Result<RedisServer> {
         let lease = if self.bus {
@@ -351,9 +373,30 @@ impl RedisServerBuilder {
         let port = lease.port();
         let addr = lease.addr();
         let dir = process::temp_dir("redis")?;
-        let spec = base_spec(port, dir.path()).args(self.extra);
-        let process = ServerProcess::spawn(spec, dir, vec![lease], ready_probe(addr))?;
-        Ok(RedisServer { process, addr })
+        let mut spec = base_spec(port, dir.path());
+        let mut leases = vec![lease];
+        let mut tls_addr = None;
+        if let Some(files) = &self.tls {
+            let tls_lease = ports::reserve()?;
+            tls_addr = Some(tls_lease.addr());
+            spec = spec
+                .args(["--tls-port", &tls_lease.port().to_string()])
+                .arg("--tls-cert-file")
+                .arg(&files.cert)
+                .arg("--tls-key-file")
+                .arg(&files.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&files.ca)
+                .args(["--tls-auth-clients", "no"]);
+            leases.push(tls_lease);
+        }
+        let spec = spec.args(self.extra);
+        let process = ServerProcess::spawn(spec, dir, leases, ready_probe(addr))?;
+        Ok(RedisServer {
+            process,
+            addr,
+            tls_addr,
+        })
     }
 
     /// [`start`](Self::start), panicking with the error (which carries the server's log tail). For tests.
@@ -371,6 +414,7 @@ impl RedisServerBuilder {
 pub struct RedisServer {
     process: ServerProcess,
     addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
 }
 
 impl RedisServer {
@@ -392,6 +436,16 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://{}", self.addr)
+    }
+
+    /// `rediss://127.0.0.1:<tls port>`, if started with [`RedisServerBuilder::tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_addr.map(|a| format!("rediss://{a}"))
+    }
+
+    /// The TLS listener's address, if started with [`RedisServerBuilder::tls`].
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// The port.
