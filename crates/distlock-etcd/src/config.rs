@@ -32,7 +32,7 @@ pub const DEFAULT_PORT: u16 = 2379;
 /// use distlock_etcd::EtcdConfig;
 ///
 /// let config = EtcdConfig::new(["127.0.0.1:2379", "127.0.0.1:22379"])
-///     .with_user("app", "s3cret")
+///     .with_credentials("app", "s3cret")
 ///     .with_session_ttl(Duration::from_secs(10));
 /// assert_eq!(config.endpoints.len(), 2);
 /// assert!(!format!("{config:?}").contains("s3cret"));
@@ -157,7 +157,7 @@ impl EtcdConfig {
             .map(|h| with_default_port(h))
             .collect();
         if let (Some(user), Some(password)) = (url.user(), url.password()) {
-            config = config.with_user(user, password);
+            config = config.with_credentials(user, password);
         }
         if let Some(ttl) = duration("session_ttl")? {
             check_session_ttl(ttl)?;
@@ -182,8 +182,12 @@ impl EtcdConfig {
         Ok(config)
     }
 
-    /// Sets user and password.
-    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+    /// Sets the user and password.
+    pub fn with_credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
         self.user = Some(user.into());
         self.password = Some(password.into());
         self
