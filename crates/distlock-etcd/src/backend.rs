@@ -22,9 +22,10 @@
 //! [`renew`](EtcdBackend::renew) sends one keep-alive round trip per distinct session in the batch and
 //! reports the lock's requested TTL capped by the TTL the server confirmed. A lock's own lease can be
 //! shorter than its session's (etcd leases are whole seconds and the server raises short ones to its
-//! minimum; `max_hold` shrinks renewals), so each held lock also has a client-side timer that deletes
-//! its key (by create_revision) when its own lease runs out without a renewal: `max_hold` and short
-//! leases are honoured even though the session lives on. The timer fires no earlier than the deadline
+//! minimum; `max_hold` shrinks renewals), so a held lock whose lease is, or becomes, shorter than its
+//! session's TTL gets a client-side timer that deletes its key (by create_revision) when its own lease
+//! runs out without a renewal: `max_hold` and short leases are honoured even though the session lives
+//! on. With equal TTLs (the default) the session's own expiry does that, and no timer task is spent. The timer fires no earlier than the deadline
 //! the core computed, so a guard is never Held with its key deleted. The grant's loss signal resolves
 //! when the session lease is confirmed gone (a keep-alive answering TTL 0 / lease not found: revoked or
 //! expired), so a revoked lease is noticed within one keep-alive interval (a third of the TTL).
@@ -158,6 +159,8 @@ struct LeaseClock {
     /// The timer deleted the key: no renewal may report it held again.
     expired: bool,
     released: bool,
+    /// The loss channel's sender until the expiry timer starts (see `arm_expiry`); `None` once it runs.
+    unarmed: Option<watch::Sender<Option<String>>>,
 }
 
 impl EtcdBackend {
@@ -425,21 +428,14 @@ impl EtcdBackend {
         lease: Duration,
     ) -> Grant<EtcdLease> {
         let ttl = lease.min(session.remaining());
+        let (lost_tx, lost_rx) = watch::channel::<Option<String>>(None);
         let clock = Arc::new(Mutex::new(LeaseClock {
             expires: clock::now().saturating_add(lease),
             expired: false,
             released: false,
+            unarmed: Some(lost_tx),
         }));
         let wake = Arc::new(Notify::new());
-        let (lost_tx, lost_rx) = watch::channel::<Option<String>>(None);
-        tokio::spawn(expiry_timer(
-            self.clone(),
-            key.clone(),
-            rev,
-            clock.clone(),
-            wake.clone(),
-            lost_tx,
-        ));
         let gone = session.gone();
         let loss: LossSignal = Box::pin(async move {
             let mut lost_rx = lost_rx;
@@ -459,16 +455,42 @@ impl EtcdBackend {
             }
         });
         let token = FencingToken::new(rev.unsigned_abs());
-        Grant::new(EtcdLease {
+        let held = EtcdLease {
             key,
             rev,
             session,
             clock,
             wake,
-        })
-        .with_token(token)
-        .with_ttl(ttl)
-        .with_loss(loss)
+        };
+        self.arm_expiry(&held, lease);
+        Grant::new(held)
+            .with_token(token)
+            .with_ttl(ttl)
+            .with_loss(loss)
+    }
+
+    /// Starts the lock's expiry timer once its lease (`ttl`) is shorter than its session's TTL: only
+    /// then can the session, kept alive for the process's other locks and waiters, outlive the lock and
+    /// keep its key (a short lease at the grant, or a renewal capped by `max_hold`). With equal TTLs the
+    /// session's own expiry frees the key, and no task is spent per lock.
+    fn arm_expiry(&self, held: &EtcdLease, ttl: Duration) {
+        if ttl >= held.session.granted {
+            return;
+        }
+        let lost = match held.clock.lock() {
+            Ok(mut clock) => clock.unarmed.take(),
+            Err(_) => None,
+        };
+        if let Some(lost) = lost {
+            tokio::spawn(expiry_timer(
+                self.clone(),
+                held.key.clone(),
+                held.rev,
+                held.clock.clone(),
+                held.wake.clone(),
+                lost,
+            ));
+        }
     }
 }
 
@@ -615,8 +637,13 @@ impl Backend for EtcdBackend {
                         });
                     }
                     clock.expires = clock::now().saturating_add(entry.ttl);
+                    let armed = clock.unarmed.is_none();
                     drop(clock);
-                    entry.lease.wake.notify_one();
+                    if armed {
+                        entry.lease.wake.notify_one();
+                    } else {
+                        self.arm_expiry(entry.lease, entry.ttl);
+                    }
                     Ok(Renewed::Extended {
                         ttl: entry.ttl.min(*ttl),
                     })
