@@ -153,6 +153,13 @@ fn is_noscript(v: &Value) -> bool {
 }
 
 impl RedisBackend {
+    /// Whether the pub/sub connection (opened when a lock is first waited for) is up now. For tests and
+    /// diagnostics: it stays down while nobody waits.
+    #[doc(hidden)]
+    pub fn pubsub_connected(&self) -> bool {
+        self.inner.hub.is_connected()
+    }
+
     /// Connects as the URL says (see [`RedisConfig::from_url`]). The entry point of
     /// `distlock::connect("redis://…")`.
     ///

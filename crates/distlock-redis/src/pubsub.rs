@@ -37,6 +37,8 @@ struct Entry {
 #[derive(Default)]
 struct Shared {
     channels: Mutex<HashMap<String, Entry>>,
+    /// Whether the hub has a live connection (see [`Hub::is_connected`]).
+    connected: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -91,6 +93,13 @@ impl Hub {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(target, shared.clone(), rx));
         Self { shared, tx }
+    }
+
+    /// Whether the hub holds a pub/sub connection now.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.shared
+            .connected
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Registers interest in `channel`; no I/O. The subscription is seen from now on.
@@ -339,12 +348,17 @@ fn refuse(cmd: Cmd, error: &RedisError) {
 async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
     let io = target.config().io_timeout;
     let mut backoff = Duration::from_millis(50);
-    // Connect only once someone waits.
-    let mut first = match rx.recv().await {
-        Some(cmd) => Some(cmd),
-        None => return,
-    };
+    // Connect only once someone waits (the loop's first step).
+    let mut first = None;
     loop {
+        // Nobody subscribed and nothing asked: stay disconnected until someone waits again, rather than
+        // reconnecting (and retrying against a server that is down) for no one.
+        if first.is_none() && shared.snapshot().is_empty() {
+            first = match rx.recv().await {
+                Some(cmd) => Some(cmd),
+                None => return,
+            };
+        }
         let mut conn = match PubConn::connect(&target).await {
             Ok(conn) => conn,
             Err(e) => {
@@ -379,6 +393,9 @@ async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedRe
             }
         }
         backoff = Duration::from_millis(50);
+        shared
+            .connected
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         // Every waiter tries again: a release may have been published while we were away.
         shared.wake_all();
         if let Some(cmd) = first.take() {
@@ -403,6 +420,9 @@ async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedRe
                 },
             }
         }
-        tracing::debug!("redis pub/sub connection lost; reconnecting");
+        shared
+            .connected
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!("redis pub/sub connection lost");
     }
 }

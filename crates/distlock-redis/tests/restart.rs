@@ -135,3 +135,53 @@ async fn first_request_after_a_restart_reconnects_fault() {
         "the first acquire after the restart failed: {guard:?}"
     );
 }
+
+/// Once nobody waits, the pub/sub connection is not re-established after the server restarts: the hub
+/// stays idle until someone waits again (and then still wakes that waiter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_pubsub_stays_disconnected_after_a_restart_fault() {
+    let mut server = RedisServer::start_or_panic();
+    let url = LockUrl::parse(&server.url()).unwrap();
+    let holder = locks(&server.url()).await;
+    let backend = RedisBackend::connect(&url).await.expect("connect");
+    let waiter = Locks::new(backend.clone());
+    let name = unique("idle_pubsub");
+    assert!(
+        !backend.pubsub_connected(),
+        "connected before anyone waited"
+    );
+    // A wait connects the waiter's pub/sub hub.
+    let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+    let lock = waiter.lock(&name).unwrap();
+    let waiting = tokio::spawn(async move { (lock.acquire().await, lock) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        backend.pubsub_connected(),
+        "a waiter did not connect the hub"
+    );
+    held.release().await.unwrap();
+    let (got, lock) = tokio::time::timeout(PROMPT, waiting)
+        .await
+        .expect("woken")
+        .unwrap();
+    got.unwrap().release().await.unwrap();
+
+    server.kill9().unwrap();
+    server.restart().unwrap();
+    // Longer than the hub's reconnect backoff (50 ms, growing to 2 s only while connects fail).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !backend.pubsub_connected(),
+        "the hub reconnected although nobody waits"
+    );
+
+    // Waiting again reconnects the hub, and a release still wakes the waiter.
+    let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(PROMPT, waiting)
+        .await
+        .expect("woken after the restart");
+    got.unwrap().unwrap().release().await.unwrap();
+}
