@@ -134,15 +134,15 @@ impl Error {
         )
     }
 
-    pub(crate) fn timeout(name: &str, waited: std::time::Duration) -> Self {
-        Error::new(
-            ErrorKind::Timeout,
-            format!(
+    pub(crate) fn timeout(name: &str, wait: crate::options::Wait) -> Self {
+        let message = match wait {
+            crate::options::Wait::Limit(limit) => format!(
                 "still held elsewhere after waiting {}",
-                crate::duration::format(waited)
+                crate::duration::format(limit)
             ),
-        )
-        .with_lock(name)
+            crate::options::Wait::Forever => "still held elsewhere".to_string(),
+        };
+        Error::new(ErrorKind::Timeout, message).with_lock(name)
     }
 }
 

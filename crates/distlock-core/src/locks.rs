@@ -599,14 +599,11 @@ impl AcquireOptions<'_> {
     /// # Cancel safety
     /// As for [`Lock::acquire`].
     pub async fn acquire(self) -> Result<LockGuard> {
-        let waited = match self.options.wait {
-            Wait::Limit(limit) => limit,
-            Wait::Forever => Duration::MAX,
-        };
         match self.lock.run(self.options).await? {
             Some(guard) => Ok(guard),
+            // Only a wait limit ends a wait without the lock.
             None => Err(tag(
-                Error::timeout(self.lock.name(), waited),
+                Error::timeout(self.lock.name(), self.options.wait),
                 self.lock.shared.locks.backend.kind(),
                 self.lock.name(),
             )),
