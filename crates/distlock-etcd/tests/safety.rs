@@ -1,0 +1,274 @@
+//! Issue 7 on etcd: one owner per key and one token per grant (clones of one backend, a key on the
+//! session's lease written by someone else, a release that failed), a deleted or revoked key noticed at
+//! the default session TTL long before the next keep-alive, a session known to be gone not reused, and
+//! a backend used from a second tokio runtime after the first was dropped.
+//! Tests that inject faults have "fault" in their names (nextest's serial group).
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{keys, wait_keys};
+use distlock_core::url::LockUrl;
+use distlock_core::{LockState, Locks};
+use distlock_etcd::EtcdBackend;
+use distlock_testkit::etcd::EtcdServer;
+use distlock_testkit::proxy::Proxy;
+
+/// Slack for scheduling on a loaded 2-core machine. Not a speed figure: each bound below is a mechanism
+/// (one round trip, one keep-alive interval) plus this.
+const SLACK: Duration = Duration::from_secs(3);
+
+async fn backend(url: &str) -> EtcdBackend {
+    EtcdBackend::connect(&LockUrl::parse(url).unwrap())
+        .await
+        .expect("connect")
+}
+
+/// Two `Locks` on clones of one backend share its sessions, so both owners' keys would be
+/// `NAME/<lease hex>`: the second must queue behind the first, never adopt its key and token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clones_of_one_backend_exclude_each_other() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let a = Locks::with_defaults(backend.clone(), backend.default_options());
+    let b = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("adopt");
+
+    // At once: exactly one of the two gets it.
+    let (la, lb) = (a.lock(&name).unwrap(), b.lock(&name).unwrap());
+    let (ga, gb) = tokio::join!(la.try_acquire(), lb.try_acquire());
+    let (ga, gb) = (ga.unwrap(), gb.unwrap());
+    assert!(
+        ga.is_some() != gb.is_some(),
+        "both or neither got the lock: tokens {:?} {:?}",
+        ga.as_ref().map(|g| g.token()),
+        gb.as_ref().map(|g| g.token())
+    );
+    let (held, other_lock) = match ga {
+        Some(g) => (g, lb),
+        None => (gb.unwrap(), la),
+    };
+    let first = held.token().unwrap();
+    // Again, while it is held.
+    assert!(other_lock.try_acquire().await.unwrap().is_none());
+
+    // A waiting clone queues on the server and gets the lock on release, with a new token.
+    let waiting = tokio::spawn(async move {
+        let guard = other_lock
+            .options()
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let token = guard.token().unwrap();
+        guard.release().await.unwrap();
+        token
+    });
+    let prefix = format!("{name}/");
+    let eps = server.endpoints();
+    tokio::task::block_in_place(|| {
+        wait_keys(&eps, &prefix, SLACK, "the second owner queued", |k| {
+            k.len() == 2
+        })
+    });
+    assert_eq!(held.state(), LockState::Held);
+    held.release().await.unwrap();
+    let second = tokio::time::timeout(SLACK * 3, waiting)
+        .await
+        .expect("the waiter gets the lock after the release")
+        .unwrap();
+    assert!(second > first, "token {second:?} after {first:?}");
+    assert!(keys(&eps, &prefix).is_empty());
+}
+
+/// A key on this backend's session lease that this owner did not write (here written by hand, as a
+/// Go client handed the same lease would) is not adopted: the acquire must not report it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_on_the_own_lease_written_by_another_owner_is_not_adopted() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("foreign");
+    // Create the session (a hold and a release on another name).
+    locks
+        .lock(&common::name("warmup"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let (_, lease) = backend.session_leases().await[0];
+    let key = format!("{name}/{lease:x}");
+    server
+        .etcdctl(&["put", "--lease", &format!("{lease:x}"), &key, "someone-else"])
+        .unwrap();
+    let foreign = keys(&server.endpoints(), &format!("{name}/"));
+    assert_eq!(foreign.len(), 1);
+
+    let lock = locks.lock(&name).unwrap();
+    let got = lock.try_acquire().await.unwrap();
+    assert!(
+        got.is_none(),
+        "adopted another owner's key with its token {:?}",
+        got.as_ref().map(|g| g.token())
+    );
+    // The foreign key is left alone, and once it goes the lock is ours with a newer token.
+    let seen = keys(&server.endpoints(), &format!("{name}/"));
+    assert_eq!(seen[0], foreign[0], "{seen:?}");
+    server.etcdctl(&["del", &key]).unwrap();
+    let guard = lock
+        .options()
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(guard.token().unwrap().get() > foreign[0].create_revision);
+    guard.release().await.unwrap();
+}
+
+/// A release that fails (etcd unreachable) leaves the key; the next local owner of the name must not
+/// adopt it with the previous holder's token: the key is deleted by a retry first, and the next owner
+/// gets a newer token once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_failed_release_is_retried_and_its_key_never_adopted() {
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend(&format!("etcd://{}?timeout=1s", proxy.addr())).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("failed_release");
+    let prefix = format!("{name}/");
+    let eps = server.endpoints();
+
+    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    let first = guard.token().unwrap().get();
+    tokio::task::block_in_place(|| proxy.blackhole().unwrap());
+    guard
+        .release()
+        .await
+        .expect_err("a release through a blackhole fails");
+    // The key is still there, on a live session.
+    assert_eq!(keys(&eps, &prefix).len(), 1);
+    tokio::task::block_in_place(|| proxy.pass().unwrap());
+
+    let next = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .unwrap();
+    let second = next.token().unwrap().get();
+    assert!(
+        second > first,
+        "the next local owner got token {second} after {first}: it adopted the stale key"
+    );
+    let seen = keys(&eps, &prefix);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].create_revision, second);
+    next.release().await.unwrap();
+    assert!(keys(&eps, &prefix).is_empty());
+}
+
+/// Deleting the holder's key (`etcdctl del`, an operator breaking a stuck lock) is noticed within a
+/// round trip at the default 60 s session TTL, not at the next keep-alive 20 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_deleted_key_is_lost_at_once_at_the_default_session_ttl() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    assert_eq!(backend.default_lease(), Duration::from_secs(60));
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("deleted");
+    let prefix = format!("{name}/");
+    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    let seen = keys(&server.endpoints(), &prefix);
+    assert_eq!(seen.len(), 1);
+    // A second hold on the same session stays held: only the deleted key's guard is lost.
+    let bystander = locks
+        .lock(&common::name("bystander"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+
+    let deleted_at = Instant::now();
+    server.etcdctl(&["del", &seen[0].key]).unwrap();
+    tokio::time::timeout(SLACK, guard.lost())
+        .await
+        .expect("Lost within a round trip of the delete, not at the next keep-alive (20 s)");
+    eprintln!("delete → Lost: {:?}", deleted_at.elapsed());
+    assert!(guard.loss_reason().unwrap().contains("deleted"));
+    assert_eq!(bystander.state(), LockState::Held);
+    bystander.release().await.unwrap();
+    let _ = guard.release().await;
+}
+
+/// Revoking the session lease (`etcdctl lease revoke`) is noticed within a round trip at the default
+/// 60 s session TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_revoked_lease_is_lost_at_once_at_the_default_session_ttl() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("revoked");
+    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    let (ttl, lease) = backend.session_leases().await[0];
+    assert_eq!(ttl, Duration::from_secs(60));
+    let revoked_at = Instant::now();
+    server
+        .etcdctl(&["lease", "revoke", &format!("{lease:x}")])
+        .unwrap();
+    tokio::time::timeout(SLACK, guard.lost())
+        .await
+        .expect("Lost within a round trip of the revoke, not at the next keep-alive (20 s)");
+    eprintln!("revoke → Lost: {:?}", revoked_at.elapsed());
+    let _ = guard.release().await;
+}
+
+/// A session whose lease was revoked behind its back (the keep-alive, every 20 s at the default TTL,
+/// has not noticed yet) is not used for the next acquire: that acquire gets a new session and a key on
+/// a live lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_revoked_session_is_not_reused_for_new_acquires() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("dead_session");
+    locks
+        .lock(&name)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let (_, old) = backend.session_leases().await[0];
+    server
+        .etcdctl(&["lease", "revoke", &format!("{old:x}")])
+        .unwrap();
+
+    let guard = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("an acquire after the session was revoked gets a new session");
+    let seen = keys(&server.endpoints(), &format!("{name}/"));
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_ne!(seen[0].lease, old, "the key hangs on the revoked lease");
+    assert_eq!(seen[0].create_revision, guard.token().unwrap().get());
+    let ttl = server
+        .etcdctl(&["lease", "timetolive", &format!("{:x}", seen[0].lease)])
+        .unwrap();
+    assert!(ttl.contains("remaining"), "{ttl}");
+    assert!(!ttl.contains("already expired"), "{ttl}");
+    assert_eq!(guard.state(), LockState::Held);
+    guard.release().await.unwrap();
+}
