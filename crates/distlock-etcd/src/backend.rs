@@ -31,7 +31,8 @@
 //! expired), so a revoked lease is noticed within one keep-alive interval (a third of the TTL).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -51,6 +52,7 @@ use tokio::task::AbortHandle;
 
 use crate::config::EtcdConfig;
 use crate::error::{EtcdError, BACKEND};
+use crate::held::{report_loss, AliveFlag, HeldKeys, LossSender};
 use crate::layout;
 use crate::session::{KeepAlive, Session};
 
@@ -79,6 +81,14 @@ struct Inner {
     /// Sessions by TTL in whole seconds.
     sessions: tokio::sync::Mutex<HashMap<u64, Arc<Session>>>,
     keepers: Mutex<Vec<(Arc<Session>, AbortHandle)>>,
+    /// Lock keys a local contender of this backend (or of a clone) uses, by key, with the claim id of
+    /// that contender: queued, held, or left behind by a delete that failed and is being retried. All
+    /// locks of a session share its lease, so without claims two owners of one name would compute the
+    /// same key and the second would adopt the first one's key and token.
+    claims: Mutex<HashMap<String, u64>>,
+    next_claim: AtomicU64,
+    /// The watch on held keys (one stream for the whole backend).
+    held: HeldKeys,
 }
 
 impl Drop for Inner {
@@ -114,6 +124,8 @@ pub struct EtcdAcquisition {
     rev: Option<i64>,
     /// The predecessor to watch and the revision to watch from.
     watch: Option<(String, i64)>,
+    /// The local claim on `key`.
+    claim: Option<u64>,
 }
 
 /// A held lock: its key, create_revision (the token) and session, and the client-side expiry of the
@@ -124,6 +136,12 @@ pub struct EtcdLease {
     session: Arc<Session>,
     clock: Arc<Mutex<LeaseClock>>,
     wake: Arc<Notify>,
+    /// The lock's loss channel (the expiry timer and the held-keys watch report on it).
+    lost: LossSender,
+    /// The local claim on `key`, passed on only once the key is known deleted.
+    claim: u64,
+    /// The held-keys watch id.
+    watch_id: i64,
 }
 
 impl std::fmt::Debug for EtcdLease {
@@ -159,8 +177,8 @@ struct LeaseClock {
     /// The timer deleted the key: no renewal may report it held again.
     expired: bool,
     released: bool,
-    /// The loss channel's sender until the expiry timer starts (see `arm_expiry`); `None` once it runs.
-    unarmed: Option<watch::Sender<Option<String>>>,
+    /// The expiry timer task runs (see `arm_expiry`); false again if its runtime went away with it.
+    timer: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl EtcdBackend {
@@ -254,6 +272,9 @@ impl EtcdBackend {
                 config,
                 sessions: tokio::sync::Mutex::new(HashMap::new()),
                 keepers: Mutex::new(Vec::new()),
+                claims: Mutex::new(HashMap::new()),
+                next_claim: AtomicU64::new(1),
+                held: HeldKeys::default(),
             }),
         })
     }
@@ -297,8 +318,16 @@ impl EtcdBackend {
         let secs = secs.max(1);
         let mut sessions = self.inner.sessions.lock().await;
         if let Some(s) = sessions.get(&secs) {
-            if s.gone_reason().is_none() {
+            if s.gone_reason().is_none() && !s.remaining().is_zero() {
                 return Ok(s.clone());
+            }
+            // Known gone, or not confirmed within its TTL (keep-alives failed that long): the server
+            // has expired it or will before long, so a key put on it now would be born dead. Retire it
+            // (revoking it in case it lives on, so its keys go) and grant a new one.
+            if s.gone_reason().is_none() {
+                let _ = s.mark_gone("the session lease was not confirmed within its TTL");
+                let retired = s.clone();
+                tokio::spawn(async move { retired.revoke().await });
             }
         }
         let session = Session::grant(
@@ -398,19 +427,18 @@ impl EtcdBackend {
         retries_for(self.inner.config.endpoints.len())
     }
 
-    /// Deletes a key by key + create_revision, with a few retries: a queued key left behind on a live
-    /// session would block the name until the backend goes away.
-    async fn delete_own(&self, key: &str, rev: Option<i64>, lease: i64) {
+    /// Deletes a held key by key + create_revision, with a few retries (the expiry timer's delete; the
+    /// key's claim stays with its lease until the release).
+    async fn delete_own(&self, key: &str, rev: i64) {
         let mut delay = Duration::from_millis(50);
         for attempt in 0..4 {
-            let txn = match rev {
-                Some(rev) => layout::release_txn(key, rev),
-                None => layout::undo_txn(key, lease),
-            };
-            match self.txn("undo", txn).await {
+            match self
+                .txn("expiry delete", layout::release_txn(key, rev))
+                .await
+            {
                 Ok(_) => return,
                 Err(e) if attempt == 3 => {
-                    tracing::warn!(%key, error = %e, "etcd: could not delete an abandoned key; it goes with its session lease");
+                    tracing::warn!(%key, error = %e, "etcd: could not delete an expired lock key; the release retries it");
                 }
                 Err(_) => {
                     tokio::time::sleep(delay).await;
@@ -420,20 +448,119 @@ impl EtcdBackend {
         }
     }
 
+    /// Claims the first key of `name` on session `lease` that no local contender uses: slot 0 is Go's
+    /// `NAME/<lease hex>`, later slots exist only while several owners of one name share the session.
+    fn claim_key(&self, name: &str, lease: i64) -> (String, u64) {
+        let claim = self.inner.next_claim.fetch_add(1, Ordering::Relaxed);
+        let mut claims = match self.inner.claims.lock() {
+            Ok(c) => c,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let mut slot = 0;
+        loop {
+            let key = layout::slot_key(name, lease, slot);
+            if let std::collections::hash_map::Entry::Vacant(v) = claims.entry(key.clone()) {
+                v.insert(claim);
+                return (key, claim);
+            }
+            slot += 1;
+        }
+    }
+
+    /// Passes a key on locally (it is deleted, or went with its session).
+    fn unclaim(&self, key: &str, claim: u64) {
+        if let Ok(mut claims) = self.inner.claims.lock() {
+            if claims.get(key) == Some(&claim) {
+                claims.remove(key);
+            }
+        }
+    }
+
+    /// Marks `key` as someone else's (a key on our lease with another owner's value): no local
+    /// contender uses it again while its session lives.
+    fn disown(&self, key: &str, claim: u64) {
+        if let Ok(mut claims) = self.inner.claims.lock() {
+            if claims.get(key) == Some(&claim) {
+                claims.insert(key.to_string(), FOREIGN);
+            }
+        }
+    }
+
+    /// One delete of a key of ours: by key + create_revision, or, when the revision never came back,
+    /// by key + lease + owner. True once the key is known gone (deleted now, or not there).
+    async fn delete_once(&self, doomed: &Doomed) -> bool {
+        let txn = match doomed.rev {
+            Some(rev) => layout::release_txn(&doomed.key, rev),
+            None => layout::undo_txn(&doomed.key, doomed.session.id, &doomed.owner),
+        };
+        match self.txn("delete", txn).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!(key = %doomed.key, error = %e, "etcd: deleting a key failed");
+                false
+            }
+        }
+    }
+
+    /// Deletes a key of ours and then passes its claim on. A delete that fails is retried in the
+    /// background until it succeeds or the session is gone: a key left on a live session would block
+    /// the name for everyone as long as this process keeps the session alive, and its claim keeps the
+    /// key from being reused (adopted) locally meanwhile.
+    async fn delete_and_unclaim(&self, doomed: Doomed) {
+        if self.delete_once(&doomed).await {
+            self.unclaim(&doomed.key, doomed.claim);
+        } else {
+            self.delete_later(doomed);
+        }
+    }
+
+    fn delete_later(&self, doomed: Doomed) {
+        tracing::warn!(key = %doomed.key, "etcd: could not delete a lock key; retrying in the background (the name stays blocked until it is gone)");
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let task = async move {
+            let mut delay = Duration::from_millis(100);
+            loop {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+                // The key went with its lease.
+                let gone = doomed.session.gone_reason().is_some();
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let backend = EtcdBackend { inner };
+                if gone || backend.delete_once(&doomed).await {
+                    backend.unclaim(&doomed.key, doomed.claim);
+                    tracing::debug!(key = %doomed.key, "etcd: a lock key left by a failed delete is gone");
+                    return;
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(task);
+            }
+            Err(_) => tracing::warn!("etcd: no runtime to retry a failed delete on"),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn grant(
         &self,
         session: Arc<Session>,
         key: String,
         rev: i64,
+        read_rev: i64,
+        claim: u64,
         lease: Duration,
     ) -> Grant<EtcdLease> {
         let ttl = lease.min(session.remaining());
-        let (lost_tx, lost_rx) = watch::channel::<Option<String>>(None);
+        let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
+        let lost_rx = lost.subscribe();
         let clock = Arc::new(Mutex::new(LeaseClock {
             expires: clock::now().saturating_add(lease),
             expired: false,
             released: false,
-            unarmed: Some(lost_tx),
+            timer: None,
         }));
         let wake = Arc::new(Notify::new());
         let gone = session.gone();
@@ -455,12 +582,24 @@ impl EtcdBackend {
             }
         });
         let token = FencingToken::new(rev.unsigned_abs());
+        // From the revision the grant was read at + 1: the key existed then, so any delete the watch
+        // sees is of this very key.
+        let watch_id = self.inner.held.watch(
+            &self.inner.client,
+            key.clone(),
+            rev,
+            read_rev + 1,
+            lost.clone(),
+        );
         let held = EtcdLease {
             key,
             rev,
             session,
             clock,
             wake,
+            lost,
+            claim,
+            watch_id,
         };
         self.arm_expiry(&held, lease);
         Grant::new(held)
@@ -472,26 +611,52 @@ impl EtcdBackend {
     /// Starts the lock's expiry timer once its lease (`ttl`) is shorter than its session's TTL: only
     /// then can the session, kept alive for the process's other locks and waiters, outlive the lock and
     /// keep its key (a short lease at the grant, or a renewal capped by `max_hold`). With equal TTLs the
-    /// session's own expiry frees the key, and no task is spent per lock.
+    /// session's own expiry frees the key, and no task is spent per lock. A timer whose runtime went
+    /// away with it is started again on the current one.
     fn arm_expiry(&self, held: &EtcdLease, ttl: Duration) {
         if ttl >= held.session.granted {
             return;
         }
-        let lost = match held.clock.lock() {
-            Ok(mut clock) => clock.unarmed.take(),
-            Err(_) => None,
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
         };
-        if let Some(lost) = lost {
-            tokio::spawn(expiry_timer(
-                self.clone(),
-                held.key.clone(),
-                held.rev,
-                held.clock.clone(),
-                held.wake.clone(),
-                lost,
-            ));
-        }
+        let flag = match held.clock.lock() {
+            Ok(mut clock) => {
+                if clock
+                    .timer
+                    .as_ref()
+                    .is_some_and(|alive| alive.load(Ordering::Acquire))
+                {
+                    return;
+                }
+                let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+                clock.timer = Some(alive.clone());
+                AliveFlag(alive)
+            }
+            Err(_) => return,
+        };
+        runtime.spawn(expiry_timer(
+            self.clone(),
+            held.key.clone(),
+            held.rev,
+            held.clock.clone(),
+            held.wake.clone(),
+            held.lost.clone(),
+            flag,
+        ));
     }
+}
+
+/// Claim id of a key on our lease that another owner wrote.
+const FOREIGN: u64 = 0;
+
+/// A key of ours to delete, with what the delete compares and the claim to pass on after it.
+struct Doomed {
+    key: String,
+    rev: Option<i64>,
+    owner: String,
+    session: Arc<Session>,
+    claim: u64,
 }
 
 /// Deletes a held lock's key when its own lease runs out without a renewal (see the module docs).
@@ -501,8 +666,10 @@ async fn expiry_timer(
     rev: i64,
     clock: Arc<Mutex<LeaseClock>>,
     wake: Arc<Notify>,
-    lost: watch::Sender<Option<String>>,
+    lost: LossSender,
+    alive: AliveFlag,
 ) {
+    let _alive = alive;
     loop {
         let left = match clock.lock() {
             Ok(c) if c.released => return,
@@ -523,11 +690,12 @@ async fn expiry_timer(
             Err(_) => return,
         }
     }
-    let _ = lost.send(Some(
+    report_loss(
+        &lost,
         "the lock's lease ran out without a renewal (max_hold reached or renewals failed); its key was deleted"
             .into(),
-    ));
-    backend.delete_own(&key, Some(rev), 0).await;
+    );
+    backend.delete_own(&key, rev).await;
 }
 
 /// Retries of an idempotent request over `endpoints` endpoints: 1 for one, 4 per endpoint beyond it
@@ -600,11 +768,20 @@ impl Backend for EtcdBackend {
             .map_err(|e| e.into_core(Some(&request.name)))
     }
 
-    async fn abandon(&self, acquisition: EtcdAcquisition, _request: &AcquireRequest) {
-        let (Some(key), Some(session)) = (acquisition.key, acquisition.session) else {
+    async fn abandon(&self, acquisition: EtcdAcquisition, request: &AcquireRequest) {
+        let (Some(key), Some(session), Some(claim)) =
+            (acquisition.key, acquisition.session, acquisition.claim)
+        else {
             return;
         };
-        self.delete_own(&key, acquisition.rev, session.id).await;
+        self.delete_and_unclaim(Doomed {
+            key,
+            rev: acquisition.rev,
+            owner: request.owner.clone(),
+            session,
+            claim,
+        })
+        .await;
     }
 
     async fn renew(&self, batch: &[Renewal<'_, EtcdLease>]) -> Vec<Result<Renewed>> {
@@ -617,6 +794,9 @@ impl Backend for EtcdBackend {
         }
         let outcomes =
             futures_util::future::join_all(sessions.iter().map(|s| s.keep_alive())).await;
+        // Renewals run on the runtime the core's watchdog is on now: the held-keys watch moves there if
+        // its runtime is gone.
+        self.inner.held.keep_running(&self.inner.client);
         let by_id: HashMap<i64, &std::result::Result<Duration, KeepAlive>> =
             sessions.iter().map(|s| s.id).zip(outcomes.iter()).collect();
         batch
@@ -637,7 +817,10 @@ impl Backend for EtcdBackend {
                         });
                     }
                     clock.expires = clock::now().saturating_add(entry.ttl);
-                    let armed = clock.unarmed.is_none();
+                    let armed = clock
+                        .timer
+                        .as_ref()
+                        .is_some_and(|alive| alive.load(Ordering::Acquire));
                     drop(clock);
                     if armed {
                         entry.lease.wake.notify_one();
@@ -665,11 +848,28 @@ impl Backend for EtcdBackend {
             .collect()
     }
 
-    async fn release(&self, lease: &EtcdLease, name: &str, _owner: &str) -> Result<Released> {
-        let resp = self
+    async fn release(&self, lease: &EtcdLease, name: &str, owner: &str) -> Result<Released> {
+        self.inner.held.unwatch(lease.watch_id);
+        let resp = match self
             .txn("release", layout::release_txn(&lease.key, lease.rev))
             .await
-            .map_err(|e| e.into_core(Some(name)))?;
+        {
+            Ok(resp) => resp,
+            Err(e) => {
+                // The key may still be there, on a session this process keeps alive: delete it in the
+                // background until that works, and keep its claim meanwhile, so the next local owner
+                // of the name neither adopts it nor gets the lock before it is gone.
+                self.delete_later(Doomed {
+                    key: lease.key.clone(),
+                    rev: Some(lease.rev),
+                    owner: owner.to_string(),
+                    session: lease.session.clone(),
+                    claim: lease.claim,
+                });
+                return Err(e.into_core(Some(name)));
+            }
+        };
+        self.unclaim(&lease.key, lease.claim);
         // Only now stop the expiry timer: if the release failed, the timer still deletes the key
         // when the lease runs out.
         if let Ok(mut c) = lease.clock.lock() {
@@ -724,7 +924,7 @@ impl EtcdBackend {
         request: &AcquireRequest,
     ) -> std::result::Result<Attempt<EtcdLease>, EtcdError> {
         let prefix = layout::prefix(&request.name);
-        let (session, key, rev, holder, predecessor, read_rev) = match (
+        let (session, key, rev, holder, predecessor, read_rev, alive_at) = match (
             &acq.session,
             &acq.key,
             acq.rev,
@@ -744,73 +944,115 @@ impl EtcdBackend {
                 let ops = resp.op_responses();
                 let holder = get_of(ops.first())?.kvs().first().cloned();
                 let pred = get_of(ops.get(1))?.kvs().first().cloned();
+                let read_rev = header_rev(&resp)?;
                 (
                     session.clone(),
                     key.clone(),
                     rev,
                     holder,
                     pred,
-                    header_rev(&resp)?,
+                    read_rev,
+                    read_rev,
                 )
             }
-            _ => {
-                let session = self.session_for(request.lease).await?;
-                let key = layout::key(&request.name, session.id);
-                acq.session = Some(session.clone());
-                acq.key = Some(key.clone());
-                acq.rev = None;
-                let resp = self
-                    .txn(
-                        "acquire",
-                        layout::create_txn(&key, &prefix, session.id, &request.owner),
-                    )
-                    .await?;
-                let read_rev = header_rev(&resp)?;
-                let ops = resp.op_responses();
-                let holder = get_of(ops.get(1))?.kvs().first().cloned();
-                if resp.succeeded() {
-                    // Our key is the newest; the one before it is the predecessor.
-                    let rev = read_rev;
-                    let pred = get_of(ops.get(2))?
-                        .kvs()
-                        .iter()
-                        .find(|kv| kv.create_revision() < rev)
-                        .cloned();
-                    (session, key, rev, holder, pred, read_rev)
-                } else {
-                    // The key was there: a retry after a lost reply. Ours (the key carries our lease).
-                    let own = get_of(ops.first())?.kvs().first().cloned().ok_or_else(|| {
-                        EtcdError::Protocol("the lock key vanished inside a txn".into())
-                    })?;
-                    if own.lease() != session.id {
-                        return Err(EtcdError::Protocol(format!(
-                            "{key} exists on lease {:x}, not on this session's lease",
-                            own.lease()
-                        )));
-                    }
-                    let rev = own.create_revision();
-                    let pred_resp = self
-                        .get("predecessor read", layout::predecessor(&prefix, rev))
-                        .await?;
-                    let pred = pred_resp.kvs().first().cloned();
-                    let read_rev = pred_resp.header().map_or(read_rev, |h| h.revision());
-                    (session, key, rev, holder, pred, read_rev)
-                }
-            }
+            _ => self.create(acq, request, &prefix).await?,
         };
         acq.rev = Some(rev);
         let first = holder.as_ref().is_none_or(|h| h.create_revision() == rev);
         if first {
             acq.watch = None;
+            let claim = acq.claim.take().unwrap_or(FOREIGN);
             return Ok(Attempt::Acquired(self.grant(
                 session,
                 key,
                 rev,
+                alive_at,
+                claim,
                 request.lease,
             )));
         }
         acq.watch = predecessor.map(|kv| (key_string(&kv), read_rev + 1));
         Ok(Attempt::Busy { retry_after: None })
+    }
+
+    /// The first try: claims a key, creates it if absent, reads the holder and the predecessor.
+    /// Returns `(session, key, rev, holder, predecessor, read revision, a revision the key existed at)`.
+    async fn create(
+        &self,
+        acq: &mut EtcdAcquisition,
+        request: &AcquireRequest,
+        prefix: &str,
+    ) -> std::result::Result<Created, EtcdError> {
+        // A few passes: a session found dead (revoked behind the keep-alive's back) is replaced once,
+        // and a key of ours some other writer made on our lease is skipped for the next slot.
+        for _ in 0..8 {
+            let session = self.session_for(request.lease).await?;
+            let (key, claim) = self.claim_key(&request.name, session.id);
+            acq.session = Some(session.clone());
+            acq.key = Some(key.clone());
+            acq.claim = Some(claim);
+            acq.rev = None;
+            let resp = match self
+                .txn(
+                    "acquire",
+                    layout::create_txn(&key, prefix, session.id, &request.owner),
+                )
+                .await
+            {
+                Ok(resp) => resp,
+                Err(e) if lease_not_found(&e) => {
+                    // Nothing was written (the put refers to a lease that is gone).
+                    let _ = session.mark_gone(
+                        "the session lease was not found on the server (revoked or expired)",
+                    );
+                    self.unclaim(&key, claim);
+                    acq.session = None;
+                    acq.key = None;
+                    acq.claim = None;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let read_rev = header_rev(&resp)?;
+            let ops = resp.op_responses();
+            let holder = get_of(ops.get(1))?.kvs().first().cloned();
+            if resp.succeeded() {
+                // Our key is the newest; the one before it is the predecessor.
+                let rev = read_rev;
+                let pred = get_of(ops.get(2))?
+                    .kvs()
+                    .iter()
+                    .find(|kv| kv.create_revision() < rev)
+                    .cloned();
+                return Ok((session, key, rev, holder, pred, read_rev, read_rev));
+            }
+            let own =
+                get_of(ops.first())?.kvs().first().cloned().ok_or_else(|| {
+                    EtcdError::Protocol("the lock key vanished inside a txn".into())
+                })?;
+            // The key was there. This acquisition holds the only local claim on it, so it is ours
+            // only as a retry after a lost reply: on our lease with our owner id, read in the same
+            // transaction. Anything else was written by someone else: not adopted (its token is not
+            // ours to hand out), never deleted, and skipped for the next slot.
+            if own.lease() != session.id || own.value() != request.owner.as_bytes() {
+                tracing::warn!(%key, "etcd: a lock key on this session's lease holds another owner's id; leaving it alone");
+                self.disown(&key, claim);
+                acq.key = None;
+                acq.claim = None;
+                continue;
+            }
+            let rev = own.create_revision();
+            let pred_resp = self
+                .get("predecessor read", layout::predecessor(prefix, rev))
+                .await?;
+            let pred = pred_resp.kvs().first().cloned();
+            let pred_rev = pred_resp.header().map_or(read_rev, |h| h.revision());
+            return Ok((session, key, rev, holder, pred, pred_rev, read_rev));
+        }
+        Err(EtcdError::Protocol(format!(
+            "no usable lock key for {} after several tries (keys on this session's lease hold other owners' ids, or its lease keeps vanishing)",
+            request.name
+        )))
     }
 
     async fn wait_predecessor(
@@ -863,6 +1105,25 @@ impl EtcdBackend {
                 },
             }
         }
+    }
+}
+
+/// What [`EtcdBackend::create`] found.
+type Created = (
+    Arc<Session>,
+    String,
+    i64,
+    Option<KeyValue>,
+    Option<KeyValue>,
+    i64,
+    i64,
+);
+
+/// Whether a request failed because the lease it refers to does not exist (revoked or expired).
+fn lease_not_found(e: &EtcdError) -> bool {
+    match e {
+        EtcdError::Rpc { source, .. } => source.to_string().contains("lease not found"),
+        _ => false,
     }
 }
 

@@ -6,8 +6,16 @@
 //!   `etcdctl lock NAME` passes `NAME`). The name is used raw, no escaping.
 //! * **Key.** Each contender's key is `NAME/<session lease id in lowercase hex>` (Go:
 //!   `fmt.Sprintf("%s%x", pfx, s.Lease())`), attached to that lease, created in a transaction only if
-//!   absent (`create_revision == 0`). distlock stores the owner id as the value (Go stores `""`; nobody
-//!   reads it), so `distlock status` can name the holder.
+//!   absent (`create_revision == 0`). distlock stores the owner id as the value (Go stores `""` and never
+//!   reads it), so `distlock status` can name the holder, and so that a key is adopted (after a lost
+//!   reply) only by the owner that wrote it.
+//! * **One key per contender, also within one session.** All locks of a backend (and of its clones)
+//!   share the session lease, so two owners of one name in one process would both compute
+//!   `NAME/<lease hex>` (Go's Mutexes on one session do, and then both "hold" it). distlock's backend
+//!   claims a key locally before using it: the first contender of a name on a session uses Go's
+//!   `NAME/<lease hex>`, a second one at the same time `NAME/<lease hex>_<n>` ([`slot_key`]). Every key
+//!   under `NAME/` is a contender to Go and to `etcdctl lock` (they order by create_revision and never
+//!   parse keys), so the extra keys queue fairly with everyone.
 //! * **Holder.** The key with the smallest create_revision under `NAME/`. Waiters are served in the
 //!   order their keys were created (FIFO).
 //! * **Token.** The holder key's create_revision: a deleted key never comes back with its old revision,
@@ -42,6 +50,23 @@ pub fn prefix(name: &str) -> String {
 /// The key of the contender holding session lease `lease` on lock `name`: `name/<lease hex>`.
 pub fn key(name: &str, lease: i64) -> String {
     format!("{name}/{lease:x}")
+}
+
+/// The key of the `slot`-th concurrent local contender on session lease `lease`: slot 0 is Go's
+/// `name/<lease hex>`, slot n > 0 is `name/<lease hex>_<n>` (`_` is not a hex digit, so it never equals
+/// another lease's key).
+///
+/// ```
+/// use distlock_etcd::layout;
+/// assert_eq!(layout::slot_key("x", 0x1a, 0), layout::key("x", 0x1a));
+/// assert_eq!(layout::slot_key("x", 0x1a, 2), "x/1a_2");
+/// ```
+pub fn slot_key(name: &str, lease: i64, slot: usize) -> String {
+    if slot == 0 {
+        key(name, lease)
+    } else {
+        format!("{name}/{lease:x}_{slot}")
+    }
 }
 
 /// The oldest key under the prefix: the holder.
@@ -122,11 +147,15 @@ pub fn release_txn(key: &str, rev: i64) -> Txn {
         .and_then([TxnOp::delete(key, None::<DeleteOptions>)])
 }
 
-/// Undo of a try whose reply was lost: delete the key only if it hangs on our lease (the key name
-/// carries the lease id, so nobody else creates it; the compare keeps a stray delete harmless).
-pub fn undo_txn(key: &str, lease: i64) -> Txn {
+/// Undo of a try whose reply was lost: delete the key only if it hangs on our lease *and* holds our
+/// owner id (the key name carries the lease id, but another writer given the same lease could have
+/// created it: its key is left alone).
+pub fn undo_txn(key: &str, lease: i64, owner: &str) -> Txn {
     Txn::new()
-        .when([Compare::lease(key, CompareOp::Equal, lease)])
+        .when([
+            Compare::lease(key, CompareOp::Equal, lease),
+            Compare::value(key, CompareOp::Equal, owner),
+        ])
         .and_then([TxnOp::delete(key, None::<DeleteOptions>)])
 }
 

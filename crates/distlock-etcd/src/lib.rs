@@ -23,6 +23,7 @@
 mod backend;
 mod config;
 mod error;
+mod held;
 pub mod layout;
 mod session;
 

@@ -197,7 +197,7 @@ impl Session {
             .saturating_sub(clock::now().saturating_duration_since(c.sent))
     }
 
-    fn mark_gone(&self, reason: &str) -> KeepAlive {
+    pub(crate) fn mark_gone(&self, reason: &str) -> KeepAlive {
         let reason = format!("{reason} (lease {:x})", self.id);
         self.gone.send_if_modified(|g| {
             if g.is_none() {

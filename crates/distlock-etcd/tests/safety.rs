@@ -104,7 +104,13 @@ async fn a_key_on_the_own_lease_written_by_another_owner_is_not_adopted() {
     let (_, lease) = backend.session_leases().await[0];
     let key = format!("{name}/{lease:x}");
     server
-        .etcdctl(&["put", "--lease", &format!("{lease:x}"), &key, "someone-else"])
+        .etcdctl(&[
+            "put",
+            "--lease",
+            &format!("{lease:x}"),
+            &key,
+            "someone-else",
+        ])
         .unwrap();
     let foreign = keys(&server.endpoints(), &format!("{name}/"));
     assert_eq!(foreign.len(), 1);

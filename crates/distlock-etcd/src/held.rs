@@ -1,0 +1,368 @@
+//! The watch on held keys: one etcd watch stream per backend, with one watch (a client-chosen watch id)
+//! per held key multiplexed on it, so a key deleted on the server (`etcdctl del`, `etcdctl lease
+//! revoke`, a lease expiry) makes its guard `Lost` within one round trip of the delete instead of at the
+//! next keep-alive (a third of the session TTL: 20 s at the default 60 s).
+//!
+//! Each watch starts at the revision of the read that granted the key + 1 and filters out puts, so the
+//! only event it can see is the delete of that very key (a key recreated later has a newer
+//! create_revision and comes after our delete). A broken stream is reopened and every watch recreated
+//! from its start revision, so a delete that happened while disconnected is still reported; a watch
+//! whose start revision was compacted meanwhile re-reads the key instead. The task runs on the runtime
+//! of whoever registered a key; if that runtime is gone (its tasks are dropped with it) the next
+//! registration or renewal starts it again on the current one.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::AbortHandle;
+
+/// The loss channel of one held lock: the first reason sent wins.
+pub(crate) type LossSender = Arc<watch::Sender<Option<String>>>;
+
+/// Sends `reason` on a loss channel unless a reason is there already.
+pub(crate) fn report_loss(lost: &LossSender, reason: String) {
+    lost.send_if_modified(|r| {
+        if r.is_none() {
+            *r = Some(reason);
+            true
+        } else {
+            false
+        }
+    });
+}
+
+#[derive(Clone)]
+struct Entry {
+    key: String,
+    rev: i64,
+    /// The revision to (re)start the watch from.
+    from: i64,
+    lost: LossSender,
+}
+
+enum Command {
+    Add(i64),
+    Cancel(i64),
+}
+
+struct Task {
+    commands: mpsc::UnboundedSender<Command>,
+    /// False once the task's future was dropped (aborted, or its runtime shut down).
+    alive: Arc<AtomicBool>,
+    abort: AbortHandle,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: i64,
+    entries: HashMap<i64, Entry>,
+    task: Option<Task>,
+}
+
+/// The held keys of one backend and the task that watches them.
+#[derive(Default)]
+pub(crate) struct HeldKeys {
+    state: Arc<Mutex<State>>,
+}
+
+impl Drop for HeldKeys {
+    fn drop(&mut self) {
+        if let Ok(state) = self.state.lock() {
+            if let Some(task) = &state.task {
+                task.abort.abort();
+            }
+        }
+    }
+}
+
+/// Flips `alive` to false when the task's future is dropped, however that happens.
+pub(crate) struct AliveFlag(pub(crate) Arc<AtomicBool>);
+
+impl Drop for AliveFlag {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl HeldKeys {
+    /// Watches `key` (created at `rev`, known to exist at revision `from - 1`) until
+    /// [`unwatch`](Self::unwatch); a delete is reported on `lost`. Returns the watch id.
+    pub(crate) fn watch(
+        &self,
+        client: &Client,
+        key: String,
+        rev: i64,
+        from: i64,
+        lost: LossSender,
+    ) -> i64 {
+        let Ok(mut state) = self.state.lock() else {
+            return 0;
+        };
+        state.next_id += 1;
+        let id = state.next_id;
+        state.entries.insert(
+            id,
+            Entry {
+                key,
+                rev,
+                from,
+                lost,
+            },
+        );
+        if !self.ensure_task(&mut state, client) {
+            if let Some(task) = &state.task {
+                let _ = task.commands.send(Command::Add(id));
+            }
+        }
+        id
+    }
+
+    /// Stops watching (the lock was released).
+    pub(crate) fn unwatch(&self, id: i64) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        if state.entries.remove(&id).is_some() {
+            if let Some(task) = &state.task {
+                let _ = task.commands.send(Command::Cancel(id));
+            }
+        }
+    }
+
+    /// Starts the task again if it is gone (its runtime was dropped) while keys are held.
+    pub(crate) fn keep_running(&self, client: &Client) {
+        if let Ok(mut state) = self.state.lock() {
+            if !state.entries.is_empty() {
+                self.ensure_task(&mut state, client);
+            }
+        }
+    }
+
+    /// Spawns the task on the current runtime unless one is alive; true if it spawned one (which
+    /// watches every entry from the start).
+    fn ensure_task(&self, state: &mut State, client: &Client) -> bool {
+        if state
+            .task
+            .as_ref()
+            .is_some_and(|t| t.alive.load(Ordering::Acquire) && !t.commands.is_closed())
+        {
+            return false;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let (commands, rx) = mpsc::unbounded_channel();
+        let alive = Arc::new(AtomicBool::new(true));
+        let flag = AliveFlag(alive.clone());
+        let shared = Arc::downgrade(&self.state);
+        let client = client.clone();
+        let abort = runtime
+            .spawn(async move {
+                let _flag = flag;
+                run(shared, client, rx).await;
+            })
+            .abort_handle();
+        state.task = Some(Task {
+            commands,
+            alive,
+            abort,
+        });
+        true
+    }
+}
+
+fn options(id: i64, from: i64) -> WatchOptions {
+    WatchOptions::new()
+        .with_watch_id(id)
+        .with_start_revision(from)
+        .with_filters([WatchFilterType::NoPut])
+}
+
+async fn run(
+    shared: std::sync::Weak<Mutex<State>>,
+    client: Client,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(state) = shared.upgrade() else {
+            return;
+        };
+        let entries: Vec<(i64, Entry)> = match state.lock() {
+            Ok(s) => s.entries.iter().map(|(id, e)| (*id, e.clone())).collect(),
+            Err(_) => return,
+        };
+        drop(state);
+        let Some(((first_id, first), rest)) = entries.split_first() else {
+            // Nothing held: wait for a key (commands for ids already gone are stale).
+            match commands.recv().await {
+                Some(_) => continue,
+                None => return,
+            }
+        };
+        let mut watch_client = client.watch_client();
+        let opened = tokio::time::timeout(
+            Duration::from_secs(5),
+            watch_client.watch(first.key.clone(), Some(options(*first_id, first.from))),
+        )
+        .await;
+        let mut stream = match opened {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "etcd: opening the held-keys watch failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+        };
+        let mut active: HashSet<i64> = HashSet::from([*first_id]);
+        let mut broken = false;
+        for (id, entry) in rest {
+            if stream
+                .watch(entry.key.clone(), Some(options(*id, entry.from)))
+                .await
+                .is_err()
+            {
+                broken = true;
+                break;
+            }
+            active.insert(*id);
+        }
+        while !broken {
+            tokio::select! {
+                command = commands.recv() => match command {
+                    None => return,
+                    Some(Command::Add(id)) => {
+                        if active.contains(&id) {
+                            continue;
+                        }
+                        let Some(entry) = entry_of(&shared, id) else { continue };
+                        if stream.watch(entry.key, Some(options(id, entry.from))).await.is_err() {
+                            broken = true;
+                        }
+                        active.insert(id);
+                    }
+                    Some(Command::Cancel(id)) => {
+                        if active.remove(&id) && stream.cancel(id).await.is_err() {
+                            broken = true;
+                        }
+                    }
+                },
+                message = stream.message() => match message {
+                    Ok(Some(resp)) => {
+                        backoff = Duration::from_millis(100);
+                        if handle(&shared, &client, &mut stream, &mut active, resp).await.is_err() {
+                            broken = true;
+                        }
+                    }
+                    Ok(None) | Err(_) => broken = true,
+                },
+            }
+        }
+        tracing::debug!("etcd: the held-keys watch stream broke; reopening it");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+fn entry_of(shared: &std::sync::Weak<Mutex<State>>, id: i64) -> Option<Entry> {
+    let state = shared.upgrade()?;
+    let state = state.lock().ok()?;
+    state.entries.get(&id).cloned()
+}
+
+/// Forgets a watch whose key is gone, and reports the loss.
+fn lose(shared: &std::sync::Weak<Mutex<State>>, id: i64, reason: String) {
+    let Some(state) = shared.upgrade() else {
+        return;
+    };
+    let entry = match state.lock() {
+        Ok(mut s) => s.entries.remove(&id),
+        Err(_) => None,
+    };
+    if let Some(entry) = entry {
+        tracing::debug!(key = %entry.key, "etcd: a held key was deleted on the server");
+        report_loss(&entry.lost, reason);
+    }
+}
+
+async fn handle(
+    shared: &std::sync::Weak<Mutex<State>>,
+    client: &Client,
+    stream: &mut WatchStream,
+    active: &mut HashSet<i64>,
+    resp: WatchResponse,
+) -> Result<(), etcd_client::Error> {
+    let id = resp.watch_id();
+    if resp
+        .events()
+        .iter()
+        .any(|e| e.event_type() == EventType::Delete)
+    {
+        if let Some(entry) = entry_of(shared, id) {
+            lose(
+                shared,
+                id,
+                format!(
+                    "its key {} was deleted on the server (by hand, or its session lease was revoked or expired)",
+                    entry.key
+                ),
+            );
+        }
+        if active.remove(&id) {
+            stream.cancel(id).await?;
+        }
+        return Ok(());
+    }
+    if !resp.canceled() {
+        return Ok(());
+    }
+    // Cancelled by the server (its start revision was compacted, or a cancel we sent): if the key is
+    // still held, read it, and watch again from that read.
+    active.remove(&id);
+    let Some(entry) = entry_of(shared, id) else {
+        return Ok(());
+    };
+    let mut kv = client.kv_client();
+    let read = tokio::time::timeout(Duration::from_secs(5), kv.get(entry.key.clone(), None)).await;
+    let read = match read {
+        Ok(Ok(read)) => read,
+        // Unknown: reopen the stream, which retries the watch from its start revision.
+        Ok(Err(e)) => return Err(e),
+        Err(_) => return Err(etcd_client::Error::WatchError("re-read timed out".into())),
+    };
+    let alive = read
+        .kvs()
+        .first()
+        .is_some_and(|kv| kv.create_revision() == entry.rev);
+    if !alive {
+        lose(
+            shared,
+            id,
+            format!(
+                "its key {} was deleted on the server (by hand, or its session lease was revoked or expired)",
+                entry.key
+            ),
+        );
+        return Ok(());
+    }
+    let from = read.header().map_or(entry.from, |h| h.revision() + 1);
+    if let Some(state) = shared.upgrade() {
+        if let Ok(mut s) = state.lock() {
+            if let Some(e) = s.entries.get_mut(&id) {
+                e.from = from;
+            }
+        }
+    }
+    stream.watch(entry.key, Some(options(id, from))).await?;
+    active.insert(id);
+    Ok(())
+}
