@@ -355,3 +355,61 @@ async fn fault_run_paused_waiter_never_runs_while_another_holds() {
         "nothing left under the prefix"
     );
 }
+
+/// Issue 7 item 4: at the default 60 s session TTL (keep-alive every 20 s), an operator revoking the
+/// holder's lease or deleting its key stops the command (SIGTERM) and `distlock` exits 76 within a round
+/// trip of the delete, not at the next keep-alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_run_revoke_or_delete_at_the_default_session_ttl_terms_the_command_at_once() {
+    let server = EtcdServer::start_or_panic();
+    let url = server.url();
+    let eps = server.endpoints();
+    let keep_alive_interval = Duration::from_secs(60) / 3;
+    for breaker in ["lease revoke", "del"] {
+        let name = common::name("run_broken");
+        let prefix = format!("{name}/");
+        let mut run = Run::spawn(&url, "60s", &[], &name, HOLD_SCRIPT);
+        let (token, child_pid) = run.wait_started();
+        let seen = keys(&eps, &prefix);
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].create_revision, token);
+        let ttl = server
+            .etcdctl(&["lease", "timetolive", &lease_hex(&name, &seen[0].key)])
+            .unwrap();
+        assert!(ttl.contains("granted with TTL(60s)"), "{ttl}");
+
+        let broken_at = Instant::now();
+        if breaker == "del" {
+            server.etcdctl(&["del", &seen[0].key]).unwrap();
+        } else {
+            server
+                .etcdctl(&["lease", "revoke", &lease_hex(&name, &seen[0].key)])
+                .unwrap();
+        }
+        assert!(keys(&eps, &prefix).is_empty());
+        let status = run.wait_for_exit(SLACK);
+        let elapsed = broken_at.elapsed();
+        let status = status.unwrap_or_else(|| {
+            panic!(
+                "{breaker}: distlock still running {SLACK:?} after it: {}",
+                run.stderr()
+            )
+        });
+        assert!(elapsed < keep_alive_interval, "{breaker}: {elapsed:?}");
+        assert_eq!(status.code(), Some(76), "{breaker}: {}", run.stderr());
+        assert_eq!(
+            run.read("term").as_deref(),
+            Some("term"),
+            "{breaker}: the command did not get SIGTERM"
+        );
+        assert!(gone_within(child_pid, Duration::from_secs(1)));
+        let stderr = run.stderr();
+        assert!(stderr.contains("was deleted on the server"), "{stderr}");
+        eprintln!("{breaker} → distlock exit 76: {elapsed:?}");
+        assert_eq!(
+            no_wait_run(&url, &name),
+            0,
+            "the lock is free after {breaker}"
+        );
+    }
+}
