@@ -36,6 +36,8 @@ pub(crate) struct Holding {
     lease_ttl: Duration,
     pub(crate) renew_every: Duration,
     max_hold_end: Option<Instant>,
+    /// The runtime of the acquire: the watchdog moves there if its own runtime is dropped.
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
     status: Mutex<Status>,
     state_tx: watch::Sender<LockState>,
     /// The local gate of this name, passed to the next waiter of this process after the release.
@@ -89,6 +91,7 @@ impl Holding {
             lease_ttl: options.lease,
             renew_every,
             max_hold_end: options.max_hold.map(|cap| sent_at.saturating_add(cap)),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             status: Mutex::new(status),
             state_tx,
             gate: Mutex::new(gate),
@@ -197,8 +200,15 @@ impl Holding {
             .min()
     }
 
-    /// Applies the outcome of a renewal sent at `sent_at`.
-    pub(crate) fn apply_renewal(&self, sent_at: Instant, outcome: Result<Renewed>) {
+    /// A renewal sent at `sent_at` for `ttl` will never be answered (its task was dropped).
+    pub(crate) fn renewal_abandoned(&self, sent_at: Instant, ttl: Duration) {
+        let _ = (sent_at, ttl);
+        lock(&self.status).renewing = false;
+    }
+
+    /// Applies the outcome of a renewal sent at `sent_at` for `ttl`.
+    pub(crate) fn apply_renewal(&self, sent_at: Instant, ttl: Duration, outcome: Result<Renewed>) {
+        let _ = ttl;
         let now = clock::now();
         let mut status = lock(&self.status);
         status.renewing = false;
@@ -251,7 +261,7 @@ impl Holding {
             Ok(Renewed::Gone { reason }) => Some(Error::new(ErrorKind::LockLost, reason.clone())),
             Err(e) => Some(Error::new(e.kind(), e.message().to_string())),
         };
-        self.apply_renewal(sent_at, outcome);
+        self.apply_renewal(sent_at, ttl, outcome);
         if let Some(reason) = self.loss_reason() {
             return Err(Error::new(ErrorKind::LockLost, reason));
         }
@@ -260,7 +270,8 @@ impl Holding {
 
     /// Watches a backend's loss signal until the hold ends.
     pub(crate) fn watch_loss(self: &Arc<Self>, loss: LossSignal) {
-        let Some(runtime) = self.shared.locks.runtime() else {
+        // On the acquire's runtime, which the hold's user is on.
+        let Some(runtime) = self.runtime.clone().or_else(|| self.shared.locks.runtime()) else {
             return;
         };
         let weak = Arc::downgrade(self);
@@ -410,6 +421,8 @@ impl LockGuard {
     }
 
     async fn until(&self, reached: impl Fn(LockState) -> bool) {
+        let locks = &self.holding.shared.locks;
+        locks.watchdog.ensure_running(locks);
         let mut changes = self.holding.state_tx.subscribe();
         loop {
             if reached(self.holding.state()) {
@@ -468,6 +481,8 @@ impl LockGuard {
         if let Some(reason) = self.holding.loss_reason() {
             return Err(tag(Error::new(ErrorKind::NotHeld, reason), kind, &name));
         }
+        let locks = &self.holding.shared.locks;
+        locks.watchdog.ensure_running(locks);
         self.holding
             .renew_now(ttl)
             .await
