@@ -70,6 +70,11 @@ impl Watchdog {
         }
     }
 
+    /// Makes the task look at its holds again (a deadline or a renewal time moved).
+    pub(crate) fn poke(&self) {
+        self.wake.notify_one();
+    }
+
     /// Starts the task on the current runtime if holds are waiting for one (its runtime was dropped and
     /// no other hold's runtime could take it).
     pub(crate) fn ensure_running(self: &Arc<Self>, locks: &LocksInner) {
@@ -155,8 +160,7 @@ impl Watchdog {
                 }
                 registry.prune_at = (registry.holds.len() * 2).max(64);
                 for holding in registry.holds.iter().filter_map(Weak::upgrade) {
-                    // Renewals due within an eighth of their period go together.
-                    if let Some(ttl) = holding.take_due(now, holding.renew_every / 8) {
+                    if let Some(ttl) = holding.take_due(now) {
                         due.push((holding.clone(), ttl));
                     }
                     if let Some(at) = holding.next_event() {
