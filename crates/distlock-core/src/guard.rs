@@ -330,8 +330,13 @@ impl Holding {
                         tracing::warn!(lock = %self.shared.name, %error, "renewal failed; lock in jeopardy");
                     }
                     status.jeopardy = true;
-                    // Retry well before the deadline.
-                    let retry = (status.period / 4).max(Duration::from_millis(20));
+                    // Retry well before the deadline, which may just have moved closer.
+                    let remaining = status
+                        .deadline
+                        .map_or(Duration::MAX, |d| d.saturating_duration_since(now));
+                    let retry = (status.period / 4)
+                        .min(remaining / 4)
+                        .max(Duration::from_millis(20));
                     status.next_renew_at = Some(now.saturating_add(retry));
                 }
             }

@@ -174,3 +174,19 @@ async fn extend_asks_for_no_more_than_what_is_left_of_max_hold() {
     assert!(next.is_ok(), "the key outlived max_hold: {next:?}");
     assert_eq!(guard.state(), LockState::Lost);
 }
+
+/// An `extend(1s)` whose caller gives up before the reply: the store applied it, so the guard must not
+/// go on trusting the 30 s lease, and the watchdog must renew before the 1 s runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_extend_counts_as_possibly_applied() {
+    let (a_backend, a, b) = two_clients();
+    let guard = a.lock("cancelled").unwrap().acquire().await.unwrap();
+    a_backend.delay_renewals([Duration::from_secs(2)]);
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(100),
+        guard.extend(Duration::from_secs(1)),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the extend was meant to be cut short");
+    never_held_after_the_server_dropped_the_key(&guard, &b, Duration::from_secs(3)).await;
+}
