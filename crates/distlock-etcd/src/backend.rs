@@ -31,7 +31,7 @@
 //! expired), so a revoked lease is noticed within one keep-alive interval (a third of the TTL).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -76,11 +76,15 @@ pub struct EtcdBackend {
 }
 
 struct Inner {
-    client: Client,
+    /// The connection. Its channel runs tasks on the runtime it was made on, so when that runtime is
+    /// dropped the connection is dead: the next request reconnects on the current runtime.
+    conn: Mutex<Conn>,
+    connect_options: ConnectOptions,
+    reconnecting: tokio::sync::Mutex<()>,
     config: EtcdConfig,
     /// Sessions by TTL in whole seconds.
     sessions: tokio::sync::Mutex<HashMap<u64, Arc<Session>>>,
-    keepers: Mutex<Vec<(Arc<Session>, AbortHandle)>>,
+    keepers: Mutex<Vec<Keeper>>,
     /// Lock keys a local contender of this backend (or of a clone) uses, by key, with the claim id of
     /// that contender: queued, held, or left behind by a delete that failed and is being retried. All
     /// locks of a session share its lease, so without claims two owners of one name would compute the
@@ -91,14 +95,70 @@ struct Inner {
     held: HeldKeys,
 }
 
+/// The connection and whether the runtime it was made on still runs.
+struct Conn {
+    client: Client,
+    alive: Arc<AtomicBool>,
+    sentinel: Option<AbortHandle>,
+}
+
+/// A session's keep-alive task; `alive` is false once it is gone with its runtime.
+struct Keeper {
+    session: Arc<Session>,
+    task: AbortHandle,
+    alive: Arc<AtomicBool>,
+}
+
+impl Keeper {
+    fn spawn(runtime: &tokio::runtime::Handle, session: Arc<Session>) -> Keeper {
+        let alive = Arc::new(AtomicBool::new(true));
+        let flag = AliveFlag(alive.clone());
+        let task = runtime
+            .spawn({
+                let session = session.clone();
+                async move {
+                    let _flag = flag;
+                    session.keep_alive_loop().await;
+                }
+            })
+            .abort_handle();
+        Keeper {
+            session,
+            task,
+            alive,
+        }
+    }
+}
+
+/// A task on the current runtime that does nothing but flip its flag when it is dropped: it tells
+/// whether the runtime a connection was made on (and so the connection's own tasks) still runs.
+fn runtime_sentinel() -> (Arc<AtomicBool>, Option<AbortHandle>) {
+    let alive = Arc::new(AtomicBool::new(true));
+    let sentinel = tokio::runtime::Handle::try_current().ok().map(|runtime| {
+        let flag = AliveFlag(alive.clone());
+        runtime
+            .spawn(async move {
+                let _flag = flag;
+                std::future::pending::<()>().await;
+            })
+            .abort_handle()
+    });
+    (alive, sentinel)
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
+        if let Ok(conn) = self.conn.get_mut() {
+            if let Some(sentinel) = conn.sentinel.take() {
+                sentinel.abort();
+            }
+        }
         let keepers = match self.keepers.get_mut() {
             Ok(k) => std::mem::take(k),
             Err(_) => return,
         };
         let handle = tokio::runtime::Handle::try_current().ok();
-        for (session, task) in keepers {
+        for Keeper { session, task, .. } in keepers {
             task.abort();
             // Revoke, so queued keys and the lease do not outlive the backend by a TTL.
             if let Some(handle) = &handle {
@@ -215,6 +275,7 @@ impl EtcdBackend {
             }
             options = options.with_tls(tls);
         }
+        let connect_options = options.clone();
         let connect = Client::connect(config.client_endpoints(), Some(options));
         let client = match tokio::time::timeout(config.timeout, connect).await {
             Ok(Ok(client)) => client,
@@ -266,15 +327,22 @@ impl EtcdBackend {
                 })
             }
         }
+        let (alive, sentinel) = runtime_sentinel();
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
-                client,
+                held: HeldKeys::new(client.clone()),
+                conn: Mutex::new(Conn {
+                    client,
+                    alive,
+                    sentinel,
+                }),
+                connect_options,
+                reconnecting: tokio::sync::Mutex::new(()),
                 config,
                 sessions: tokio::sync::Mutex::new(HashMap::new()),
                 keepers: Mutex::new(Vec::new()),
                 claims: Mutex::new(HashMap::new()),
                 next_claim: AtomicU64::new(1),
-                held: HeldKeys::default(),
             }),
         })
     }
@@ -284,9 +352,84 @@ impl EtcdBackend {
         &self.inner.config
     }
 
-    /// The underlying etcd-client handle (for fenced writes with [`layout::fenced_put`]).
-    pub fn client(&self) -> &Client {
-        &self.inner.client
+    /// The underlying etcd-client handle (for fenced writes with [`layout::fenced_put`]). The
+    /// backend's requests reconnect on the current runtime once the runtime the connection was made on
+    /// is dropped; this handle is the connection as of now.
+    pub fn client(&self) -> Client {
+        match self.inner.conn.lock() {
+            Ok(conn) => conn.client.clone(),
+            Err(poisoned) => poisoned.into_inner().client.clone(),
+        }
+    }
+
+    /// The connection, made again on the current runtime if the runtime it was made on is gone (its
+    /// channel's tasks went with it); sessions, keep-alive tasks and the held-keys watch move to it.
+    async fn connection(&self) -> std::result::Result<Client, EtcdError> {
+        let live = |inner: &Inner| match inner.conn.lock() {
+            Ok(conn) if conn.alive.load(Ordering::Acquire) => Some(conn.client.clone()),
+            _ => None,
+        };
+        if let Some(client) = live(&self.inner) {
+            return Ok(client);
+        }
+        let _serial = self.inner.reconnecting.lock().await;
+        if let Some(client) = live(&self.inner) {
+            return Ok(client);
+        }
+        let config = &self.inner.config;
+        let connect = Client::connect(
+            config.client_endpoints(),
+            Some(self.inner.connect_options.clone()),
+        );
+        let client = match tokio::time::timeout(config.timeout, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(source)) => {
+                return Err(EtcdError::Connect {
+                    endpoints: config.endpoints.join(","),
+                    source,
+                })
+            }
+            Err(_) => {
+                return Err(EtcdError::Timeout {
+                    action: "reconnect",
+                    after: config.timeout,
+                })
+            }
+        };
+        let (alive, sentinel) = runtime_sentinel();
+        if let Ok(mut conn) = self.inner.conn.lock() {
+            if let Some(old) = conn.sentinel.take() {
+                old.abort();
+            }
+            *conn = Conn {
+                client: client.clone(),
+                alive,
+                sentinel,
+            };
+        }
+        tracing::debug!(
+            "etcd: the connection's runtime was dropped; reconnected on the current one"
+        );
+        for session in self.inner.sessions.lock().await.values() {
+            session.use_client(&client).await;
+        }
+        self.inner.held.use_client(&client);
+        self.ensure_keepers();
+        Ok(client)
+    }
+
+    /// Starts again, on the current runtime, the keep-alive tasks whose runtime was dropped.
+    fn ensure_keepers(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if let Ok(mut keepers) = self.inner.keepers.lock() {
+            for keeper in keepers.iter_mut() {
+                if !keeper.alive.load(Ordering::Acquire) && keeper.session.gone_reason().is_none() {
+                    *keeper = Keeper::spawn(&runtime, keeper.session.clone());
+                }
+            }
+        }
     }
 
     /// The session TTL of the configuration: the lease locks get when they ask for none.
@@ -316,9 +459,11 @@ impl EtcdBackend {
     async fn session_for(&self, lease: Duration) -> std::result::Result<Arc<Session>, EtcdError> {
         let secs = lease.as_secs() + u64::from(lease.subsec_nanos() > 0);
         let secs = secs.max(1);
+        let client = self.connection().await?;
         let mut sessions = self.inner.sessions.lock().await;
         if let Some(s) = sessions.get(&secs) {
             if s.gone_reason().is_none() && !s.remaining().is_zero() {
+                self.ensure_keepers();
                 return Ok(s.clone());
             }
             // Known gone, or not confirmed within its TTL (keep-alives failed that long): the server
@@ -331,21 +476,21 @@ impl EtcdBackend {
             }
         }
         let session = Session::grant(
-            &self.inner.client,
+            &client,
             Duration::from_secs(secs),
             self.inner.config.timeout,
         )
         .await?;
-        let task = tokio::spawn(session.clone().keep_alive_loop()).abort_handle();
+        let runtime = tokio::runtime::Handle::current();
         if let Ok(mut keepers) = self.inner.keepers.lock() {
-            keepers.retain(|(s, t)| {
-                let live = s.gone_reason().is_none();
+            keepers.retain(|k| {
+                let live = k.session.gone_reason().is_none();
                 if !live {
-                    t.abort();
+                    k.task.abort();
                 }
                 live
             });
-            keepers.push((session.clone(), task));
+            keepers.push(Keeper::spawn(&runtime, session.clone()));
         }
         sessions.insert(secs, session.clone());
         Ok(session)
@@ -356,7 +501,7 @@ impl EtcdBackend {
         action: &'static str,
         txn: Txn,
     ) -> std::result::Result<TxnResponse, EtcdError> {
-        let kv = self.inner.client.kv_client();
+        let kv = self.connection().await?.kv_client();
         // Every txn here is compare-guarded, so repeating one is harmless.
         self.idempotent(action, || {
             let (mut kv, txn) = (kv.clone(), txn.clone());
@@ -370,7 +515,7 @@ impl EtcdBackend {
         action: &'static str,
         (key, options): (String, etcd_client::GetOptions),
     ) -> std::result::Result<GetResponse, EtcdError> {
-        let kv = self.inner.client.kv_client();
+        let kv = self.connection().await?.kv_client();
         self.idempotent(action, || {
             let (mut kv, key, options) = (kv.clone(), key.clone(), options.clone());
             async move { kv.get(key, Some(options)).await }
@@ -584,13 +729,10 @@ impl EtcdBackend {
         let token = FencingToken::new(rev.unsigned_abs());
         // From the revision the grant was read at + 1: the key existed then, so any delete the watch
         // sees is of this very key.
-        let watch_id = self.inner.held.watch(
-            &self.inner.client,
-            key.clone(),
-            rev,
-            read_rev + 1,
-            lost.clone(),
-        );
+        let watch_id = self
+            .inner
+            .held
+            .watch(key.clone(), rev, read_rev + 1, lost.clone());
         let held = EtcdLease {
             key,
             rev,
@@ -785,6 +927,11 @@ impl Backend for EtcdBackend {
     }
 
     async fn renew(&self, batch: &[Renewal<'_, EtcdLease>]) -> Vec<Result<Renewed>> {
+        // A connection whose runtime was dropped is made again first (a failure shows in the
+        // keep-alives below).
+        if let Err(e) = self.connection().await {
+            tracing::debug!(error = %e, "etcd: reconnecting for a renewal failed");
+        }
         // One keep-alive round trip per distinct session, concurrently.
         let mut sessions: Vec<Arc<Session>> = Vec::new();
         for entry in batch {
@@ -794,9 +941,10 @@ impl Backend for EtcdBackend {
         }
         let outcomes =
             futures_util::future::join_all(sessions.iter().map(|s| s.keep_alive())).await;
-        // Renewals run on the runtime the core's watchdog is on now: the held-keys watch moves there if
-        // its runtime is gone.
-        self.inner.held.keep_running(&self.inner.client);
+        // Renewals run on the runtime the core's watchdog is on now: the keep-alive tasks and the
+        // held-keys watch move there if their runtime is gone.
+        self.ensure_keepers();
+        self.inner.held.keep_running();
         let by_id: HashMap<i64, &std::result::Result<Duration, KeepAlive>> =
             sessions.iter().map(|s| s.id).zip(outcomes.iter()).collect();
         batch
@@ -894,7 +1042,7 @@ impl Backend for EtcdBackend {
         if let Some(holder) = kvs.first() {
             let mut remaining = None;
             if holder.lease() != 0 {
-                let mut lease = self.inner.client.lease_client();
+                let mut lease = self.client().lease_client();
                 if let Ok(Ok(ttl)) = tokio::time::timeout(
                     self.inner.config.timeout,
                     lease.time_to_live(holder.lease(), None),
@@ -1071,7 +1219,7 @@ impl EtcdBackend {
         let options = WatchOptions::new()
             .with_start_revision(from)
             .with_filters([WatchFilterType::NoPut]);
-        let mut client = self.inner.client.watch_client();
+        let mut client = self.connection().await?.watch_client();
         let timeout = self.inner.config.timeout;
         let mut stream = tokio::select! {
             reason = &mut gone => return Err(session_died(reason)),

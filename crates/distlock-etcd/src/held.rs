@@ -47,6 +47,8 @@ struct Entry {
 enum Command {
     Add(i64),
     Cancel(i64),
+    /// The connection was replaced: reopen the stream on the new one.
+    Reopen,
 }
 
 struct Task {
@@ -56,15 +58,15 @@ struct Task {
     abort: AbortHandle,
 }
 
-#[derive(Default)]
 struct State {
+    /// The backend's connection, replaced when its runtime is dropped.
+    client: Client,
     next_id: i64,
     entries: HashMap<i64, Entry>,
     task: Option<Task>,
 }
 
 /// The held keys of one backend and the task that watches them.
-#[derive(Default)]
 pub(crate) struct HeldKeys {
     state: Arc<Mutex<State>>,
 }
@@ -89,16 +91,30 @@ impl Drop for AliveFlag {
 }
 
 impl HeldKeys {
+    pub(crate) fn new(client: Client) -> HeldKeys {
+        HeldKeys {
+            state: Arc::new(Mutex::new(State {
+                client,
+                next_id: 0,
+                entries: HashMap::new(),
+                task: None,
+            })),
+        }
+    }
+
+    /// Moves the watch to a new connection (the old one died with its runtime).
+    pub(crate) fn use_client(&self, client: &Client) {
+        if let Ok(mut state) = self.state.lock() {
+            state.client = client.clone();
+            if let Some(task) = &state.task {
+                let _ = task.commands.send(Command::Reopen);
+            }
+        }
+    }
+
     /// Watches `key` (created at `rev`, known to exist at revision `from - 1`) until
     /// [`unwatch`](Self::unwatch); a delete is reported on `lost`. Returns the watch id.
-    pub(crate) fn watch(
-        &self,
-        client: &Client,
-        key: String,
-        rev: i64,
-        from: i64,
-        lost: LossSender,
-    ) -> i64 {
+    pub(crate) fn watch(&self, key: String, rev: i64, from: i64, lost: LossSender) -> i64 {
         let Ok(mut state) = self.state.lock() else {
             return 0;
         };
@@ -113,7 +129,7 @@ impl HeldKeys {
                 lost,
             },
         );
-        if !self.ensure_task(&mut state, client) {
+        if !self.ensure_task(&mut state) {
             if let Some(task) = &state.task {
                 let _ = task.commands.send(Command::Add(id));
             }
@@ -134,17 +150,17 @@ impl HeldKeys {
     }
 
     /// Starts the task again if it is gone (its runtime was dropped) while keys are held.
-    pub(crate) fn keep_running(&self, client: &Client) {
+    pub(crate) fn keep_running(&self) {
         if let Ok(mut state) = self.state.lock() {
             if !state.entries.is_empty() {
-                self.ensure_task(&mut state, client);
+                self.ensure_task(&mut state);
             }
         }
     }
 
     /// Spawns the task on the current runtime unless one is alive; true if it spawned one (which
     /// watches every entry from the start).
-    fn ensure_task(&self, state: &mut State, client: &Client) -> bool {
+    fn ensure_task(&self, state: &mut State) -> bool {
         if state
             .task
             .as_ref()
@@ -159,11 +175,10 @@ impl HeldKeys {
         let alive = Arc::new(AtomicBool::new(true));
         let flag = AliveFlag(alive.clone());
         let shared = Arc::downgrade(&self.state);
-        let client = client.clone();
         let abort = runtime
             .spawn(async move {
                 let _flag = flag;
-                run(shared, client, rx).await;
+                run(shared, rx).await;
             })
             .abort_handle();
         state.task = Some(Task {
@@ -184,7 +199,6 @@ fn options(id: i64, from: i64) -> WatchOptions {
 
 async fn run(
     shared: std::sync::Weak<Mutex<State>>,
-    client: Client,
     mut commands: mpsc::UnboundedReceiver<Command>,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -192,8 +206,11 @@ async fn run(
         let Some(state) = shared.upgrade() else {
             return;
         };
-        let entries: Vec<(i64, Entry)> = match state.lock() {
-            Ok(s) => s.entries.iter().map(|(id, e)| (*id, e.clone())).collect(),
+        let (client, entries): (Client, Vec<(i64, Entry)>) = match state.lock() {
+            Ok(s) => (
+                s.client.clone(),
+                s.entries.iter().map(|(id, e)| (*id, e.clone())).collect(),
+            ),
             Err(_) => return,
         };
         drop(state);
@@ -255,6 +272,7 @@ async fn run(
                             broken = true;
                         }
                     }
+                    Some(Command::Reopen) => broken = true,
                 },
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {

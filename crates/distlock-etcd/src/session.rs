@@ -43,7 +43,8 @@ pub(crate) struct Session {
     pub(crate) id: i64,
     /// The TTL the server granted (at least what was asked: etcd raises short TTLs to its minimum).
     pub(crate) granted: Duration,
-    client: Client,
+    /// The backend's connection; replaced when the runtime it was made on is dropped.
+    client: Mutex<Client>,
     timeout: Duration,
     confirmed: Mutex<Confirmed>,
     stream: tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
@@ -88,7 +89,7 @@ impl Session {
         let session = Arc::new(Session {
             id: resp.id(),
             granted,
-            client: client.clone(),
+            client: Mutex::new(client.clone()),
             timeout,
             confirmed: Mutex::new(Confirmed { sent, ttl: granted }),
             stream: tokio::sync::Mutex::new(None),
@@ -96,6 +97,24 @@ impl Session {
         });
         tracing::debug!(lease = %format_args!("{:x}", session.id), ?granted, "etcd session granted");
         Ok(session)
+    }
+
+    /// The connection to use now.
+    fn client(&self) -> Client {
+        match self.client.lock() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Moves the session to a new connection (the old one died with its runtime): the keep-alive
+    /// stream, opened on the old one, is dropped and reopened on the next keep-alive.
+    pub(crate) async fn use_client(&self, client: &Client) {
+        let mut stream = self.stream.lock().await;
+        *stream = None;
+        if let Ok(mut c) = self.client.lock() {
+            *c = client.clone();
+        }
     }
 
     /// Runs the session's own keep-alives until it is gone (or the task is aborted with the backend).
@@ -132,7 +151,7 @@ impl Session {
                 None => {
                     // Opening the stream sends a keep-alive and fails with "lease not found" for a
                     // lease that is gone; its TTL is the lease's full TTL, the one granted.
-                    let opened = self.client.lease_client().keep_alive(self.id).await?;
+                    let opened = self.client().lease_client().keep_alive(self.id).await?;
                     *stream = Some(opened);
                     Ok(Some(self.granted))
                 }
@@ -234,7 +253,7 @@ impl Session {
 
     /// Revokes the lease (best effort), ending every key on it.
     pub(crate) async fn revoke(&self) {
-        let mut lease = self.client.lease_client();
+        let mut lease = self.client().lease_client();
         if let Err(e) = tokio::time::timeout(self.timeout, lease.revoke(self.id)).await {
             tracing::debug!(error = %e, "etcd lease revoke timed out");
         }

@@ -278,3 +278,76 @@ async fn fault_a_revoked_session_is_not_reused_for_new_acquires() {
     assert_eq!(guard.state(), LockState::Held);
     guard.release().await.unwrap();
 }
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Issue 7 item 5: a backend (and its `Locks`) used on a first runtime, which is then dropped with the
+/// tasks the backend spawned on it (the connection's, the session keep-alive, the held-keys watch), keeps
+/// working on a second runtime: a hold whose lease needs renewals is still `Held` after three leases,
+/// because the renewals reach the server, and a delete of its key is still noticed at once.
+#[test]
+fn a_backend_keeps_working_on_a_second_runtime_after_the_first_is_dropped() {
+    let server = EtcdServer::start_or_panic();
+    let lease = Duration::from_secs(2);
+    let name = common::name("runtimes");
+    let prefix = format!("{name}/");
+    let eps = server.endpoints();
+
+    let rt1 = runtime();
+    let (locks, backend) = rt1.block_on(async {
+        let backend = backend(&server.url()).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        // Everything the backend starts lazily starts here: the session of this TTL and its keep-alive,
+        // the held-keys watch.
+        let guard = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+        (locks, backend)
+    });
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async {
+        let lock = locks.lock(&name).unwrap();
+        let guard =
+            tokio::time::timeout(SLACK * 2, lock.options().lease(lease).wait(SLACK).acquire())
+                .await
+                .expect("an acquire on the second runtime answers")
+                .expect("an acquire on the second runtime succeeds");
+        let token = guard.token().unwrap().get();
+        tokio::time::sleep(lease * 3).await;
+        assert_eq!(
+            guard.state(),
+            LockState::Held,
+            "not held after three leases on the second runtime: {:?}",
+            guard.loss_reason()
+        );
+        // The renewals reached the server: the key is there, on a live lease.
+        let seen = keys(&eps, &prefix);
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].create_revision, token);
+        assert!(backend
+            .session_leases()
+            .await
+            .iter()
+            .any(|(_, id)| *id == seen[0].lease));
+        // The held-keys watch runs again too.
+        server.etcdctl(&["del", &seen[0].key]).unwrap();
+        tokio::time::timeout(SLACK, guard.lost())
+            .await
+            .expect("a delete noticed at once on the second runtime");
+        let _ = guard.release().await;
+    });
+}
