@@ -27,8 +27,15 @@
 //! runs out without a renewal: `max_hold` and short leases are honoured even though the session lives
 //! on. With equal TTLs (the default) the session's own expiry does that, and no timer task is spent. The timer fires no earlier than the deadline
 //! the core computed, so a guard is never Held with its key deleted. The grant's loss signal resolves
-//! when the session lease is confirmed gone (a keep-alive answering TTL 0 / lease not found: revoked or
-//! expired), so a revoked lease is noticed within one keep-alive interval (a third of the TTL).
+//! when the held-keys watch (one stream per backend, see `held.rs`) sees the key deleted (`etcdctl del`,
+//! a revoke, an expiry): within a round trip; or when a keep-alive finds the session lease gone.
+//!
+//! # One owner per key
+//!
+//! Every lock of the backend (and of its clones) hangs on the session of its TTL, so two owners of one
+//! name would both compute `NAME/<lease hex>`. A contender therefore claims its key in a per-backend map
+//! first (`NAME/<lease hex>`, or `NAME/<lease hex>_<n>` while that one is claimed), and gives the claim
+//! up only once the key is known deleted; a delete that failed is retried in the background meanwhile.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,7 +63,8 @@ use crate::held::{report_loss, AliveFlag, HeldKeys, LossSender};
 use crate::layout;
 use crate::session::{KeepAlive, Session};
 
-/// The etcd backend. Cheap to clone: clones share the connection and the sessions.
+/// The etcd backend. Cheap to clone: clones share the connection, the sessions and the local key claims,
+/// so `Locks` built on clones exclude each other (each owner queues with a key of its own).
 ///
 /// ```no_run
 /// # async fn demo() -> distlock_core::Result<()> {
@@ -1109,7 +1117,8 @@ impl EtcdBackend {
         let first = holder.as_ref().is_none_or(|h| h.create_revision() == rev);
         if first {
             acq.watch = None;
-            let claim = acq.claim.take().unwrap_or(FOREIGN);
+            // Kept in the acquisition too: a grant the core refuses (it came after its deadline) is abandoned.
+            let claim = acq.claim.unwrap_or(FOREIGN);
             return Ok(Attempt::Acquired(self.grant(
                 session,
                 key,

@@ -12,8 +12,11 @@
 //! * **Fencing.** The token is the holder key's create_revision, strictly increasing per name.
 //!   [`layout::fenced_put`] writes into etcd only while the lock key still has that revision.
 //! * **Loss.** Keep-alive failures make guards Jeopardy, then Lost at the deadline computed from the
-//!   granted TTL; a lease confirmed gone (revoked, expired) makes them Lost at once, noticed within one
-//!   keep-alive interval.
+//!   granted TTL; a held key deleted on the server (`etcdctl del`, a revoked or expired lease) makes its
+//!   guard Lost within a round trip: the backend watches the keys it holds on one watch stream.
+//! * **One owner per key.** Owners of one name sharing a session (two `Locks` on clones of one backend)
+//!   each claim a key of their own (`NAME/<lease hex>_<n>` for all but the first) and queue; a key is
+//!   adopted only by the owner that wrote it.
 //! * **What the Go client gets wrong, done right:** after waiting, the own key is checked (same
 //!   transaction as the holder read) before the lock is reported held (etcd issue 11456); release deletes
 //!   the own key only while its create_revision matches (22082); a waiter whose session dies stops with
