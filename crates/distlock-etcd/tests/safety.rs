@@ -351,3 +351,38 @@ fn a_backend_keeps_working_on_a_second_runtime_after_the_first_is_dropped() {
         let _ = guard.release().await;
     });
 }
+
+/// The held-keys watch stream breaks (connections reset, then refused), the key is deleted meanwhile,
+/// and the connection comes back: the reopened watch starts from the grant's revision, so it still sees
+/// the delete, long before the next keep-alive (which would not notice anyway: the lease is alive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_delete_while_the_watch_is_disconnected_is_still_reported() {
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend(&format!("etcd://{}?timeout=1s", proxy.addr())).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("deleted_offline");
+    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    let seen = keys(&server.endpoints(), &format!("{name}/"));
+    assert_eq!(seen.len(), 1);
+
+    tokio::task::block_in_place(|| {
+        proxy.refuse().unwrap();
+        proxy.reset().unwrap();
+    });
+    server.etcdctl(&["del", &seen[0].key]).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        guard.state(),
+        LockState::Held,
+        "nothing can tell while cut off"
+    );
+    let healed_at = Instant::now();
+    tokio::task::block_in_place(|| proxy.pass().unwrap());
+    tokio::time::timeout(SLACK * 2, guard.lost())
+        .await
+        .expect("the delete made while disconnected is reported once the watch is back");
+    eprintln!("heal → Lost: {:?}", healed_at.elapsed());
+    assert!(guard.loss_reason().unwrap().contains("deleted"));
+    let _ = guard.release().await;
+}
