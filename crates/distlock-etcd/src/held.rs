@@ -5,13 +5,16 @@
 //!
 //! Each watch starts at the revision of the read that granted the key + 1 and filters out puts, so the
 //! only event it can see is the delete of that very key (a key recreated later has a newer
-//! create_revision and comes after our delete). A broken stream is reopened and every watch recreated
+//! create_revision and comes after our delete). Because of that start revision a watch need not exist
+//! from the grant's first instant: it is created `WATCH_DELAY` (100 ms) after the grant, so the short
+//! holds of a busy acquire/release loop cost the server nothing, and a delete in the first 100 ms is
+//! reported 100 ms late at most. A broken stream is reopened and every watch recreated
 //! from its start revision, so a delete that happened while disconnected is still reported; a watch
 //! whose start revision was compacted meanwhile re-reads the key instead. The task runs on the runtime
 //! of whoever registered a key; if that runtime is gone (its tasks are dropped with it) the next
 //! registration or renewal starts it again on the current one.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -190,6 +193,11 @@ impl HeldKeys {
     }
 }
 
+/// How long after its grant a key's watch is created. A watch starts at the grant's revision, so a
+/// delete in between is still seen (at most this much later); holds shorter than this (most, in a busy
+/// acquire/release loop) cost the server no watch at all.
+const WATCH_DELAY: Duration = Duration::from_millis(100);
+
 fn options(id: i64, from: i64) -> WatchOptions {
     WatchOptions::new()
         .with_watch_id(id)
@@ -241,6 +249,8 @@ async fn run(
             }
         };
         let mut active: HashSet<i64> = HashSet::from([*first_id]);
+        // Keys registered while the stream is open, with when their watch is due (see WATCH_DELAY).
+        let mut pending: VecDeque<(tokio::time::Instant, i64)> = VecDeque::new();
         let mut broken = false;
         for (id, entry) in rest {
             if stream
@@ -258,14 +268,9 @@ async fn run(
                 command = commands.recv() => match command {
                     None => return,
                     Some(Command::Add(id)) => {
-                        if active.contains(&id) {
-                            continue;
+                        if !active.contains(&id) {
+                            pending.push_back((tokio::time::Instant::now() + WATCH_DELAY, id));
                         }
-                        let Some(entry) = entry_of(&shared, id) else { continue };
-                        if stream.watch(entry.key, Some(options(id, entry.from))).await.is_err() {
-                            broken = true;
-                        }
-                        active.insert(id);
                     }
                     Some(Command::Cancel(id)) => {
                         if active.remove(&id) && stream.cancel(id).await.is_err() {
@@ -273,6 +278,18 @@ async fn run(
                         }
                     }
                     Some(Command::Reopen) => broken = true,
+                },
+                _ = tokio::time::sleep_until(pending.front().map_or_else(tokio::time::Instant::now, |p| p.0)), if !pending.is_empty() => {
+                    let Some((_, id)) = pending.pop_front() else { continue };
+                    if active.contains(&id) {
+                        continue;
+                    }
+                    // Released meanwhile: nothing to watch.
+                    let Some(entry) = entry_of(&shared, id) else { continue };
+                    if stream.watch(entry.key, Some(options(id, entry.from))).await.is_err() {
+                        broken = true;
+                    }
+                    active.insert(id);
                 },
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {
