@@ -99,8 +99,17 @@ struct Inner {
     /// same key and the second would adopt the first one's key and token.
     claims: Mutex<HashMap<String, u64>>,
     next_claim: AtomicU64,
+    /// Keys whose delete failed, retried by one background task.
+    doomed: Mutex<Retry>,
     /// The watch on held keys (one stream for the whole backend).
     held: HeldKeys,
+}
+
+/// Keys whose delete failed, and the liveness of the task retrying them.
+#[derive(Default)]
+struct Retry {
+    keys: HashMap<String, Doomed>,
+    task: Option<Arc<AtomicBool>>,
 }
 
 /// The connection and whether the runtime it was made on still runs.
@@ -351,6 +360,7 @@ impl EtcdBackend {
                 keepers: Mutex::new(Vec::new()),
                 claims: Mutex::new(HashMap::new()),
                 next_claim: AtomicU64::new(1),
+                doomed: Mutex::new(Retry::default()),
             }),
         })
     }
@@ -422,8 +432,16 @@ impl EtcdBackend {
             session.use_client(&client).await;
         }
         self.inner.held.use_client(&client);
-        self.ensure_keepers();
+        self.ensure_background();
         Ok(client)
+    }
+
+    /// Starts again, on the current runtime, the background tasks whose runtime was dropped: session
+    /// keep-alives, the held-keys watch, the retry of failed deletes.
+    fn ensure_background(&self) {
+        self.ensure_keepers();
+        self.inner.held.keep_running();
+        self.ensure_retrier();
     }
 
     /// Starts again, on the current runtime, the keep-alive tasks whose runtime was dropped.
@@ -471,7 +489,7 @@ impl EtcdBackend {
         let mut sessions = self.inner.sessions.lock().await;
         if let Some(s) = sessions.get(&secs) {
             if s.gone_reason().is_none() && !s.remaining().is_zero() {
-                self.ensure_keepers();
+                self.ensure_background();
                 return Ok(s.clone());
             }
             // Known gone, or not confirmed within its TTL (keep-alives failed that long): the server
@@ -669,31 +687,70 @@ impl EtcdBackend {
 
     fn delete_later(&self, doomed: Doomed) {
         tracing::warn!(key = %doomed.key, "etcd: could not delete a lock key; retrying in the background (the name stays blocked until it is gone)");
+        if let Ok(mut retry) = self.inner.doomed.lock() {
+            retry.keys.insert(doomed.key.clone(), doomed);
+        }
+        self.ensure_retrier();
+    }
+
+    /// Starts the task that retries failed deletes, unless it runs (or nothing is left to delete). It
+    /// is started again by later requests if its runtime was dropped.
+    fn ensure_retrier(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(mut retry) = self.inner.doomed.lock() else {
+            return;
+        };
+        if retry.keys.is_empty()
+            || retry
+                .task
+                .as_ref()
+                .is_some_and(|alive| alive.load(Ordering::Acquire))
+        {
+            return;
+        }
+        let alive = Arc::new(AtomicBool::new(true));
+        retry.task = Some(alive.clone());
+        let flag = AliveFlag(alive);
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        let task = async move {
+        runtime.spawn(async move {
+            let _flag = flag;
             let mut delay = Duration::from_millis(100);
             loop {
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
-                // The key went with its lease.
-                let gone = doomed.session.gone_reason().is_some();
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
                 let backend = EtcdBackend { inner };
-                if gone || backend.delete_once(&doomed).await {
-                    backend.unclaim(&doomed.key, doomed.claim);
-                    tracing::debug!(key = %doomed.key, "etcd: a lock key left by a failed delete is gone");
+                let keys: Vec<Doomed> = match backend.inner.doomed.lock() {
+                    Ok(retry) => retry.keys.values().cloned().collect(),
+                    Err(_) => return,
+                };
+                for doomed in keys {
+                    // A key whose session is gone went with its lease.
+                    if doomed.session.gone_reason().is_some() || backend.delete_once(&doomed).await {
+                        if let Ok(mut retry) = backend.inner.doomed.lock() {
+                            retry.keys.remove(&doomed.key);
+                        }
+                        backend.unclaim(&doomed.key, doomed.claim);
+                        tracing::debug!(key = %doomed.key, "etcd: a lock key left by a failed delete is gone");
+                    }
+                }
+                // Stop when done, under the lock `delete_later` adds under, so no key is left behind.
+                let done = match backend.inner.doomed.lock() {
+                    Ok(mut retry) if retry.keys.is_empty() => {
+                        retry.task = None;
+                        true
+                    }
+                    _ => false,
+                };
+                if done {
                     return;
                 }
             }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(task);
-            }
-            Err(_) => tracing::warn!("etcd: no runtime to retry a failed delete on"),
-        }
+        });
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -801,6 +858,7 @@ impl EtcdBackend {
 const FOREIGN: u64 = 0;
 
 /// A key of ours to delete, with what the delete compares and the claim to pass on after it.
+#[derive(Clone)]
 struct Doomed {
     key: String,
     rev: Option<i64>,
@@ -951,8 +1009,7 @@ impl Backend for EtcdBackend {
             futures_util::future::join_all(sessions.iter().map(|s| s.keep_alive())).await;
         // Renewals run on the runtime the core's watchdog is on now: the keep-alive tasks and the
         // held-keys watch move there if their runtime is gone.
-        self.ensure_keepers();
-        self.inner.held.keep_running();
+        self.ensure_background();
         let by_id: HashMap<i64, &std::result::Result<Duration, KeepAlive>> =
             sessions.iter().map(|s| s.id).zip(outcomes.iter()).collect();
         batch

@@ -112,6 +112,9 @@ impl HeldKeys {
             if let Some(task) = &state.task {
                 let _ = task.commands.send(Command::Reopen);
             }
+            if !state.entries.is_empty() {
+                self.ensure_task(&mut state);
+            }
         }
     }
 
