@@ -14,7 +14,7 @@
 //! of whoever registered a key; if that runtime is gone (its tasks are dropped with it) the next
 //! registration or renewal starts it again on the current one.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,10 +45,15 @@ struct Entry {
     /// The revision to (re)start the watch from.
     from: i64,
     lost: LossSender,
+    /// When its watch is to be created (`WATCH_DELAY` after the grant).
+    due: tokio::time::Instant,
+    /// Its watch was (or is being) created on the current stream: a release must cancel it.
+    created: bool,
 }
 
 enum Command {
-    Add(i64),
+    /// An entry is due later than anything the task waits for (or it waits for nothing).
+    Wake,
     Cancel(i64),
     /// The connection was replaced: reopen the stream on the new one.
     Reopen,
@@ -67,6 +72,10 @@ struct State {
     next_id: i64,
     entries: HashMap<i64, Entry>,
     task: Option<Task>,
+    /// The task will wake by itself no later than the due time of any entry without a watch (a timer
+    /// for the earliest one is armed, or a wake is queued). Entries are due in the order they come, so
+    /// a new one then needs no wake: a busy acquire/release loop does not wake the task per grant.
+    armed: bool,
 }
 
 /// The held keys of one backend and the task that watches them.
@@ -101,6 +110,7 @@ impl HeldKeys {
                 next_id: 0,
                 entries: HashMap::new(),
                 task: None,
+                armed: false,
             })),
         }
     }
@@ -133,11 +143,13 @@ impl HeldKeys {
                 rev,
                 from,
                 lost,
+                due: tokio::time::Instant::now() + WATCH_DELAY,
+                created: false,
             },
         );
-        if !self.ensure_task(&mut state) {
+        if !self.ensure_task(&mut state) && !state.armed {
             if let Some(task) = &state.task {
-                let _ = task.commands.send(Command::Add(id));
+                state.armed = task.commands.send(Command::Wake).is_ok();
             }
         }
         id
@@ -148,7 +160,7 @@ impl HeldKeys {
         let Ok(mut state) = self.state.lock() else {
             return;
         };
-        if state.entries.remove(&id).is_some() {
+        if state.entries.remove(&id).is_some_and(|e| e.created) {
             if let Some(task) = &state.task {
                 let _ = task.commands.send(Command::Cancel(id));
             }
@@ -192,6 +204,7 @@ impl HeldKeys {
             alive,
             abort,
         });
+        state.armed = true;
         true
     }
 }
@@ -208,25 +221,71 @@ fn options(id: i64, from: i64) -> WatchOptions {
         .with_filters([WatchFilterType::NoPut])
 }
 
-async fn run(
-    shared: std::sync::Weak<Mutex<State>>,
-    mut commands: mpsc::UnboundedReceiver<Command>,
-) {
+type Shared = std::sync::Weak<Mutex<State>>;
+
+/// Marks the entries without a watch that `pick` chooses as created, and returns them with the
+/// connection to create their watches on.
+fn take_entries(
+    shared: &Shared,
+    pick: impl Fn(&Entry) -> bool,
+) -> Option<(Client, Vec<(i64, Entry)>)> {
+    let state = shared.upgrade()?;
+    let mut state = state.lock().ok()?;
+    let mut taken = Vec::new();
+    for (id, entry) in state.entries.iter_mut() {
+        if !entry.created && pick(entry) {
+            entry.created = true;
+            taken.push((*id, entry.clone()));
+        }
+    }
+    Some((state.client.clone(), taken))
+}
+
+/// The earliest due time of an entry without a watch; records that a timer for it is armed.
+fn next_due(shared: &Shared) -> Option<tokio::time::Instant> {
+    let state = shared.upgrade()?;
+    let mut state = state.lock().ok()?;
+    let next = state
+        .entries
+        .values()
+        .filter(|e| !e.created)
+        .map(|e| e.due)
+        .min();
+    state.armed = next.is_some();
+    next
+}
+
+async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        let Some(state) = shared.upgrade() else {
+        // (Re)open: every entry is watched at once, from its start revision.
+        if let Some(state) = shared.upgrade() {
+            if let Ok(mut s) = state.lock() {
+                for entry in s.entries.values_mut() {
+                    entry.created = false;
+                }
+            }
+        }
+        let Some((client, entries)) = take_entries(&shared, |_| true) else {
             return;
         };
-        let (client, entries): (Client, Vec<(i64, Entry)>) = match state.lock() {
-            Ok(s) => (
-                s.client.clone(),
-                s.entries.iter().map(|(id, e)| (*id, e.clone())).collect(),
-            ),
-            Err(_) => return,
-        };
-        drop(state);
         let Some(((first_id, first), rest)) = entries.split_first() else {
-            // Nothing held: wait for a key (commands for ids already gone are stale).
+            // Nothing held: wait for a key, whose `watch` sends a wake (checked under the lock it
+            // inserts under, so none is missed).
+            let idle = match shared.upgrade() {
+                Some(state) => match state.lock() {
+                    Ok(mut s) if s.entries.is_empty() => {
+                        s.armed = false;
+                        true
+                    }
+                    Ok(_) => false,
+                    Err(_) => return,
+                },
+                None => return,
+            };
+            if !idle {
+                continue;
+            }
             match commands.recv().await {
                 Some(_) => continue,
                 None => return,
@@ -252,8 +311,6 @@ async fn run(
             }
         };
         let mut active: HashSet<i64> = HashSet::from([*first_id]);
-        // Keys registered while the stream is open, with when their watch is due (see WATCH_DELAY).
-        let mut pending: VecDeque<(tokio::time::Instant, i64)> = VecDeque::new();
         let mut broken = false;
         for (id, entry) in rest {
             if stream
@@ -267,14 +324,11 @@ async fn run(
             active.insert(*id);
         }
         while !broken {
+            let due = next_due(&shared);
             tokio::select! {
                 command = commands.recv() => match command {
                     None => return,
-                    Some(Command::Add(id)) => {
-                        if !active.contains(&id) {
-                            pending.push_back((tokio::time::Instant::now() + WATCH_DELAY, id));
-                        }
-                    }
+                    Some(Command::Wake) => {}
                     Some(Command::Cancel(id)) => {
                         if active.remove(&id) && stream.cancel(id).await.is_err() {
                             broken = true;
@@ -282,17 +336,16 @@ async fn run(
                     }
                     Some(Command::Reopen) => broken = true,
                 },
-                _ = tokio::time::sleep_until(pending.front().map_or_else(tokio::time::Instant::now, |p| p.0)), if !pending.is_empty() => {
-                    let Some((_, id)) = pending.pop_front() else { continue };
-                    if active.contains(&id) {
-                        continue;
+                _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
+                    let now = tokio::time::Instant::now();
+                    let Some((_, taken)) = take_entries(&shared, |e| e.due <= now) else { return };
+                    for (id, entry) in taken {
+                        if stream.watch(entry.key, Some(options(id, entry.from))).await.is_err() {
+                            broken = true;
+                            break;
+                        }
+                        active.insert(id);
                     }
-                    // Released meanwhile: nothing to watch.
-                    let Some(entry) = entry_of(&shared, id) else { continue };
-                    if stream.watch(entry.key, Some(options(id, entry.from))).await.is_err() {
-                        broken = true;
-                    }
-                    active.insert(id);
                 },
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {
@@ -311,14 +364,14 @@ async fn run(
     }
 }
 
-fn entry_of(shared: &std::sync::Weak<Mutex<State>>, id: i64) -> Option<Entry> {
+fn entry_of(shared: &Shared, id: i64) -> Option<Entry> {
     let state = shared.upgrade()?;
     let state = state.lock().ok()?;
     state.entries.get(&id).cloned()
 }
 
 /// Forgets a watch whose key is gone, and reports the loss.
-fn lose(shared: &std::sync::Weak<Mutex<State>>, id: i64, reason: String) {
+fn lose(shared: &Shared, id: i64, reason: String) {
     let Some(state) = shared.upgrade() else {
         return;
     };
@@ -333,7 +386,7 @@ fn lose(shared: &std::sync::Weak<Mutex<State>>, id: i64, reason: String) {
 }
 
 async fn handle(
-    shared: &std::sync::Weak<Mutex<State>>,
+    shared: &Shared,
     client: &Client,
     stream: &mut WatchStream,
     active: &mut HashSet<i64>,
