@@ -677,8 +677,18 @@ impl EtcdBackend {
     /// background until it succeeds or the session is gone: a key left on a live session would block
     /// the name for everyone as long as this process keeps the session alive, and its claim keeps the
     /// key from being reused (adopted) locally meanwhile.
-    async fn delete_and_unclaim(&self, doomed: Doomed) {
-        if self.delete_once(&doomed).await {
+    ///
+    /// Without a create_revision (the create's reply was lost, or its future dropped) the create may
+    /// still be on its way and land after this delete, leaving a key of ours on a live session: the
+    /// delete is then repeated once more after twice the request timeout, and the key stays claimed
+    /// until then.
+    async fn delete_and_unclaim(&self, mut doomed: Doomed) {
+        let deleted = self.delete_once(&doomed).await;
+        if doomed.rev.is_none() {
+            doomed.not_before =
+                Some(tokio::time::Instant::now() + self.inner.config.timeout.saturating_mul(2));
+            self.retry_delete(doomed);
+        } else if deleted {
             self.unclaim(&doomed.key, doomed.claim);
         } else {
             self.delete_later(doomed);
@@ -687,6 +697,10 @@ impl EtcdBackend {
 
     fn delete_later(&self, doomed: Doomed) {
         tracing::warn!(key = %doomed.key, "etcd: could not delete a lock key; retrying in the background (the name stays blocked until it is gone)");
+        self.retry_delete(doomed);
+    }
+
+    fn retry_delete(&self, doomed: Doomed) {
         if let Ok(mut retry) = self.inner.doomed.lock() {
             retry.keys.insert(doomed.key.clone(), doomed);
         }
@@ -728,7 +742,11 @@ impl EtcdBackend {
                     Ok(retry) => retry.keys.values().cloned().collect(),
                     Err(_) => return,
                 };
+                let now = tokio::time::Instant::now();
                 for doomed in keys {
+                    if doomed.not_before.is_some_and(|t| t > now) {
+                        continue;
+                    }
                     // A key whose session is gone went with its lease.
                     if doomed.session.gone_reason().is_some() || backend.delete_once(&doomed).await {
                         if let Ok(mut retry) = backend.inner.doomed.lock() {
@@ -865,6 +883,8 @@ struct Doomed {
     owner: String,
     session: Arc<Session>,
     claim: u64,
+    /// Not to be tried before this (a create that may still land).
+    not_before: Option<tokio::time::Instant>,
 }
 
 /// Deletes a held lock's key when its own lease runs out without a renewal (see the module docs).
@@ -988,6 +1008,7 @@ impl Backend for EtcdBackend {
             owner: request.owner.clone(),
             session,
             claim,
+            not_before: None,
         })
         .await;
     }
@@ -1078,6 +1099,7 @@ impl Backend for EtcdBackend {
                     owner: owner.to_string(),
                     session: lease.session.clone(),
                     claim: lease.claim,
+                    not_before: None,
                 });
                 return Err(e.into_core(Some(name)));
             }
