@@ -40,6 +40,8 @@ pub(crate) struct Holding {
     state_tx: watch::Sender<LockState>,
     /// The local gate of this name, passed to the next waiter of this process after the release.
     gate: Mutex<Option<OwnedMutexGuard<()>>>,
+    /// Set once at install when the backend has one (the file backend's `flock`ed descriptor).
+    pub(crate) descriptor: std::sync::OnceLock<Arc<std::os::fd::OwnedFd>>,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +94,7 @@ impl Holding {
             status: Mutex::new(status),
             state_tx,
             gate: Mutex::new(gate),
+            descriptor: std::sync::OnceLock::new(),
         })
     }
 
@@ -368,6 +371,16 @@ impl LockGuard {
     /// none. Pass it to the resource, which must reject tokens lower than the highest it has seen.
     pub fn token(&self) -> Option<FencingToken> {
         self.holding.token
+    }
+
+    /// A descriptor whose inheritance keeps the lock held: while any process has it open, the kernel
+    /// holds the lock even if this process dies (the file backend's `flock`ed file; `None` on every other
+    /// backend). `distlock run` hands it to the process that supervises the command, so the lock frees
+    /// only after the command's last descendant is gone. Unlocking or releasing through the guard still
+    /// unlocks for every holder of the descriptor.
+    pub fn inheritable_descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.holding.descriptor.get().map(|fd| fd.as_fd())
     }
 
     /// `Held`, `Jeopardy` or `Lost`, computed from the clock on every call.
