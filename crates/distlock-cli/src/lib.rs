@@ -11,10 +11,16 @@ pub mod cli;
 pub mod exit;
 pub mod run;
 pub mod status;
+pub mod supervisor;
 
 /// Parses the command line, runs the subcommand, and returns the process exit code. Usage errors and
 /// failures have already been reported on stderr as one line.
 pub fn main_exit_code() -> i32 {
+    // `distlock run` re-executes this binary as the command's supervisor (hidden from `--help`).
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == supervisor::SUBCOMMAND) {
+        return supervisor::main(&args[2..]);
+    }
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(code) => return code,

@@ -17,6 +17,8 @@ use distlock_cli::exit::Code;
 use distlock_testkit::sweep::is_alive;
 use rustix::process::{Pid, Signal};
 
+mod tree;
+
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 /// How long anything that should happen "soon" may take on a loaded machine.
 const SOON: Duration = Duration::from_secs(30);
@@ -472,6 +474,42 @@ fn a_sigkilled_distlock_takes_its_command_along() {
         || !is_alive(pid),
     );
     assert_free(&sandbox, "doomed");
+}
+
+/// Every shape of descendant (same-group grandchild, `setsid` grandchild, one ignoring SIGTERM, a
+/// background child) is dead before the next holder of the lock starts, whichever way the hold ends.
+fn tree_dies_before_the_next_holder(ending: tree::Ending) {
+    for shape in tree::SHAPES {
+        let sandbox = Sandbox::new();
+        let run = |args: &[&str]| sandbox.run(args);
+        let lose = |name: &str| {
+            // Deleting the lock file loses the hold (the guard watches it); a new file is free.
+            fs::remove_file(
+                sandbox
+                    .dir
+                    .path()
+                    .join("locks")
+                    .join(format!("{name}.lock")),
+            )
+            .unwrap();
+        };
+        tree::check(shape, ending, sandbox.dir.path(), "tree", &run, &lose);
+    }
+}
+
+#[test]
+fn a_sigkilled_distlocks_whole_tree_dies_before_the_next_holder_fault() {
+    tree_dies_before_the_next_holder(tree::Ending::KillDistlock);
+}
+
+#[test]
+fn on_loss_the_whole_tree_dies_before_distlock_exits_fault() {
+    tree_dies_before_the_next_holder(tree::Ending::Loss);
+}
+
+#[test]
+fn leftover_descendants_die_before_the_release_fault() {
+    tree_dies_before_the_next_holder(tree::Ending::CommandExits);
 }
 
 // --- 6. signals reach the command exactly once ----------------------------------------------------
