@@ -15,6 +15,10 @@ pub const URL_ENV: &str = "DISTLOCK_URL";
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, after_help = exit::help_table())]
 pub struct Cli {
+    /// Also print the library's log lines on stderr (-v: warnings, -vv: debug). Without it, each event
+    /// is one `distlock: …` line. RUST_LOG, when set, overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

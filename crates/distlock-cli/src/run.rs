@@ -147,22 +147,32 @@ async fn hold(
     if lost_while_running {
         return Ok(Code::Lost.as_i32());
     }
+    let released = match released {
+        Ok(released) => released,
+        // Interrupted: the lock frees with the process or its lease; the command did finish.
+        Err(_) => Ok(()),
+    };
+    Ok(code_after_release(child::exit_code(status), &released))
+}
+
+/// The exit code once the command finished while held and the release was tried: 76 only for a
+/// definite `NotHeld` (the lock slipped away without the guard noticing, so the command did not run
+/// entirely under it); any other failure (an unreachable server, an ambiguous outcome after retries)
+/// leaves the command's own code, with one line saying the lock frees when its lease ends.
+fn code_after_release(command_code: i32, released: &distlock::Result<()>) -> i32 {
     match released {
-        Ok(Err(e)) if e.kind() == distlock::ErrorKind::NotHeld => {
-            // The lock slipped away without the guard noticing: the command did not run entirely
-            // under it.
-            exit::report(&e);
-            return Ok(Code::Lost.as_i32());
+        Err(e) if e.kind() == distlock::ErrorKind::NotHeld => {
+            exit::report(e);
+            Code::Lost.as_i32()
         }
-        Ok(Err(e)) => {
-            // The command did finish while held; an unconfirmed release only means the lease runs out.
+        Err(e) => {
             exit::report(format_args!(
                 "{e} (the command had finished; the lock frees when its lease ends)"
             ));
+            command_code
         }
-        Ok(Ok(())) | Err(_) => {}
+        Ok(()) => command_code,
     }
-    Ok(child::exit_code(status))
 }
 
 /// Acquires as asked: one attempt for a zero wait (`None` when busy), else waits (a limit elapsing is
@@ -329,4 +339,30 @@ fn precheck_command(program: &OsStr) -> Result<(), Failure> {
 
 fn quoted(program: &OsStr) -> String {
     format!("{:?}", program.to_string_lossy())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock::{Error, ErrorKind};
+
+    #[test]
+    fn only_a_definite_not_held_release_overrides_the_commands_code() {
+        assert_eq!(code_after_release(3, &Ok(())), 3);
+        let not_held = Err(Error::new(ErrorKind::NotHeld, "gone"));
+        assert_eq!(code_after_release(3, &not_held), Code::Lost.as_i32());
+        // An ambiguous or failed release (the Redis backend reports a retried release it could not
+        // confirm as Unavailable) is not a loss during the run.
+        for kind in [
+            ErrorKind::Unavailable,
+            ErrorKind::Timeout,
+            ErrorKind::Protocol,
+        ] {
+            assert_eq!(
+                code_after_release(3, &Err(Error::new(kind, "unsure"))),
+                3,
+                "{kind:?}"
+            );
+        }
+    }
 }

@@ -687,6 +687,47 @@ fn on_loss_with_ignore_the_command_finishes_and_distlock_exits_76() {
     );
 }
 
+/// A loss is one line on stderr, `distlock: lock … lost: …; <what was done>`, not also a log line of the
+/// library and another of the backend; `-v` shows those.
+#[test]
+fn a_loss_prints_one_line_unless_verbose() {
+    for verbose in [false, true] {
+        let sandbox = Sandbox::new();
+        let mut args = vec![
+            "--grace",
+            "1s",
+            "gone",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; exec sleep 60",
+        ];
+        if verbose {
+            args.insert(0, "-v");
+        }
+        let mut command = sandbox.run(&args);
+        let pid_file = sandbox.path("pid");
+        let lock_file = sandbox.path("locks/gone.lock");
+        let deleter = std::thread::spawn(move || {
+            wait_until(SOON, "the command to start", || non_empty(&pid_file));
+            fs::remove_file(lock_file).unwrap();
+        });
+        let out = finish(&mut command, SOON);
+        deleter.join().unwrap();
+        out.expect_code(Code::Lost.as_i32());
+        if verbose {
+            assert!(
+                out.stderr.lines().count() > 1 && out.stderr.contains("WARN"),
+                "-v shows the log lines too: {}",
+                out.stderr
+            );
+        } else {
+            let line = out.one_error_line();
+            assert!(line.contains("lost") && line.contains("SIGTERM"), "{line}");
+        }
+    }
+}
+
 // --- 8. bad input: exit 64, one line, nothing locked -------------------------------------------
 
 #[test]
