@@ -512,6 +512,58 @@ fn leftover_descendants_die_before_the_release_fault() {
     tree_dies_before_the_next_holder(tree::Ending::CommandExits);
 }
 
+/// Under a terminal (a pty from `script(1)`), the command gets the terminal's foreground: it reads what
+/// is typed (a background process group would be stopped by SIGTTIN instead); afterwards the shell that
+/// ran `distlock` has the terminal back and reads the next line.
+#[test]
+fn an_interactive_command_gets_the_terminal_and_gives_it_back() {
+    let sandbox = Sandbox::new();
+    let script = format!(
+        "'{BIN}' run --url '{}' tty -- sh -c 'test -t 0 && read x && echo \"got:$x\"'\n\
+         echo \"rc:$?\"\nread y\necho \"after:$y\"\n",
+        sandbox.url()
+    );
+    fs::write(sandbox.path("tty.sh"), script).unwrap();
+    let mut command = Command::new("script");
+    command
+        .args(["-qec", "sh ./tty.sh", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped());
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux is needed for the terminal test");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"hello\nworld\n").unwrap();
+    }
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(SOON) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+            panic!("the command under a terminal hung (stopped by SIGTTIN?)");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for expected in ["got:hello", "rc:0", "after:world"] {
+        assert!(
+            stdout.contains(expected),
+            "no {expected:?} in the terminal's output: {stdout:?}; stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 // --- 6. signals reach the command exactly once ----------------------------------------------------
 
 #[test]
