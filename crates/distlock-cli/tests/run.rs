@@ -882,6 +882,14 @@ fn help_shows_the_exit_code_table() {
             out.stdout
         );
     }
+    // What happens to what the command leaves running, and that the supervisor is not a subcommand.
+    assert!(
+        out.stdout
+            .contains("left running in the background gets SIGTERM, then SIGKILL after --grace")
+            && !out.stdout.contains("__supervise"),
+        "{}",
+        out.stdout
+    );
 }
 
 // --- 9. status ---------------------------------------------------------------------------------
