@@ -51,7 +51,7 @@ starts outlives the hold: if distlock dies (even by SIGKILL), the supervisor SIG
 (on file:// it holds the lock until they are gone); if the lock is lost, --on-lost decides what \
 happens to them and distlock exits 76; when the command exits, whatever it left running in the \
 background gets SIGTERM, then SIGKILL after --grace, and only then is the lock released. Processes \
-the supervisor may not signal (a setuid program) are waited for. SIGINT, SIGTERM, SIGHUP and SIGQUIT \
+the supervisor may not signal (one that switched user, as sudo does) are waited for. SIGINT, SIGTERM, SIGHUP and SIGQUIT \
 sent to distlock are passed on to the command's process group once. When stdin is a terminal and \
 distlock is in its foreground, the command gets the terminal (and distlock's group gets it back after).";
 

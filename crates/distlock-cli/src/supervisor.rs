@@ -129,7 +129,8 @@ struct Supervisor {
     kill_at: Option<Instant>,
     /// SIGKILL every descendant now and until none is left.
     killing: bool,
-    /// Descendants that could not be signalled (EPERM: a setuid program), already reported.
+    /// Descendants that could not be signalled (EPERM: one that changed its real user id, as sudo
+    /// does), already reported.
     unkillable: HashSet<libc::pid_t>,
 }
 
@@ -228,8 +229,11 @@ impl Supervisor {
             if self.killing {
                 self.kill_tree();
             }
-            let timeout = if self.killing {
+            let timeout = if self.killing && self.unkillable.is_empty() {
                 Duration::from_millis(10)
+            } else if self.killing {
+                // Waiting for a process we may not signal: no need to rescan /proc 100 times a second.
+                Duration::from_millis(200)
             } else if self.leader.is_none() {
                 // Waiting for leftovers to exit after SIGTERM: no exit notification for them.
                 Duration::from_millis(20)
@@ -392,8 +396,8 @@ impl Supervisor {
             && self.unkillable.insert(pid)
         {
             crate::exit::report(format_args!(
-                "cannot signal pid {pid}, a descendant of the command (not permitted: a setuid \
-                 program?); waiting for it to exit"
+                "cannot signal pid {pid}, a descendant of the command (not permitted: it changed its \
+                 user id, as sudo and su do); waiting for it to exit"
             ));
         }
     }
