@@ -254,6 +254,7 @@ impl Supervisor {
     /// Reaps every exited child; reports the command's exit and starts the leftovers' termination.
     /// `false` once no child is left (and the command has been reaped).
     fn reap(&mut self) -> bool {
+        let mut leader_exited = false;
         loop {
             let mut status = 0;
             // SAFETY: waitpid with a valid out pointer.
@@ -264,14 +265,16 @@ impl Supervisor {
                     self.leader_fd = None;
                     self.restore_terminal();
                     self.send(&format!("x {status}"));
-                    if !self.killing && self.kill_at.is_none() && !self.descendants().is_empty() {
-                        // Leftover background descendants: SIGTERM, SIGKILL after the grace.
-                        self.terminate_tree();
-                    }
+                    leader_exited = true;
                 }
                 continue;
             }
             if pid == 0 {
+                // Children are left: when the command has just exited, they are leftover background
+                // descendants: SIGTERM, SIGKILL after the grace. (No child left: no scan needed.)
+                if leader_exited && !self.killing && self.kill_at.is_none() {
+                    self.terminate_tree();
+                }
                 return true;
             }
             // ECHILD: nothing left (EINTR cannot happen with WNOHANG in practice; retry anyway).
