@@ -47,7 +47,7 @@ const WRITER: &str = "echo $$ >> pids\nwhile :; do echo first >> log; sleep 0.05
 /// The first run's command: start the descendant, say `ready`, then run on or exit.
 fn script(shape: Shape, ending: Ending) -> String {
     let start = match shape {
-        Shape::GrandchildSameGroup => "sh -c 'sh ./writer.sh; true' &",
+        Shape::GrandchildSameGroup => "sh -c 'echo $$ >> pids; sh ./writer.sh; true' &",
         Shape::GrandchildAfterSetsid => "setsid sh ./writer.sh &",
         Shape::IgnoresTerm => "sh -c \"trap '' TERM; exec sh ./writer.sh\" &",
         Shape::Background => "sh ./writer.sh &",
@@ -56,7 +56,9 @@ fn script(shape: Shape, ending: Ending) -> String {
         Ending::CommandExits => "exit 0",
         Ending::KillDistlock | Ending::Loss => "while :; do sleep 0.05; done",
     };
-    format!("{start}\nwhile [ ! -s pids ]; do sleep 0.01; done; echo ready > ready\n{tail}")
+    // Every process of the tree records its pid in `pids`; `log` gets its first line once the writer
+    // runs.
+    format!("echo $$ >> pids\n{start}\nwhile [ ! -s log ]; do sleep 0.01; done; echo ready > ready\n{tail}")
 }
 
 /// Kills (SIGKILL, by pid) whatever of the first tree is still alive when the test ends, pass or fail.
@@ -141,7 +143,12 @@ pub fn check(
         std::thread::sleep(Duration::from_millis(10));
     }
     let tree = pids(dir);
-    assert!(!tree.is_empty(), "{case}: no descendant recorded");
+    let expected = if shape == Shape::GrandchildSameGroup {
+        3
+    } else {
+        2
+    };
+    assert_eq!(tree.len(), expected, "{case}: pids of the tree {tree:?}");
     // Let the descendant write while held.
     std::thread::sleep(Duration::from_millis(200));
 
