@@ -113,6 +113,19 @@ fn set_cloexec(fd: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Signals the supervisor ignores (the command gets them back at their default). Its job ends only when
+/// the tree is gone, so what would end it early must not: SIGTTOU (it hands the terminal over and takes
+/// it back from a background group); SIGHUP, which the kernel sends to a stopped process whose group is
+/// orphaned (as its group is once `distlock` dies); and SIGINT, SIGTERM, SIGQUIT sent to every process
+/// of a service at stop (systemd) or by name, which `distlock` forwards to the command anyway.
+const IGNORED: [i32; 5] = [
+    libc::SIGTTOU,
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGQUIT,
+];
+
 struct Supervisor {
     /// `None` once distlock is gone.
     control: Option<UnixStream>,
@@ -165,9 +178,11 @@ impl Supervisor {
         // SAFETY: prctl and signal with constant arguments.
         unsafe {
             libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-            // The terminal is handed over and taken back from a background process group, which
-            // would otherwise stop us (SIGTTOU); reset to the default for the command.
-            libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            // `ps` and `pkill` see "distlock-super" rather than "exe".
+            libc::prctl(libc::PR_SET_NAME, c"distlock-super".as_ptr(), 0, 0, 0);
+            for signo in IGNORED {
+                libc::signal(signo, libc::SIG_IGN);
+            }
         }
         let me = std::process::id() as libc::pid_t;
         let give_terminal = self.terminal.is_some();
@@ -182,7 +197,9 @@ impl Supervisor {
                     // the terminal before it owns it.
                     libc::tcsetpgrp(0, libc::getpid());
                 }
-                libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+                for signo in IGNORED {
+                    libc::signal(signo, libc::SIG_DFL);
+                }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == -1 {
                     return Err(std::io::Error::last_os_error());
                 }

@@ -564,6 +564,58 @@ fn an_interactive_command_gets_the_terminal_and_gives_it_back() {
     }
 }
 
+/// On `file://` the supervisor holds the lock's descriptor: with the supervisor stopped (so it cannot act
+/// yet), SIGKILLing `distlock` leaves the lock held; once the supervisor continues, it kills the tree and
+/// exits, and only then is the lock free.
+#[test]
+fn the_file_lock_outlives_a_sigkilled_distlock_until_the_tree_is_dead_fault() {
+    // The orphaned supervisor is reparented to this test process, in the same session: otherwise its
+    // process group would be orphaned with a stopped member, and the kernel would continue it at once.
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).unwrap();
+    let sandbox = Sandbox::new();
+    let mut run = Running::spawn(&mut sandbox.run(&[
+        "handoff",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ > pid; exec sleep 120",
+    ]));
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    let command = read_u64(&sandbox.path("pid")) as u32;
+    let supervisor = parent(command).expect("the command's parent");
+    assert_ne!(
+        supervisor, run.pid,
+        "the command runs under a supervisor, not distlock"
+    );
+    let supervisor_pid = Pid::from_raw(supervisor as i32).unwrap();
+    rustix::process::kill_process(supervisor_pid, Signal::STOP).unwrap();
+
+    rustix::process::kill_process(Pid::from_raw(run.pid as i32).unwrap(), Signal::KILL).unwrap();
+    assert_eq!(run.wait(SOON).signal(), Some(9));
+    finish(sandbox.run(&["--no-wait", "handoff", "--", "true"]), SOON)
+        .expect_code(Code::Busy.as_i32());
+    assert!(is_alive(command));
+
+    rustix::process::kill_process(supervisor_pid, Signal::CONT).unwrap();
+    wait_until(SOON, "the supervisor to kill the command and exit", || {
+        !is_alive(command) && !is_alive(supervisor)
+    });
+    assert_free(&sandbox, "handoff");
+}
+
+/// The parent of `pid`, from /proc.
+fn parent(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 // --- 6. signals reach the command exactly once ----------------------------------------------------
 
 #[test]
