@@ -26,9 +26,9 @@ pub fn main_exit_code() -> i32 {
         Err(code) => return code,
     };
     init_logging(cli.verbose);
-    // One thread is plenty: the work is waiting. Children are forked from a dedicated thread anyway
-    // (see `child`), so the runtime's flavour does not matter for their parent-death signal. The
-    // benchmark gets the runtime shape its peers were measured with.
+    // One thread is plenty: the work is waiting. The command's supervisor notices distlock's death by
+    // its control socket closing, not by a parent-death signal, so the forking thread does not matter.
+    // The benchmark gets the runtime shape its peers were measured with.
     let mut builder = match cli.command {
         cli::Command::Bench(_) => bench::runtime_builder(),
         _ => tokio::runtime::Builder::new_current_thread(),

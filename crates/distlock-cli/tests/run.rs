@@ -120,7 +120,7 @@ impl Holder {
 }
 
 /// A child process that is SIGKILLed if the test ends (or panics) with it still running; `distlock`'s
-/// command then dies with it through its parent-death signal.
+/// supervisor then kills everything its command started.
 struct Running {
     child: Option<Child>,
     pid: u32,

@@ -25,8 +25,8 @@ fn unique(case: &str) -> String {
     format!("run/{case}/{}", uuid::Uuid::new_v4().simple())
 }
 
-/// A `distlock run` process, SIGKILLed (this child only) if the test ends with it still running; its command
-/// then dies with it by the parent-death signal.
+/// A `distlock run` process, SIGKILLed (this child only) if the test ends with it still running; its
+/// supervisor then kills everything the command started.
 struct Run {
     child: Option<Child>,
 }
@@ -225,7 +225,7 @@ async fn run_holds_and_deleted_key_stops_command_fault() {
     eprintln!("distlock exited 76 {took:?} after the DEL (bound {bound:?})");
 }
 
-/// A SIGKILLed `distlock run` takes its command with it (parent-death signal), and the lock frees once
+/// A SIGKILLed `distlock run` takes its command with it (its supervisor kills it), and the lock frees once
 /// its lease runs out, not before two thirds of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_run_takes_its_command_fault() {
