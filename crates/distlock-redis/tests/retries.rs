@@ -1,0 +1,155 @@
+//! Requests under faults (issue #7): a release whose reply was lost, an undo racing the delayed acquire
+//! it undoes, renewals beside acquires stuck in `WAIT`, a deleted or overwritten key, and a `Locks`
+//! moved to a second runtime. Real `redis-server`s, faults from the testkit's TCP proxy and `SIGSTOP`.
+//! Test names carry `fault` (nextest's serial group).
+// Test code: a failed expectation is the test's failure.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use distlock_core::raw::{AcquireRequest, Attempt, Backend, Released};
+use distlock_core::{ErrorKind, Locks};
+use distlock_redis::{RedisBackend, RedisConfig};
+use distlock_testkit::proxy::Proxy;
+use distlock_testkit::redis::RedisServer;
+
+fn unique(case: &str) -> String {
+    format!("retries/{case}/{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn backend_at(addr: SocketAddr, io: Duration) -> RedisBackend {
+    let config = RedisConfig::new(addr.to_string()).with_timeouts(io, Duration::from_secs(3));
+    RedisBackend::from_config(config).await.expect("connect")
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.command(&["EXISTS", key]).unwrap().as_int() == Some(1)
+}
+
+/// Loads the scripts (an acquire and a release): a request delayed in the proxy must be the script
+/// itself, not an `EVALSHA` the server refuses as unknown.
+async fn warm_up(backend: &RedisBackend) {
+    let locks = Locks::new(backend.clone());
+    let guard = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+/// Loses the reply of the request sent now: the request reaches the server (the proxy holds each chunk
+/// `hold`), then, before the reply gets back, every proxied connection is reset.
+async fn lose_the_reply_of<T: Send + 'static>(
+    proxy: &Proxy,
+    request: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    let hold = Duration::from_millis(400);
+    proxy.delay(hold).unwrap();
+    let task = tokio::spawn(request);
+    // The request reaches the server at `hold`; its reply would reach the client at `2 × hold`.
+    tokio::time::sleep(hold + hold / 2).await;
+    proxy.pass().unwrap();
+    proxy.reset().unwrap();
+    task.await.unwrap()
+}
+
+/// The reply of a release is lost and the connection reset; the release is retried on a fresh
+/// connection and finds nothing of this owner's (the first attempt deleted the key). The backend must
+/// not answer `NotHeld` (that means "not yours any more", and `distlock run` exits 76 on it): it answers
+/// `Unavailable`, saying the outcome is unknown. The guard's release reports the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_release_reply_is_ambiguous_not_not_held_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend_at(proxy.addr(), Duration::from_secs(5)).await;
+    warm_up(&backend).await;
+
+    // Backend level.
+    let name = unique("release-raw");
+    let request = AcquireRequest::new(&name, "owner-a:1", Duration::from_secs(30));
+    let mut acquisition = backend.begin(&request).unwrap();
+    let Attempt::Acquired(grant) = backend
+        .try_acquire(&mut acquisition, &request)
+        .await
+        .unwrap()
+    else {
+        panic!("free lock not granted");
+    };
+    let raw = backend.clone();
+    let (n, o) = (name.clone(), request.owner.clone());
+    let outcome = lose_the_reply_of(
+        &proxy,
+        async move { raw.release(&grant.lease, &n, &o).await },
+    )
+    .await;
+    assert!(!exists(&server, &name), "the first attempt did not run");
+    match outcome {
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+            assert!(e.to_string().contains("unknown"), "{e}");
+        }
+        Ok(Released::NotHeld) => panic!("a release whose reply was lost reported NotHeld"),
+        Ok(other) => panic!("unexpected {other:?}"),
+    }
+
+    // Through the guard.
+    let locks = Locks::new(backend.clone());
+    let name = unique("release-guard");
+    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    let outcome = lose_the_reply_of(&proxy, async move { guard.release().await }).await;
+    assert!(!exists(&server, &name), "the first attempt did not run");
+    let e = outcome.expect_err("the outcome is unknown");
+    assert_ne!(e.kind(), ErrorKind::NotHeld, "{e}");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}
+
+/// An acquire is delayed on its way (the proxy holds it 3 s) and times out at the 1 s request bound;
+/// the core abandons it and the backend sends the undo. The undo must not overtake the acquire: once
+/// the acquire lands, nothing of it may stay on the server for the 30 s lease (on a fresh connection
+/// the undo arrives first, finds nothing, and the late acquire leaves an orphan grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_is_not_overtaken_by_the_delayed_acquire_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend_at(proxy.addr(), Duration::from_secs(1)).await;
+    warm_up(&backend).await;
+    let locks = Locks::new(backend);
+    let name = unique("undo");
+    let lock = locks.lock(&name).unwrap();
+
+    let delay = Duration::from_secs(3);
+    proxy.delay(delay).unwrap();
+    let started = Instant::now();
+    let attempt = tokio::spawn(async move { lock.try_acquire().await.map(|g| g.is_some()) });
+    // The acquire is on its way (held in the proxy); new traffic passes at once from now on.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.pass().unwrap();
+    let outcome = attempt.await.unwrap();
+    assert!(outcome.is_err(), "the acquire should time out: {outcome:?}");
+    assert_eq!(outcome.unwrap_err().kind(), ErrorKind::Unavailable);
+
+    // The acquire lands at `delay`. Within a few seconds after that (far below the 30 s lease) nothing
+    // of it may remain.
+    tokio::time::sleep_until((started + delay + Duration::from_millis(200)).into()).await;
+    let bound = started + delay + Duration::from_secs(3);
+    while exists(&server, &name) {
+        assert!(
+            Instant::now() < bound,
+            "an orphan grant outlives the undo: pttl {:?} ms",
+            server.command(&["PTTL", &name]).unwrap().as_int()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And the name is free for others.
+    let other = Locks::new(backend_at(server.addr(), Duration::from_secs(5)).await);
+    assert!(other
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_some());
+}
