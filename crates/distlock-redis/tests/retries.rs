@@ -153,3 +153,93 @@ async fn undo_is_not_overtaken_by_the_delayed_acquire_fault() {
         .unwrap()
         .is_some());
 }
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Holder and waiter on one backend (two `Locks` on clones of it): `waiter` waits for `name` while
+/// `holder` holds it with a 30 s lease, then the holder releases; the waiter must be woken by the
+/// release message (pub/sub), not by the lease's end.
+async fn contended_wait_is_woken(holder: &Locks, waiter: &Locks, name: &str) {
+    let guard = holder
+        .lock(name)
+        .unwrap()
+        .options()
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let lock = waiter.lock(name).unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = lock
+            .options()
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .expect("acquired");
+        guard.release().await.unwrap();
+        Instant::now()
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let acquired = tokio::time::timeout(Duration::from_secs(25), waiting)
+        .await
+        .expect("the waiter finished")
+        .unwrap();
+    assert!(
+        acquired - released < Duration::from_secs(5),
+        "the waiter woke {:?} after the release: not by pub/sub (the lease was 30 s)",
+        acquired - released
+    );
+}
+
+/// A `Locks` on Redis used on a first runtime (a hold, and a contended wait, so the pub/sub hub and the
+/// connections start there), which is then dropped, and used again on a second runtime: a hold with a
+/// 1 s lease is still renewed after 3 s, and a waiter is still woken by pub/sub.
+#[test]
+fn a_backend_keeps_working_on_a_second_runtime() {
+    let server = RedisServer::start_or_panic();
+    let first = runtime();
+    let (holder, waiter) = first.block_on(async {
+        let backend = backend_at(server.addr(), Duration::from_secs(5)).await;
+        let (holder, waiter) = (Locks::new(backend.clone()), Locks::new(backend));
+        let guard = holder
+            .lock(&unique("rt1"))
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+        contended_wait_is_woken(&holder, &waiter, &unique("rt1-wait")).await;
+        (holder, waiter)
+    });
+    drop(first);
+    let second = runtime();
+    second.block_on(async {
+        let guard = holder
+            .lock(&unique("rt2"))
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            guard.state(),
+            distlock_core::LockState::Held,
+            "{:?}",
+            guard.loss_reason()
+        );
+        guard.release().await.unwrap();
+        contended_wait_is_woken(&holder, &waiter, &unique("rt2-wait")).await;
+    });
+}
