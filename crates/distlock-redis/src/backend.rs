@@ -18,8 +18,17 @@
 //! With `wait_replicas = n`, the acquire script and `WAIT n timeout` go in one pipeline on a dedicated
 //! connection used by one request at a time (`WAIT` blocks its connection, and counts the replication
 //! of that connection's own writes). Fewer than `n` confirmations undo the grant (compare-and-delete by
-//! owner) and fail with `InsufficientReplicas`; renewals go the same way, and a shortfall there is an
-//! error for the batch (Jeopardy).
+//! owner, on the same connection) and fail with `InsufficientReplicas`. Renewals go the same way on a
+//! second dedicated connection, so they never queue behind acquires waiting in `WAIT`; a shortfall there
+//! is an error for the batch (Jeopardy).
+//!
+//! # Undo and release under lost replies
+//! An abandoned acquire is undone on the connection its last try went on (see
+//! [`abandon`](RedisBackend#method.abandon)): Redis runs one connection's commands in order, so the undo
+//! cannot overtake a delayed try. A release whose connection broke before the reply came is sent once
+//! more on a fresh connection; if that finds nothing of this owner's, the first attempt may have been
+//! the one that deleted the lock, and the release fails with `Unavailable` ("the outcome is unknown")
+//! instead of answering `NotHeld`.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -202,10 +202,22 @@ impl Target {
         }
     }
 
+    /// The longest a reply may take: the request bound, plus `wait_timeout` where a `WAIT` goes with
+    /// the request (the requests bound themselves more tightly; this is redis-rs's own backstop, which
+    /// would otherwise cut every `WAIT` longer than the request bound).
+    fn response_timeout(&self) -> Duration {
+        let config = &self.config;
+        if config.wait_replicas > 0 {
+            config.io_timeout + config.wait_timeout
+        } else {
+            config.io_timeout
+        }
+    }
+
     fn connection_config(&self) -> AsyncConnectionConfig {
         AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.config.connect_timeout))
-            .set_response_timeout(Some(self.config.io_timeout))
+            .set_response_timeout(Some(self.response_timeout()))
     }
 
     /// A Cluster client builder for the seed nodes: TLS (and its CA), credentials and timeouts set.
@@ -224,7 +236,7 @@ impl Target {
             .collect::<Result<_, _>>()?;
         let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
             .connection_timeout(config.connect_timeout)
-            .response_timeout(config.io_timeout);
+            .response_timeout(self.response_timeout());
         if let Some(user) = &config.username {
             builder = builder.username(user);
         }

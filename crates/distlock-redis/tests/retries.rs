@@ -243,3 +243,82 @@ fn a_backend_keeps_working_on_a_second_runtime() {
         contended_wait_is_woken(&holder, &waiter, &unique("rt2-wait")).await;
     });
 }
+
+/// A master and a replica of it, the replication link up.
+fn master_and_replica() -> (RedisServer, RedisServer) {
+    let master = RedisServer::builder()
+        .args(["--repl-diskless-sync-delay", "0"])
+        .start_or_panic();
+    let replica = RedisServer::builder()
+        .args(["--replicaof", "127.0.0.1"])
+        .arg(master.port().to_string())
+        .start_or_panic();
+    let started = Instant::now();
+    loop {
+        let info = replica.command(&["INFO", "replication"]).unwrap();
+        if info
+            .as_str()
+            .is_some_and(|i| i.contains("master_link_status:up"))
+        {
+            return (master, replica);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the replica never linked up: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// With `wait_replicas`, an acquire stuck in `WAIT` (the replica is stopped; `wait_timeout` 25 s) does
+/// not hold back the renewal of another lock of the same backend: with the default 30 s lease the
+/// renewal is due after 10 s and must reach the master then (its pttl back near 30 s), not after the
+/// acquire's `WAIT` ends. Once the replica runs again, both are confirmed and the hold is still Held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_does_not_queue_behind_an_acquire_in_wait_fault() {
+    let (master, mut replica) = master_and_replica();
+    let config =
+        RedisConfig::new(master.addr().to_string()).with_wait_replicas(1, Duration::from_secs(25));
+    let backend = RedisBackend::from_config(config).await.expect("connect");
+    let locks = Locks::new(backend);
+    let held = unique("held");
+    let guard = locks.lock(&held).unwrap().acquire().await.unwrap();
+    let acquired = Instant::now();
+
+    replica.pause().unwrap();
+    let stuck = locks.lock(&unique("stuck")).unwrap();
+    let stuck = tokio::spawn(async move { stuck.try_acquire().await.map(|g| g.is_some()) });
+
+    // The renewal is due at a third of the lease; give it 3 s more to reach the master.
+    let renewal_due = acquired + Duration::from_secs(10);
+    let bound = renewal_due + Duration::from_secs(3);
+    tokio::time::sleep_until(renewal_due.into()).await;
+    loop {
+        let pttl = master.command(&["PTTL", &held]).unwrap().as_int().unwrap();
+        if pttl > 25_000 {
+            break;
+        }
+        assert!(
+            Instant::now() < bound,
+            "the renewal has not reached the master {:?} after it was due (pttl {pttl} ms): it queues behind the acquire in WAIT",
+            renewal_due.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!stuck.is_finished(), "the acquire was not stuck in WAIT");
+
+    replica.resume().unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(30), stuck)
+        .await
+        .expect("the acquire finished")
+        .unwrap();
+    assert_eq!(granted.as_ref().ok(), Some(&true), "{granted:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        guard.state(),
+        distlock_core::LockState::Held,
+        "{:?}",
+        guard.loss_reason()
+    );
+    guard.release().await.unwrap();
+}
