@@ -322,3 +322,50 @@ async fn renewal_does_not_queue_behind_an_acquire_in_wait_fault() {
     );
     guard.release().await.unwrap();
 }
+
+/// With the default 30 s lease, a holder's key deleted, overwritten with another owner's hash, or
+/// overwritten with another type (an operator breaking a stuck lock, a foreign client) makes the guard
+/// Lost at the next renewal, a third of the lease after the grant, with the server's reason: not at the
+/// lease's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_or_overwritten_key_is_lost_at_the_next_renewal_fault() {
+    let server = RedisServer::start_or_panic();
+    let locks = Locks::new(backend_at(server.addr(), Duration::from_secs(5)).await);
+    let names = [unique("deleted"), unique("other-owner"), unique("string")];
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(locks.lock(name).unwrap().acquire().await.unwrap());
+    }
+    let acquired = Instant::now();
+    let ok = |v: distlock_testkit::redis::RespValue| assert!(!v.is_error(), "{v}");
+    ok(server.command(&["DEL", &names[0]]).unwrap());
+    ok(server
+        .command(&[
+            "EVAL",
+            "redis.call('del', KEYS[1]); redis.call('hset', KEYS[1], 'someone-else:1', 1); return redis.call('pexpire', KEYS[1], 30000)",
+            "1",
+            &names[1],
+        ])
+        .unwrap());
+    ok(server.command(&["SET", &names[2], "x"]).unwrap());
+
+    let lease = Duration::from_secs(30);
+    let bound = lease / 3 + Duration::from_secs(2);
+    for (guard, expected) in guards.iter().zip(["gone", "another owner", "another type"]) {
+        tokio::time::timeout_at((acquired + bound).into(), guard.lost())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{}: not Lost within {bound:?} of the grant (the next renewal is due at a third of the lease)",
+                    guard.name()
+                )
+            });
+        let reason = guard.loss_reason().unwrap_or_default();
+        assert!(reason.contains(expected), "{}: {reason}", guard.name());
+    }
+    assert!(
+        acquired.elapsed() >= lease / 3 - Duration::from_secs(1),
+        "Lost before the renewal was due: {:?}",
+        acquired.elapsed()
+    );
+}
