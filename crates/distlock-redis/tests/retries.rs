@@ -40,17 +40,25 @@ async fn warm_up(backend: &RedisBackend) {
     guard.release().await.unwrap();
 }
 
-/// Loses the reply of the request sent now: the request reaches the server (the proxy holds each chunk
-/// `hold`), then, before the reply gets back, every proxied connection is reset.
+/// Loses the reply of the release sent now: the proxy holds each chunk 1 s, so the request reaches the
+/// server after 1 s; once the server ran it (`key` is gone), and before the reply gets back, every
+/// proxied connection is reset.
 async fn lose_the_reply_of<T: Send + 'static>(
     proxy: &Proxy,
+    server: &RedisServer,
+    key: &str,
     request: impl std::future::Future<Output = T> + Send + 'static,
 ) -> T {
-    let hold = Duration::from_millis(400);
-    proxy.delay(hold).unwrap();
+    proxy.delay(Duration::from_secs(1)).unwrap();
     let task = tokio::spawn(request);
-    // The request reaches the server at `hold`; its reply would reach the client at `2 × hold`.
-    tokio::time::sleep(hold + hold / 2).await;
+    let started = Instant::now();
+    while exists(server, key) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the release never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     proxy.pass().unwrap();
     proxy.reset().unwrap();
     task.await.unwrap()
@@ -80,10 +88,9 @@ async fn lost_release_reply_is_ambiguous_not_not_held_fault() {
     };
     let raw = backend.clone();
     let (n, o) = (name.clone(), request.owner.clone());
-    let outcome = lose_the_reply_of(
-        &proxy,
-        async move { raw.release(&grant.lease, &n, &o).await },
-    )
+    let outcome = lose_the_reply_of(&proxy, &server, &name, async move {
+        raw.release(&grant.lease, &n, &o).await
+    })
     .await;
     assert!(!exists(&server, &name), "the first attempt did not run");
     match outcome {
@@ -99,8 +106,8 @@ async fn lost_release_reply_is_ambiguous_not_not_held_fault() {
     let locks = Locks::new(backend.clone());
     let name = unique("release-guard");
     let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
-    let outcome = lose_the_reply_of(&proxy, async move { guard.release().await }).await;
-    assert!(!exists(&server, &name), "the first attempt did not run");
+    let outcome =
+        lose_the_reply_of(&proxy, &server, &name, async move { guard.release().await }).await;
     let e = outcome.expect_err("the outcome is unknown");
     assert_ne!(e.kind(), ErrorKind::NotHeld, "{e}");
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
@@ -124,8 +131,9 @@ async fn undo_is_not_overtaken_by_the_delayed_acquire_fault() {
     proxy.delay(delay).unwrap();
     let started = Instant::now();
     let attempt = tokio::spawn(async move { lock.try_acquire().await.map(|g| g.is_some()) });
-    // The acquire is on its way (held in the proxy); new traffic passes at once from now on.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The acquire is on its way (held in the proxy); new traffic passes at once from now on (before the
+    // acquire times out at 1 s and is undone).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.pass().unwrap();
     let outcome = attempt.await.unwrap();
     assert!(outcome.is_err(), "the acquire should time out: {outcome:?}");
