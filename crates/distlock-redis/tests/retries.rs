@@ -162,6 +162,39 @@ async fn undo_is_not_overtaken_by_the_delayed_acquire_fault() {
         .is_some());
 }
 
+/// As above, but the caller drops the acquire future while the acquire is held in the proxy (no
+/// timeout): the core undoes it in the background, and the undo still runs after the acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_of_a_dropped_acquire_runs_after_it_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend_at(proxy.addr(), Duration::from_secs(5)).await;
+    warm_up(&backend).await;
+    let locks = Locks::new(backend);
+    let name = unique("undo-dropped");
+    let lock = locks.lock(&name).unwrap();
+
+    let delay = Duration::from_secs(2);
+    proxy.delay(delay).unwrap();
+    let started = Instant::now();
+    let attempt = tokio::spawn(async move { lock.try_acquire().await.map(|g| g.is_some()) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.pass().unwrap();
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+
+    tokio::time::sleep_until((started + delay + Duration::from_millis(200)).into()).await;
+    let bound = started + delay + Duration::from_secs(3);
+    while exists(&server, &name) {
+        assert!(
+            Instant::now() < bound,
+            "an orphan grant outlives the undo: pttl {:?} ms",
+            server.command(&["PTTL", &name]).unwrap().as_int()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
