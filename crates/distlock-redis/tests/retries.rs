@@ -263,7 +263,11 @@ fn a_backend_keeps_working_on_a_second_runtime() {
         (holder, waiter)
     });
     drop(first);
-    let second = runtime();
+    // As `#[tokio::test]` makes them: a current-thread runtime.
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     second.block_on(async {
         let guard = holder
             .lock(&unique("rt2"))
