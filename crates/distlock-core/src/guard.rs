@@ -485,8 +485,9 @@ impl Holding {
 /// A guard of a lock with a lease is renewed by the watchdog while it lives. Its [`state`](Self::state)
 /// says whether ownership can still be assumed; [`lost`](Self::lost) resolves when it cannot.
 ///
-/// Release-on-drop is not immediate: it is handed to a background task on the runtime of the first
-/// acquire (so it works when dropped outside a runtime). Call `release().await` to know it happened.
+/// Release-on-drop is not immediate: it is handed to a background task on the current runtime, or,
+/// dropped outside any runtime, on the latest acquire's (on a thread of its own if that runtime is
+/// gone). Call `release().await` to know it happened.
 #[must_use = "if unused the lock is released at once"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
