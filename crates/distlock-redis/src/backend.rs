@@ -430,7 +430,9 @@ impl RedisBackend {
     }
 
     /// The undo of an acquire, on the connection the acquire went on: Redis runs one connection's
-    /// commands in order, so it runs after the acquire even if that is still on its way.
+    /// commands in order, so it runs after the acquire even if that is still on its way. The link may
+    /// have dropped that connection after the acquire timed out; whatever reply comes back here, the
+    /// undo itself is queued behind the acquire on the server's side of the connection.
     async fn undo_on(
         &self,
         mut conn: Conn,
