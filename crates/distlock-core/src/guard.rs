@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::sync::{watch, Notify, OwnedMutexGuard};
 
 use crate::clock::{self, Instant};
 use crate::error::{Error, ErrorKind, Result};
@@ -27,6 +27,57 @@ pub(crate) fn validity_deadline(sent_at: Instant, ttl: Duration) -> Instant {
         .saturating_sub(SLACK)
 }
 
+/// The renewal period after a grant of `granted`: a third of it, or of the lease if that is shorter
+/// (an `extend` longer than the lease is followed by renewals with the lease).
+fn renewal_period(lease: Duration, granted: Duration) -> Duration {
+    (lease.min(granted) / 3).max(Duration::from_millis(1))
+}
+
+/// When to renew a grant of `granted` sent at `sent_at`: `sent_at + min(lease, granted)/3`, or never
+/// when the grant already covers the rest of `max_hold` (renewing could only ask for less).
+fn next_renewal(
+    sent_at: Instant,
+    granted: Duration,
+    lease: Duration,
+    max_hold_end: Option<Instant>,
+) -> Option<Instant> {
+    if max_hold_end.is_some_and(|end| sent_at.saturating_add(granted) >= end) {
+        return None;
+    }
+    Some(sent_at.saturating_add(renewal_period(lease, granted)))
+}
+
+/// The renewal in flight that an `extend` owns; dropped unfinished (the `extend` future was dropped),
+/// it ends the renewal, counting an unanswered request as unconfirmed.
+struct RenewalTurn<'a> {
+    holding: &'a Holding,
+    /// The request, once sent: when, and for how long.
+    sent: Option<(Instant, Duration)>,
+    /// Its outcome was applied (which ended the renewal).
+    applied: bool,
+}
+
+impl Drop for RenewalTurn<'_> {
+    fn drop(&mut self) {
+        if self.applied {
+            return;
+        }
+        let mut status = lock(&self.holding.status);
+        match self.sent.take() {
+            Some((sent_at, ttl)) => {
+                drop(status);
+                self.holding.renewal_abandoned(sent_at, ttl);
+                self.holding.shared.locks.watchdog.poke();
+            }
+            None => {
+                status.renewing = false;
+                drop(status);
+                self.holding.renewal_done.notify_waiters();
+            }
+        }
+    }
+}
+
 /// One hold of a lock, shared by the reentrant guards of one [`Lock`](crate::Lock).
 pub(crate) struct Holding {
     pub(crate) shared: Arc<LockShared>,
@@ -34,12 +85,17 @@ pub(crate) struct Holding {
     token: Option<FencingToken>,
     /// The lease renewals ask for.
     lease_ttl: Duration,
-    pub(crate) renew_every: Duration,
     max_hold_end: Option<Instant>,
+    /// The runtime of the acquire: the watchdog moves there if its own runtime is dropped.
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
     status: Mutex<Status>,
     state_tx: watch::Sender<LockState>,
     /// The local gate of this name, passed to the next waiter of this process after the release.
     gate: Mutex<Option<OwnedMutexGuard<()>>>,
+    /// Woken when a renewal ends, for an `extend` waiting for its turn.
+    renewal_done: Notify,
+    /// Woken when the deadline moves, so `lost()` re-arms its timer.
+    deadline_moved: Notify,
     /// Set once at install when the backend has one (the file backend's `flock`ed descriptor).
     pub(crate) descriptor: std::sync::OnceLock<Arc<std::os::fd::OwnedFd>>,
 }
@@ -48,10 +104,15 @@ pub(crate) struct Holding {
 struct Status {
     /// `None` for locks with no server-side expiry.
     deadline: Option<Instant>,
+    /// When the request behind `deadline` was sent: only a reply to a later request may replace it.
+    confirmed_sent_at: Option<Instant>,
+    /// A third of the last grant (at most of the lease): the renewal period.
+    period: Duration,
     jeopardy: bool,
     lost: Option<String>,
     released: bool,
     next_renew_at: Option<Instant>,
+    /// A renewal (the watchdog's or an `extend`) is in flight: at most one per hold.
     renewing: bool,
 }
 
@@ -77,23 +138,27 @@ impl Holding {
         options: LockOptions,
         gate: Option<OwnedMutexGuard<()>>,
     ) -> Arc<Self> {
-        let renew_every = options.lease / 3;
-        let status = Status {
-            deadline: ttl.map(|ttl| validity_deadline(sent_at, ttl)),
-            next_renew_at: ttl.map(|_| sent_at.saturating_add(renew_every)),
-            ..Status::default()
-        };
+        let max_hold_end = options.max_hold.map(|cap| sent_at.saturating_add(cap));
+        let mut status = Status::default();
+        if let Some(ttl) = ttl {
+            status.deadline = Some(validity_deadline(sent_at, ttl));
+            status.confirmed_sent_at = Some(sent_at);
+            status.period = renewal_period(options.lease, ttl);
+            status.next_renew_at = next_renewal(sent_at, ttl, options.lease, max_hold_end);
+        }
         let (state_tx, _) = watch::channel(LockState::Held);
         Arc::new(Self {
             shared,
             lease,
             token,
             lease_ttl: options.lease,
-            renew_every,
-            max_hold_end: options.max_hold.map(|cap| sent_at.saturating_add(cap)),
+            max_hold_end,
+            runtime: tokio::runtime::Handle::try_current().ok(),
             status: Mutex::new(status),
             state_tx,
             gate: Mutex::new(gate),
+            renewal_done: Notify::new(),
+            deadline_moved: Notify::new(),
             descriptor: std::sync::OnceLock::new(),
         })
     }
@@ -160,14 +225,16 @@ impl Holding {
         !status.released && status.lost.is_none()
     }
 
-    /// If a renewal is due by `now + slack`, marks it under way and returns the TTL to ask for.
-    pub(crate) fn take_due(&self, now: Instant, slack: Duration) -> Option<Duration> {
+    /// If a renewal is due within an eighth of its period (so renewals group) and none is in flight
+    /// (an `extend`, say: the hold is skipped this tick), marks one under way and returns the TTL to ask
+    /// for.
+    pub(crate) fn take_due(&self, now: Instant) -> Option<Duration> {
         let mut status = lock(&self.status);
         let due = status.next_renew_at?;
         if status.renewing
             || status.released
             || status.lost.is_some()
-            || due > now.saturating_add(slack)
+            || due > now.saturating_add(status.period / 8)
         {
             return None;
         }
@@ -177,12 +244,16 @@ impl Holding {
 
     /// The lease, capped by what is left of `max_hold`.
     fn renewal_ttl(&self, now: Instant) -> Duration {
+        self.cap_by_max_hold(self.lease_ttl, now)
+    }
+
+    /// `ttl`, capped by what is left of `max_hold`: the key never outlives the hold.
+    fn cap_by_max_hold(&self, ttl: Duration, now: Instant) -> Duration {
         match self.max_hold_end {
-            Some(end) => self
-                .lease_ttl
+            Some(end) => ttl
                 .min(end.saturating_duration_since(now))
                 .max(Duration::from_millis(1)),
-            None => self.lease_ttl,
+            None => ttl,
         }
     }
 
@@ -200,48 +271,132 @@ impl Holding {
             .min()
     }
 
-    /// Applies the outcome of a renewal sent at `sent_at`.
-    pub(crate) fn apply_renewal(&self, sent_at: Instant, outcome: Result<Renewed>) {
+    /// A renewal sent at `sent_at` for `ttl` will never be answered (its future was dropped: an
+    /// `extend` cancelled by its caller, or a batch whose runtime was dropped). It may have been applied,
+    /// so it counts as an unconfirmed reply.
+    pub(crate) fn renewal_abandoned(&self, sent_at: Instant, ttl: Duration) {
+        self.apply_renewal(
+            sent_at,
+            ttl,
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                "the renewal was abandoned before its reply",
+            )),
+        );
+    }
+
+    /// Applies the outcome of a renewal sent at `sent_at` asking for `asked`, and ends the renewal in
+    /// flight.
+    ///
+    /// - `Extended`: replaces the deadline only if its request was sent after the one behind the current
+    ///   deadline (with one renewal in flight per hold that is always so; the check keeps it so). The
+    ///   deadline is that request's `sent_at + granted·0.99 − 2 ms`, earlier or later than before, and
+    ///   the next renewal is due at `sent_at + min(lease, granted)/3`.
+    /// - `Gone`: Lost, whichever request it answers: within one hold the key is this owner's, and no
+    ///   renewal recreates a key the server dropped, so any `Gone` is a real loss.
+    /// - an error (or no reply): the request may still have been applied, so the deadline becomes the
+    ///   earlier of the current one and the one it would have set (an unconfirmed `extend(short)` cannot
+    ///   leave the guard trusting a longer lease); Jeopardy, and a retry soon.
+    pub(crate) fn apply_renewal(
+        &self,
+        sent_at: Instant,
+        asked: Duration,
+        outcome: Result<Renewed>,
+    ) {
         let now = clock::now();
         let mut status = lock(&self.status);
         status.renewing = false;
+        let before = status.deadline;
         self.refresh(&mut status, now);
-        if status.lost.is_some() || status.released {
-            return;
-        }
-        match outcome {
-            Ok(Renewed::Extended { ttl }) => {
-                status.deadline = Some(validity_deadline(sent_at, ttl));
-                status.jeopardy = false;
-                status.next_renew_at = Some(sent_at.saturating_add(self.renew_every));
-            }
-            Ok(Renewed::Gone { reason }) => {
-                tracing::warn!(lock = %self.shared.name, %reason, "lock lost");
-                status.lost = Some(reason);
-            }
-            Err(error) => {
-                if !status.jeopardy {
-                    tracing::warn!(lock = %self.shared.name, %error, "renewal failed; lock in jeopardy");
+        if status.lost.is_none() && !status.released {
+            match outcome {
+                Ok(Renewed::Extended { ttl }) => {
+                    if status.confirmed_sent_at.is_some_and(|c| sent_at <= c) {
+                        tracing::debug!(lock = %self.shared.name, "a reply older than the current deadline's is ignored");
+                    } else {
+                        status.deadline = Some(validity_deadline(sent_at, ttl));
+                        status.confirmed_sent_at = Some(sent_at);
+                        status.jeopardy = false;
+                        status.period = renewal_period(self.lease_ttl, ttl);
+                        status.next_renew_at =
+                            next_renewal(sent_at, ttl, self.lease_ttl, self.max_hold_end);
+                    }
                 }
-                status.jeopardy = true;
-                // Retry well before the deadline.
-                let retry = (self.renew_every / 4).max(Duration::from_millis(20));
-                status.next_renew_at = Some(now.saturating_add(retry));
+                Ok(Renewed::Gone { reason }) => {
+                    tracing::warn!(lock = %self.shared.name, %reason, "lock lost");
+                    status.lost = Some(reason);
+                }
+                Err(error) => {
+                    let unconfirmed = validity_deadline(sent_at, asked);
+                    status.deadline = status.deadline.map(|d| d.min(unconfirmed));
+                    if !status.jeopardy {
+                        tracing::warn!(lock = %self.shared.name, %error, "renewal failed; lock in jeopardy");
+                    }
+                    status.jeopardy = true;
+                    // Retry well before the deadline, which may just have moved closer.
+                    let remaining = status
+                        .deadline
+                        .map_or(Duration::MAX, |d| d.saturating_duration_since(now));
+                    let retry = (status.period / 4)
+                        .min(remaining / 4)
+                        .max(Duration::from_millis(20));
+                    status.next_renew_at = Some(now.saturating_add(retry));
+                }
             }
+            // A reply confirmed after its own deadline counts as failed: this marks it Lost.
+            self.refresh(&mut status, clock::now());
         }
         self.publish(&status);
+        let moved = status.deadline != before;
+        drop(status);
+        self.renewal_done.notify_waiters();
+        if moved {
+            self.deadline_moved.notify_waiters();
+        }
     }
 
-    /// Renews now with `ttl`, outside the watchdog's schedule.
+    /// Waits until no renewal of this hold is in flight, then marks one under way for the caller.
+    async fn take_turn(&self) -> Result<RenewalTurn<'_>> {
+        loop {
+            let done = self.renewal_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            {
+                let mut status = lock(&self.status);
+                self.refresh(&mut status, clock::now());
+                if let Some(reason) = &status.lost {
+                    return Err(Error::new(ErrorKind::LockLost, reason.clone()));
+                }
+                if status.released {
+                    return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
+                }
+                if !status.renewing {
+                    status.renewing = true;
+                    return Ok(RenewalTurn {
+                        holding: self,
+                        sent: None,
+                        applied: false,
+                    });
+                }
+            }
+            done.await;
+        }
+    }
+
+    /// Renews now with `ttl` (capped by `max_hold`), after any renewal in flight: the later request
+    /// defines the deadline.
     async fn renew_now(&self, ttl: Duration) -> Result<()> {
+        let mut turn = self.take_turn().await?;
         let backend = self.shared.locks.backend.clone();
+        let sent_at = clock::now();
+        let ttl = self.cap_by_max_hold(ttl, sent_at);
         let batch = [Renewal {
             name: &self.shared.name,
             owner: &self.shared.owner,
             lease: &self.lease,
             ttl,
         }];
-        let sent_at = clock::now();
+        turn.sent = Some((sent_at, ttl));
         let mut outcomes = backend.renew(&batch).await;
         let outcome = outcomes.pop().unwrap_or_else(|| {
             Err(Error::new(
@@ -254,7 +409,10 @@ impl Holding {
             Ok(Renewed::Gone { reason }) => Some(Error::new(ErrorKind::LockLost, reason.clone())),
             Err(e) => Some(Error::new(e.kind(), e.message().to_string())),
         };
-        self.apply_renewal(sent_at, outcome);
+        self.apply_renewal(sent_at, ttl, outcome);
+        turn.applied = true;
+        // The deadline and the next renewal moved: the watchdog re-arms its timer.
+        self.shared.locks.watchdog.poke();
         if let Some(reason) = self.loss_reason() {
             return Err(Error::new(ErrorKind::LockLost, reason));
         }
@@ -263,7 +421,8 @@ impl Holding {
 
     /// Watches a backend's loss signal until the hold ends.
     pub(crate) fn watch_loss(self: &Arc<Self>, loss: LossSignal) {
-        let Some(runtime) = self.shared.locks.runtime() else {
+        // On the acquire's runtime, which the hold's user is on.
+        let Some(runtime) = self.runtime.clone().or_else(|| self.shared.locks.runtime()) else {
             return;
         };
         let weak = Arc::downgrade(self);
@@ -329,8 +488,9 @@ impl Holding {
 /// A guard of a lock with a lease is renewed by the watchdog while it lives. Its [`state`](Self::state)
 /// says whether ownership can still be assumed; [`lost`](Self::lost) resolves when it cannot.
 ///
-/// Release-on-drop is not immediate: it is handed to a background task on the runtime of the first
-/// acquire (so it works when dropped outside a runtime). Call `release().await` to know it happened.
+/// Release-on-drop is not immediate: it is handed to a background task on the current runtime, or,
+/// dropped outside any runtime, on the latest acquire's (on a thread of its own if that runtime is
+/// gone). Call `release().await` to know it happened.
 #[must_use = "if unused the lock is released at once"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
@@ -423,35 +583,52 @@ impl LockGuard {
     }
 
     async fn until(&self, reached: impl Fn(LockState) -> bool) {
+        let locks = &self.holding.shared.locks;
+        locks.watchdog.ensure_running(locks);
         let mut changes = self.holding.state_tx.subscribe();
         loop {
+            // Armed before the deadline is read, so a move in between is not missed.
+            let moved = self.holding.deadline_moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
             if reached(self.holding.state()) {
                 return;
             }
-            match self.holding.next_deadline() {
-                Some(deadline) => {
-                    tokio::select! {
-                        _ = changes.changed() => {}
-                        _ = tokio::time::sleep_until(deadline.to_tokio()) => {}
+            let deadline = self.holding.next_deadline();
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        // The sender lives as long as the hold; never reached while this guard lives.
+                        moved.await;
                     }
                 }
-                None => {
-                    if changes.changed().await.is_err() {
-                        std::future::pending::<()>().await;
+                _ = async {
+                    match deadline {
+                        Some(deadline) => tokio::time::sleep_until(deadline.to_tokio()).await,
+                        None => std::future::pending().await,
                     }
-                }
+                } => {}
+                _ = &mut moved => {}
             }
         }
     }
 
-    /// Renews the lease now for `ttl` (the watchdog keeps renewing with the lock's lease afterwards).
+    /// Renews the lease now for `ttl`, capped by what is left of `max_hold` (the watchdog keeps
+    /// renewing with the lock's lease afterwards, the first time a third of `min(lease, granted)` after
+    /// this request).
+    ///
+    /// A hold has at most one renewal in flight: if the watchdog's is under way, `extend` waits for its
+    /// reply and then sends its own, so the later request defines the validity deadline, earlier or
+    /// later than before.
     ///
     /// Fails with [`ErrorKind::LockLost`] if the server says the lock is gone, with the backend's error
     /// (the guard then in Jeopardy) if the renewal could not be confirmed, and with
     /// [`ErrorKind::Unsupported`] for locks with no server-side expiry.
     ///
     /// # Cancel safety
-    /// Cancel safe: a renewal whose reply is dropped leaves the lease as the server has it.
+    /// Cancel safe: if the future is dropped after the request went out, the request counts as
+    /// unconfirmed (it may have been applied): the guard goes to Jeopardy, its deadline no later than
+    /// the one the request would have set, and the watchdog renews at once.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let kind = self.holding.shared.locks.backend.kind();
         let name = self.name().to_string();
@@ -481,6 +658,8 @@ impl LockGuard {
         if let Some(reason) = self.holding.loss_reason() {
             return Err(tag(Error::new(ErrorKind::NotHeld, reason), kind, &name));
         }
+        let locks = &self.holding.shared.locks;
+        locks.watchdog.ensure_running(locks);
         self.holding
             .renew_now(ttl)
             .await

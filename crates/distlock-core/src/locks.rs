@@ -43,7 +43,9 @@ pub struct Locks {
 
 pub(crate) struct LocksInner {
     pub(crate) backend: Arc<dyn DynBackend>,
-    runtime: OnceLock<Handle>,
+    /// The runtime of the latest acquire: where background work goes when it is started outside any
+    /// runtime (a guard dropped on a plain thread).
+    runtime: Mutex<Option<Handle>>,
     defaults: LockOptions,
     /// Same-name waiters of this `Locks` queue here (tokio's mutex is FIFO), so only the head contends
     /// with the engine.
@@ -92,7 +94,7 @@ impl Locks {
         Self {
             inner: Arc::new(LocksInner {
                 backend: Arc::new(backend),
-                runtime: OnceLock::new(),
+                runtime: Mutex::new(None),
                 defaults,
                 gates: Mutex::new(HashMap::new()),
                 watchdog: Arc::new(Watchdog::default()),
@@ -194,39 +196,45 @@ impl fmt::Debug for Locks {
 }
 
 impl LocksInner {
-    /// The runtime background work (drop-release, undo, renewals) runs on: the one the first acquire ran
-    /// on, so a guard dropped outside any runtime still releases.
-    pub(crate) fn runtime(&self) -> Option<&Handle> {
-        self.runtime.get()
+    /// The runtime of the latest acquire. It may have been dropped since: [`spawn`] copes with that.
+    pub(crate) fn runtime(&self) -> Option<Handle> {
+        lock(&self.runtime).clone()
     }
 
-    /// Runs `work` on the bound runtime as counted background work (see [`Locks::close`]); `None` if
-    /// no runtime is bound yet.
-    pub(crate) fn spawn_background<F>(&self, work: F) -> Option<tokio::task::JoinHandle<F::Output>>
+    /// Runs `work` as counted background work (see [`Locks::close`]) on the current runtime, or, outside
+    /// any runtime, on the latest acquire's (so a guard dropped on a plain thread still releases). If
+    /// that runtime is gone the work runs on a thread of its own (see [`spawn`]). `None` when no
+    /// `JoinHandle` can be given (no runtime, or the work went to a thread).
+    pub(crate) fn spawn_background<F>(&self, work: F) -> Option<tokio::task::JoinHandle<()>>
     where
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let runtime = self.runtime()?;
         self.background.running.fetch_add(1, Ordering::AcqRel);
         let task = BackgroundTask(self.background.clone());
-        Some(runtime.spawn(async move {
+        let work = async move {
             let _task = task;
-            work.await
-        }))
+            work.await;
+        };
+        let runtime = Handle::try_current().ok().or_else(|| self.runtime());
+        spawn(runtime.as_ref(), work)
     }
 
+    /// Records the current runtime as the latest acquire's; fails outside any runtime.
     fn bind_runtime(&self) -> Result<()> {
-        if self.runtime.get().is_some() {
-            return Ok(());
-        }
         let handle = Handle::try_current().map_err(|_| {
             Error::new(
                 ErrorKind::InvalidConfig,
                 "distlock needs a tokio runtime: call it from inside one",
             )
         })?;
-        let _ = self.runtime.set(handle);
+        let mut runtime = lock(&self.runtime);
+        if runtime
+            .as_ref()
+            .is_none_or(|bound| bound.id() != handle.id())
+        {
+            *runtime = Some(handle);
+        }
         Ok(())
     }
 
@@ -253,6 +261,84 @@ pub(crate) fn tag(mut error: Error, backend: &'static str, name: &str) -> Error 
         error = error.with_lock(name);
     }
     error
+}
+
+/// Spawns `work` on `runtime`; if that runtime is gone (tokio then drops a task before its first poll)
+/// or there is none, runs it on a thread of its own with a current-thread runtime, so that a release or
+/// an undo is never lost with a dropped runtime.
+pub(crate) fn spawn<F>(runtime: Option<&Handle>, work: F) -> Option<tokio::task::JoinHandle<()>>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let unstarted = Arc::new(Mutex::new(None));
+    let work = Box::pin(work);
+    let Some(runtime) = runtime else {
+        run_on_own_thread(work);
+        return None;
+    };
+    let task = runtime.spawn(FirstPoll {
+        work: Some(work),
+        unstarted: Some(unstarted.clone()),
+    });
+    // Filled only when the runtime dropped the task without polling it: it is shut down.
+    let returned = lock(&unstarted).take();
+    match returned {
+        Some(work) => {
+            run_on_own_thread(work);
+            None
+        }
+        None => Some(task),
+    }
+}
+
+type BoxedWork = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+
+fn run_on_own_thread(work: BoxedWork) {
+    let spawned = std::thread::Builder::new()
+        .name("distlock-background".into())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(work),
+                Err(error) => {
+                    tracing::error!(%error, "cannot start a runtime for background work; it is dropped")
+                }
+            }
+        });
+    if let Err(error) = spawned {
+        tracing::error!(%error, "cannot start a thread for background work; it is dropped");
+    }
+}
+
+/// A future that hands its work back through `unstarted` if it is dropped before its first poll.
+struct FirstPoll {
+    work: Option<BoxedWork>,
+    unstarted: Option<Arc<Mutex<Option<BoxedWork>>>>,
+}
+
+impl std::future::Future for FirstPoll {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        self.unstarted = None;
+        match self.work.as_mut() {
+            Some(work) => work.as_mut().poll(cx),
+            None => std::task::Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for FirstPoll {
+    fn drop(&mut self) {
+        if let (Some(unstarted), Some(work)) = (self.unstarted.take(), self.work.take()) {
+            *lock(&unstarted) = Some(work);
+        }
+    }
 }
 
 /// One owner of one lock name. Not `Clone`: tasks that must exclude each other each call

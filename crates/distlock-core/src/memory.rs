@@ -7,9 +7,16 @@
 //! [`ErrorKind::Unavailable`] while leases keep expiring in the store, so its guards go to Jeopardy and
 //! then Lost at their deadline, and other handles can take the lock over. That is how the loss path is
 //! tested without a server.
+//!
+//! The timing of replies is also a test facility: [`MemoryBackend::delay_renewals`] holds back the
+//! replies of the next renewals (the store has applied them; the reply is late, as over a slow network),
+//! [`MemoryBackend::cap_ttl`] makes the store grant less than asked (as etcd caps a lock's lease by its
+//! session's remaining time and ZooKeeper clamps a session timeout), and
+//! [`MemoryBackend::renewal_requests`] counts the renewals that reached the store, so a test knows one is
+//! under way.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -45,12 +52,22 @@ struct Store {
 struct Link {
     frozen: AtomicBool,
     freeze_at: Mutex<Option<Instant>>,
+    /// How long the replies of the next `renew` calls are held back, one entry per call.
+    renewal_delays: Mutex<VecDeque<Duration>>,
+    /// The most the store grants this handle, on acquire and renewal.
+    ttl_cap: Mutex<Option<Duration>>,
+    renewal_requests: AtomicU64,
 }
 
 impl Link {
     fn is_frozen(&self) -> bool {
         self.frozen.load(Ordering::SeqCst)
             || lock(&self.freeze_at).is_some_and(|at| clock::now() >= at)
+    }
+
+    /// What the store grants for `asked`.
+    fn grant(&self, asked: Duration) -> Duration {
+        lock(&self.ttl_cap).map_or(asked, |cap| asked.min(cap))
     }
 
     fn check_reachable(&self) -> Result<()> {
@@ -185,6 +202,25 @@ impl MemoryBackend {
     pub fn is_frozen(&self) -> bool {
         self.link.is_frozen()
     }
+
+    /// Holds back the replies of this handle's next `renew` calls (a watchdog batch or an `extend`), one
+    /// delay per call in order: the store applies each renewal at once, and its reply comes that much
+    /// later, as over a slow network. Calls after the queue is used up are answered at once.
+    pub fn delay_renewals(&self, delays: impl IntoIterator<Item = Duration>) {
+        lock(&self.link.renewal_delays).extend(delays);
+    }
+
+    /// Makes the store grant this handle at most `cap` on acquires and renewals, whatever it asks (as
+    /// etcd caps a lock's lease by its session's remaining time, and ZooKeeper clamps a session timeout).
+    /// `None` lifts the cap.
+    pub fn cap_ttl(&self, cap: Option<Duration>) {
+        *lock(&self.link.ttl_cap) = cap;
+    }
+
+    /// How many `renew` calls of this handle have reached the store (renewals under way included).
+    pub fn renewal_requests(&self) -> u64 {
+        self.link.renewal_requests.load(Ordering::SeqCst)
+    }
 }
 
 /// A memory acquisition: the release counter last seen, so no release between a busy try and the wait
@@ -234,24 +270,26 @@ impl Backend for MemoryBackend {
                 });
             }
             // Ours already (an earlier reply was lost): the same hold, refreshed.
-            holder.expires_at = now.saturating_add(request.lease);
+            let ttl = self.link.grant(request.lease);
+            holder.expires_at = now.saturating_add(ttl);
             return Ok(Attempt::Acquired(
                 Grant::new(())
                     .with_token(FencingToken::new(holder.token))
-                    .with_ttl(request.lease),
+                    .with_ttl(ttl),
             ));
         }
+        let ttl = self.link.grant(request.lease);
         state.last_token += 1;
         state.holder = Some(Holder {
             owner: request.owner.clone(),
             token: state.last_token,
-            expires_at: now.saturating_add(request.lease),
+            expires_at: now.saturating_add(ttl),
             since: SystemTime::now(),
         });
         Ok(Attempt::Acquired(
             Grant::new(())
                 .with_token(FencingToken::new(state.last_token))
-                .with_ttl(request.lease),
+                .with_ttl(ttl),
         ))
     }
 
@@ -294,26 +332,35 @@ impl Backend for MemoryBackend {
                 .map(|_| Err(Error::new(e.kind(), e.message())))
                 .collect();
         }
-        let now = clock::now();
-        let mut names = lock(&self.store.names);
-        batch
-            .iter()
-            .map(|entry| {
-                let holder = names.get_mut(entry.name).and_then(|s| s.holder.as_mut());
-                Ok(match holder {
-                    Some(h) if h.owner == entry.owner && h.live(now) => {
-                        h.expires_at = now.saturating_add(entry.ttl);
-                        Renewed::Extended { ttl: entry.ttl }
-                    }
-                    Some(h) if h.live(now) => Renewed::Gone {
-                        reason: "another owner holds the lock".into(),
-                    },
-                    _ => Renewed::Gone {
-                        reason: "the lease expired on the server".into(),
-                    },
+        self.link.renewal_requests.fetch_add(1, Ordering::SeqCst);
+        let outcomes: Vec<Result<Renewed>> = {
+            let now = clock::now();
+            let mut names = lock(&self.store.names);
+            batch
+                .iter()
+                .map(|entry| {
+                    let holder = names.get_mut(entry.name).and_then(|s| s.holder.as_mut());
+                    Ok(match holder {
+                        Some(h) if h.owner == entry.owner && h.live(now) => {
+                            let ttl = self.link.grant(entry.ttl);
+                            h.expires_at = now.saturating_add(ttl);
+                            Renewed::Extended { ttl }
+                        }
+                        Some(h) if h.live(now) => Renewed::Gone {
+                            reason: "another owner holds the lock".into(),
+                        },
+                        _ => Renewed::Gone {
+                            reason: "the lease expired on the server".into(),
+                        },
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        };
+        let delay = lock(&self.link.renewal_delays).pop_front();
+        if let Some(delay) = delay.filter(|d| !d.is_zero()) {
+            tokio::time::sleep(delay).await;
+        }
+        outcomes
     }
 
     async fn release(&self, _lease: &(), name: &str, owner: &str) -> Result<Released> {

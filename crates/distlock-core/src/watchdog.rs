@@ -2,10 +2,17 @@
 //! tick it takes every hold whose renewal is due (or nearly due, so renewals group) and hands them to the
 //! backend in one batch, which sends one round trip per group. It also wakes at every validity deadline
 //! so that `state_changes()` reports a loss on time.
+//!
+//! The task runs on the runtime of the acquire that started it. A `Locks` may outlive that runtime (a
+//! `Locks` in a `static` used by several `#[tokio::test]`s): when the runtime is dropped it drops the
+//! task, and the task's [`RunGuard`] starts it again on the runtime of another live hold. A hold whose
+//! own runtime is gone, with no other candidate, gets the task back at the next acquire, `lost()` or
+//! `extend()` (until then its deadline passes and it goes Lost, as P2 says).
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use tokio::runtime::{Handle, Id};
 use tokio::sync::Notify;
 
 use crate::clock::{self, Instant};
@@ -24,7 +31,10 @@ pub(crate) struct Watchdog {
 #[derive(Default)]
 struct Registry {
     holds: Vec<Weak<Holding>>,
-    running: bool,
+    /// The generation of the running task, `None` when none runs. A dropped task clears it only if it is
+    /// still the current one.
+    task: Option<u64>,
+    generation: u64,
     /// When the running task will next look at the holds, so a new hold wakes it only if it needs an
     /// earlier look (a grant on every cycle would otherwise cost a cross-thread wake-up each).
     wake_at: Option<Instant>,
@@ -40,7 +50,7 @@ impl Watchdog {
             registry.prune_at = (registry.holds.len() * 2).max(64);
         }
         registry.holds.push(Arc::downgrade(holding));
-        if registry.running {
+        if registry.task.is_some() {
             let sooner = match (holding.next_event(), registry.wake_at) {
                 (Some(event), Some(wake_at)) => event < wake_at,
                 _ => true,
@@ -51,14 +61,88 @@ impl Watchdog {
             }
             return;
         }
-        let Some(runtime) = locks.runtime() else {
-            return;
-        };
-        registry.running = true;
-        runtime.spawn(self.clone().run(locks.backend.clone()));
+        let runtime = Handle::try_current()
+            .ok()
+            .or_else(|| holding.runtime.clone());
+        drop(registry);
+        if let Some(runtime) = runtime {
+            self.start(&runtime, locks.backend.clone(), Vec::new());
+        }
     }
 
-    async fn run(self: Arc<Self>, backend: Arc<dyn DynBackend>) {
+    /// Makes the task look at its holds again (a deadline or a renewal time moved).
+    pub(crate) fn poke(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Starts the task on the current runtime if holds are waiting for one (its runtime was dropped and
+    /// no other hold's runtime could take it).
+    pub(crate) fn ensure_running(self: &Arc<Self>, locks: &LocksInner) {
+        let idle = {
+            let registry = lock(&self.state);
+            registry.task.is_none() && registry.holds.iter().any(|h| h.strong_count() > 0)
+        };
+        if idle {
+            if let Ok(runtime) = Handle::try_current() {
+                self.start(&runtime, locks.backend.clone(), Vec::new());
+            }
+        }
+    }
+
+    /// Spawns the task on `runtime` unless one runs. `tried` are runtimes found dropped on the way.
+    fn start(self: &Arc<Self>, runtime: &Handle, backend: Arc<dyn DynBackend>, tried: Vec<Id>) {
+        let generation = {
+            let mut registry = lock(&self.state);
+            if registry.task.is_some() {
+                return;
+            }
+            registry.generation += 1;
+            registry.task = Some(registry.generation);
+            registry.generation
+        };
+        let guard = RunGuard {
+            watchdog: self.clone(),
+            backend: backend.clone(),
+            generation,
+            runtime: runtime.id(),
+            tried,
+            exited: false,
+        };
+        // Spawned outside the registry lock: on a dropped runtime tokio drops the task at once, and its
+        // guard takes the lock to move on.
+        runtime.spawn(self.clone().run(backend, guard));
+    }
+
+    /// The task of `generation` was dropped unfinished (its runtime was dropped): starts it on the
+    /// runtime of a live hold, other than those already found dropped.
+    fn restart_elsewhere(self: &Arc<Self>, guard: &mut RunGuard) {
+        let mut tried = std::mem::take(&mut guard.tried);
+        tried.push(guard.runtime);
+        let candidate = {
+            let mut registry = lock(&self.state);
+            if registry.task != Some(guard.generation) {
+                return;
+            }
+            registry.task = None;
+            registry
+                .holds
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter_map(|h| h.runtime.clone())
+                .find(|runtime| !tried.contains(&runtime.id()))
+        };
+        match candidate {
+            Some(runtime) => {
+                tracing::debug!("the watchdog's runtime was dropped; restarting it on another");
+                self.start(&runtime, guard.backend.clone(), tried);
+            }
+            None => tracing::debug!(
+                "the watchdog's runtime was dropped; it restarts at the next acquire, lost() or extend()"
+            ),
+        }
+    }
+
+    async fn run(self: Arc<Self>, backend: Arc<dyn DynBackend>, mut guard: RunGuard) {
         loop {
             let now = clock::now();
             let mut due = Vec::new();
@@ -70,13 +154,13 @@ impl Watchdog {
                     .retain(|weak| weak.upgrade().is_some_and(|h| h.watched(now)));
                 if registry.holds.is_empty() {
                     // Decided under the lock `register` takes, so no hold is left unwatched.
-                    registry.running = false;
+                    registry.task = None;
+                    guard.exited = true;
                     return;
                 }
                 registry.prune_at = (registry.holds.len() * 2).max(64);
                 for holding in registry.holds.iter().filter_map(Weak::upgrade) {
-                    // Renewals due within an eighth of their period go together.
-                    if let Some(ttl) = holding.take_due(now, holding.renew_every / 8) {
+                    if let Some(ttl) = holding.take_due(now) {
                         due.push((holding.clone(), ttl));
                     }
                     if let Some(at) = holding.next_event() {
@@ -100,12 +184,40 @@ impl Watchdog {
     }
 }
 
+/// Lives inside the watchdog task; dropped unfinished, the task's runtime is gone (or it panicked).
+struct RunGuard {
+    watchdog: Arc<Watchdog>,
+    backend: Arc<dyn DynBackend>,
+    generation: u64,
+    runtime: Id,
+    /// Runtimes found dropped while restarting, so a restart never loops over them.
+    tried: Vec<Id>,
+    exited: bool,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        if !self.exited {
+            let watchdog = self.watchdog.clone();
+            watchdog.restart_elsewhere(self);
+        }
+    }
+}
+
 async fn renew_batch(
     backend: Arc<dyn DynBackend>,
     due: Vec<(Arc<Holding>, Duration)>,
     watchdog: Arc<Watchdog>,
 ) {
     let sent_at = clock::now();
+    // If this task is dropped before the replies are in (its runtime was dropped), the holds are free
+    // for the next renewal.
+    let mut unanswered = Unanswered {
+        due,
+        sent_at,
+        answered: false,
+    };
+    let due = &unanswered.due;
     // A reply after the last deadline of the batch is useless: every entry would count it as failed.
     let limit = due
         .iter()
@@ -125,15 +237,34 @@ async fn renew_batch(
     let outcomes = tokio::time::timeout(limit, backend.renew(&batch))
         .await
         .unwrap_or_default();
+    drop(batch);
     let mut outcomes = outcomes.into_iter();
-    for (holding, _) in &due {
+    for (holding, ttl) in due {
         let outcome = outcomes.next().unwrap_or_else(|| {
             Err(Error::new(
                 ErrorKind::Unavailable,
                 "the renewal got no reply in time",
             ))
         });
-        holding.apply_renewal(sent_at, outcome);
+        holding.apply_renewal(sent_at, *ttl, outcome);
     }
+    unanswered.answered = true;
     watchdog.wake.notify_one();
+}
+
+/// The holds of a batch whose replies are not in yet.
+struct Unanswered {
+    due: Vec<(Arc<Holding>, Duration)>,
+    sent_at: Instant,
+    answered: bool,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if !self.answered {
+            for (holding, ttl) in &self.due {
+                holding.renewal_abandoned(self.sent_at, *ttl);
+            }
+        }
+    }
 }

@@ -1,0 +1,192 @@
+//! Renewals and `extend` are ordered, the schedule follows the granted TTL, and a deadline moved earlier
+//! wakes the loss signal (issue #7, item 2). On the memory backend, whose test facilities delay renewal
+//! replies (`delay_renewals`) and grant less than asked (`cap_ttl`). The leases are the 30 s default:
+//! the flaws were in how the core orders and schedules, whatever the lease.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use distlock_core::memory::MemoryBackend;
+use distlock_core::{LockGuard, LockState, Locks};
+use tokio::time::Instant;
+
+/// A client `a` (with its backend handle, for the test facilities) and a second client `b`.
+fn two_clients() -> (MemoryBackend, Locks, Locks) {
+    let a = MemoryBackend::new();
+    let b = a.another_client();
+    (a.clone(), Locks::new(a), Locks::new(b))
+}
+
+async fn until_renewal_requests(backend: &MemoryBackend, count: u64, within: Duration) {
+    tokio::time::timeout(within, async {
+        while backend.renewal_requests() < count {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the renewal was not sent");
+}
+
+/// For `watch`: whenever `b` can take the lock (the key is gone from the store), `guard` must not say
+/// `Held`. If `b` never gets it, the guard must still be `Held` at the end (it was renewed in time).
+async fn never_held_after_the_server_dropped_the_key(
+    guard: &LockGuard,
+    b: &Locks,
+    watch: Duration,
+) {
+    let name = guard.name().to_string();
+    let lock = b.lock(&name).unwrap();
+    let end = Instant::now() + watch;
+    while Instant::now() < end {
+        if let Some(taken) = lock.try_acquire().await.unwrap() {
+            let state = guard.state();
+            assert_ne!(
+                state,
+                LockState::Held,
+                "another client holds the lock while the guard says Held (deadline {:?} from now)",
+                guard
+                    .validity_deadline()
+                    .map(|d| d.saturating_duration_since(std::time::Instant::now()))
+            );
+            drop(taken);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+}
+
+/// The issue's trace: a watchdog renewal (30 s) is in flight with a slow reply when the user calls
+/// `extend(2s)`. The later request must define the deadline; the old code let the slow 30 s reply
+/// overwrite the 2 s one, so the guard said `Held` for ~30 s after the store dropped the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_during_a_slow_watchdog_renewal_never_leaves_the_guard_held_after_the_key_is_gone() {
+    let (a_backend, a, b) = two_clients();
+    let guard = a.lock("slow-renewal").unwrap().acquire().await.unwrap();
+    a_backend.delay_renewals([Duration::from_secs(1)]);
+    // The watchdog's first renewal goes out a third into the 30 s lease.
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(15)).await;
+    guard.extend(Duration::from_secs(2)).await.unwrap();
+    never_held_after_the_server_dropped_the_key(&guard, &b, Duration::from_secs(5)).await;
+}
+
+/// Two `extend`s from two tasks, the first one's reply slower: the replies arrive in the other order
+/// than the requests were applied. The guard's deadline must follow the request the store applied last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_replies_never_leave_the_guard_held_after_the_key_is_gone() {
+    let (a_backend, a, b) = two_clients();
+    let guard = a.lock("out-of-order").unwrap().acquire().await.unwrap();
+    // The slow reply comes before the short extend's deadline, so it is not simply too late.
+    a_backend.delay_renewals([Duration::from_millis(500)]);
+    let (long, short) = tokio::join!(guard.extend(Duration::from_secs(30)), async {
+        until_renewal_requests(&a_backend, 1, Duration::from_secs(5)).await;
+        guard.extend(Duration::from_secs(1)).await
+    });
+    long.unwrap();
+    short.unwrap();
+    never_held_after_the_server_dropped_the_key(&guard, &b, Duration::from_secs(4)).await;
+}
+
+/// The store grants a tenth of the 30 s lease (as etcd does near the end of its session, or ZooKeeper
+/// with a clamped session): the next renewal must come within that grant, not at a third of the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_of_a_tenth_of_the_lease_is_renewed_in_time() {
+    let (a_backend, a, b) = two_clients();
+    a_backend.cap_ttl(Some(Duration::from_secs(3)));
+    let guard = a.lock("short-grant").unwrap().acquire().await.unwrap();
+    let first_deadline = guard.validity_deadline().unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+    assert!(guard.validity_deadline().unwrap() > first_deadline);
+    assert!(
+        b.lock("short-grant")
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "the short grant ran out on the server"
+    );
+    // The same after an extend shorter than a third of the lease.
+    a_backend.cap_ttl(None);
+    guard.extend(Duration::from_secs(1)).await.unwrap();
+    never_held_after_the_server_dropped_the_key(&guard, &b, Duration::from_secs(3)).await;
+    assert_eq!(guard.state(), LockState::Held);
+}
+
+/// `extend(1s)` moves the deadline 29 s earlier; the renewal after it gets no reply in time. `lost()`
+/// and `state_changes()` must fire at the new deadline, not at a wake-up armed for the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_at_a_deadline_moved_earlier() {
+    let (a_backend, a, _) = two_clients();
+    let guard = a.lock("earlier").unwrap().acquire().await.unwrap();
+    let mut changes = guard.state_changes();
+    let waited = async {
+        let started = Instant::now();
+        guard.lost().await;
+        started.elapsed()
+    };
+    let watched = async {
+        let started = Instant::now();
+        changes.wait_for(|s| *s == LockState::Lost).await.unwrap();
+        started.elapsed()
+    };
+    let moved = async {
+        // Both waiters are armed for the 30 s deadline before it moves.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The extend is answered at once; the renewal after it not before the new deadline.
+        a_backend.delay_renewals([Duration::ZERO, Duration::from_secs(20)]);
+        guard.extend(Duration::from_secs(1)).await.unwrap();
+    };
+    let (lost_after, changed_after, ()) = tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::join!(waited, watched, moved)
+    })
+    .await
+    .expect("lost() / state_changes() did not fire within 5 s of a deadline 1 s away");
+    // The deadline was about 1.1 s after the waiters started.
+    assert!(lost_after < Duration::from_secs(3), "{lost_after:?}");
+    assert!(changed_after < Duration::from_secs(3), "{changed_after:?}");
+    assert_eq!(guard.state(), LockState::Lost);
+}
+
+/// `extend` past `max_hold` asks the server for no more than what is left of the cap, so the key does
+/// not outlive the hold and keep the next holder waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_asks_for_no_more_than_what_is_left_of_max_hold() {
+    let (_, a, b) = two_clients();
+    let guard = a
+        .lock("capped")
+        .unwrap()
+        .options()
+        .max_hold(Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap();
+    guard.extend(Duration::from_secs(30)).await.unwrap();
+    let next = b
+        .lock("capped")
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await;
+    assert!(next.is_ok(), "the key outlived max_hold: {next:?}");
+    assert_eq!(guard.state(), LockState::Lost);
+}
+
+/// An `extend(1s)` whose caller gives up before the reply: the store applied it, so the guard must not
+/// go on trusting the 30 s lease, and the watchdog must renew before the 1 s runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_extend_counts_as_possibly_applied() {
+    let (a_backend, a, b) = two_clients();
+    let guard = a.lock("cancelled").unwrap().acquire().await.unwrap();
+    a_backend.delay_renewals([Duration::from_secs(2)]);
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(100),
+        guard.extend(Duration::from_secs(1)),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the extend was meant to be cut short");
+    never_held_after_the_server_dropped_the_key(&guard, &b, Duration::from_secs(3)).await;
+}

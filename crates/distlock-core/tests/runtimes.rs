@@ -1,0 +1,124 @@
+//! A `Locks` outlives the runtimes that use it (issue #7, item 5): its background work (the watchdog,
+//! releases of dropped guards) moves to a live runtime when the one it ran on is dropped, as with a
+//! `Locks` in a `static` used by several `#[tokio::test]`s.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use distlock_core::memory::MemoryBackend;
+use distlock_core::{LockState, Locks};
+use tokio::runtime::Runtime;
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn current_thread_runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The issue's reproduction: used on a first runtime, which is then dropped, then on a second one.
+#[test]
+fn a_hold_on_a_second_runtime_is_renewed_after_the_first_is_dropped() {
+    let locks = Locks::new(MemoryBackend::new());
+    let first = runtime();
+    first.block_on(async {
+        let guard = locks
+            .lock("first")
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    });
+    drop(first);
+    let second = current_thread_runtime();
+    second.block_on(async {
+        let guard = locks
+            .lock("second")
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+        guard.release().await.unwrap();
+    });
+}
+
+/// The watchdog runs on the first runtime while a hold of the second one is acquired; the first one
+/// is dropped and nobody acquires again: the second runtime's hold is still renewed.
+#[test]
+fn a_hold_is_renewed_after_the_watchdogs_runtime_is_dropped_without_another_acquire() {
+    let (a, b) = {
+        let backend = MemoryBackend::new();
+        let other = backend.another_client();
+        (Locks::new(backend), Locks::new(other))
+    };
+    let first = runtime();
+    let kept = first.block_on(async {
+        a.lock("kept")
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    let second = current_thread_runtime();
+    let guard = second.block_on(async {
+        a.lock("later")
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    drop(first);
+    second.block_on(async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+        assert_eq!(kept.state(), LockState::Held, "{:?}", kept.loss_reason());
+        let taken = b.lock("later").unwrap().try_acquire().await.unwrap();
+        assert!(taken.is_none(), "the lease of a live guard expired");
+        guard.release().await.unwrap();
+        kept.release().await.unwrap();
+    });
+}
+
+/// A guard whose runtime is gone is dropped outside any runtime: the release still happens (not only
+/// when its 30 s lease runs out).
+#[test]
+fn a_guard_dropped_after_its_runtime_is_gone_still_releases() {
+    let backend = MemoryBackend::new();
+    let other = Locks::new(backend.another_client());
+    let locks = Locks::new(backend);
+    let first = runtime();
+    let guard = first.block_on(async { locks.lock("orphan").unwrap().acquire().await.unwrap() });
+    drop(first);
+    drop(guard);
+    let second = current_thread_runtime();
+    second.block_on(async {
+        let got = other
+            .lock("orphan")
+            .unwrap()
+            .options()
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await;
+        assert!(got.is_ok(), "the dropped guard was not released: {got:?}");
+    });
+}
