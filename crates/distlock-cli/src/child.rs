@@ -1,15 +1,19 @@
-//! Spawning the command so it never outlives its holder, signalling its process group, and the
+//! Starting the command under its supervisor (see [`crate::supervisor`]), talking to it, and the
 //! signals `distlock` forwards.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
-use std::sync::mpsc;
-use std::sync::Mutex;
+use std::time::Duration;
 
-use rustix::process::{Pid, Signal};
+use rustix::process::Signal;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::signal::unix::{signal, SignalKind};
+
+use crate::supervisor::{Invocation, SUBCOMMAND};
 
 /// What the child is started with.
 #[derive(Debug)]
@@ -22,125 +26,170 @@ pub struct Spec<'a> {
     pub set_env: Vec<(&'static str, String)>,
     /// Variables to remove (an inherited `DISTLOCK_TOKEN` must not pass for this hold's).
     pub remove_env: Vec<&'static str>,
+    /// The lock's inheritable descriptor (file backend), held by the supervisor until the tree is gone.
+    pub lock: Option<BorrowedFd<'a>>,
+    /// How long descendants get between SIGTERM and SIGKILL.
+    pub grace: Duration,
+    /// Give the command the terminal (stdin is one and distlock is in its foreground group).
+    pub terminal: bool,
 }
 
-/// A running command: the leader of its own process group.
+/// What the supervisor reports.
+#[derive(Debug)]
+pub enum Event {
+    /// The command exited.
+    Exited(ExitStatus),
+    /// Every process the command started is gone (the supervisor has exited or is exiting).
+    TreeGone,
+}
+
+/// A running command: the leader of its own process group, under a supervisor that is a child
+/// subreaper.
 #[derive(Debug)]
 pub struct Child {
-    inner: tokio::process::Child,
+    supervisor: tokio::process::Child,
+    reports: Lines<BufReader<OwnedReadHalf>>,
+    requests: OwnedWriteHalf,
+    pid: u32,
+    exited: bool,
 }
 
-type Job = Box<dyn FnOnce() + Send>;
-
-/// Runs `job` on the spawner thread.
+/// Starts the supervisor, which starts the command in its own process group. `Err` if the command
+/// could not be started (`NotFound` when it does not exist).
 ///
-/// Linux delivers the parent-death signal when the *thread* that forked exits, not the process. Tokio's
-/// blocking-pool threads come and go, so children are forked from one thread that is started once and
-/// never returns: the signal then fires exactly when the process dies.
-fn on_spawner_thread(job: Job) -> io::Result<()> {
-    static SPAWNER: Mutex<Option<mpsc::Sender<Job>>> = Mutex::new(None);
-    let mut spawner = SPAWNER
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if spawner.is_none() {
-        let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("distlock-spawner".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    // A panicking job must not end this thread (and with it every child it forked);
-                    // its reply channel drops, which the caller reports.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                }
-                // Unreachable while the sender lives in the static; never exit regardless, as an exiting
-                // thread would kill every child it forked.
-                loop {
-                    std::thread::park();
-                }
-            })?;
-        *spawner = Some(tx);
-    }
-    match spawner.as_ref() {
-        Some(sender) => sender
-            .send(job)
-            .map_err(|_| io::Error::other("the spawner thread is gone")),
-        None => Err(io::Error::other("the spawner thread could not be started")),
-    }
-}
-
-/// Starts the command in its own process group, with SIGKILL as its parent-death signal.
-///
-/// Must be called inside a tokio runtime (the child is reaped by it).
+/// Must be called inside a tokio runtime (the supervisor is reaped by it).
 pub async fn spawn(spec: Spec<'_>) -> io::Result<Child> {
-    let runtime = tokio::runtime::Handle::current();
-    let parent = rustix::process::getpid();
-    let mut command = tokio::process::Command::new(spec.program);
-    command.args(spec.args).process_group(0);
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let lock_fd: Option<RawFd> = spec.lock.map(|fd| fd.as_raw_fd());
+    let invocation = Invocation {
+        control: theirs.as_raw_fd(),
+        lock: lock_fd,
+        grace: spec.grace,
+        terminal: spec.terminal,
+    };
+    // Our own binary, even if it was replaced or deleted on disk since.
+    let mut command = tokio::process::Command::new("/proc/self/exe");
+    command
+        .arg0("distlock")
+        .arg(SUBCOMMAND)
+        .args(invocation.to_args())
+        .arg(spec.program)
+        .args(spec.args)
+        // Out of distlock's process group: a signal to that group (a terminal's Ctrl-C when the command
+        // does not have the terminal) reaches distlock, which forwards it once.
+        .process_group(0);
     for (key, value) in spec.set_env {
         command.env(key, value);
     }
     for key in spec.remove_env {
         command.env_remove(key);
     }
-    // SAFETY: the closure runs between fork and exec and only makes two system calls (prctl,
-    // getppid); it neither allocates nor takes locks.
+    let inherit: [RawFd; 2] = [theirs.as_raw_fd(), lock_fd.unwrap_or(-1)];
+    // SAFETY: between fork and exec only fcntl (async-signal-safe): the two descriptors the supervisor
+    // needs lose close-on-exec in the child only.
     unsafe {
-        command.pre_exec(move || die_with_parent(parent));
+        command.pre_exec(move || {
+            for fd in inherit.into_iter().filter(|fd| *fd >= 0) {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
     }
-    let (reply, result) = tokio::sync::oneshot::channel();
-    on_spawner_thread(Box::new(move || {
-        // tokio::process registers the child with this runtime's reaper.
-        let _entered = runtime.enter();
-        let _ = reply.send(command.spawn());
-    }))?;
-    let inner = result
-        .await
-        .map_err(|_| io::Error::other("the spawner thread dropped the request"))??;
-    Ok(Child { inner })
+    let mut supervisor = command.spawn()?;
+    drop(theirs);
+    ours.set_nonblocking(true)?;
+    let (read, requests) = tokio::net::UnixStream::from_std(ours)?.into_split();
+    let mut reports = BufReader::new(read).lines();
+    let first = reports.next_line().await?;
+    match first.as_deref().and_then(|l| l.split_once(' ')) {
+        Some(("p", pid)) => Ok(Child {
+            supervisor,
+            reports,
+            requests,
+            pid: pid.parse().map_err(|_| bad_report(&first))?,
+            exited: false,
+        }),
+        Some(("e", errno)) => {
+            let _ = supervisor.wait().await;
+            Err(io::Error::from_raw_os_error(
+                errno.parse().map_err(|_| bad_report(&first))?,
+            ))
+        }
+        _ => {
+            let _ = supervisor.wait().await;
+            Err(bad_report(&first))
+        }
+    }
 }
 
-/// In the forked child: ask for SIGKILL when the parent (thread) dies, then check the parent is still
-/// the one that forked us. If it died before the prctl, the signal will never come, so refuse to exec
-/// rather than run orphaned.
-fn die_with_parent(parent: Pid) -> io::Result<()> {
-    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
-        .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))?;
-    if rustix::process::getppid() != Some(parent) {
-        return Err(io::Error::from_raw_os_error(
-            rustix::io::Errno::SRCH.raw_os_error(),
-        ));
+fn bad_report(line: &Option<String>) -> io::Error {
+    match line {
+        None => io::Error::other("the supervisor exited before starting the command"),
+        Some(line) => io::Error::other(format!("unexpected report from the supervisor: {line:?}")),
     }
-    Ok(())
 }
 
 impl Child {
-    /// The child's pid (and process group id) until it has been reaped.
-    pub fn id(&self) -> Option<u32> {
-        self.inner.id()
+    /// The command's pid (and process group id).
+    pub fn id(&self) -> u32 {
+        self.pid
     }
 
-    /// Sends `signal` to the child's process group. A no-op once the child has been reaped: only an
-    /// unreaped leader pins the group id, so signalling later could hit a recycled one.
-    pub fn signal_group(&self, signal: Signal) {
-        let Some(pid) = self.inner.id().and_then(|id| Pid::from_raw(id as i32)) else {
-            return;
-        };
-        match rustix::process::kill_process_group(pid, signal) {
-            Ok(()) => {}
-            // The group emptied out between the check and the kill.
-            Err(rustix::io::Errno::SRCH) => {}
-            Err(e) => {
-                tracing::warn!(pid = pid.as_raw_nonzero().get(), error = %e, "could not signal the command")
-            }
+    fn request(&self, line: &str) {
+        // A few bytes on a local socket nobody else writes to: they fit in its buffer.
+        if let Err(e) = self.requests.try_write(format!("{line}\n").as_bytes()) {
+            tracing::warn!(error = %e, "cannot reach the command's supervisor");
         }
     }
 
-    /// Waits for the child to exit.
+    /// Sends `signal` to the command's process group. A no-op once the command has exited: only an
+    /// unreaped leader pins the group id (the supervisor checks that), so signalling later could hit a
+    /// recycled one.
+    pub fn signal_group(&self, signal: Signal) {
+        if !self.exited {
+            self.request(&format!("s {}", signal.as_raw()));
+        }
+    }
+
+    /// SIGTERM to every process the command started, at any depth and in any group; SIGKILL to all of
+    /// them after the grace.
+    pub fn terminate_tree(&self) {
+        self.request("t");
+    }
+
+    /// SIGKILL to every process the command started.
+    pub fn kill_tree(&self) {
+        self.request("k");
+    }
+
+    /// The next report: the command's exit, then that its whole tree is gone.
     ///
     /// # Cancel safety
-    /// Cancel safe (tokio's `Child::wait` is).
-    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
-        self.inner.wait().await
+    /// Cancel safe (a line is consumed only when returned).
+    pub async fn next_event(&mut self) -> io::Result<Event> {
+        let line = self.reports.next_line().await?;
+        match line.as_deref().and_then(|l| l.split_once(' ')) {
+            Some(("x", raw)) => {
+                let raw = raw.parse().map_err(|_| bad_report(&line))?;
+                self.exited = true;
+                Ok(Event::Exited(ExitStatus::from_raw(raw)))
+            }
+            _ if line.as_deref() == Some("d") => {
+                // It exits right after saying so; on the file backend its copy of the lock's
+                // descriptor closes with it.
+                self.supervisor.wait().await?;
+                Ok(Event::TreeGone)
+            }
+            _ => {
+                let _ = self.supervisor.wait().await;
+                Err(match line {
+                    None => io::Error::other("the supervisor exited unexpectedly"),
+                    line => bad_report(&line),
+                })
+            }
+        }
     }
 }
 

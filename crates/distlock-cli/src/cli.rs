@@ -15,6 +15,10 @@ pub const URL_ENV: &str = "DISTLOCK_URL";
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, after_help = exit::help_table())]
 pub struct Cli {
+    /// Also print the library's log lines on stderr (-v: warnings, -vv: debug). Without it, each event
+    /// is one `distlock: …` line. RUST_LOG, when set, overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -41,10 +45,15 @@ const RUN_ABOUT: &str = "\
 Run a command while holding a lock; the command never outlives the hold.
 
 The command gets DISTLOCK_NAME and DISTLOCK_TOKEN (the fencing token, when the backend mints one) in \
-its environment and runs in its own process group. It is killed (SIGKILL) if distlock dies. SIGINT, \
-SIGTERM, SIGHUP and SIGQUIT sent to distlock are passed on to the command once. If the lock is lost \
-while the command runs, --on-lost decides what happens to it, and distlock exits 76. The lock is \
-released when the command exits.";
+its environment and runs in its own process group, under a small supervisor process (a child \
+subreaper) that tracks every process it starts, at any depth and in any process group. Nothing it \
+starts outlives the hold: if distlock dies (even by SIGKILL), the supervisor SIGKILLs them all at once \
+(on file:// it holds the lock until they are gone); if the lock is lost, --on-lost decides what \
+happens to them and distlock exits 76; when the command exits, whatever it left running in the \
+background gets SIGTERM, then SIGKILL after --grace, and only then is the lock released. Processes \
+the supervisor may not signal (one that switched user, as sudo does) are waited for. SIGINT, SIGTERM, SIGHUP and SIGQUIT \
+sent to distlock are passed on to the command's process group once. When stdin is a terminal and \
+distlock is in its foreground, the command gets the terminal (and distlock's group gets it back after).";
 
 /// `distlock run`.
 #[derive(Debug, Args)]
@@ -64,11 +73,12 @@ pub struct RunArgs {
     /// The lease on the server, renewed every third of it while the command runs.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
     pub lease: Duration,
-    /// What to do with the command if the lock is lost: SIGTERM (then SIGKILL after --grace), SIGKILL
-    /// at once, or let it finish. distlock exits 76 in every case.
+    /// What to do with the command and every process it started if the lock is lost: SIGTERM (then
+    /// SIGKILL after --grace), SIGKILL at once, or let it finish. distlock exits 76 in every case.
     #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnLost::Term)]
     pub on_lost: OnLost,
-    /// With --on-lost term: how long the command may take to exit after SIGTERM before SIGKILL.
+    /// How long processes get to exit after SIGTERM before SIGKILL: the command and its descendants
+    /// after a loss (--on-lost term), and what the command leaves running when it exits.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
     pub grace: Duration,
     /// The lock name.
@@ -134,9 +144,9 @@ pub enum Workload {
 /// What `run` does with the command when the lock is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnLost {
-    /// SIGTERM to the command's process group, SIGKILL after the grace.
+    /// SIGTERM to every process the command started, SIGKILL after the grace.
     Term,
-    /// SIGKILL to the command's process group at once.
+    /// SIGKILL to every process the command started, at once.
     Kill,
     /// Let the command run to completion (distlock still exits 76).
     Ignore,

@@ -11,17 +11,24 @@ pub mod cli;
 pub mod exit;
 pub mod run;
 pub mod status;
+pub mod supervisor;
 
 /// Parses the command line, runs the subcommand, and returns the process exit code. Usage errors and
 /// failures have already been reported on stderr as one line.
 pub fn main_exit_code() -> i32 {
+    // `distlock run` re-executes this binary as the command's supervisor (hidden from `--help`).
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == supervisor::SUBCOMMAND) {
+        return supervisor::main(&args[2..]);
+    }
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    // One thread is plenty: the work is waiting. Children are forked from a dedicated thread anyway
-    // (see `child`), so the runtime's flavour does not matter for their parent-death signal. The
-    // benchmark gets the runtime shape its peers were measured with.
+    init_logging(cli.verbose);
+    // One thread is plenty: the work is waiting. The command's supervisor notices distlock's death by
+    // its control socket closing, not by a parent-death signal, so the forking thread does not matter.
+    // The benchmark gets the runtime shape its peers were measured with.
     let mut builder = match cli.command {
         cli::Command::Bench(_) => bench::runtime_builder(),
         _ => tokio::runtime::Builder::new_current_thread(),
@@ -50,4 +57,24 @@ pub fn main_exit_code() -> i32 {
             failure.code().as_i32()
         }
     }
+}
+
+/// Log lines go to stderr, and only with `-v` (or `RUST_LOG`): without it every event is reported once,
+/// as the one `distlock: …` line of [`exit::report`], not also as a log line.
+fn init_logging(verbose: u8) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => "error",
+        1 => "warn",
+        _ => "debug",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        // stdout is reserved for the command's own output (`status`).
+        .with_writer(std::io::stderr)
+        // Colour only for a person: logs and test captures get plain text.
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(filter)
+        .try_init();
 }

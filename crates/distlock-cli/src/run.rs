@@ -8,7 +8,7 @@ use std::time::Duration;
 use distlock::{Lock, LockGuard, LockOptions, LockState};
 use rustix::process::Signal;
 
-use crate::child::{self, Child, Signals, Spec};
+use crate::child::{self, Child, Event, Signals, Spec};
 use crate::cli::{self, OnLost, RunArgs};
 use crate::exit::{self, Code, Failure};
 
@@ -108,6 +108,9 @@ async fn hold(
         args: program_args,
         set_env,
         remove_env,
+        lock: guard.inheritable_descriptor(),
+        grace: args.grace,
+        terminal: owns_terminal(),
     };
     let mut child = match child::spawn(spec).await {
         Ok(child) => child,
@@ -144,22 +147,32 @@ async fn hold(
     if lost_while_running {
         return Ok(Code::Lost.as_i32());
     }
+    let released = match released {
+        Ok(released) => released,
+        // Interrupted: the lock frees with the process or its lease; the command did finish.
+        Err(_) => Ok(()),
+    };
+    Ok(code_after_release(child::exit_code(status), &released))
+}
+
+/// The exit code once the command finished while held and the release was tried: 76 only for a
+/// definite `NotHeld` (the lock slipped away without the guard noticing, so the command did not run
+/// entirely under it); any other failure (an unreachable server, an ambiguous outcome after retries)
+/// leaves the command's own code, with one line saying the lock frees when its lease ends.
+fn code_after_release(command_code: i32, released: &distlock::Result<()>) -> i32 {
     match released {
-        Ok(Err(e)) if e.kind() == distlock::ErrorKind::NotHeld => {
-            // The lock slipped away without the guard noticing: the command did not run entirely
-            // under it.
-            exit::report(&e);
-            return Ok(Code::Lost.as_i32());
+        Err(e) if e.kind() == distlock::ErrorKind::NotHeld => {
+            exit::report(e);
+            Code::Lost.as_i32()
         }
-        Ok(Err(e)) => {
-            // The command did finish while held; an unconfirmed release only means the lease runs out.
+        Err(e) => {
             exit::report(format_args!(
                 "{e} (the command had finished; the lock frees when its lease ends)"
             ));
+            command_code
         }
-        Ok(Ok(())) | Err(_) => {}
+        Ok(()) => command_code,
     }
-    Ok(child::exit_code(status))
 }
 
 /// Acquires as asked: one attempt for a zero wait (`None` when busy), else waits (a limit elapsing is
@@ -181,11 +194,13 @@ async fn acquire(
 struct Outcome {
     status: std::io::Result<std::process::ExitStatus>,
     pid: u32,
-    /// The lock was lost while the command ran.
+    /// The lock was lost while the command (or what it left behind) ran.
     lost: bool,
 }
 
-/// Waits for the command, forwarding signals to its process group and acting on loss.
+/// Waits for the command and then for every process it started to be gone, forwarding signals to its
+/// process group and acting on loss. Returns only once the supervisor reported the whole tree gone (or
+/// itself died), so the caller's release never frees the lock under a live descendant.
 async fn supervise(
     child: &mut Child,
     guard: &LockGuard,
@@ -193,60 +208,69 @@ async fn supervise(
     on_lost: OnLost,
     grace: Duration,
 ) -> Outcome {
-    let pid = child.id().unwrap_or(0);
+    let pid = child.id();
     let lost = guard.lost();
     tokio::pin!(lost);
     let mut was_lost = false;
-    let mut kill_at: Option<tokio::time::Instant> = None;
-    let status = loop {
+    let mut status = None;
+    loop {
         tokio::select! {
-            status = child.wait() => break status,
+            event = child.next_event() => match event {
+                Ok(Event::Exited(exited)) => status = Some(Ok(exited)),
+                Ok(Event::TreeGone) => break,
+                Err(e) => {
+                    // The supervisor is gone: the command died with it (parent-death signal).
+                    status = Some(status.unwrap_or(Err(e)));
+                    break;
+                }
+            },
             signal = signals.recv() => {
-                // The command has its own process group, so this is the only copy it gets.
-                tracing::debug!(signal = signal.as_raw(), "forwarding a signal to the command");
-                child.signal_group(signal);
+                if status.is_none() {
+                    // The command has its own process group, so this is the only copy it gets.
+                    tracing::debug!(signal = signal.as_raw(), "forwarding a signal to the command");
+                    child.signal_group(signal);
+                } else {
+                    // The command is done; what it left behind is being stopped: hurry that up.
+                    child.kill_tree();
+                }
             }
             () = &mut lost, if !was_lost => {
                 was_lost = true;
                 let action = match on_lost {
                     OnLost::Term => {
-                        child.signal_group(Signal::TERM);
-                        kill_at = Some(tokio::time::Instant::now() + grace);
+                        child.terminate_tree();
                         format!(
-                            "sent SIGTERM to the command, SIGKILL in {} if it is still running",
+                            "sent SIGTERM to the command and everything it started, SIGKILL in {} to whatever is still running",
                             distlock::duration::format(grace)
                         )
                     }
                     OnLost::Kill => {
-                        child.signal_group(Signal::KILL);
-                        "sent SIGKILL to the command".to_string()
+                        child.kill_tree();
+                        "sent SIGKILL to the command and everything it started".to_string()
                     }
                     OnLost::Ignore => "letting the command finish (--on-lost ignore); exit code will be 76".to_string(),
                 };
                 report_loss(guard, &action);
             }
-            () = sleep_until(kill_at), if kill_at.is_some() => {
-                kill_at = None;
-                child.signal_group(Signal::KILL);
-            }
         }
-    };
-    if status.is_err() {
-        // Cannot wait for it, so make sure it does not run on unheld.
-        child.signal_group(Signal::KILL);
     }
     Outcome {
-        status,
+        status: status
+            .unwrap_or_else(|| Err(std::io::Error::other("the supervisor exited unexpectedly"))),
         pid,
         lost: was_lost,
     }
 }
 
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+/// Whether `distlock` owns the terminal: stdin is one and our process group is its foreground group.
+/// Only then is the terminal handed to the command (and taken back after).
+fn owns_terminal() -> bool {
+    use std::io::IsTerminal;
+    if !std::io::stdin().is_terminal() {
+        return false;
     }
+    // SAFETY: plain system calls on stdin and ourselves.
+    unsafe { libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
 /// The one line saying the lock was lost, why, and what was done about it.
@@ -315,4 +339,30 @@ fn precheck_command(program: &OsStr) -> Result<(), Failure> {
 
 fn quoted(program: &OsStr) -> String {
     format!("{:?}", program.to_string_lossy())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock::{Error, ErrorKind};
+
+    #[test]
+    fn only_a_definite_not_held_release_overrides_the_commands_code() {
+        assert_eq!(code_after_release(3, &Ok(())), 3);
+        let not_held = Err(Error::new(ErrorKind::NotHeld, "gone"));
+        assert_eq!(code_after_release(3, &not_held), Code::Lost.as_i32());
+        // An ambiguous or failed release (the Redis backend reports a retried release it could not
+        // confirm as Unavailable) is not a loss during the run.
+        for kind in [
+            ErrorKind::Unavailable,
+            ErrorKind::Timeout,
+            ErrorKind::Protocol,
+        ] {
+            assert_eq!(
+                code_after_release(3, &Err(Error::new(kind, "unsure"))),
+                3,
+                "{kind:?}"
+            );
+        }
+    }
 }

@@ -17,6 +17,8 @@ use distlock_cli::exit::Code;
 use distlock_testkit::sweep::is_alive;
 use rustix::process::{Pid, Signal};
 
+mod tree;
+
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 /// How long anything that should happen "soon" may take on a loaded machine.
 const SOON: Duration = Duration::from_secs(30);
@@ -118,7 +120,7 @@ impl Holder {
 }
 
 /// A child process that is SIGKILLed if the test ends (or panics) with it still running; `distlock`'s
-/// command then dies with it through its parent-death signal.
+/// supervisor then kills everything its command started.
 struct Running {
     child: Option<Child>,
     pid: u32,
@@ -474,6 +476,146 @@ fn a_sigkilled_distlock_takes_its_command_along() {
     assert_free(&sandbox, "doomed");
 }
 
+/// Every shape of descendant (same-group grandchild, `setsid` grandchild, one ignoring SIGTERM, a
+/// background child) is dead before the next holder of the lock starts, whichever way the hold ends.
+fn tree_dies_before_the_next_holder(ending: tree::Ending) {
+    for shape in tree::SHAPES {
+        let sandbox = Sandbox::new();
+        let run = |args: &[&str]| sandbox.run(args);
+        let lose = |name: &str| {
+            // Deleting the lock file loses the hold (the guard watches it); a new file is free.
+            fs::remove_file(
+                sandbox
+                    .dir
+                    .path()
+                    .join("locks")
+                    .join(format!("{name}.lock")),
+            )
+            .unwrap();
+        };
+        tree::check(shape, ending, sandbox.dir.path(), "tree", &run, &lose);
+    }
+}
+
+#[test]
+fn a_sigkilled_distlocks_whole_tree_dies_before_the_next_holder_fault() {
+    tree_dies_before_the_next_holder(tree::Ending::KillDistlock);
+}
+
+#[test]
+fn on_loss_the_whole_tree_dies_before_distlock_exits_fault() {
+    tree_dies_before_the_next_holder(tree::Ending::Loss);
+}
+
+#[test]
+fn leftover_descendants_die_before_the_release_fault() {
+    tree_dies_before_the_next_holder(tree::Ending::CommandExits);
+}
+
+/// Under a terminal (a pty from `script(1)`), the command gets the terminal's foreground: it reads what
+/// is typed (a background process group would be stopped by SIGTTIN instead); afterwards the shell that
+/// ran `distlock` has the terminal back and reads the next line.
+#[test]
+fn an_interactive_command_gets_the_terminal_and_gives_it_back() {
+    let sandbox = Sandbox::new();
+    let script = format!(
+        "'{BIN}' run --url '{}' tty -- sh -c 'test -t 0 && read x && echo \"got:$x\"'\n\
+         echo \"rc:$?\"\nread y\necho \"after:$y\"\n",
+        sandbox.url()
+    );
+    fs::write(sandbox.path("tty.sh"), script).unwrap();
+    let mut command = Command::new("script");
+    command
+        .args(["-qec", "sh ./tty.sh", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped());
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux is needed for the terminal test");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"hello\nworld\n").unwrap();
+    }
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(SOON) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+            panic!("the command under a terminal hung (stopped by SIGTTIN?)");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for expected in ["got:hello", "rc:0", "after:world"] {
+        assert!(
+            stdout.contains(expected),
+            "no {expected:?} in the terminal's output: {stdout:?}; stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// On `file://` the supervisor holds the lock's descriptor: with the supervisor stopped (so it cannot act
+/// yet), SIGKILLing `distlock` leaves the lock held; once the supervisor continues, it kills the tree and
+/// exits, and only then is the lock free.
+#[test]
+fn the_file_lock_outlives_a_sigkilled_distlock_until_the_tree_is_dead_fault() {
+    // The orphaned supervisor is reparented to this test process, in the same session: otherwise its
+    // process group would be orphaned with a stopped member, and the kernel would continue it at once.
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).unwrap();
+    let sandbox = Sandbox::new();
+    let mut run = Running::spawn(&mut sandbox.run(&[
+        "handoff",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ > pid; exec sleep 120",
+    ]));
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    let command = read_u64(&sandbox.path("pid")) as u32;
+    let supervisor = parent(command).expect("the command's parent");
+    assert_ne!(
+        supervisor, run.pid,
+        "the command runs under a supervisor, not distlock"
+    );
+    let supervisor_pid = Pid::from_raw(supervisor as i32).unwrap();
+    rustix::process::kill_process(supervisor_pid, Signal::STOP).unwrap();
+
+    rustix::process::kill_process(Pid::from_raw(run.pid as i32).unwrap(), Signal::KILL).unwrap();
+    assert_eq!(run.wait(SOON).signal(), Some(9));
+    finish(sandbox.run(&["--no-wait", "handoff", "--", "true"]), SOON)
+        .expect_code(Code::Busy.as_i32());
+    assert!(is_alive(command));
+
+    rustix::process::kill_process(supervisor_pid, Signal::CONT).unwrap();
+    wait_until(SOON, "the supervisor to kill the command and exit", || {
+        !is_alive(command) && !is_alive(supervisor)
+    });
+    assert_free(&sandbox, "handoff");
+}
+
+/// The parent of `pid`, from /proc.
+fn parent(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 // --- 6. signals reach the command exactly once ----------------------------------------------------
 
 #[test]
@@ -649,6 +791,47 @@ fn on_loss_with_ignore_the_command_finishes_and_distlock_exits_76() {
     );
 }
 
+/// A loss is one line on stderr, `distlock: lock … lost: …; <what was done>`, not also a log line of the
+/// library and another of the backend; `-v` shows those.
+#[test]
+fn a_loss_prints_one_line_unless_verbose() {
+    for verbose in [false, true] {
+        let sandbox = Sandbox::new();
+        let mut args = vec![
+            "--grace",
+            "1s",
+            "gone",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; exec sleep 60",
+        ];
+        if verbose {
+            args.insert(0, "-v");
+        }
+        let mut command = sandbox.run(&args);
+        let pid_file = sandbox.path("pid");
+        let lock_file = sandbox.path("locks/gone.lock");
+        let deleter = std::thread::spawn(move || {
+            wait_until(SOON, "the command to start", || non_empty(&pid_file));
+            fs::remove_file(lock_file).unwrap();
+        });
+        let out = finish(&mut command, SOON);
+        deleter.join().unwrap();
+        out.expect_code(Code::Lost.as_i32());
+        if verbose {
+            assert!(
+                out.stderr.lines().count() > 1 && out.stderr.contains("WARN"),
+                "-v shows the log lines too: {}",
+                out.stderr
+            );
+        } else {
+            let line = out.one_error_line();
+            assert!(line.contains("lost") && line.contains("SIGTERM"), "{line}");
+        }
+    }
+}
+
 // --- 8. bad input: exit 64, one line, nothing locked -------------------------------------------
 
 #[test]
@@ -751,6 +934,14 @@ fn help_shows_the_exit_code_table() {
             out.stdout
         );
     }
+    // What happens to what the command leaves running, and that the supervisor is not a subcommand.
+    assert!(
+        out.stdout
+            .contains("left running in the background gets SIGTERM, then SIGKILL after --grace")
+            && !out.stdout.contains("__supervise"),
+        "{}",
+        out.stdout
+    );
 }
 
 // --- 9. status ---------------------------------------------------------------------------------

@@ -96,6 +96,8 @@ pub(crate) struct Holding {
     renewal_done: Notify,
     /// Woken when the deadline moves, so `lost()` re-arms its timer.
     deadline_moved: Notify,
+    /// Set once at install when the backend has one (the file backend's `flock`ed descriptor).
+    pub(crate) descriptor: std::sync::OnceLock<Arc<std::os::fd::OwnedFd>>,
 }
 
 #[derive(Debug, Default)]
@@ -157,6 +159,7 @@ impl Holding {
             gate: Mutex::new(gate),
             renewal_done: Notify::new(),
             deadline_moved: Notify::new(),
+            descriptor: std::sync::OnceLock::new(),
         })
     }
 
@@ -528,6 +531,16 @@ impl LockGuard {
     /// none. Pass it to the resource, which must reject tokens lower than the highest it has seen.
     pub fn token(&self) -> Option<FencingToken> {
         self.holding.token
+    }
+
+    /// A descriptor whose inheritance keeps the lock held: while any process has it open, the kernel
+    /// holds the lock even if this process dies (the file backend's `flock`ed file; `None` on every other
+    /// backend). `distlock run` hands it to the process that supervises the command, so the lock frees
+    /// only after the command's last descendant is gone. Unlocking or releasing through the guard still
+    /// unlocks for every holder of the descriptor.
+    pub fn inheritable_descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.holding.descriptor.get().map(|fd| fd.as_fd())
     }
 
     /// `Held`, `Jeopardy` or `Lost`, computed from the clock on every call.

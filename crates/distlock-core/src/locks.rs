@@ -557,6 +557,9 @@ impl Lock {
         if let Some(loss) = grant.loss {
             holding.watch_loss(loss);
         }
+        if let Some(descriptor) = grant.descriptor {
+            let _ = holding.descriptor.set(descriptor);
+        }
         LockGuard::new(holding)
     }
 }

@@ -67,6 +67,9 @@ pub struct Grant<L> {
     pub ttl: Option<Duration>,
     /// Resolves when the backend learns the lock is gone.
     pub loss: Option<LossSignal>,
+    /// A descriptor whose inheritance keeps the lock held (a `flock`ed file); see
+    /// [`LockGuard::inheritable_descriptor`](crate::LockGuard::inheritable_descriptor).
+    pub descriptor: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 impl<L> Grant<L> {
@@ -77,6 +80,7 @@ impl<L> Grant<L> {
             token: None,
             ttl: None,
             loss: None,
+            descriptor: None,
         }
     }
 
@@ -97,6 +101,13 @@ impl<L> Grant<L> {
         self.loss = Some(loss);
         self
     }
+
+    /// Sets the descriptor whose inheritance keeps the lock held: a duplicate of the descriptor the
+    /// backend locked, sharing its open file description (so `flock(LOCK_UN)` through either unlocks).
+    pub fn with_descriptor(mut self, descriptor: std::os::fd::OwnedFd) -> Self {
+        self.descriptor = Some(Arc::new(descriptor));
+        self
+    }
 }
 
 impl<L> std::fmt::Debug for Grant<L> {
@@ -105,6 +116,7 @@ impl<L> std::fmt::Debug for Grant<L> {
             .field("token", &self.token)
             .field("ttl", &self.ttl)
             .field("loss", &self.loss.is_some())
+            .field("descriptor", &self.descriptor)
             .finish_non_exhaustive()
     }
 }
@@ -327,6 +339,7 @@ impl<B: Backend> DynBackend for B {
                     token: grant.token,
                     ttl: grant.ttl,
                     loss: grant.loss,
+                    descriptor: grant.descriptor,
                 }),
                 Attempt::Busy { retry_after } => Attempt::Busy { retry_after },
             },

@@ -43,6 +43,7 @@ use std::fmt;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::hash::{BuildHasher, RandomState};
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -821,13 +822,21 @@ impl Backend for FileBackend {
                 }
                 let (path, token) = (held.path.clone(), held.token);
                 let (dev, ino) = (held.file.dev, held.file.ino);
+                // A duplicate shares the open file description and so the `flock`: whoever inherits
+                // it keeps the lock held (`dup` with close-on-exec, like the original).
+                let descriptor =
+                    held.file.file.as_fd().try_clone_to_owned().map_err(|e| {
+                        FileError::io("dup", &path, e).into_core(Some(&request.name))
+                    })?;
                 tracing::debug!(lock = %request.name, token, "file lock acquired");
                 let lease = FileLease {
                     held: Mutex::new(Some(held)),
                     path: path.clone(),
                     token,
                 };
-                let mut grant = Grant::new(lease).with_token(FencingToken::new(token));
+                let mut grant = Grant::new(lease)
+                    .with_token(FencingToken::new(token))
+                    .with_descriptor(descriptor);
                 if let Some(watch) = watch {
                     grant = grant.with_loss(loss_signal(watch, path, dev, ino));
                 }

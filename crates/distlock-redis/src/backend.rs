@@ -18,8 +18,17 @@
 //! With `wait_replicas = n`, the acquire script and `WAIT n timeout` go in one pipeline on a dedicated
 //! connection used by one request at a time (`WAIT` blocks its connection, and counts the replication
 //! of that connection's own writes). Fewer than `n` confirmations undo the grant (compare-and-delete by
-//! owner) and fail with `InsufficientReplicas`; renewals go the same way, and a shortfall there is an
-//! error for the batch (Jeopardy).
+//! owner, on the same connection) and fail with `InsufficientReplicas`. Renewals go the same way on a
+//! second dedicated connection, so they never queue behind acquires waiting in `WAIT`; a shortfall there
+//! is an error for the batch (Jeopardy).
+//!
+//! # Undo and release under lost replies
+//! An abandoned acquire is undone on the connection its last try went on (see
+//! [`abandon`](RedisBackend#method.abandon)): Redis runs one connection's commands in order, so the undo
+//! cannot overtake a delayed try. A release whose connection broke before the reply came is sent once
+//! more on a fresh connection; if that finds nothing of this owner's, the first attempt may have been
+//! the one that deleted the lock, and the release fails with `Unavailable` ("the outcome is unknown")
+//! instead of answering `NotHeld`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,7 +44,7 @@ use distlock_core::{Capabilities, Error, ErrorKind, Fencing, FencingToken, Resul
 use redis::{Pipeline, Value};
 
 use crate::config::RedisConfig;
-use crate::conn::{Conn, Link, Target};
+use crate::conn::{Conn, Link, Sent, Target};
 use crate::error::{RedisError, BACKEND};
 use crate::layout::{self, Scripts};
 use crate::pubsub::{Hub, Subscription};
@@ -53,8 +62,12 @@ pub struct RedisBackend {
 struct Inner {
     target: Arc<Target>,
     link: Link,
-    /// The dedicated connection for `WAIT` (only with `wait_replicas > 0`), one request at a time.
+    /// The dedicated connection for acquires with `WAIT` (only with `wait_replicas > 0`), one request
+    /// at a time.
     durable: Option<(tokio::sync::Mutex<()>, Link)>,
+    /// The same for renewals: `WAIT` blocks its connection for up to `wait_timeout`, so renewals on
+    /// the acquires' connection would queue behind every acquire waiting for replicas.
+    durable_renewals: Option<(tokio::sync::Mutex<()>, Link)>,
     hub: Hub,
     scripts: Scripts,
     /// `publish`, or `spublish` in Cluster (sharded pub/sub, as Redisson uses on Redis ≥ 7).
@@ -76,12 +89,23 @@ pub struct RedisLease {
 }
 
 /// An acquire under way: the channel subscription, once the first wait made it.
-#[derive(Debug)]
 pub struct RedisAcquisition {
     subscription: Option<Subscription>,
     /// Whether a grant may exist that the core has not seen (a try was sent and no busy reply came
     /// back), so `abandon` knows whether to undo.
     maybe_granted: bool,
+    /// Where the last try went: the undo goes on the same connection, so that it runs after the try
+    /// even when the try is still on its way (see `abandon`).
+    sent: Sent,
+}
+
+impl fmt::Debug for RedisAcquisition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisAcquisition")
+            .field("subscription", &self.subscription)
+            .field("maybe_granted", &self.maybe_granted)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The acquire script's reply.
@@ -180,6 +204,7 @@ impl RedisBackend {
                 hub: Hub::start(target.clone()),
                 link: Link::new(),
                 durable: durable.then(|| (tokio::sync::Mutex::new(()), Link::new())),
+                durable_renewals: durable.then(|| (tokio::sync::Mutex::new(()), Link::new())),
                 scripts: Scripts::new(),
                 publish: if cluster { "spublish" } else { "publish" },
                 target,
@@ -226,15 +251,34 @@ impl RedisBackend {
         timeout: Duration,
         pipe: Pipeline,
     ) -> std::result::Result<Vec<Value>, RedisError> {
+        self.pipeline_tracked(link, what, timeout, pipe, &mut Sent::default())
+            .await
+    }
+
+    /// [`pipeline`](Self::pipeline), recording where it went in `sent`.
+    async fn pipeline_tracked(
+        &self,
+        link: &Link,
+        what: &'static str,
+        timeout: Duration,
+        pipe: Pipeline,
+        sent: &mut Sent,
+    ) -> std::result::Result<Vec<Value>, RedisError> {
         let target = &self.inner.target;
         let mut pipe = pipe;
         pipe.ignore_errors();
         for attempt in 0..2 {
             let result = link
-                .run(target, what, timeout, |mut c: Conn| {
-                    let p = pipe.clone();
-                    async move { p.query_async::<Vec<Value>>(&mut c).await }
-                })
+                .run_tracked(
+                    target,
+                    what,
+                    timeout,
+                    |mut c: Conn| {
+                        let p = pipe.clone();
+                        async move { p.query_async::<Vec<Value>>(&mut c).await }
+                    },
+                    sent,
+                )
                 .await;
             // A standalone server answers NOSCRIPT in the pipeline's values; a Cluster pipeline fails
             // as a whole with it.
@@ -266,24 +310,31 @@ impl RedisBackend {
         })
     }
 
-    /// One script call, `EVALSHA` with the `EVAL` fallback.
+    /// One script call, `EVALSHA` with the `EVAL` fallback, recording where it went in `sent`.
     async fn script(
         &self,
         link: &Link,
         what: &'static str,
         invocation: redis::ScriptInvocation<'_>,
+        sent: &mut Sent,
     ) -> std::result::Result<Value, RedisError> {
         let target = &self.inner.target;
         let invocation = &invocation;
-        link.run(target, what, self.io(), |mut c: Conn| async move {
-            invocation.invoke_async::<Value>(&mut c).await
-        })
+        link.run_tracked(
+            target,
+            what,
+            self.io(),
+            |mut c: Conn| async move { invocation.invoke_async::<Value>(&mut c).await },
+            sent,
+        )
         .await
     }
 
+    /// `sent` records the connection the try went on (for `abandon`), also if this future is dropped.
     async fn acquire_once(
         &self,
         request: &AcquireRequest,
+        sent: &mut Sent,
     ) -> std::result::Result<Outcome, RedisError> {
         let scripts = &self.inner.scripts;
         let name = &request.name;
@@ -294,14 +345,18 @@ impl RedisBackend {
             .arg(millis(request.lease))
             .arg(&request.owner);
         let Some((gate, link)) = &self.inner.durable else {
-            let value = self.script(&self.inner.link, "acquire", invocation).await?;
+            let value = self
+                .script(&self.inner.link, "acquire", invocation, sent)
+                .await?;
             return parse_acquire(&value);
         };
         let _one_at_a_time = gate.lock().await;
         let mut pipe = redis::pipe();
         pipe.invoke_script(&invocation).add_command(self.wait_cmd());
         let timeout = self.io() + self.config().wait_timeout;
-        let values = self.pipeline(link, "acquire + WAIT", timeout, pipe).await?;
+        let values = self
+            .pipeline_tracked(link, "acquire + WAIT", timeout, pipe, sent)
+            .await?;
         let [reply, waited] = values.as_slice() else {
             return Err(RedisError::Reply {
                 what: "acquire + WAIT",
@@ -325,7 +380,14 @@ impl RedisBackend {
             };
             if confirmed < required {
                 // Undo on the same connection, so the delete is ordered after the grant.
-                self.release_on(link, name, &request.owner).await?;
+                let undone = match &sent.conn {
+                    Some(conn) => self.undo_on(conn.clone(), name, &request.owner).await,
+                    None => self
+                        .release_on(link, name, &request.owner)
+                        .await
+                        .map(|_| ()),
+                };
+                undone?;
                 return Err(RedisError::Replicas {
                     confirmed,
                     required,
@@ -335,12 +397,7 @@ impl RedisBackend {
         Ok(outcome)
     }
 
-    async fn release_on(
-        &self,
-        link: &Link,
-        name: &str,
-        owner: &str,
-    ) -> std::result::Result<bool, RedisError> {
+    fn release_invocation<'a>(&'a self, name: &str, owner: &str) -> redis::ScriptInvocation<'a> {
         let mut invocation = self.inner.scripts.release.prepare_invoke();
         invocation
             .key(layout::lock_key(name))
@@ -348,13 +405,57 @@ impl RedisBackend {
             .arg(owner)
             .arg(self.inner.publish)
             .arg(layout::UNLOCK_MESSAGE);
-        let value = self.script(link, "release", invocation).await?;
-        match int(&value) {
-            Some(1) => Ok(true),
-            Some(0) => Ok(false),
-            _ => Err(RedisError::Reply {
-                what: "the release script",
-                detail: format!("{value:?}"),
+        invocation
+    }
+
+    /// Compare-and-delete by owner on the link's connection: whether this owner's lock was deleted.
+    /// When the connection broke under a first attempt (its reply lost) and the retry finds nothing of
+    /// this owner's, the first attempt may have been the one that deleted it: that is
+    /// [`RedisError::ReleaseOutcomeUnknown`], never a plain "not held".
+    async fn release_on(
+        &self,
+        link: &Link,
+        name: &str,
+        owner: &str,
+    ) -> std::result::Result<bool, RedisError> {
+        let mut sent = Sent::default();
+        let invocation = self.release_invocation(name, owner);
+        let value = self.script(link, "release", invocation, &mut sent).await?;
+        match parse_release(&value)? {
+            false if sent.resent => Err(RedisError::ReleaseOutcomeUnknown {
+                target: self.inner.target.shown.clone(),
+            }),
+            released => Ok(released),
+        }
+    }
+
+    /// The undo of an acquire, on the connection the acquire went on: Redis runs one connection's
+    /// commands in order, so it runs after the acquire even if that is still on its way. The link may
+    /// have dropped that connection after the acquire timed out; whatever reply comes back here, the
+    /// undo itself is queued behind the acquire on the server's side of the connection.
+    async fn undo_on(
+        &self,
+        mut conn: Conn,
+        name: &str,
+        owner: &str,
+    ) -> std::result::Result<(), RedisError> {
+        let invocation = self.release_invocation(name, owner);
+        let target = &self.inner.target;
+        match tokio::time::timeout(self.io(), invocation.invoke_async::<Value>(&mut conn)).await {
+            Ok(Ok(value)) => parse_release(&value).map(|undone| {
+                if undone {
+                    tracing::debug!(lock = %name, "undid an abandoned grant");
+                }
+            }),
+            Ok(Err(source)) => Err(RedisError::Request {
+                what: "undo of an acquire",
+                target: target.shown.clone(),
+                source,
+            }),
+            Err(_) => Err(RedisError::Timeout {
+                what: "undo of an acquire",
+                target: target.shown.clone(),
+                after: self.io(),
             }),
         }
     }
@@ -374,7 +475,7 @@ impl RedisBackend {
         let longest = group.iter().map(|e| e.ttl).max().unwrap_or_default();
         // A renewal answered after half the lease is of little use; fail it and let the core retry.
         let timeout = self.io().min((longest / 2).max(Duration::from_millis(50)));
-        let (link, durable_gate) = match &self.inner.durable {
+        let (link, durable_gate) = match &self.inner.durable_renewals {
             Some((gate, link)) => {
                 pipe.add_command(self.wait_cmd());
                 (link, Some(gate))
@@ -459,6 +560,17 @@ impl RedisBackend {
     }
 }
 
+fn parse_release(value: &Value) -> std::result::Result<bool, RedisError> {
+    match int(value) {
+        Some(1) => Ok(true),
+        Some(0) => Ok(false),
+        _ => Err(RedisError::Reply {
+            what: "the release script",
+            detail: format!("{value:?}"),
+        }),
+    }
+}
+
 /// The same error for another entry of a batch.
 fn copy(e: &RedisError, name: &str) -> Error {
     let kind = match e {
@@ -512,6 +624,7 @@ impl Backend for RedisBackend {
         Ok(RedisAcquisition {
             subscription: None,
             maybe_granted: false,
+            sent: Sent::default(),
         })
     }
 
@@ -525,8 +638,9 @@ impl Backend for RedisBackend {
             sub.mark_seen();
         }
         acquisition.maybe_granted = true;
+        acquisition.sent = Sent::default();
         let outcome = self
-            .acquire_once(request)
+            .acquire_once(request, &mut acquisition.sent)
             .await
             .map_err(|e| e.into_core(Some(&request.name)))?;
         match outcome {
@@ -537,6 +651,7 @@ impl Backend for RedisBackend {
             )),
             Outcome::Busy { pttl } => {
                 acquisition.maybe_granted = false;
+                acquisition.sent = Sent::default();
                 Ok(Attempt::Busy { retry_after: pttl })
             }
         }
@@ -573,10 +688,28 @@ impl Backend for RedisBackend {
         Ok(())
     }
 
+    /// The undo is a compare-and-delete by owner, sent on the connection the last try went on, so it
+    /// runs after that try however late the try arrives (a delayed request that timed out here may still
+    /// reach the server). If that connection fails (broken, or no reply in time), the undo is sent again
+    /// on the current connection: a broken connection delivers nothing more, so a try that is not on the
+    /// server by then never will be; a timed-out one still has the first undo queued behind the try.
     async fn abandon(&self, acquisition: RedisAcquisition, request: &AcquireRequest) {
-        drop(acquisition.subscription);
-        if !acquisition.maybe_granted {
+        let RedisAcquisition {
+            subscription,
+            maybe_granted,
+            sent,
+        } = acquisition;
+        drop(subscription);
+        if !maybe_granted {
             return;
+        }
+        if let Some(conn) = sent.conn {
+            match self.undo_on(conn, &request.name, &request.owner).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::debug!(lock = %request.name, error = %e, "undo on the acquire's connection failed; undoing on a fresh one too")
+                }
+            }
         }
         let link = match &self.inner.durable {
             Some((_, link)) => link,
@@ -585,6 +718,9 @@ impl Backend for RedisBackend {
         match self.release_on(link, &request.name, &request.owner).await {
             Ok(true) => tracing::debug!(lock = %request.name, "undid an abandoned grant"),
             Ok(false) => {}
+            Err(RedisError::ReleaseOutcomeUnknown { .. }) => {
+                tracing::debug!(lock = %request.name, "the undo was sent twice; either attempt removed the grant, or there was none")
+            }
             Err(e) => {
                 tracing::warn!(lock = %request.name, error = %e, "could not undo an abandoned acquire; it expires with its lease")
             }

@@ -6,7 +6,7 @@
 //! out or failed with an I/O error is dropped, and the next request makes a new one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -202,10 +202,22 @@ impl Target {
         }
     }
 
+    /// The longest a reply may take: the request bound, plus `wait_timeout` where a `WAIT` goes with
+    /// the request (the requests bound themselves more tightly; this is redis-rs's own backstop, which
+    /// would otherwise cut every `WAIT` longer than the request bound).
+    fn response_timeout(&self) -> Duration {
+        let config = &self.config;
+        if config.wait_replicas > 0 {
+            config.io_timeout + config.wait_timeout
+        } else {
+            config.io_timeout
+        }
+    }
+
     fn connection_config(&self) -> AsyncConnectionConfig {
         AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.config.connect_timeout))
-            .set_response_timeout(Some(self.config.io_timeout))
+            .set_response_timeout(Some(self.response_timeout()))
     }
 
     /// A Cluster client builder for the seed nodes: TLS (and its CA), credentials and timeouts set.
@@ -224,7 +236,7 @@ impl Target {
             .collect::<Result<_, _>>()?;
         let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
             .connection_timeout(config.connect_timeout)
-            .response_timeout(config.io_timeout);
+            .response_timeout(self.response_timeout());
         if let Some(user) = &config.username {
             builder = builder.username(user);
         }
@@ -272,9 +284,43 @@ impl Target {
     }
 }
 
+/// Tells whether the runtime a connection's driver task was spawned on still runs: a task on that
+/// runtime holds the receiving end, and is dropped with its runtime. A connection from a runtime that
+/// is gone cannot send anything (its driver is gone with it), so it is replaced before use rather than
+/// found broken by a request (which would then count as sent and be retried).
+struct RuntimeProbe(tokio::sync::oneshot::Sender<()>);
+
+impl RuntimeProbe {
+    /// A probe on the current runtime.
+    fn here() -> Self {
+        let (alive, watched) = tokio::sync::oneshot::channel::<()>();
+        // Ends when the probe is dropped (the sender goes), or with its runtime.
+        tokio::spawn(async move {
+            let _ = watched.await;
+        });
+        Self(alive)
+    }
+
+    fn runtime_gone(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+/// What happened to a request [`Link::run_tracked`] sent.
+#[derive(Default)]
+pub(crate) struct Sent {
+    /// The connection the request was last sent on. Kept by the caller, it keeps that connection open
+    /// (even after the link replaced it) so that a later command can be ordered after the request:
+    /// Redis runs one connection's commands in the order they arrive.
+    pub(crate) conn: Option<Conn>,
+    /// Whether the request was sent again after the connection broke under an earlier attempt, whose
+    /// outcome is therefore unknown (it may have run, its reply lost with the connection).
+    pub(crate) resent: bool,
+}
+
 /// One reconnecting command connection.
 pub(crate) struct Link {
-    current: Mutex<Option<(u64, Conn)>>,
+    current: Mutex<Option<(u64, Conn, Arc<RuntimeProbe>)>>,
     /// Only one task connects at a time; the others wait for its connection.
     connecting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
@@ -289,11 +335,20 @@ impl Link {
         }
     }
 
+    /// The current connection, unless its runtime is gone (then it is dropped).
     fn cached(&self) -> Option<(u64, Conn)> {
-        self.current
+        let mut current = self
+            .current
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current
+            .as_ref()
+            .is_some_and(|(_, _, probe)| probe.runtime_gone())
+        {
+            tracing::debug!("the Redis connection's runtime is gone; reconnecting on this one");
+            *current = None;
+        }
+        current.as_ref().map(|(g, c, _)| (*g, c.clone()))
     }
 
     /// The current connection, made if there is none.
@@ -310,7 +365,8 @@ impl Link {
         *self
             .current
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((generation, conn.clone()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((generation, conn.clone(), Arc::new(RuntimeProbe::here())));
         Ok((generation, conn))
     }
 
@@ -320,22 +376,43 @@ impl Link {
             .current
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+        if current.as_ref().is_some_and(|(g, _, _)| *g == generation) {
             *current = None;
         }
     }
 
-    /// Runs `request` on the current connection within `timeout`, replacing the connection when the
-    /// request leaves it in an unknown state. A connection found broken (not one that timed out) is
-    /// typically one that sat idle while the server restarted or failed over: the request is tried once
-    /// more on a fresh connection. Every request distlock sends is safe to repeat for the same owner
-    /// (acquire grants again, release and renew are owner-guarded, reads are reads).
+    /// [`run_tracked`](Self::run_tracked) for a caller that needs neither the connection nor whether
+    /// the request was sent twice.
     pub(crate) async fn run<T, F, Fut>(
         &self,
         target: &Target,
         what: &'static str,
         timeout: Duration,
+        request: F,
+    ) -> Result<T, RedisError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
+    {
+        self.run_tracked(target, what, timeout, request, &mut Sent::default())
+            .await
+    }
+
+    /// Runs `request` on the current connection within `timeout`, replacing the connection when the
+    /// request leaves it in an unknown state. A connection found broken (not one that timed out) is
+    /// typically one that sat idle while the server restarted or failed over: the request is tried once
+    /// more on a fresh connection, and `sent.resent` says so (the first attempt may have run). Every
+    /// request distlock sends is safe to repeat for the same owner (acquire grants again, release and
+    /// renew are owner-guarded, reads are reads), but a repeated release cannot tell "my first attempt
+    /// deleted it" from "it was gone": the caller reads `sent.resent` for that. `sent.conn` is set
+    /// before each attempt is sent, so it is right even if this future is dropped.
+    pub(crate) async fn run_tracked<T, F, Fut>(
+        &self,
+        target: &Target,
+        what: &'static str,
+        timeout: Duration,
         mut request: F,
+        sent: &mut Sent,
     ) -> Result<T, RedisError>
     where
         F: FnMut(Conn) -> Fut,
@@ -344,6 +421,7 @@ impl Link {
         let mut retried = false;
         loop {
             let (generation, conn) = self.get(target).await?;
+            sent.conn = Some(conn.clone());
             let result = match tokio::time::timeout(timeout, request(conn)).await {
                 Ok(Ok(v)) => Ok(v),
                 Ok(Err(source)) => Err(RedisError::Request {
@@ -363,6 +441,7 @@ impl Link {
                     self.invalidate(generation);
                     if !retried && e.is_broken_connection() {
                         retried = true;
+                        sent.resent = true;
                         continue;
                     }
                 }

@@ -36,6 +36,9 @@ pub(crate) enum RedisError {
     Reply { what: &'static str, detail: String },
     /// `WAIT` confirmed fewer replicas than required.
     Replicas { confirmed: u32, required: u32 },
+    /// A release was sent twice (the connection broke under the first attempt, its reply lost) and
+    /// the second found nothing of this owner's: the first may have deleted the lock, or it had expired.
+    ReleaseOutcomeUnknown { target: String },
 }
 
 impl RedisError {
@@ -55,7 +58,9 @@ impl RedisError {
             RedisError::Connect { source, .. } | RedisError::Request { source, .. } => {
                 classify(source)
             }
-            RedisError::Timeout { .. } => ErrorKind::Unavailable,
+            RedisError::Timeout { .. } | RedisError::ReleaseOutcomeUnknown { .. } => {
+                ErrorKind::Unavailable
+            }
             RedisError::Reply { .. } => ErrorKind::Protocol,
             RedisError::Replicas {
                 confirmed,
@@ -191,6 +196,10 @@ impl fmt::Display for RedisError {
             } => write!(
                 f,
                 "WAIT: {confirmed} of {required} required replicas confirmed the write in time; the grant was undone"
+            ),
+            RedisError::ReleaseOutcomeUnknown { target } => write!(
+                f,
+                "release on {target}: the outcome is unknown: the connection broke before the reply came back, and the retry found the lock no longer this owner's, so either the first attempt released it or it had already expired (no other owner's lock was touched)"
             ),
         }
     }

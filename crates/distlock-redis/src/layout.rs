@@ -46,7 +46,9 @@
 //! * distlock keeps the hold count at 1: reentrancy is counted in the process (DESIGN §3), so distlock's
 //!   release deletes the key (only if this owner's field is there). Redisson's unlock-latch keys
 //!   (`redisson_unlock_latch:…`) are not used: distlock's release is idempotent by itself (a second
-//!   release finds no field and reports `NotHeld`).
+//!   release finds no field and reports `NotHeld`). A release *resent* because its connection broke
+//!   before the reply came cannot tell whether its first attempt deleted the lock: it reports the
+//!   outcome as unknown (`Unavailable`) rather than `NotHeld`.
 //! * The fencing counter is `RFencedLock`'s `redisson_lock_token:{NAME}`, incremented in the acquire
 //!   script as `RFencedLock` does. Redisson's plain `RLock` does not touch it, so a token minted after a
 //!   Redisson `RLock` holder is still greater than every earlier distlock token, but the `RLock` holder

@@ -72,10 +72,45 @@ enum Cmd {
     Unsubscribe(String),
 }
 
-/// The backend's pub/sub hub. The task behind it lives while the hub or any subscription does.
+/// The backend's pub/sub hub. The task behind it lives while the hub or any subscription does, and
+/// while its runtime does: when that runtime is gone (a `Locks` used on one runtime, then on another),
+/// the next request starts the task again on the caller's runtime.
 pub(crate) struct Hub {
     shared: Arc<Shared>,
-    tx: mpsc::UnboundedSender<Cmd>,
+    task: Arc<Task>,
+}
+
+/// The hub task's command channel, and how to start it again.
+struct Task {
+    target: Arc<Target>,
+    tx: Mutex<mpsc::UnboundedSender<Cmd>>,
+}
+
+impl Task {
+    /// Sends to the hub task, starting it (again) on the current runtime if it is gone.
+    fn send(&self, shared: &Arc<Shared>, cmd: Cmd) -> Result<(), Cmd> {
+        let mut tx = self.tx.lock().unwrap_or_else(PoisonError::into_inner);
+        if tx.is_closed() {
+            // The task ended with its runtime (it ends otherwise only when the hub is dropped). An
+            // unsubscribe needs no new task: a new task subscribes only what is registered.
+            if matches!(cmd, Cmd::Unsubscribe(_)) || tokio::runtime::Handle::try_current().is_err()
+            {
+                return Err(cmd);
+            }
+            tracing::debug!("the redis pub/sub hub's runtime is gone; restarting it on this one");
+            shared
+                .connected
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            *tx = spawn(self.target.clone(), shared.clone());
+        }
+        tx.send(cmd).map_err(|e| e.0)
+    }
+}
+
+fn spawn(target: Arc<Target>, shared: Arc<Shared>) -> mpsc::UnboundedSender<Cmd> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(run(target, shared, rx));
+    tx
 }
 
 impl std::fmt::Debug for Hub {
@@ -90,9 +125,14 @@ impl Hub {
     /// Starts the hub task (it connects on the first subscription).
     pub(crate) fn start(target: Arc<Target>) -> Self {
         let shared = Arc::new(Shared::default());
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(target, shared.clone(), rx));
-        Self { shared, tx }
+        let tx = spawn(target.clone(), shared.clone());
+        Self {
+            shared,
+            task: Arc::new(Task {
+                target,
+                tx: Mutex::new(tx),
+            }),
+        }
     }
 
     /// Whether the hub holds a pub/sub connection now.
@@ -115,7 +155,7 @@ impl Hub {
         Subscription {
             channel,
             shared: self.shared.clone(),
-            tx: self.tx.clone(),
+            task: self.task.clone(),
             rx,
         }
     }
@@ -125,7 +165,7 @@ impl Hub {
 pub(crate) struct Subscription {
     channel: String,
     shared: Arc<Shared>,
-    tx: mpsc::UnboundedSender<Cmd>,
+    task: Arc<Task>,
     rx: watch::Receiver<u64>,
 }
 
@@ -141,8 +181,8 @@ impl Subscription {
     /// Sends the subscribe and waits for the server's confirmation (or the hub's failure).
     pub(crate) async fn confirm(&self) -> Result<(), RedisError> {
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Cmd::Subscribe(self.channel.clone(), reply))
+        self.task
+            .send(&self.shared, Cmd::Subscribe(self.channel.clone(), reply))
             .map_err(|_| RedisError::Unsupported("the pub/sub hub has stopped".into()))?;
         answer.await.unwrap_or_else(|_| {
             Err(RedisError::Unsupported(
@@ -174,7 +214,9 @@ impl Drop for Subscription {
             if entry.refs == 0 {
                 channels.remove(&self.channel);
                 // Sent under the lock, so the hub sees it before any later subscribe of this channel.
-                let _ = self.tx.send(Cmd::Unsubscribe(self.channel.clone()));
+                let _ = self
+                    .task
+                    .send(&self.shared, Cmd::Unsubscribe(self.channel.clone()));
             }
         }
     }

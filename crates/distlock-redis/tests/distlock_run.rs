@@ -13,6 +13,9 @@ use distlock_testkit::holder::distlock_bin;
 use distlock_testkit::redis::RedisServer;
 use distlock_testkit::sweep::{gone_within, is_alive};
 
+#[path = "../../distlock-cli/tests/tree/mod.rs"]
+mod tree;
+
 /// Slack for "soon" on a loaded 2-core machine, added to mechanism bounds.
 const SLACK: Duration = Duration::from_secs(3);
 /// The lease of every run here, as the acceptance criterion says.
@@ -22,8 +25,8 @@ fn unique(case: &str) -> String {
     format!("run/{case}/{}", uuid::Uuid::new_v4().simple())
 }
 
-/// A `distlock run` process, SIGKILLed (this child only) if the test ends with it still running; its command
-/// then dies with it by the parent-death signal.
+/// A `distlock run` process, SIGKILLed (this child only) if the test ends with it still running; its
+/// supervisor then kills everything the command started.
 struct Run {
     child: Option<Child>,
 }
@@ -222,7 +225,7 @@ async fn run_holds_and_deleted_key_stops_command_fault() {
     eprintln!("distlock exited 76 {took:?} after the DEL (bound {bound:?})");
 }
 
-/// A SIGKILLed `distlock run` takes its command with it (parent-death signal), and the lock frees once
+/// A SIGKILLed `distlock run` takes its command with it (its supervisor kills it), and the lock frees once
 /// its lease runs out, not before two thirds of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_run_takes_its_command_fault() {
@@ -357,4 +360,38 @@ async fn paused_run_loses_lock_on_resume_fault() {
         "taken over {took_over:?} after SIGSTOP; exit 76 {:?} after SIGCONT",
         resumed.elapsed()
     );
+}
+
+/// Every shape of descendant the command starts (same-group grandchild, `setsid` grandchild, one that
+/// ignores SIGTERM, a background child) is dead before the next holder starts: after a SIGKILL of
+/// `distlock` (the supervisor kills the tree at once, long before the 1 s lease runs out; with the
+/// default 30 s lease there is only more time), after a loss (DEL of the key; dead before `distlock`
+/// exits 76), and after the command exits leaving them (SIGTERM, SIGKILL after `--grace`, then the
+/// release).
+fn tree_dies_before_the_next_holder(ending: tree::Ending) {
+    let server = RedisServer::start_or_panic();
+    for shape in tree::SHAPES {
+        let sandbox = Sandbox::new(&server);
+        let name = unique("tree");
+        let run = |args: &[&str]| sandbox.run(args);
+        let lose = |name: &str| {
+            server.command(&["DEL", name]).unwrap();
+        };
+        tree::check(shape, ending, &sandbox.dir, &name, &run, &lose);
+    }
+}
+
+#[test]
+fn a_sigkilled_runs_whole_tree_dies_before_the_next_holder_fault() {
+    tree_dies_before_the_next_holder(tree::Ending::KillDistlock);
+}
+
+#[test]
+fn on_loss_the_whole_tree_dies_before_run_exits_fault() {
+    tree_dies_before_the_next_holder(tree::Ending::Loss);
+}
+
+#[test]
+fn leftover_descendants_die_before_the_release_fault() {
+    tree_dies_before_the_next_holder(tree::Ending::CommandExits);
 }

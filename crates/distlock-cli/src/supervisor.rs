@@ -1,0 +1,480 @@
+//! The supervisor: a small process between `distlock` and the command, so that nothing the command
+//! starts outlives the hold (DESIGN §9 "The CLI").
+//!
+//! `distlock run` re-executes its own binary as `distlock __supervise …` (single-threaded, no async
+//! runtime). The supervisor
+//!
+//! * is a child subreaper (`PR_SET_CHILD_SUBREAPER`): every orphaned descendant of the command, also
+//!   one that called `setsid` or daemonized, is reparented to it, so "no child left" means "no
+//!   descendant left";
+//! * starts the command as the leader of its own process group, with SIGKILL as its parent-death
+//!   signal (so the command dies if the supervisor is killed);
+//! * talks to `distlock` over a socket pair: end-of-file on it means `distlock` is gone (killed, say by
+//!   the OOM killer), and the supervisor then kills the whole tree at once;
+//! * on the file backend, holds a duplicate of the `flock`ed descriptor (inherited; close-on-exec set
+//!   again before the command is started, so the command never sees it): if `distlock` dies the kernel
+//!   frees the lock only when the supervisor exits, which is after the last descendant is gone.
+//!
+//! Killing the tree: descendants are found by a `/proc` scan (parent links from the supervisor down),
+//! stopped with SIGSTOP until no new one appears (a forking process cannot outrun the scan), then
+//! SIGKILLed, and reaped until `waitpid` reports no child.
+//!
+//! The protocol, one line per message.
+//! distlock → supervisor: `s N` (send signal N to the command's process group, while its leader is
+//! unreaped), `t` (SIGTERM every descendant, SIGKILL them all after the grace), `k` (SIGKILL every
+//! descendant now).
+//! supervisor → distlock: `p PID` (the command started), `e ERRNO` (it could not be started), `x RAW`
+//! (the command exited with wait status RAW), `d` (every descendant is gone; the supervisor exits).
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+/// The hidden subcommand (`distlock __supervise`); not in `--help`.
+pub const SUBCOMMAND: &str = "__supervise";
+
+/// What `distlock` starts the supervisor with.
+#[derive(Debug)]
+pub struct Invocation {
+    /// The supervisor's end of the control socket.
+    pub control: RawFd,
+    /// The lock's inheritable descriptor, if the backend has one.
+    pub lock: Option<RawFd>,
+    /// How long descendants get between SIGTERM and SIGKILL.
+    pub grace: Duration,
+    /// Hand the terminal (stdin) to the command's process group, and back afterwards.
+    pub terminal: bool,
+}
+
+impl Invocation {
+    /// The arguments after the subcommand, up to and including `--`.
+    pub fn to_args(&self) -> Vec<String> {
+        vec![
+            self.control.to_string(),
+            self.lock
+                .map_or_else(|| "-".to_string(), |fd| fd.to_string()),
+            self.grace.as_millis().to_string(),
+            u8::from(self.terminal).to_string(),
+            "--".to_string(),
+        ]
+    }
+
+    fn parse(args: &[OsString]) -> Option<(Self, &[OsString])> {
+        let text = |i: usize| args.get(i).and_then(|a| a.to_str());
+        let control = text(0)?.parse().ok()?;
+        let lock = match text(1)? {
+            "-" => None,
+            fd => Some(fd.parse().ok()?),
+        };
+        let grace = Duration::from_millis(text(2)?.parse().ok()?);
+        let terminal = text(3)? == "1";
+        if text(4)? != "--" || args.len() < 6 {
+            return None;
+        }
+        Some((
+            Self {
+                control,
+                lock,
+                grace,
+                terminal,
+            },
+            &args[5..],
+        ))
+    }
+}
+
+/// Runs the supervisor; `args` are those after the subcommand. Returns the process exit code.
+pub fn main(args: &[OsString]) -> i32 {
+    let Some((invocation, command)) = Invocation::parse(args) else {
+        crate::exit::report("internal error: bad supervisor arguments");
+        return crate::exit::Code::Usage.as_i32();
+    };
+    // SAFETY: `distlock` passed us this descriptor number for exactly this; nothing else owns it.
+    let control = unsafe { UnixStream::from_raw_fd(invocation.control) };
+    // Neither descriptor may reach the command.
+    let _ = set_cloexec(control.as_raw_fd());
+    if let Some(fd) = invocation.lock {
+        let _ = set_cloexec(fd);
+    }
+    let mut supervisor = Supervisor::new(control, invocation);
+    supervisor.run(command);
+    0
+}
+
+fn set_cloexec(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor number; an invalid one fails with EBADF.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Signals the supervisor ignores (the command gets them back at their default). Its job ends only when
+/// the tree is gone, so what would end it early must not: SIGTTOU (it hands the terminal over and takes
+/// it back from a background group); SIGHUP, which the kernel sends to a stopped process whose group is
+/// orphaned (as its group is once `distlock` dies); and SIGINT, SIGTERM, SIGQUIT sent to every process
+/// of a service at stop (systemd) or by name, which `distlock` forwards to the command anyway.
+const IGNORED: [i32; 5] = [
+    libc::SIGTTOU,
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGQUIT,
+];
+
+struct Supervisor {
+    /// `None` once distlock is gone.
+    control: Option<UnixStream>,
+    /// Bytes read from `control` that do not end a line yet.
+    pending: Vec<u8>,
+    grace: Duration,
+    /// The terminal's foreground process group to restore, when the command was given the terminal.
+    terminal: Option<libc::pid_t>,
+    /// The command, until reaped.
+    leader: Option<libc::pid_t>,
+    /// Readable once the leader has exited (`pidfd_open`; `None` on kernels without it).
+    leader_fd: Option<std::os::fd::OwnedFd>,
+    /// SIGKILL every descendant at this instant (after a SIGTERM).
+    kill_at: Option<Instant>,
+    /// SIGKILL every descendant now and until none is left.
+    killing: bool,
+    /// Descendants that could not be signalled (EPERM: one that changed its real user id, as sudo
+    /// does), already reported.
+    unkillable: HashSet<libc::pid_t>,
+}
+
+impl Supervisor {
+    fn new(control: UnixStream, invocation: Invocation) -> Self {
+        let terminal = invocation
+            .terminal
+            // SAFETY: plain system call on stdin.
+            .then(|| unsafe { libc::tcgetpgrp(0) })
+            .filter(|pgrp| *pgrp > 0);
+        Self {
+            control: Some(control),
+            pending: Vec::new(),
+            grace: invocation.grace,
+            terminal,
+            leader: None,
+            leader_fd: None,
+            kill_at: None,
+            killing: false,
+            unkillable: HashSet::new(),
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        // distlock may be gone; that is seen as end-of-file on the next read.
+        if let Some(control) = self.control.as_mut() {
+            let _ = control.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+
+    fn run(&mut self, command: &[OsString]) {
+        // SAFETY: prctl and signal with constant arguments.
+        unsafe {
+            libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+            // `ps` and `pkill` see "distlock-super" rather than "exe".
+            libc::prctl(libc::PR_SET_NAME, c"distlock-super".as_ptr(), 0, 0, 0);
+            for signo in IGNORED {
+                libc::signal(signo, libc::SIG_IGN);
+            }
+        }
+        let me = std::process::id() as libc::pid_t;
+        let give_terminal = self.terminal.is_some();
+        let mut cmd = std::process::Command::new(&command[0]);
+        cmd.args(&command[1..]).process_group(0);
+        // SAFETY: between fork and exec only async-signal-safe calls (signal, prctl, getppid,
+        // tcsetpgrp, getpid): no allocation, no locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                if give_terminal {
+                    // Also done by the supervisor; doing it here too means the command never reads
+                    // the terminal before it owns it.
+                    libc::tcsetpgrp(0, libc::getpid());
+                }
+                for signo in IGNORED {
+                    libc::signal(signo, libc::SIG_DFL);
+                }
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != me {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+        let child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                self.send(&format!("e {}", e.raw_os_error().unwrap_or(libc::EIO)));
+                self.restore_terminal();
+                return;
+            }
+        };
+        let pid = child.id() as libc::pid_t;
+        // Reaped by waitpid below, not by std.
+        drop(child);
+        self.leader = Some(pid);
+        if give_terminal {
+            // SAFETY: plain system call.
+            unsafe { libc::tcsetpgrp(0, pid) };
+        }
+        self.leader_fd = pidfd_open(pid);
+        self.send(&format!("p {pid}"));
+        self.supervise();
+        self.restore_terminal();
+        self.send("d");
+    }
+
+    /// Until the command and every descendant are gone.
+    fn supervise(&mut self) {
+        loop {
+            if !self.reap() {
+                return;
+            }
+            let now = Instant::now();
+            if self.kill_at.is_some_and(|at| at <= now) {
+                self.kill_at = None;
+                self.killing = true;
+            }
+            if self.killing {
+                self.kill_tree();
+            }
+            let timeout = if self.killing && self.unkillable.is_empty() {
+                Duration::from_millis(10)
+            } else if self.killing {
+                // Waiting for a process we may not signal: no need to rescan /proc 100 times a second.
+                Duration::from_millis(200)
+            } else if self.leader.is_none() {
+                // Waiting for leftovers to exit after SIGTERM: no exit notification for them.
+                Duration::from_millis(20)
+            } else {
+                // Orphans that die are reaped on this tick.
+                let tick = if self.leader_fd.is_some() {
+                    Duration::from_secs(1)
+                } else {
+                    Duration::from_millis(50)
+                };
+                self.kill_at
+                    .map_or(tick, |at| at.saturating_duration_since(now).min(tick))
+            };
+            self.wait_for_input(timeout);
+        }
+    }
+
+    /// Reaps every exited child; reports the command's exit and starts the leftovers' termination.
+    /// `false` once no child is left (and the command has been reaped).
+    fn reap(&mut self) -> bool {
+        let mut leader_exited = false;
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid with a valid out pointer.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if pid > 0 {
+                if Some(pid) == self.leader {
+                    self.leader = None;
+                    self.leader_fd = None;
+                    self.restore_terminal();
+                    self.send(&format!("x {status}"));
+                    leader_exited = true;
+                }
+                continue;
+            }
+            if pid == 0 {
+                // Children are left: when the command has just exited, they are leftover background
+                // descendants: SIGTERM, SIGKILL after the grace. (No child left: no scan needed.)
+                if leader_exited && !self.killing && self.kill_at.is_none() {
+                    self.terminate_tree();
+                }
+                return true;
+            }
+            // ECHILD: nothing left (EINTR cannot happen with WNOHANG in practice; retry anyway).
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return self.leader.is_some();
+        }
+    }
+
+    /// Waits up to `timeout` for a message from distlock or the command's exit, and acts on messages.
+    fn wait_for_input(&mut self, timeout: Duration) {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.control.as_ref().map_or(-1, AsRawFd::as_raw_fd),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self
+                    .leader_fd
+                    .as_ref()
+                    .map_or(-1, std::os::fd::AsRawFd::as_raw_fd),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ms = i32::try_from(timeout.as_millis())
+            .unwrap_or(i32::MAX)
+            .max(1);
+        // SAFETY: poll over a valid array (a negative fd is ignored).
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if ready <= 0 || fds[0].revents == 0 {
+            return;
+        }
+        let mut buf = [0u8; 256];
+        let Some(control) = self.control.as_mut() else {
+            return;
+        };
+        match control.read(&mut buf) {
+            Ok(0) => self.distlock_gone(),
+            Ok(n) => {
+                self.pending.extend_from_slice(&buf[..n]);
+                while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = self.pending.drain(..=end).collect();
+                    self.handle(String::from_utf8_lossy(&line).trim());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => self.distlock_gone(),
+        }
+    }
+
+    fn distlock_gone(&mut self) {
+        // Nobody holds the lock for the tree any more (on a server, its lease still runs; on the
+        // file backend, our descriptor keeps it until we exit): kill everything now.
+        self.killing = true;
+        self.control = None;
+    }
+
+    fn handle(&mut self, message: &str) {
+        let mut parts = message.split_whitespace();
+        match (
+            parts.next(),
+            parts.next().and_then(|n| n.parse::<i32>().ok()),
+        ) {
+            (Some("s"), Some(signo)) => {
+                if let Some(leader) = self.leader {
+                    // SAFETY: plain system call; the unreaped leader pins the group id.
+                    unsafe { libc::kill(-leader, signo) };
+                }
+            }
+            (Some("t"), _) => {
+                if !self.killing {
+                    self.terminate_tree();
+                }
+            }
+            (Some("k"), _) => self.killing = true,
+            _ => crate::exit::report(format_args!(
+                "internal error: unknown supervisor message {message:?}"
+            )),
+        }
+    }
+
+    /// SIGTERM (and SIGCONT, so a stopped one can act on it) to every descendant; SIGKILL after the
+    /// grace, unless an earlier deadline is already set.
+    fn terminate_tree(&mut self) {
+        for pid in self.descendants() {
+            self.signal(pid, libc::SIGTERM);
+            self.signal(pid, libc::SIGCONT);
+        }
+        let at = Instant::now() + self.grace;
+        self.kill_at = Some(self.kill_at.map_or(at, |earlier| earlier.min(at)));
+    }
+
+    /// Stops every descendant until no new one appears, then SIGKILLs them all.
+    fn kill_tree(&mut self) {
+        let mut stopped: HashSet<libc::pid_t> = HashSet::new();
+        for _ in 0..100 {
+            let fresh: Vec<libc::pid_t> = self
+                .descendants()
+                .into_iter()
+                .filter(|pid| !stopped.contains(pid))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            for pid in fresh {
+                self.signal(pid, libc::SIGSTOP);
+                stopped.insert(pid);
+            }
+        }
+        for pid in stopped {
+            self.signal(pid, libc::SIGKILL);
+        }
+    }
+
+    fn signal(&mut self, pid: libc::pid_t, signo: i32) {
+        // SAFETY: plain system call.
+        if unsafe { libc::kill(pid, signo) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+            && self.unkillable.insert(pid)
+        {
+            crate::exit::report(format_args!(
+                "cannot signal pid {pid}, a descendant of the command (not permitted: it changed its \
+                 user id, as sudo and su do); waiting for it to exit"
+            ));
+        }
+    }
+
+    /// Every live (non-zombie) descendant, from a `/proc` scan.
+    fn descendants(&self) -> Vec<libc::pid_t> {
+        let me = std::process::id() as libc::pid_t;
+        let mut children: HashMap<libc::pid_t, Vec<(libc::pid_t, bool)>> = HashMap::new();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<libc::pid_t>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // After "pid (comm)": state, ppid.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            let mut fields = rest.split_whitespace();
+            let zombie = matches!(fields.next(), Some("Z" | "X"));
+            if let Some(ppid) = fields.next().and_then(|p| p.parse().ok()) {
+                children.entry(ppid).or_default().push((pid, zombie));
+            }
+        }
+        let mut found = Vec::new();
+        let mut queue = vec![me];
+        while let Some(parent) = queue.pop() {
+            for &(pid, zombie) in children.get(&parent).map_or(&[][..], Vec::as_slice) {
+                queue.push(pid);
+                if !zombie {
+                    found.push(pid);
+                }
+            }
+        }
+        found
+    }
+
+    fn restore_terminal(&mut self) {
+        if let Some(pgrp) = self.terminal.take() {
+            // SAFETY: plain system call (SIGTTOU is ignored here).
+            unsafe { libc::tcsetpgrp(0, pgrp) };
+        }
+    }
+}
+
+fn pidfd_open(pid: libc::pid_t) -> Option<std::os::fd::OwnedFd> {
+    // SAFETY: the pidfd_open system call; a new descriptor is ours to own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = RawFd::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: a fresh descriptor returned by the kernel.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}

@@ -1,0 +1,416 @@
+//! Requests under faults (issue #7): a release whose reply was lost, an undo racing the delayed acquire
+//! it undoes, renewals beside acquires stuck in `WAIT`, a deleted or overwritten key, and a `Locks`
+//! moved to a second runtime. Real `redis-server`s, faults from the testkit's TCP proxy and `SIGSTOP`.
+//! Test names carry `fault` (nextest's serial group).
+// Test code: a failed expectation is the test's failure.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use distlock_core::raw::{AcquireRequest, Attempt, Backend, Released};
+use distlock_core::{ErrorKind, Locks};
+use distlock_redis::{RedisBackend, RedisConfig};
+use distlock_testkit::proxy::Proxy;
+use distlock_testkit::redis::RedisServer;
+
+fn unique(case: &str) -> String {
+    format!("retries/{case}/{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn backend_at(addr: SocketAddr, io: Duration) -> RedisBackend {
+    let config = RedisConfig::new(addr.to_string()).with_timeouts(io, Duration::from_secs(3));
+    RedisBackend::from_config(config).await.expect("connect")
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.command(&["EXISTS", key]).unwrap().as_int() == Some(1)
+}
+
+/// Loads the scripts (an acquire and a release): a request delayed in the proxy must be the script
+/// itself, not an `EVALSHA` the server refuses as unknown.
+async fn warm_up(backend: &RedisBackend) {
+    let locks = Locks::new(backend.clone());
+    let guard = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+/// Loses the reply of the release sent now: the proxy holds each chunk 1 s, so the request reaches the
+/// server after 1 s; once the server ran it (`key` is gone), and before the reply gets back, every
+/// proxied connection is reset.
+async fn lose_the_reply_of<T: Send + 'static>(
+    proxy: &Proxy,
+    server: &RedisServer,
+    key: &str,
+    request: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    proxy.delay(Duration::from_secs(1)).unwrap();
+    let task = tokio::spawn(request);
+    let started = Instant::now();
+    while exists(server, key) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the release never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.pass().unwrap();
+    proxy.reset().unwrap();
+    task.await.unwrap()
+}
+
+/// The reply of a release is lost and the connection reset; the release is retried on a fresh
+/// connection and finds nothing of this owner's (the first attempt deleted the key). The backend must
+/// not answer `NotHeld` (that means "not yours any more", and `distlock run` exits 76 on it): it answers
+/// `Unavailable`, saying the outcome is unknown. The guard's release reports the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_release_reply_is_ambiguous_not_not_held_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend_at(proxy.addr(), Duration::from_secs(5)).await;
+    warm_up(&backend).await;
+
+    // Backend level.
+    let name = unique("release-raw");
+    let request = AcquireRequest::new(&name, "owner-a:1", Duration::from_secs(30));
+    let mut acquisition = backend.begin(&request).unwrap();
+    let Attempt::Acquired(grant) = backend
+        .try_acquire(&mut acquisition, &request)
+        .await
+        .unwrap()
+    else {
+        panic!("free lock not granted");
+    };
+    let raw = backend.clone();
+    let (n, o) = (name.clone(), request.owner.clone());
+    let outcome = lose_the_reply_of(&proxy, &server, &name, async move {
+        raw.release(&grant.lease, &n, &o).await
+    })
+    .await;
+    assert!(!exists(&server, &name), "the first attempt did not run");
+    match outcome {
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+            assert!(e.to_string().contains("unknown"), "{e}");
+        }
+        Ok(Released::NotHeld) => panic!("a release whose reply was lost reported NotHeld"),
+        Ok(other) => panic!("unexpected {other:?}"),
+    }
+
+    // Through the guard.
+    let locks = Locks::new(backend.clone());
+    let name = unique("release-guard");
+    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    let outcome =
+        lose_the_reply_of(&proxy, &server, &name, async move { guard.release().await }).await;
+    let e = outcome.expect_err("the outcome is unknown");
+    assert_ne!(e.kind(), ErrorKind::NotHeld, "{e}");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}
+
+/// An acquire is delayed on its way (the proxy holds it 3 s) and times out at the 1 s request bound;
+/// the core abandons it and the backend sends the undo. The undo must not overtake the acquire: once
+/// the acquire lands, nothing of it may stay on the server for the 30 s lease (on a fresh connection
+/// the undo arrives first, finds nothing, and the late acquire leaves an orphan grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_is_not_overtaken_by_the_delayed_acquire_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend_at(proxy.addr(), Duration::from_secs(1)).await;
+    warm_up(&backend).await;
+    let locks = Locks::new(backend);
+    let name = unique("undo");
+    let lock = locks.lock(&name).unwrap();
+
+    let delay = Duration::from_secs(3);
+    proxy.delay(delay).unwrap();
+    let started = Instant::now();
+    let attempt = tokio::spawn(async move { lock.try_acquire().await.map(|g| g.is_some()) });
+    // The acquire is on its way (held in the proxy); new traffic passes at once from now on (before the
+    // acquire times out at 1 s and is undone).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.pass().unwrap();
+    let outcome = attempt.await.unwrap();
+    assert!(outcome.is_err(), "the acquire should time out: {outcome:?}");
+    assert_eq!(outcome.unwrap_err().kind(), ErrorKind::Unavailable);
+
+    // The acquire lands at `delay`. Within a few seconds after that (far below the 30 s lease) nothing
+    // of it may remain.
+    tokio::time::sleep_until((started + delay + Duration::from_millis(200)).into()).await;
+    let bound = started + delay + Duration::from_secs(3);
+    while exists(&server, &name) {
+        assert!(
+            Instant::now() < bound,
+            "an orphan grant outlives the undo: pttl {:?} ms",
+            server.command(&["PTTL", &name]).unwrap().as_int()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And the name is free for others.
+    let other = Locks::new(backend_at(server.addr(), Duration::from_secs(5)).await);
+    assert!(other
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_some());
+}
+
+/// As above, but the caller drops the acquire future while the acquire is held in the proxy (no
+/// timeout): the core undoes it in the background, and the undo still runs after the acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_of_a_dropped_acquire_runs_after_it_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend_at(proxy.addr(), Duration::from_secs(5)).await;
+    warm_up(&backend).await;
+    let locks = Locks::new(backend);
+    let name = unique("undo-dropped");
+    let lock = locks.lock(&name).unwrap();
+
+    let delay = Duration::from_secs(2);
+    proxy.delay(delay).unwrap();
+    let started = Instant::now();
+    let attempt = tokio::spawn(async move { lock.try_acquire().await.map(|g| g.is_some()) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.pass().unwrap();
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+
+    tokio::time::sleep_until((started + delay + Duration::from_millis(200)).into()).await;
+    let bound = started + delay + Duration::from_secs(3);
+    while exists(&server, &name) {
+        assert!(
+            Instant::now() < bound,
+            "an orphan grant outlives the undo: pttl {:?} ms",
+            server.command(&["PTTL", &name]).unwrap().as_int()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Holder and waiter on one backend (two `Locks` on clones of it): `waiter` waits for `name` while
+/// `holder` holds it with a 30 s lease, then the holder releases; the waiter must be woken by the
+/// release message (pub/sub), not by the lease's end.
+async fn contended_wait_is_woken(holder: &Locks, waiter: &Locks, name: &str) {
+    let guard = holder
+        .lock(name)
+        .unwrap()
+        .options()
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let lock = waiter.lock(name).unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = lock
+            .options()
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .expect("acquired");
+        guard.release().await.unwrap();
+        Instant::now()
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let acquired = tokio::time::timeout(Duration::from_secs(25), waiting)
+        .await
+        .expect("the waiter finished")
+        .unwrap();
+    assert!(
+        acquired - released < Duration::from_secs(5),
+        "the waiter woke {:?} after the release: not by pub/sub (the lease was 30 s)",
+        acquired - released
+    );
+}
+
+/// A `Locks` on Redis used on a first runtime (a hold, and a contended wait, so the pub/sub hub and the
+/// connections start there), which is then dropped, and used again on a second runtime: a hold with a
+/// 1 s lease is still renewed after 3 s, and a waiter is still woken by pub/sub.
+#[test]
+fn a_backend_keeps_working_on_a_second_runtime() {
+    let server = RedisServer::start_or_panic();
+    let first = runtime();
+    let (holder, waiter) = first.block_on(async {
+        let backend = backend_at(server.addr(), Duration::from_secs(5)).await;
+        let (holder, waiter) = (Locks::new(backend.clone()), Locks::new(backend));
+        let guard = holder
+            .lock(&unique("rt1"))
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+        contended_wait_is_woken(&holder, &waiter, &unique("rt1-wait")).await;
+        (holder, waiter)
+    });
+    drop(first);
+    // As `#[tokio::test]` makes them: a current-thread runtime.
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let guard = holder
+            .lock(&unique("rt2"))
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            guard.state(),
+            distlock_core::LockState::Held,
+            "{:?}",
+            guard.loss_reason()
+        );
+        guard.release().await.unwrap();
+        contended_wait_is_woken(&holder, &waiter, &unique("rt2-wait")).await;
+    });
+}
+
+/// A master and a replica of it, the replication link up.
+fn master_and_replica() -> (RedisServer, RedisServer) {
+    let master = RedisServer::builder()
+        .args(["--repl-diskless-sync-delay", "0"])
+        .start_or_panic();
+    let replica = RedisServer::builder()
+        .args(["--replicaof", "127.0.0.1"])
+        .arg(master.port().to_string())
+        .start_or_panic();
+    let started = Instant::now();
+    loop {
+        let info = replica.command(&["INFO", "replication"]).unwrap();
+        if info
+            .as_str()
+            .is_some_and(|i| i.contains("master_link_status:up"))
+        {
+            return (master, replica);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the replica never linked up: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// With `wait_replicas`, an acquire stuck in `WAIT` (the replica is stopped; `wait_timeout` 25 s) does
+/// not hold back the renewal of another lock of the same backend: with the default 30 s lease the
+/// renewal is due after 10 s and must reach the master then (its pttl back near 30 s), not after the
+/// acquire's `WAIT` ends. Once the replica runs again, both are confirmed and the hold is still Held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_does_not_queue_behind_an_acquire_in_wait_fault() {
+    let (master, mut replica) = master_and_replica();
+    let config =
+        RedisConfig::new(master.addr().to_string()).with_wait_replicas(1, Duration::from_secs(25));
+    let backend = RedisBackend::from_config(config).await.expect("connect");
+    let locks = Locks::new(backend);
+    let held = unique("held");
+    let guard = locks.lock(&held).unwrap().acquire().await.unwrap();
+    let acquired = Instant::now();
+
+    replica.pause().unwrap();
+    let stuck = locks.lock(&unique("stuck")).unwrap();
+    let stuck = tokio::spawn(async move { stuck.try_acquire().await.map(|g| g.is_some()) });
+
+    // The renewal is due at a third of the lease; give it 3 s more to reach the master.
+    let renewal_due = acquired + Duration::from_secs(10);
+    let bound = renewal_due + Duration::from_secs(3);
+    tokio::time::sleep_until(renewal_due.into()).await;
+    loop {
+        let pttl = master.command(&["PTTL", &held]).unwrap().as_int().unwrap();
+        if pttl > 25_000 {
+            break;
+        }
+        assert!(
+            Instant::now() < bound,
+            "the renewal has not reached the master {:?} after it was due (pttl {pttl} ms): it queues behind the acquire in WAIT",
+            renewal_due.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!stuck.is_finished(), "the acquire was not stuck in WAIT");
+
+    replica.resume().unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(30), stuck)
+        .await
+        .expect("the acquire finished")
+        .unwrap();
+    assert_eq!(granted.as_ref().ok(), Some(&true), "{granted:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        guard.state(),
+        distlock_core::LockState::Held,
+        "{:?}",
+        guard.loss_reason()
+    );
+    guard.release().await.unwrap();
+}
+
+/// With the default 30 s lease, a holder's key deleted, overwritten with another owner's hash, or
+/// overwritten with another type (an operator breaking a stuck lock, a foreign client) makes the guard
+/// Lost at the next renewal, a third of the lease after the grant, with the server's reason: not at the
+/// lease's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_or_overwritten_key_is_lost_at_the_next_renewal_fault() {
+    let server = RedisServer::start_or_panic();
+    let locks = Locks::new(backend_at(server.addr(), Duration::from_secs(5)).await);
+    let names = [unique("deleted"), unique("other-owner"), unique("string")];
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(locks.lock(name).unwrap().acquire().await.unwrap());
+    }
+    let acquired = Instant::now();
+    let ok = |v: distlock_testkit::redis::RespValue| assert!(!v.is_error(), "{v}");
+    ok(server.command(&["DEL", &names[0]]).unwrap());
+    ok(server
+        .command(&[
+            "EVAL",
+            "redis.call('del', KEYS[1]); redis.call('hset', KEYS[1], 'someone-else:1', 1); return redis.call('pexpire', KEYS[1], 30000)",
+            "1",
+            &names[1],
+        ])
+        .unwrap());
+    ok(server.command(&["SET", &names[2], "x"]).unwrap());
+
+    let lease = Duration::from_secs(30);
+    let bound = lease / 3 + Duration::from_secs(2);
+    for (guard, expected) in guards.iter().zip(["gone", "another owner", "another type"]) {
+        tokio::time::timeout_at((acquired + bound).into(), guard.lost())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{}: not Lost within {bound:?} of the grant (the next renewal is due at a third of the lease)",
+                    guard.name()
+                )
+            });
+        let reason = guard.loss_reason().unwrap_or_default();
+        assert!(reason.contains(expected), "{}: {reason}", guard.name());
+    }
+    assert!(
+        acquired.elapsed() >= lease / 3 - Duration::from_secs(1),
+        "Lost before the renewal was due: {:?}",
+        acquired.elapsed()
+    );
+}
