@@ -204,7 +204,7 @@ impl LocksInner {
     /// Runs `work` as counted background work (see [`Locks::close`]) on the current runtime, or, outside
     /// any runtime, on the latest acquire's (so a guard dropped on a plain thread still releases). If
     /// that runtime is gone the work runs on a thread of its own (see [`spawn`]). `None` when no
-    /// `JoinHandle` can be given (no runtime, or the work went to a thread).
+    /// `JoinHandle` can be given (no runtime).
     pub(crate) fn spawn_background<F>(&self, work: F) -> Option<tokio::task::JoinHandle<()>>
     where
         F: std::future::Future + Send + 'static,
@@ -263,32 +263,23 @@ pub(crate) fn tag(mut error: Error, backend: &'static str, name: &str) -> Error 
     error
 }
 
-/// Spawns `work` on `runtime`; if that runtime is gone (tokio then drops a task before its first poll)
-/// or there is none, runs it on a thread of its own with a current-thread runtime, so that a release or
-/// an undo is never lost with a dropped runtime.
+/// Spawns `work` on `runtime`; if that runtime drops the task before its first poll (it is shut down,
+/// or shuts down before it gets to the task: a guard dropped at the end of a `#[tokio::test]`) or there
+/// is none, runs it on a thread of its own with a current-thread runtime, so that a release or an undo
+/// is never lost with a dropped runtime.
 pub(crate) fn spawn<F>(runtime: Option<&Handle>, work: F) -> Option<tokio::task::JoinHandle<()>>
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    let unstarted = Arc::new(Mutex::new(None));
     let work = Box::pin(work);
     let Some(runtime) = runtime else {
         run_on_own_thread(work);
         return None;
     };
-    let task = runtime.spawn(FirstPoll {
+    Some(runtime.spawn(FirstPoll {
         work: Some(work),
-        unstarted: Some(unstarted.clone()),
-    });
-    // Filled only when the runtime dropped the task without polling it: it is shut down.
-    let returned = lock(&unstarted).take();
-    match returned {
-        Some(work) => {
-            run_on_own_thread(work);
-            None
-        }
-        None => Some(task),
-    }
+        polled: false,
+    }))
 }
 
 type BoxedWork = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
@@ -312,10 +303,11 @@ fn run_on_own_thread(work: BoxedWork) {
     }
 }
 
-/// A future that hands its work back through `unstarted` if it is dropped before its first poll.
+/// A future that moves its work to a thread of its own if it is dropped before its first poll (its
+/// runtime was shut down, at once or with the task still queued).
 struct FirstPoll {
     work: Option<BoxedWork>,
-    unstarted: Option<Arc<Mutex<Option<BoxedWork>>>>,
+    polled: bool,
 }
 
 impl std::future::Future for FirstPoll {
@@ -325,7 +317,7 @@ impl std::future::Future for FirstPoll {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<()> {
-        self.unstarted = None;
+        self.polled = true;
         match self.work.as_mut() {
             Some(work) => work.as_mut().poll(cx),
             None => std::task::Poll::Ready(()),
@@ -335,8 +327,10 @@ impl std::future::Future for FirstPoll {
 
 impl Drop for FirstPoll {
     fn drop(&mut self) {
-        if let (Some(unstarted), Some(work)) = (self.unstarted.take(), self.work.take()) {
-            *lock(&unstarted) = Some(work);
+        if !self.polled {
+            if let Some(work) = self.work.take() {
+                run_on_own_thread(work);
+            }
         }
     }
 }

@@ -122,3 +122,33 @@ fn a_guard_dropped_after_its_runtime_is_gone_still_releases() {
         assert!(got.is_ok(), "the dropped guard was not released: {got:?}");
     });
 }
+
+/// A guard dropped at the end of a `#[tokio::test]`-style body: the release task is queued on the
+/// runtime, which is dropped before it ever polls it. The release must still happen (on a thread of its
+/// own), not wait for the 30 s lease.
+#[test]
+fn a_guard_dropped_as_its_runtime_ends_still_releases() {
+    let backend = MemoryBackend::new();
+    let other = Locks::new(backend.another_client());
+    let locks = Locks::new(backend);
+    let first = current_thread_runtime();
+    first.block_on(async {
+        let guard = locks.lock("at-end").unwrap().acquire().await.unwrap();
+        drop(guard);
+    });
+    drop(first);
+    let second = current_thread_runtime();
+    second.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), locks.close())
+            .await
+            .expect("close() did not return");
+        let got = other
+            .lock("at-end")
+            .unwrap()
+            .options()
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await;
+        assert!(got.is_ok(), "the dropped guard was not released: {got:?}");
+    });
+}
