@@ -434,6 +434,8 @@ impl Lock {
             return Ok(None);
         };
         if let Some(guard) = self.reenter()? {
+            // As a first acquire would: the hold's watchdog may have gone with a dropped runtime.
+            locks.watchdog.ensure_running(locks);
             return Ok(Some(guard));
         }
         let gate = locks.gate(&shared.name);

@@ -152,3 +152,34 @@ fn a_guard_dropped_as_its_runtime_ends_still_releases() {
         assert!(got.is_ok(), "the dropped guard was not released: {got:?}");
     });
 }
+
+/// The watchdog's runtime is dropped with no other candidate; the hold's owner, now on another runtime,
+/// acquires again (reentrant). That acquire restarts the watchdog, as a first acquire would, so the
+/// hold is renewed instead of going Lost.
+#[test]
+fn a_reentrant_acquire_restarts_the_watchdog() {
+    let locks = Locks::new(MemoryBackend::new());
+    let lock = locks.lock("reentered").unwrap();
+    let first = runtime();
+    let guard = first.block_on(async {
+        lock.options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    drop(first);
+    let second = current_thread_runtime();
+    second.block_on(async {
+        let again = lock
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(again.state(), LockState::Held, "{:?}", again.loss_reason());
+        drop(again);
+        guard.release().await.unwrap();
+    });
+}
