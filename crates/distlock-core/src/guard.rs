@@ -67,7 +67,6 @@ impl Drop for RenewalTurn<'_> {
             Some((sent_at, ttl)) => {
                 drop(status);
                 self.holding.renewal_abandoned(sent_at, ttl);
-                self.holding.shared.locks.watchdog.poke();
             }
             None => {
                 status.renewing = false;
@@ -270,7 +269,8 @@ impl Holding {
 
     /// A renewal sent at `sent_at` for `ttl` will never be answered (its future was dropped: an
     /// `extend` cancelled by its caller, or a batch whose runtime was dropped). It may have been applied,
-    /// so it counts as an unconfirmed reply.
+    /// so it counts as an unconfirmed reply. The watchdog is woken: the hold is due for a retry, and a
+    /// watchdog restarted elsewhere may have skipped it while the renewal was in flight.
     pub(crate) fn renewal_abandoned(&self, sent_at: Instant, ttl: Duration) {
         self.apply_renewal(
             sent_at,
@@ -280,6 +280,7 @@ impl Holding {
                 "the renewal was abandoned before its reply",
             )),
         );
+        self.shared.locks.watchdog.poke();
     }
 
     /// Applies the outcome of a renewal sent at `sent_at` asking for `asked`, and ends the renewal in

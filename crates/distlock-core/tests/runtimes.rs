@@ -183,3 +183,84 @@ fn a_reentrant_acquire_restarts_the_watchdog() {
         guard.release().await.unwrap();
     });
 }
+
+/// A task that takes a while to drop: spread over a runtime's task list, it spaces out the drops of the
+/// other tasks at shutdown, so a watchdog restarted elsewhere gets to look at its holds before the
+/// renewal batch is dropped.
+struct SlowDrop;
+
+impl std::future::Future for SlowDrop {
+    type Output = ();
+    fn poll(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        std::task::Poll::Pending
+    }
+}
+
+impl Drop for SlowDrop {
+    fn drop(&mut self) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The watchdog's runtime is dropped while its renewal batch waits for a slow reply. The holds of that
+/// batch are freed for the next renewal, and the watchdog restarted on another runtime must renew them,
+/// not sleep until their deadline (they would go Lost while their owner is alive and connected).
+/// Repeated, as the order in which tokio drops a runtime's tasks varies with their ids.
+#[test]
+fn holds_of_a_batch_dropped_with_its_runtime_are_renewed_by_the_restarted_watchdog() {
+    let lease = Duration::from_secs(1);
+    let second = runtime();
+    for round in 0..4 {
+        let backend = MemoryBackend::new();
+        let locks = Locks::new(backend.clone());
+        let first = runtime();
+        let name = format!("batch-{round}");
+        let kept = first.block_on(async {
+            let kept = locks
+                .lock(&format!("{name}-first"))
+                .unwrap()
+                .options()
+                .lease(lease)
+                .acquire()
+                .await
+                .unwrap();
+            for _ in 0..8 {
+                tokio::spawn(SlowDrop);
+            }
+            kept
+        });
+        let guard = second.block_on(async {
+            locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .lease(lease)
+                .acquire()
+                .await
+                .unwrap()
+        });
+        // The first renewal's reply comes long after the lease.
+        backend.delay_renewals([Duration::from_secs(30)]);
+        second.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while backend.renewal_requests() < 1 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("the renewal was not sent");
+        });
+        drop(first);
+        second.block_on(async {
+            tokio::time::sleep(lease + lease / 2).await;
+            assert_eq!(
+                guard.state(),
+                LockState::Held,
+                "round {round}: {:?}",
+                guard.loss_reason()
+            );
+            guard.release().await.unwrap();
+            drop(kept);
+        });
+    }
+}
