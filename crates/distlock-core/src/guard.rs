@@ -698,11 +698,13 @@ struct RestartOnDrop(Option<Arc<Holding>>);
 impl Drop for RestartOnDrop {
     fn drop(&mut self) {
         if let Some(holding) = self.0.take() {
-            let name = holding.shared.name.clone();
             let locks = holding.shared.locks.clone();
-            locks.spawn_background(async move {
-                if let Err(error) = holding.finish().await {
-                    tracing::warn!(lock = %name, %error, "release restarted after cancellation failed");
+            locks.spawn_background_restartable(move || {
+                let holding = holding.clone();
+                async move {
+                    if let Err(error) = holding.clone().finish().await {
+                        tracing::warn!(lock = %holding.shared.name, %error, "release restarted after cancellation failed");
+                    }
                 }
             });
         }
@@ -715,11 +717,14 @@ impl Drop for LockGuard {
             return;
         }
         if let Some(holding) = self.leave() {
-            let name = holding.shared.name.clone();
             let locks = holding.shared.locks.clone();
-            locks.spawn_background(async move {
-                if let Err(error) = holding.finish().await {
-                    tracing::warn!(lock = %name, %error, "release after drop failed");
+            // Restartable: a release cut off by its runtime's shutdown runs again (owner-guarded).
+            locks.spawn_background_restartable(move || {
+                let holding = holding.clone();
+                async move {
+                    if let Err(error) = holding.clone().finish().await {
+                        tracing::warn!(lock = %holding.shared.name, %error, "release after drop failed");
+                    }
                 }
             });
         }

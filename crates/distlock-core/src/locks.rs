@@ -220,6 +220,29 @@ impl LocksInner {
         spawn(runtime.as_ref(), work)
     }
 
+    /// As [`spawn_background`](Self::spawn_background), for work that is safe to run again from the start
+    /// (an owner-guarded release): if its task is dropped after it started and before it finished (its
+    /// runtime was dropped mid-way), a fresh `make()` runs on a thread of its own, and
+    /// [`Locks::close`] waits for that too.
+    pub(crate) fn spawn_background_restartable<M, F>(&self, make: M)
+    where
+        M: Fn() -> F + Send + 'static,
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.background.running.fetch_add(1, Ordering::AcqRel);
+        let mut unfinished = Unfinished {
+            make: Some(Box::new(move || -> BoxedWork { Box::pin(make()) })),
+            task: Some(BackgroundTask(self.background.clone())),
+        };
+        let _ = self.spawn_background(async move {
+            let Some(work) = unfinished.make.as_ref().map(|make| make()) else {
+                return;
+            };
+            work.await;
+            unfinished.finished();
+        });
+    }
+
     /// Records the current runtime as the latest acquire's; fails outside any runtime.
     fn bind_runtime(&self) -> Result<()> {
         let handle = Handle::try_current().map_err(|_| {
@@ -280,6 +303,34 @@ where
         work: Some(work),
         polled: false,
     }))
+}
+
+/// Restartable background work under way; dropped before it finished, runs it again on a thread of its
+/// own, still counted for [`Locks::close`].
+struct Unfinished {
+    make: Option<Box<dyn Fn() -> BoxedWork + Send>>,
+    task: Option<BackgroundTask>,
+}
+
+impl Unfinished {
+    fn finished(&mut self) {
+        self.make = None;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(make) = self.make.take() {
+            let task = self.task.take();
+            tracing::debug!(
+                "background work interrupted by its runtime's shutdown; running it again"
+            );
+            run_on_own_thread(Box::pin(async move {
+                let _task = task;
+                make().await;
+            }));
+        }
+    }
 }
 
 type BoxedWork = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;

@@ -264,3 +264,38 @@ fn holds_of_a_batch_dropped_with_its_runtime_are_renewed_by_the_restarted_watchd
         });
     }
 }
+
+/// A guard is dropped on a multi-thread runtime, whose worker starts the release at once; the runtime
+/// is dropped while the release is under way (its request slow to reach the store). The release must
+/// still happen, and `close()` wait for it, not leave the key to its 30 s lease.
+#[test]
+fn a_release_under_way_when_its_runtime_is_dropped_still_happens() {
+    let backend = MemoryBackend::new();
+    let other = Locks::new(backend.another_client());
+    let locks = Locks::new(backend.clone());
+    let first = runtime();
+    first.block_on(async {
+        let guard = locks.lock("under-way").unwrap().acquire().await.unwrap();
+        backend.delay_releases([Duration::from_secs(1)]);
+        drop(guard);
+        // The worker has started the release, which now waits for its request to reach the store.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    });
+    drop(first);
+    let second = current_thread_runtime();
+    second.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), locks.close())
+            .await
+            .expect("close() did not return");
+        let taken = other
+            .lock("under-way")
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap();
+        assert!(
+            taken.is_some(),
+            "close() returned while the dropped guard's key is still on the store"
+        );
+    });
+}
