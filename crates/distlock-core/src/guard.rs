@@ -395,13 +395,23 @@ impl Holding {
             ttl,
         }];
         turn.sent = Some((sent_at, ttl));
-        let mut outcomes = backend.renew(&batch).await;
-        let outcome = outcomes.pop().unwrap_or_else(|| {
-            Err(Error::new(
-                ErrorKind::Protocol,
-                "internal error: the backend returned no renewal outcome",
-            ))
+        // The watchdog skips this hold while the extend is in flight: a reply that stalls must not use up
+        // the time left, so after half of it the request counts as unconfirmed and the watchdog retries.
+        let wait = lock(&self.status).deadline.map_or(ttl, |deadline| {
+            deadline.saturating_duration_since(sent_at) / 2
         });
+        let outcome = match tokio::time::timeout(wait, backend.renew(&batch)).await {
+            Ok(mut outcomes) => outcomes.pop().unwrap_or_else(|| {
+                Err(Error::new(
+                    ErrorKind::Protocol,
+                    "internal error: the backend returned no renewal outcome",
+                ))
+            }),
+            Err(_) => Err(Error::new(
+                ErrorKind::Unavailable,
+                "the extend got no reply within half the time left before the validity deadline; the watchdog retries",
+            )),
+        };
         let failure = match &outcome {
             Ok(Renewed::Extended { .. }) => None,
             Ok(Renewed::Gone { reason }) => Some(Error::new(ErrorKind::LockLost, reason.clone())),
@@ -607,7 +617,9 @@ impl LockGuard {
     ///
     /// A hold has at most one renewal in flight: if the watchdog's is under way, `extend` waits for its
     /// reply and then sends its own, so the later request defines the validity deadline, earlier or
-    /// later than before.
+    /// later than before. While it is in flight the watchdog leaves the hold alone, so `extend` waits for
+    /// its reply at most half the time left before the validity deadline; then the request counts as
+    /// unconfirmed (Jeopardy, [`ErrorKind::Unavailable`]) and the watchdog retries in time.
     ///
     /// Fails with [`ErrorKind::LockLost`] if the server says the lock is gone, with the backend's error
     /// (the guard then in Jeopardy) if the renewal could not be confirmed, and with

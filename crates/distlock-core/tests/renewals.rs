@@ -190,3 +190,34 @@ async fn a_cancelled_extend_counts_as_possibly_applied() {
     assert!(cancelled.is_err(), "the extend was meant to be cut short");
     never_held_after_the_server_dropped_the_key(&guard, &b, Duration::from_secs(3)).await;
 }
+
+/// An `extend` whose reply stalls (the store applied it; the reply is held back far longer than the
+/// lease) must not stop the renewals of its hold: with one renewal in flight per hold, the watchdog
+/// skips the hold while the extend waits, so the extend has to give up in time for the watchdog to
+/// renew before the 30 s lease it set runs out. The holder is connected all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_extend_does_not_stop_the_renewals() {
+    let (a_backend, a, b) = two_clients();
+    let guard = a.lock("stalled-extend").unwrap().acquire().await.unwrap();
+    a_backend.delay_renewals([Duration::from_secs(120)]);
+    let (extended, ()) = tokio::join!(guard.extend(Duration::from_secs(30)), async {
+        // The extend's request reached the store at once; another one must follow before its lease
+        // runs out.
+        until_renewal_requests(&a_backend, 2, Duration::from_secs(25)).await;
+    });
+    assert!(
+        extended.is_err(),
+        "the extend got its reply after all: {extended:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+    assert!(
+        b.lock("stalled-extend")
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "the lease ran out on the store"
+    );
+}
