@@ -203,6 +203,11 @@ impl Holding {
         self.publish(&status);
     }
 
+    /// The validity deadline; `None` for locks with no server-side expiry.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        lock(&self.status).deadline
+    }
+
     /// The earliest moment the state may change by itself (a deadline or `max_hold`).
     fn next_deadline(&self) -> Option<Instant> {
         let status = lock(&self.status);

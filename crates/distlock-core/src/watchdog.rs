@@ -218,11 +218,17 @@ async fn renew_batch(
         answered: false,
     };
     let due = &unanswered.due;
-    // A reply after the last deadline of the batch is useless: every entry would count it as failed.
+    // A hold is renewed by nothing else while its renewal is in flight: a reply that stalls must not use
+    // up the time left, so after half of the shortest time left before a deadline of the batch the
+    // requests count as unconfirmed and are retried before the deadline.
     let limit = due
         .iter()
-        .map(|(_, ttl)| *ttl)
-        .max()
+        .map(|(holding, ttl)| {
+            holding.deadline().map_or(*ttl, |deadline| {
+                deadline.saturating_duration_since(sent_at) / 2
+            })
+        })
+        .min()
         .unwrap_or(Duration::from_secs(1));
     let batch: Vec<Renewal<'_, _>> = due
         .iter()
