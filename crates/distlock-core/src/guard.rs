@@ -564,6 +564,9 @@ impl LockGuard {
 
     /// Every state transition, as a watch channel.
     pub fn state_changes(&self) -> watch::Receiver<LockState> {
+        // The watchdog publishes a loss by time: it must run (it may have gone with a dropped runtime).
+        let locks = &self.holding.shared.locks;
+        locks.watchdog.ensure_running(locks);
         let _ = self.holding.state();
         self.holding.state_tx.subscribe()
     }

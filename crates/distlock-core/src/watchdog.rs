@@ -6,8 +6,9 @@
 //! The task runs on the runtime of the acquire that started it. A `Locks` may outlive that runtime (a
 //! `Locks` in a `static` used by several `#[tokio::test]`s): when the runtime is dropped it drops the
 //! task, and the task's [`RunGuard`] starts it again on the runtime of another live hold. A hold whose
-//! own runtime is gone, with no other candidate, gets the task back at the next acquire, `lost()` or
-//! `extend()` (until then its deadline passes and it goes Lost, as P2 says).
+//! own runtime is gone, with no other candidate, gets the task back at the next acquire (reentrant
+//! included), `lost()`, `jeopardy()`, `state_changes()` or `extend()` (until then its deadline passes and
+//! it goes Lost, as P2 says).
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;

@@ -299,3 +299,37 @@ fn a_release_under_way_when_its_runtime_is_dropped_still_happens() {
         );
     });
 }
+
+/// The watchdog went with a dropped runtime and nothing restarted it; the guard's owner, now on another
+/// runtime, only watches `state_changes()`. The client is cut off, so the hold goes Lost at its
+/// deadline: the channel must say so then (it is the watchdog that publishes a loss by time), as
+/// `lost()` would.
+#[test]
+fn state_changes_reports_a_loss_after_the_watchdogs_runtime_is_dropped() {
+    let backend = MemoryBackend::new();
+    let locks = Locks::new(backend.clone());
+    let first = runtime();
+    let guard = first.block_on(async {
+        locks
+            .lock("watched")
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    drop(first);
+    let second = current_thread_runtime();
+    second.block_on(async {
+        let mut changes = guard.state_changes();
+        backend.freeze();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            changes.wait_for(|state| *state == LockState::Lost),
+        )
+        .await
+        .expect("state_changes() never reported the loss")
+        .unwrap();
+    });
+}
