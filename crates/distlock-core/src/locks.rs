@@ -478,7 +478,8 @@ impl Lock {
         }
         let deadline = match options.wait {
             Wait::Forever => None,
-            Wait::Limit(limit) => Some(tokio::time::Instant::now() + limit),
+            // A limit too far to represent (`Duration::MAX`) is no limit.
+            Wait::Limit(limit) => tokio::time::Instant::now().checked_add(limit),
         };
 
         let Some(_serial) = within(deadline, shared.acquiring.lock()).await else {
