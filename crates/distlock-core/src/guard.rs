@@ -272,6 +272,28 @@ impl Holding {
             .min()
     }
 
+    /// A renewal asking for `ttl` goes out at `sent_at`. Until its outcome is known it may have been
+    /// applied, so the deadline is at most the one it would set: an `extend` shorter than what is left (or
+    /// a renewal after a longer `extend`) cannot leave the guard trusting the longer lease while its reply
+    /// is on the way.
+    pub(crate) fn renewal_sent(&self, sent_at: Instant, ttl: Duration) {
+        let unconfirmed = validity_deadline(sent_at, ttl);
+        let moved = {
+            let mut status = lock(&self.status);
+            match status.deadline {
+                Some(deadline) if unconfirmed < deadline => {
+                    status.deadline = Some(unconfirmed);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if moved {
+            self.deadline_moved.notify_waiters();
+            self.shared.locks.watchdog.poke();
+        }
+    }
+
     /// A renewal sent at `sent_at` for `ttl` will never be answered (its future was dropped: an
     /// `extend` cancelled by its caller, or a batch whose runtime was dropped). It may have been applied,
     /// so it counts as an unconfirmed reply. The watchdog is woken: the hold is due for a retry, and a
@@ -400,6 +422,7 @@ impl Holding {
             ttl,
         }];
         turn.sent = Some((sent_at, ttl));
+        self.renewal_sent(sent_at, ttl);
         // The watchdog skips this hold while the extend is in flight: a reply that stalls must not use up
         // the time left, so after half of it the request counts as unconfirmed and the watchdog retries.
         let wait = lock(&self.status).deadline.map_or(ttl, |deadline| {

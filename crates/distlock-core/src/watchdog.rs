@@ -219,6 +219,9 @@ async fn renew_batch(
         answered: false,
     };
     let due = &unanswered.due;
+    for (holding, ttl) in due {
+        holding.renewal_sent(sent_at, *ttl);
+    }
     // A hold is renewed by nothing else while its renewal is in flight: a reply that stalls must not use
     // up the time left, so after half of the shortest time left before a deadline of the batch the
     // requests count as unconfirmed and are retried before the deadline.

@@ -247,3 +247,19 @@ async fn a_stalled_watchdog_renewal_is_retried_before_the_deadline() {
         "the lease ran out on the store"
     );
 }
+
+/// An `extend(1s)` whose reply is slow (the store applied it at once): while it is in flight it may
+/// have been applied, so the guard must not go on trusting the 30 s lease; once the 1 s is up on the
+/// store, the guard is not `Held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_extend_in_flight_never_leaves_the_guard_held_after_the_key_is_gone() {
+    let (a_backend, a, b) = two_clients();
+    let guard = a.lock("short-in-flight").unwrap().acquire().await.unwrap();
+    a_backend.delay_renewals([Duration::from_secs(3)]);
+    let (extended, ()) = tokio::join!(
+        guard.extend(Duration::from_secs(1)),
+        never_held_after_the_server_dropped_the_key(&guard, &b, Duration::from_millis(2500))
+    );
+    // Its reply came too late to count (the watchdog renewed in the meantime).
+    assert!(extended.is_err(), "{extended:?}");
+}
