@@ -333,3 +333,38 @@ fn state_changes_reports_a_loss_after_the_watchdogs_runtime_is_dropped() {
         .unwrap();
     });
 }
+
+/// A `Locks` is first used on a current-thread runtime that is kept but idle (a sync helper that calls
+/// `block_on` now and then), then on a multi-thread runtime that runs all along. The watchdog started on
+/// the idle runtime never runs there; the hold on the running runtime must still be renewed.
+#[test]
+fn a_hold_on_a_running_runtime_is_renewed_while_the_first_runtime_idles() {
+    let locks = Locks::new(MemoryBackend::new());
+    let idle = current_thread_runtime();
+    idle.block_on(async {
+        let guard = locks
+            .lock("first")
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    });
+    let running = runtime();
+    running.block_on(async {
+        let guard = locks
+            .lock("second")
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+        guard.release().await.unwrap();
+    });
+    drop(idle);
+}
