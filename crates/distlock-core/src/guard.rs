@@ -525,8 +525,8 @@ impl Holding {
 /// says whether ownership can still be assumed; [`lost`](Self::lost) resolves when it cannot.
 ///
 /// Release-on-drop is not immediate: it is handed to a background task on the current runtime, or,
-/// dropped outside any runtime, on the latest acquire's (on a thread of its own if that runtime is
-/// gone). Call `release().await` to know it happened.
+/// dropped outside any runtime, on the latest acquire's if that is a multi-thread runtime (otherwise, or
+/// if that runtime is gone, on a thread of its own). Call `release().await` to know it happened.
 #[must_use = "if unused the lock is released at once"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {

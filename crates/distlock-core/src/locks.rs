@@ -202,8 +202,9 @@ impl LocksInner {
     }
 
     /// Runs `work` as counted background work (see [`Locks::close`]) on the current runtime, or, outside
-    /// any runtime, on the latest acquire's (so a guard dropped on a plain thread still releases). If
-    /// that runtime is gone the work runs on a thread of its own (see [`spawn`]). `None` when no
+    /// any runtime, on the latest acquire's if it is a multi-thread one (so a guard dropped on a plain
+    /// thread still releases). Otherwise, or if that runtime is gone, the work runs on a thread of its
+    /// own (see [`spawn`]). `None` when no
     /// `JoinHandle` can be given (no runtime).
     pub(crate) fn spawn_background<F>(&self, work: F) -> Option<tokio::task::JoinHandle<()>>
     where
@@ -216,7 +217,12 @@ impl LocksInner {
             let _task = task;
             work.await;
         };
-        let runtime = Handle::try_current().ok().or_else(|| self.runtime());
+        // Outside any runtime, the latest acquire's serves only if it is a multi-thread one: a
+        // current-thread runtime runs its tasks only inside its `block_on`, which may not come again.
+        let runtime = Handle::try_current().ok().or_else(|| {
+            self.runtime()
+                .filter(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread)
+        });
         spawn(runtime.as_ref(), work)
     }
 

@@ -368,3 +368,25 @@ fn a_hold_on_a_running_runtime_is_renewed_while_the_first_runtime_idles() {
     });
     drop(idle);
 }
+
+/// A guard acquired on a current-thread runtime is dropped on a plain thread while that runtime is kept
+/// but idle: the release must not wait in its queue for the next `block_on` (the key would stay until
+/// its lease ran out, and `close()` would not return).
+#[test]
+fn a_guard_dropped_outside_any_runtime_is_released_while_its_runtime_idles() {
+    let backend = MemoryBackend::new();
+    let other = Locks::new(backend.another_client());
+    let locks = Locks::new(backend);
+    let idle = current_thread_runtime();
+    let guard = idle.block_on(async { locks.lock("idling").unwrap().acquire().await.unwrap() });
+    drop(guard);
+    let second = current_thread_runtime();
+    second.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), locks.close())
+            .await
+            .expect("close() did not return");
+        let taken = other.lock("idling").unwrap().try_acquire().await.unwrap();
+        assert!(taken.is_some(), "the dropped guard was not released");
+    });
+    drop(idle);
+}
