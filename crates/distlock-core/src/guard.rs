@@ -294,6 +294,14 @@ impl Holding {
         }
     }
 
+    /// The renewal marked under way was never sent (its task was dropped before it ran): the hold is free
+    /// for the next one, and the watchdog and a waiting `extend` are told.
+    pub(crate) fn renewal_not_sent(&self) {
+        lock(&self.status).renewing = false;
+        self.renewal_done.notify_waiters();
+        self.shared.locks.watchdog.poke();
+    }
+
     /// A renewal sent at `sent_at` for `ttl` will never be answered (its future was dropped: an
     /// `extend` cancelled by its caller, or a batch whose runtime was dropped). It may have been applied,
     /// so it counts as an unconfirmed reply. The watchdog is woken: the hold is due for a retry, and a

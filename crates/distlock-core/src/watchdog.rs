@@ -219,7 +219,14 @@ impl Watchdog {
                 registry.wake_at = if due.is_empty() { next_wake } else { None };
             }
             if !due.is_empty() {
-                tokio::spawn(renew_batch(backend.clone(), due, self.clone()));
+                // Built before the spawn: a task dropped before its first poll (its runtime shut down
+                // in between) still frees its holds for the next renewal.
+                let unanswered = Unanswered {
+                    due,
+                    sent_at: None,
+                    answered: false,
+                };
+                tokio::spawn(renew_batch(backend.clone(), unanswered, self.clone()));
             }
             let sleep = next_wake.map_or(Duration::from_secs(3600), Instant::remaining);
             tokio::select! {
@@ -252,17 +259,13 @@ impl Drop for RunGuard {
 
 async fn renew_batch(
     backend: Arc<dyn DynBackend>,
-    due: Vec<(Arc<Holding>, Duration)>,
+    mut unanswered: Unanswered,
     watchdog: Arc<Watchdog>,
 ) {
     let sent_at = clock::now();
     // If this task is dropped before the replies are in (its runtime was dropped), the holds are free
     // for the next renewal.
-    let mut unanswered = Unanswered {
-        due,
-        sent_at,
-        answered: false,
-    };
+    unanswered.sent_at = Some(sent_at);
     let due = &unanswered.due;
     for (holding, ttl) in due {
         holding.renewal_sent(sent_at, *ttl);
@@ -310,15 +313,20 @@ async fn renew_batch(
 /// The holds of a batch whose replies are not in yet.
 struct Unanswered {
     due: Vec<(Arc<Holding>, Duration)>,
-    sent_at: Instant,
+    /// `None` until the batch goes out.
+    sent_at: Option<Instant>,
     answered: bool,
 }
 
 impl Drop for Unanswered {
     fn drop(&mut self) {
-        if !self.answered {
-            for (holding, ttl) in &self.due {
-                holding.renewal_abandoned(self.sent_at, *ttl);
+        if self.answered {
+            return;
+        }
+        for (holding, ttl) in &self.due {
+            match self.sent_at {
+                Some(sent_at) => holding.renewal_abandoned(sent_at, *ttl),
+                None => holding.renewal_not_sent(),
             }
         }
     }

@@ -390,3 +390,62 @@ fn a_guard_dropped_outside_any_runtime_is_released_while_its_runtime_idles() {
     });
     drop(idle);
 }
+
+/// A runtime dropped after the watchdog spawned a renewal batch but before the batch first ran (tokio
+/// drops such a task unpolled). The hold must be free for the next renewal: `extend` must not wait
+/// forever for a renewal that never started, and the hold must go on being renewed.
+///
+/// Made deterministic with a current-thread runtime polling one task per turn: the watchdog's scan
+/// that spawns the batch also marks a second hold Lost (its `max_hold`), which the `block_on` future
+/// watches to return right after that scan.
+#[test]
+fn a_renewal_batch_dropped_before_it_ran_does_not_block_the_hold() {
+    let locks = Locks::new(MemoryBackend::new());
+    let first = tokio::runtime::Builder::new_current_thread()
+        .event_interval(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (renewed, _ended) = first.block_on(async {
+        let renewed = locks
+            .lock("renewed")
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(3))
+            .acquire()
+            .await
+            .unwrap();
+        // Its deadline (with max_hold 1 s) comes when `renewed` is due (1 s, within an eighth of it).
+        let ended = locks
+            .lock("ended")
+            .unwrap()
+            .options()
+            .max_hold(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        let changes = ended.state_changes();
+        while *changes.borrow() != LockState::Lost {
+            tokio::task::yield_now().await;
+        }
+        (renewed, ended)
+    });
+    drop(first);
+    let second = current_thread_runtime();
+    second.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            renewed.extend(Duration::from_secs(3)),
+        )
+        .await
+        .expect("extend waits for a renewal that never started")
+        .unwrap();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(
+            renewed.state(),
+            LockState::Held,
+            "{:?}",
+            renewed.loss_reason()
+        );
+    });
+}
