@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use rustix::time::{clock_gettime, clock_gettime_dynamic, ClockId, DynamicClockId};
 
+/// The furthest a converted instant lies ahead (about 30 years): further ones cannot be represented.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
 /// A point on the boot clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Instant(Duration);
@@ -43,13 +46,19 @@ impl Instant {
         self.saturating_duration_since(now())
     }
 
-    /// The same moment as a tokio instant, for arming timers.
+    /// The same moment as a tokio instant, for arming timers; saturates about 30 years from now (a
+    /// lease of `Duration::MAX`).
     pub fn to_tokio(self) -> tokio::time::Instant {
-        tokio::time::Instant::now() + self.remaining()
+        let now = tokio::time::Instant::now();
+        now.checked_add(self.remaining().min(FAR_FUTURE))
+            .unwrap_or(now)
     }
 
-    /// The same moment as a std instant (monotonic clock), for callers.
+    /// The same moment as a std instant (monotonic clock), for callers; saturates as
+    /// [`to_tokio`](Self::to_tokio) does.
     pub fn to_std(self) -> std::time::Instant {
-        std::time::Instant::now() + self.remaining()
+        let now = std::time::Instant::now();
+        now.checked_add(self.remaining().min(FAR_FUTURE))
+            .unwrap_or(now)
     }
 }

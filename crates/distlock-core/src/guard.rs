@@ -67,7 +67,6 @@ impl Drop for RenewalTurn<'_> {
             Some((sent_at, ttl)) => {
                 drop(status);
                 self.holding.renewal_abandoned(sent_at, ttl);
-                self.holding.shared.locks.watchdog.poke();
             }
             None => {
                 status.renewing = false;
@@ -207,6 +206,11 @@ impl Holding {
         self.publish(&status);
     }
 
+    /// The validity deadline; `None` for locks with no server-side expiry.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        lock(&self.status).deadline
+    }
+
     /// The earliest moment the state may change by itself (a deadline or `max_hold`).
     fn next_deadline(&self) -> Option<Instant> {
         let status = lock(&self.status);
@@ -271,9 +275,40 @@ impl Holding {
             .min()
     }
 
+    /// A renewal asking for `ttl` goes out at `sent_at`. Until its outcome is known it may have been
+    /// applied, so the deadline is at most the one it would set: an `extend` shorter than what is left (or
+    /// a renewal after a longer `extend`) cannot leave the guard trusting the longer lease while its reply
+    /// is on the way.
+    pub(crate) fn renewal_sent(&self, sent_at: Instant, ttl: Duration) {
+        let unconfirmed = validity_deadline(sent_at, ttl);
+        let moved = {
+            let mut status = lock(&self.status);
+            match status.deadline {
+                Some(deadline) if unconfirmed < deadline => {
+                    status.deadline = Some(unconfirmed);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if moved {
+            self.deadline_moved.notify_waiters();
+            self.shared.locks.watchdog.poke();
+        }
+    }
+
+    /// The renewal marked under way was never sent (its task was dropped before it ran): the hold is free
+    /// for the next one, and the watchdog and a waiting `extend` are told.
+    pub(crate) fn renewal_not_sent(&self) {
+        lock(&self.status).renewing = false;
+        self.renewal_done.notify_waiters();
+        self.shared.locks.watchdog.poke();
+    }
+
     /// A renewal sent at `sent_at` for `ttl` will never be answered (its future was dropped: an
     /// `extend` cancelled by its caller, or a batch whose runtime was dropped). It may have been applied,
-    /// so it counts as an unconfirmed reply.
+    /// so it counts as an unconfirmed reply. The watchdog is woken: the hold is due for a retry, and a
+    /// watchdog restarted elsewhere may have skipped it while the renewal was in flight.
     pub(crate) fn renewal_abandoned(&self, sent_at: Instant, ttl: Duration) {
         self.apply_renewal(
             sent_at,
@@ -283,6 +318,7 @@ impl Holding {
                 "the renewal was abandoned before its reply",
             )),
         );
+        self.shared.locks.watchdog.poke();
     }
 
     /// Applies the outcome of a renewal sent at `sent_at` asking for `asked`, and ends the renewal in
@@ -397,13 +433,24 @@ impl Holding {
             ttl,
         }];
         turn.sent = Some((sent_at, ttl));
-        let mut outcomes = backend.renew(&batch).await;
-        let outcome = outcomes.pop().unwrap_or_else(|| {
-            Err(Error::new(
-                ErrorKind::Protocol,
-                "internal error: the backend returned no renewal outcome",
-            ))
+        self.renewal_sent(sent_at, ttl);
+        // The watchdog skips this hold while the extend is in flight: a reply that stalls must not use up
+        // the time left, so after half of it the request counts as unconfirmed and the watchdog retries.
+        let wait = lock(&self.status).deadline.map_or(ttl, |deadline| {
+            deadline.saturating_duration_since(sent_at) / 2
         });
+        let outcome = match tokio::time::timeout(wait, backend.renew(&batch)).await {
+            Ok(mut outcomes) => outcomes.pop().unwrap_or_else(|| {
+                Err(Error::new(
+                    ErrorKind::Protocol,
+                    "internal error: the backend returned no renewal outcome",
+                ))
+            }),
+            Err(_) => Err(Error::new(
+                ErrorKind::Unavailable,
+                "the extend got no reply within half the time left before the validity deadline; the watchdog retries",
+            )),
+        };
         let failure = match &outcome {
             Ok(Renewed::Extended { .. }) => None,
             Ok(Renewed::Gone { reason }) => Some(Error::new(ErrorKind::LockLost, reason.clone())),
@@ -489,8 +536,8 @@ impl Holding {
 /// says whether ownership can still be assumed; [`lost`](Self::lost) resolves when it cannot.
 ///
 /// Release-on-drop is not immediate: it is handed to a background task on the current runtime, or,
-/// dropped outside any runtime, on the latest acquire's (on a thread of its own if that runtime is
-/// gone). Call `release().await` to know it happened.
+/// dropped outside any runtime, on the latest acquire's if that is a multi-thread runtime (otherwise, or
+/// if that runtime is gone, on a thread of its own). Call `release().await` to know it happened.
 #[must_use = "if unused the lock is released at once"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
@@ -561,6 +608,9 @@ impl LockGuard {
 
     /// Every state transition, as a watch channel.
     pub fn state_changes(&self) -> watch::Receiver<LockState> {
+        // The watchdog publishes a loss by time: it must run (it may have gone with a dropped runtime).
+        let locks = &self.holding.shared.locks;
+        locks.watchdog.ensure_running(locks);
         let _ = self.holding.state();
         self.holding.state_tx.subscribe()
     }
@@ -619,7 +669,9 @@ impl LockGuard {
     ///
     /// A hold has at most one renewal in flight: if the watchdog's is under way, `extend` waits for its
     /// reply and then sends its own, so the later request defines the validity deadline, earlier or
-    /// later than before.
+    /// later than before. While it is in flight the watchdog leaves the hold alone, so `extend` waits for
+    /// its reply at most half the time left before the validity deadline; then the request counts as
+    /// unconfirmed (Jeopardy, [`ErrorKind::Unavailable`]) and the watchdog retries in time.
     ///
     /// Fails with [`ErrorKind::LockLost`] if the server says the lock is gone, with the backend's error
     /// (the guard then in Jeopardy) if the renewal could not be confirmed, and with
@@ -710,11 +762,13 @@ struct RestartOnDrop(Option<Arc<Holding>>);
 impl Drop for RestartOnDrop {
     fn drop(&mut self) {
         if let Some(holding) = self.0.take() {
-            let name = holding.shared.name.clone();
             let locks = holding.shared.locks.clone();
-            locks.spawn_background(async move {
-                if let Err(error) = holding.finish().await {
-                    tracing::warn!(lock = %name, %error, "release restarted after cancellation failed");
+            locks.spawn_background_restartable(move || {
+                let holding = holding.clone();
+                async move {
+                    if let Err(error) = holding.clone().finish().await {
+                        tracing::warn!(lock = %holding.shared.name, %error, "release restarted after cancellation failed");
+                    }
                 }
             });
         }
@@ -727,11 +781,14 @@ impl Drop for LockGuard {
             return;
         }
         if let Some(holding) = self.leave() {
-            let name = holding.shared.name.clone();
             let locks = holding.shared.locks.clone();
-            locks.spawn_background(async move {
-                if let Err(error) = holding.finish().await {
-                    tracing::warn!(lock = %name, %error, "release after drop failed");
+            // Restartable: a release cut off by its runtime's shutdown runs again (owner-guarded).
+            locks.spawn_background_restartable(move || {
+                let holding = holding.clone();
+                async move {
+                    if let Err(error) = holding.clone().finish().await {
+                        tracing::warn!(lock = %holding.shared.name, %error, "release after drop failed");
+                    }
                 }
             });
         }

@@ -202,9 +202,10 @@ impl LocksInner {
     }
 
     /// Runs `work` as counted background work (see [`Locks::close`]) on the current runtime, or, outside
-    /// any runtime, on the latest acquire's (so a guard dropped on a plain thread still releases). If
-    /// that runtime is gone the work runs on a thread of its own (see [`spawn`]). `None` when no
-    /// `JoinHandle` can be given (no runtime, or the work went to a thread).
+    /// any runtime, on the latest acquire's if it is a multi-thread one (so a guard dropped on a plain
+    /// thread still releases). Otherwise, or if that runtime is gone, the work runs on a thread of its
+    /// own (see [`spawn`]). `None` when no
+    /// `JoinHandle` can be given (no runtime).
     pub(crate) fn spawn_background<F>(&self, work: F) -> Option<tokio::task::JoinHandle<()>>
     where
         F: std::future::Future + Send + 'static,
@@ -216,8 +217,36 @@ impl LocksInner {
             let _task = task;
             work.await;
         };
-        let runtime = Handle::try_current().ok().or_else(|| self.runtime());
+        // Outside any runtime, the latest acquire's serves only if it is a multi-thread one: a
+        // current-thread runtime runs its tasks only inside its `block_on`, which may not come again.
+        let runtime = Handle::try_current().ok().or_else(|| {
+            self.runtime()
+                .filter(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread)
+        });
         spawn(runtime.as_ref(), work)
+    }
+
+    /// As [`spawn_background`](Self::spawn_background), for work that is safe to run again from the start
+    /// (an owner-guarded release): if its task is dropped after it started and before it finished (its
+    /// runtime was dropped mid-way), a fresh `make()` runs on a thread of its own, and
+    /// [`Locks::close`] waits for that too.
+    pub(crate) fn spawn_background_restartable<M, F>(&self, make: M)
+    where
+        M: Fn() -> F + Send + 'static,
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.background.running.fetch_add(1, Ordering::AcqRel);
+        let mut unfinished = Unfinished {
+            make: Some(Box::new(move || -> BoxedWork { Box::pin(make()) })),
+            task: Some(BackgroundTask(self.background.clone())),
+        };
+        let _ = self.spawn_background(async move {
+            let Some(work) = unfinished.make.as_ref().map(|make| make()) else {
+                return;
+            };
+            work.await;
+            unfinished.finished();
+        });
     }
 
     /// Records the current runtime as the latest acquire's; fails outside any runtime.
@@ -263,31 +292,50 @@ pub(crate) fn tag(mut error: Error, backend: &'static str, name: &str) -> Error 
     error
 }
 
-/// Spawns `work` on `runtime`; if that runtime is gone (tokio then drops a task before its first poll)
-/// or there is none, runs it on a thread of its own with a current-thread runtime, so that a release or
-/// an undo is never lost with a dropped runtime.
+/// Spawns `work` on `runtime`; if that runtime drops the task before its first poll (it is shut down,
+/// or shuts down before it gets to the task: a guard dropped at the end of a `#[tokio::test]`) or there
+/// is none, runs it on a thread of its own with a current-thread runtime, so that a release or an undo
+/// is never lost with a dropped runtime.
 pub(crate) fn spawn<F>(runtime: Option<&Handle>, work: F) -> Option<tokio::task::JoinHandle<()>>
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    let unstarted = Arc::new(Mutex::new(None));
     let work = Box::pin(work);
     let Some(runtime) = runtime else {
         run_on_own_thread(work);
         return None;
     };
-    let task = runtime.spawn(FirstPoll {
+    Some(runtime.spawn(FirstPoll {
         work: Some(work),
-        unstarted: Some(unstarted.clone()),
-    });
-    // Filled only when the runtime dropped the task without polling it: it is shut down.
-    let returned = lock(&unstarted).take();
-    match returned {
-        Some(work) => {
-            run_on_own_thread(work);
-            None
+        polled: false,
+    }))
+}
+
+/// Restartable background work under way; dropped before it finished, runs it again on a thread of its
+/// own, still counted for [`Locks::close`].
+struct Unfinished {
+    make: Option<Box<dyn Fn() -> BoxedWork + Send>>,
+    task: Option<BackgroundTask>,
+}
+
+impl Unfinished {
+    fn finished(&mut self) {
+        self.make = None;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(make) = self.make.take() {
+            let task = self.task.take();
+            tracing::debug!(
+                "background work interrupted by its runtime's shutdown; running it again"
+            );
+            run_on_own_thread(Box::pin(async move {
+                let _task = task;
+                make().await;
+            }));
         }
-        None => Some(task),
     }
 }
 
@@ -312,10 +360,11 @@ fn run_on_own_thread(work: BoxedWork) {
     }
 }
 
-/// A future that hands its work back through `unstarted` if it is dropped before its first poll.
+/// A future that moves its work to a thread of its own if it is dropped before its first poll (its
+/// runtime was shut down, at once or with the task still queued).
 struct FirstPoll {
     work: Option<BoxedWork>,
-    unstarted: Option<Arc<Mutex<Option<BoxedWork>>>>,
+    polled: bool,
 }
 
 impl std::future::Future for FirstPoll {
@@ -325,7 +374,7 @@ impl std::future::Future for FirstPoll {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<()> {
-        self.unstarted = None;
+        self.polled = true;
         match self.work.as_mut() {
             Some(work) => work.as_mut().poll(cx),
             None => std::task::Poll::Ready(()),
@@ -335,8 +384,10 @@ impl std::future::Future for FirstPoll {
 
 impl Drop for FirstPoll {
     fn drop(&mut self) {
-        if let (Some(unstarted), Some(work)) = (self.unstarted.take(), self.work.take()) {
-            *lock(&unstarted) = Some(work);
+        if !self.polled {
+            if let Some(work) = self.work.take() {
+                run_on_own_thread(work);
+            }
         }
     }
 }
@@ -433,13 +484,16 @@ impl Lock {
         }
         let deadline = match options.wait {
             Wait::Forever => None,
-            Wait::Limit(limit) => Some(tokio::time::Instant::now() + limit),
+            // A limit too far to represent (`Duration::MAX`) is no limit.
+            Wait::Limit(limit) => tokio::time::Instant::now().checked_add(limit),
         };
 
         let Some(_serial) = within(deadline, shared.acquiring.lock()).await else {
             return Ok(None);
         };
         if let Some(guard) = self.reenter()? {
+            // As a first acquire would: the hold's watchdog may have gone with a dropped runtime.
+            locks.watchdog.ensure_running(locks);
             return Ok(Some(guard));
         }
         let gate = locks.gate(&shared.name);

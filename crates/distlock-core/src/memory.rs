@@ -13,7 +13,7 @@
 //! [`MemoryBackend::cap_ttl`] makes the store grant less than asked (as etcd caps a lock's lease by its
 //! session's remaining time and ZooKeeper clamps a session timeout), and
 //! [`MemoryBackend::renewal_requests`] counts the renewals that reached the store, so a test knows one is
-//! under way.
+//! under way. [`MemoryBackend::delay_releases`] makes the next releases reach the store late.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -57,6 +57,8 @@ struct Link {
     /// The most the store grants this handle, on acquire and renewal.
     ttl_cap: Mutex<Option<Duration>>,
     renewal_requests: AtomicU64,
+    /// How long the next `release` calls take to reach the store, one entry per call.
+    release_delays: Mutex<VecDeque<Duration>>,
 }
 
 impl Link {
@@ -208,6 +210,13 @@ impl MemoryBackend {
     /// later, as over a slow network. Calls after the queue is used up are answered at once.
     pub fn delay_renewals(&self, delays: impl IntoIterator<Item = Duration>) {
         lock(&self.link.renewal_delays).extend(delays);
+    }
+
+    /// Holds back this handle's next `release` calls, one delay per call in order: each reaches the store
+    /// that much later, as over a slow network (so a release can be under way when its runtime is
+    /// dropped). Calls after the queue is used up reach the store at once.
+    pub fn delay_releases(&self, delays: impl IntoIterator<Item = Duration>) {
+        lock(&self.link.release_delays).extend(delays);
     }
 
     /// Makes the store grant this handle at most `cap` on acquires and renewals, whatever it asks (as
@@ -364,6 +373,10 @@ impl Backend for MemoryBackend {
     }
 
     async fn release(&self, _lease: &(), name: &str, owner: &str) -> Result<Released> {
+        let delay = lock(&self.link.release_delays).pop_front();
+        if let Some(delay) = delay.filter(|d| !d.is_zero()) {
+            tokio::time::sleep(delay).await;
+        }
         self.link.check_reachable()?;
         let now = clock::now();
         let mut names = lock(&self.store.names);

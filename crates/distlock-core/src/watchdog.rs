@@ -6,13 +6,14 @@
 //! The task runs on the runtime of the acquire that started it. A `Locks` may outlive that runtime (a
 //! `Locks` in a `static` used by several `#[tokio::test]`s): when the runtime is dropped it drops the
 //! task, and the task's [`RunGuard`] starts it again on the runtime of another live hold. A hold whose
-//! own runtime is gone, with no other candidate, gets the task back at the next acquire, `lost()` or
-//! `extend()` (until then its deadline passes and it goes Lost, as P2 says).
+//! own runtime is gone, with no other candidate, gets the task back at the next acquire (reentrant
+//! included), `lost()`, `jeopardy()`, `state_changes()` or `extend()` (until then its deadline passes and
+//! it goes Lost, as P2 says).
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::runtime::{Handle, Id};
+use tokio::runtime::{Handle, Id, RuntimeFlavor};
 use tokio::sync::Notify;
 
 use crate::clock::{self, Instant};
@@ -25,7 +26,6 @@ use crate::sync::lock;
 #[derive(Default)]
 pub(crate) struct Watchdog {
     state: Mutex<Registry>,
-    wake: Notify,
 }
 
 #[derive(Default)]
@@ -40,6 +40,30 @@ struct Registry {
     wake_at: Option<Instant>,
     /// Holds released since the task last looked are dropped from the list when it grows past this.
     prune_at: usize,
+    /// The running task is on a current-thread runtime, which runs it only while someone is in its
+    /// `block_on`: a multi-thread runtime that uses this `Locks` takes the task over.
+    on_current_thread: bool,
+    /// Wakes the running task. One per task: a retired task on an idle runtime must not swallow the
+    /// wake-ups of the one that took over (`notify_one` goes to the oldest waiter).
+    wake: Arc<Notify>,
+}
+
+impl Registry {
+    /// Retires the running task if it is on a current-thread runtime and `current` is a multi-thread
+    /// one (which runs it for sure); the retired task exits when it next looks. Returns whether a task
+    /// must be started.
+    fn needs_start(&mut self, current: Option<&Handle>) -> bool {
+        if self.task.is_some()
+            && self.on_current_thread
+            && current.is_some_and(|h| h.runtime_flavor() != RuntimeFlavor::CurrentThread)
+        {
+            tracing::debug!(
+                "the watchdog moves from a current-thread runtime to a multi-thread one"
+            );
+            self.task = None;
+        }
+        self.task.is_none()
+    }
 }
 
 impl Watchdog {
@@ -50,20 +74,20 @@ impl Watchdog {
             registry.prune_at = (registry.holds.len() * 2).max(64);
         }
         registry.holds.push(Arc::downgrade(holding));
-        if registry.task.is_some() {
+        let current = Handle::try_current().ok();
+        if !registry.needs_start(current.as_ref()) {
             let sooner = match (holding.next_event(), registry.wake_at) {
                 (Some(event), Some(wake_at)) => event < wake_at,
                 _ => true,
             };
+            let wake = registry.wake.clone();
             drop(registry);
             if sooner {
-                self.wake.notify_one();
+                wake.notify_one();
             }
             return;
         }
-        let runtime = Handle::try_current()
-            .ok()
-            .or_else(|| holding.runtime.clone());
+        let runtime = current.or_else(|| holding.runtime.clone());
         drop(registry);
         if let Some(runtime) = runtime {
             self.start(&runtime, locks.backend.clone(), Vec::new());
@@ -72,33 +96,38 @@ impl Watchdog {
 
     /// Makes the task look at its holds again (a deadline or a renewal time moved).
     pub(crate) fn poke(&self) {
-        self.wake.notify_one();
+        let wake = lock(&self.state).wake.clone();
+        wake.notify_one();
     }
 
     /// Starts the task on the current runtime if holds are waiting for one (its runtime was dropped and
     /// no other hold's runtime could take it).
     pub(crate) fn ensure_running(self: &Arc<Self>, locks: &LocksInner) {
+        let Ok(current) = Handle::try_current() else {
+            return;
+        };
         let idle = {
-            let registry = lock(&self.state);
-            registry.task.is_none() && registry.holds.iter().any(|h| h.strong_count() > 0)
+            let mut registry = lock(&self.state);
+            registry.holds.iter().any(|h| h.strong_count() > 0)
+                && registry.needs_start(Some(&current))
         };
         if idle {
-            if let Ok(runtime) = Handle::try_current() {
-                self.start(&runtime, locks.backend.clone(), Vec::new());
-            }
+            self.start(&current, locks.backend.clone(), Vec::new());
         }
     }
 
     /// Spawns the task on `runtime` unless one runs. `tried` are runtimes found dropped on the way.
     fn start(self: &Arc<Self>, runtime: &Handle, backend: Arc<dyn DynBackend>, tried: Vec<Id>) {
-        let generation = {
+        let (generation, wake) = {
             let mut registry = lock(&self.state);
             if registry.task.is_some() {
                 return;
             }
             registry.generation += 1;
             registry.task = Some(registry.generation);
-            registry.generation
+            registry.on_current_thread = runtime.runtime_flavor() == RuntimeFlavor::CurrentThread;
+            registry.wake = Arc::new(Notify::new());
+            (registry.generation, registry.wake.clone())
         };
         let guard = RunGuard {
             watchdog: self.clone(),
@@ -110,7 +139,7 @@ impl Watchdog {
         };
         // Spawned outside the registry lock: on a dropped runtime tokio drops the task at once, and its
         // guard takes the lock to move on.
-        runtime.spawn(self.clone().run(backend, guard));
+        runtime.spawn(self.clone().run(backend, wake, guard));
     }
 
     /// The task of `generation` was dropped unfinished (its runtime was dropped): starts it on the
@@ -124,12 +153,19 @@ impl Watchdog {
                 return;
             }
             registry.task = None;
-            registry
+            let candidates: Vec<Handle> = registry
                 .holds
                 .iter()
                 .filter_map(Weak::upgrade)
                 .filter_map(|h| h.runtime.clone())
-                .find(|runtime| !tried.contains(&runtime.id()))
+                .filter(|runtime| !tried.contains(&runtime.id()))
+                .collect();
+            // A multi-thread runtime runs the task for sure; a current-thread one only inside `block_on`.
+            candidates
+                .iter()
+                .find(|runtime| runtime.runtime_flavor() != RuntimeFlavor::CurrentThread)
+                .or(candidates.first())
+                .cloned()
         };
         match candidate {
             Some(runtime) => {
@@ -142,13 +178,23 @@ impl Watchdog {
         }
     }
 
-    async fn run(self: Arc<Self>, backend: Arc<dyn DynBackend>, mut guard: RunGuard) {
+    async fn run(
+        self: Arc<Self>,
+        backend: Arc<dyn DynBackend>,
+        wake: Arc<Notify>,
+        mut guard: RunGuard,
+    ) {
         loop {
             let now = clock::now();
             let mut due = Vec::new();
             let mut next_wake: Option<Instant> = None;
             {
                 let mut registry = lock(&self.state);
+                if registry.task != Some(guard.generation) {
+                    // Retired: another task took over (see `Registry::needs_start`).
+                    guard.exited = true;
+                    return;
+                }
                 registry
                     .holds
                     .retain(|weak| weak.upgrade().is_some_and(|h| h.watched(now)));
@@ -173,12 +219,19 @@ impl Watchdog {
                 registry.wake_at = if due.is_empty() { next_wake } else { None };
             }
             if !due.is_empty() {
-                tokio::spawn(renew_batch(backend.clone(), due, self.clone()));
+                // Built before the spawn: a task dropped before its first poll (its runtime shut down
+                // in between) still frees its holds for the next renewal.
+                let unanswered = Unanswered {
+                    due,
+                    sent_at: None,
+                    answered: false,
+                };
+                tokio::spawn(renew_batch(backend.clone(), unanswered, self.clone()));
             }
             let sleep = next_wake.map_or(Duration::from_secs(3600), Instant::remaining);
             tokio::select! {
                 _ = tokio::time::sleep(sleep) => {}
-                _ = self.wake.notified() => {}
+                _ = wake.notified() => {}
             }
         }
     }
@@ -206,23 +259,28 @@ impl Drop for RunGuard {
 
 async fn renew_batch(
     backend: Arc<dyn DynBackend>,
-    due: Vec<(Arc<Holding>, Duration)>,
+    mut unanswered: Unanswered,
     watchdog: Arc<Watchdog>,
 ) {
     let sent_at = clock::now();
     // If this task is dropped before the replies are in (its runtime was dropped), the holds are free
     // for the next renewal.
-    let mut unanswered = Unanswered {
-        due,
-        sent_at,
-        answered: false,
-    };
+    unanswered.sent_at = Some(sent_at);
     let due = &unanswered.due;
-    // A reply after the last deadline of the batch is useless: every entry would count it as failed.
+    for (holding, ttl) in due {
+        holding.renewal_sent(sent_at, *ttl);
+    }
+    // A hold is renewed by nothing else while its renewal is in flight: a reply that stalls must not use
+    // up the time left, so after half of the shortest time left before a deadline of the batch the
+    // requests count as unconfirmed and are retried before the deadline.
     let limit = due
         .iter()
-        .map(|(_, ttl)| *ttl)
-        .max()
+        .map(|(holding, ttl)| {
+            holding.deadline().map_or(*ttl, |deadline| {
+                deadline.saturating_duration_since(sent_at) / 2
+            })
+        })
+        .min()
         .unwrap_or(Duration::from_secs(1));
     let batch: Vec<Renewal<'_, _>> = due
         .iter()
@@ -249,21 +307,26 @@ async fn renew_batch(
         holding.apply_renewal(sent_at, *ttl, outcome);
     }
     unanswered.answered = true;
-    watchdog.wake.notify_one();
+    watchdog.poke();
 }
 
 /// The holds of a batch whose replies are not in yet.
 struct Unanswered {
     due: Vec<(Arc<Holding>, Duration)>,
-    sent_at: Instant,
+    /// `None` until the batch goes out.
+    sent_at: Option<Instant>,
     answered: bool,
 }
 
 impl Drop for Unanswered {
     fn drop(&mut self) {
-        if !self.answered {
-            for (holding, ttl) in &self.due {
-                holding.renewal_abandoned(self.sent_at, *ttl);
+        if self.answered {
+            return;
+        }
+        for (holding, ttl) in &self.due {
+            match self.sent_at {
+                Some(sent_at) => holding.renewal_abandoned(sent_at, *ttl),
+                None => holding.renewal_not_sent(),
             }
         }
     }

@@ -233,3 +233,27 @@ async fn close_waits_for_the_release_of_a_dropped_guard() {
         "close() returned before the dropped guard was released"
     );
 }
+
+/// `Duration::MAX` as "forever" for a lease, an extend or a wait limit: the deadline arithmetic must
+/// saturate, not panic in `validity_deadline()`, `lost()` or `acquire()`.
+#[tokio::test]
+async fn durations_of_duration_max_do_not_panic() {
+    let locks = Locks::new(MemoryBackend::new());
+    let lock = locks.lock("forever").unwrap();
+    let guard = lock
+        .options()
+        .lease(Duration::MAX)
+        .wait(Duration::MAX)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(guard.validity_deadline().unwrap() > std::time::Instant::now());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), guard.lost())
+            .await
+            .is_err()
+    );
+    guard.extend(Duration::MAX).await.unwrap();
+    assert_eq!(guard.state(), LockState::Held);
+    guard.release().await.unwrap();
+}

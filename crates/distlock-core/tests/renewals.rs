@@ -115,7 +115,7 @@ async fn a_grant_of_a_tenth_of_the_lease_is_renewed_in_time() {
     assert_eq!(guard.state(), LockState::Held);
 }
 
-/// `extend(1s)` moves the deadline 29 s earlier; the renewal after it gets no reply in time. `lost()`
+/// `extend(1s)` moves the deadline 29 s earlier; the client is then cut off. `lost()`
 /// and `state_changes()` must fire at the new deadline, not at a wake-up armed for the old one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_fires_at_a_deadline_moved_earlier() {
@@ -135,9 +135,10 @@ async fn lost_fires_at_a_deadline_moved_earlier() {
     let moved = async {
         // Both waiters are armed for the 30 s deadline before it moves.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        // The extend is answered at once; the renewal after it not before the new deadline.
-        a_backend.delay_renewals([Duration::ZERO, Duration::from_secs(20)]);
+        // The extend is answered at once; then the client is cut off, so no renewal after it is
+        // confirmed. (A renewal reply held back is retried in time, so it would not make a loss.)
         guard.extend(Duration::from_secs(1)).await.unwrap();
+        a_backend.freeze();
     };
     let (lost_after, changed_after, ()) = tokio::time::timeout(Duration::from_secs(5), async {
         tokio::join!(waited, watched, moved)
@@ -189,4 +190,76 @@ async fn a_cancelled_extend_counts_as_possibly_applied() {
     .await;
     assert!(cancelled.is_err(), "the extend was meant to be cut short");
     never_held_after_the_server_dropped_the_key(&guard, &b, Duration::from_secs(3)).await;
+}
+
+/// An `extend` whose reply stalls (the store applied it; the reply is held back far longer than the
+/// lease) must not stop the renewals of its hold: with one renewal in flight per hold, the watchdog
+/// skips the hold while the extend waits, so the extend has to give up in time for the watchdog to
+/// renew before the 30 s lease it set runs out. The holder is connected all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_extend_does_not_stop_the_renewals() {
+    let (a_backend, a, b) = two_clients();
+    let guard = a.lock("stalled-extend").unwrap().acquire().await.unwrap();
+    a_backend.delay_renewals([Duration::from_secs(120)]);
+    let (extended, ()) = tokio::join!(guard.extend(Duration::from_secs(30)), async {
+        // The extend's request reached the store at once; another one must follow before its lease
+        // runs out.
+        until_renewal_requests(&a_backend, 2, Duration::from_secs(25)).await;
+    });
+    assert!(
+        extended.is_err(),
+        "the extend got its reply after all: {extended:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+    assert!(
+        b.lock("stalled-extend")
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "the lease ran out on the store"
+    );
+}
+
+/// The watchdog's renewal (a third into the 30 s lease) gets no reply for far longer than the lease,
+/// while the client is otherwise connected. The batch must give up in time for a retry before the
+/// deadline; bounded by the lease it asked for, it waited past the deadline and the hold went Lost
+/// with its key still on the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_watchdog_renewal_is_retried_before_the_deadline() {
+    let (a_backend, a, b) = two_clients();
+    let guard = a.lock("stalled-renewal").unwrap().acquire().await.unwrap();
+    a_backend.delay_renewals([Duration::from_secs(120)]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(15)).await;
+    // The deadline from the acquire is about 20 s away: a retry must reach the store before it.
+    until_renewal_requests(&a_backend, 2, Duration::from_secs(19)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+    assert!(
+        b.lock("stalled-renewal")
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "the lease ran out on the store"
+    );
+}
+
+/// An `extend(1s)` whose reply is slow (the store applied it at once): while it is in flight it may
+/// have been applied, so the guard must not go on trusting the 30 s lease; once the 1 s is up on the
+/// store, the guard is not `Held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_extend_in_flight_never_leaves_the_guard_held_after_the_key_is_gone() {
+    let (a_backend, a, b) = two_clients();
+    let guard = a.lock("short-in-flight").unwrap().acquire().await.unwrap();
+    a_backend.delay_renewals([Duration::from_secs(3)]);
+    let (extended, ()) = tokio::join!(
+        guard.extend(Duration::from_secs(1)),
+        never_held_after_the_server_dropped_the_key(&guard, &b, Duration::from_millis(2500))
+    );
+    // Its reply came too late to count (the watchdog renewed in the meantime).
+    assert!(extended.is_err(), "{extended:?}");
 }
