@@ -441,7 +441,14 @@ impl RedisBackend {
     ) -> std::result::Result<(), RedisError> {
         let invocation = self.release_invocation(name, owner);
         let target = &self.inner.target;
-        match tokio::time::timeout(self.io(), invocation.invoke_async::<Value>(&mut conn)).await {
+        // On the `WAIT` connection the undo queues behind the acquire's `WAIT`, which blocks the
+        // connection for up to `wait_timeout`. Giving up earlier drops the last handle on the
+        // connection: it closes, and the server frees the blocked client with the undo unread.
+        let bound = match &self.inner.durable {
+            Some(_) => self.io() + self.config().wait_timeout,
+            None => self.io(),
+        };
+        match tokio::time::timeout(bound, invocation.invoke_async::<Value>(&mut conn)).await {
             Ok(Ok(value)) => parse_release(&value).map(|undone| {
                 if undone {
                     tracing::debug!(lock = %name, "undid an abandoned grant");
@@ -455,7 +462,7 @@ impl RedisBackend {
             Err(_) => Err(RedisError::Timeout {
                 what: "undo of an acquire",
                 target: target.shown.clone(),
-                after: self.io(),
+                after: bound,
             }),
         }
     }

@@ -414,3 +414,47 @@ async fn deleted_or_overwritten_key_is_lost_at_the_next_renewal_fault() {
         acquired.elapsed()
     );
 }
+
+/// With `wait_replicas` and a `wait_timeout` longer than the request bound (15 s here, the 5 s default
+/// request bound), an acquire whose future is dropped while its `WAIT` blocks (the replica is stopped)
+/// must still be undone once the `WAIT` ends: the undo queues behind it on the same connection, so that
+/// connection must stay open until then. Closing it earlier makes the server drop the blocked client
+/// with the undo unread, and the grant stays for the whole 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_of_an_acquire_dropped_in_wait_is_not_lost_fault() {
+    let (master, mut replica) = master_and_replica();
+    let wait_timeout = Duration::from_secs(15);
+    let config = RedisConfig::new(master.addr().to_string()).with_wait_replicas(1, wait_timeout);
+    let backend = RedisBackend::from_config(config).await.expect("connect");
+    let locks = Locks::new(backend);
+    let name = unique("undo-in-wait");
+    let lock = locks.lock(&name).unwrap();
+
+    replica.pause().unwrap();
+    let started = Instant::now();
+    let attempt = tokio::spawn(async move { lock.try_acquire().await.map(|g| g.is_some()) });
+    // The acquire ran on the master and blocks in WAIT; the caller gives up.
+    let granted_at = started + Duration::from_secs(1);
+    while !exists(&master, &name) {
+        assert!(
+            Instant::now() < granted_at,
+            "the acquire never reached the master"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep_until(granted_at.into()).await;
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+
+    // The WAIT ends at `wait_timeout`; the undo queued behind it must run then, long before the lease.
+    let bound = started + wait_timeout + Duration::from_secs(3);
+    while exists(&master, &name) {
+        assert!(
+            Instant::now() < bound,
+            "an orphan grant outlives the WAIT it was undone behind: pttl {:?} ms",
+            master.command(&["PTTL", &name]).unwrap().as_int()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    replica.resume().unwrap();
+}
