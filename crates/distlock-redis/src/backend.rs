@@ -62,6 +62,10 @@ pub struct RedisBackend {
 struct Inner {
     target: Arc<Target>,
     link: Link,
+    /// Releases (and undos sent afresh) in Cluster: a link without redis-rs's own resends, so that a
+    /// release resent after a lost reply is known as such (see [`Link::without_resends`]). `None`
+    /// outside Cluster, where `link` never resends by itself.
+    release_link: Option<Link>,
     /// The dedicated connection for acquires with `WAIT` (only with `wait_replicas > 0`), one request
     /// at a time.
     durable: Option<(tokio::sync::Mutex<()>, Link)>,
@@ -203,6 +207,7 @@ impl RedisBackend {
             inner: Arc::new(Inner {
                 hub: Hub::start(target.clone()),
                 link: Link::new(),
+                release_link: cluster.then(Link::without_resends),
                 durable: durable.then(|| (tokio::sync::Mutex::new(()), Link::new())),
                 durable_renewals: durable.then(|| (tokio::sync::Mutex::new(()), Link::new())),
                 scripts: Scripts::new(),
@@ -228,6 +233,11 @@ impl RedisBackend {
     /// The configuration in use.
     pub fn config(&self) -> &RedisConfig {
         self.inner.target.config()
+    }
+
+    /// Where releases go: see [`Inner::release_link`].
+    fn release_link(&self) -> &Link {
+        self.inner.release_link.as_ref().unwrap_or(&self.inner.link)
     }
 
     fn io(&self) -> Duration {
@@ -720,7 +730,7 @@ impl Backend for RedisBackend {
         }
         let link = match &self.inner.durable {
             Some((_, link)) => link,
-            None => &self.inner.link,
+            None => self.release_link(),
         };
         match self.release_on(link, &request.name, &request.owner).await {
             Ok(true) => tracing::debug!(lock = %request.name, "undid an abandoned grant"),
@@ -773,7 +783,7 @@ impl Backend for RedisBackend {
 
     async fn release(&self, _lease: &RedisLease, name: &str, owner: &str) -> Result<Released> {
         let released = self
-            .release_on(&self.inner.link, name, owner)
+            .release_on(self.release_link(), name, owner)
             .await
             .map_err(|e| e.into_core(Some(name)))?;
         Ok(if released {

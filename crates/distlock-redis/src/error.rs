@@ -85,6 +85,14 @@ impl RedisError {
         }
     }
 
+    /// A Cluster `MOVED` or `ASK`: the node refused the request without running it.
+    pub(crate) fn is_redirect(&self) -> bool {
+        match self {
+            RedisError::Request { source, .. } => matches!(code(source), Some("MOVED" | "ASK")),
+            _ => false,
+        }
+    }
+
     pub(crate) fn breaks_connection(&self) -> bool {
         match self {
             RedisError::Timeout { .. } => true,
@@ -125,7 +133,16 @@ fn classify(e: &redis::RedisError) -> ErrorKind {
     }
     if matches!(
         code(e),
-        Some("READONLY" | "MASTERDOWN" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY")
+        Some(
+            "READONLY"
+                | "MASTERDOWN"
+                | "LOADING"
+                | "TRYAGAIN"
+                | "CLUSTERDOWN"
+                | "BUSY"
+                | "MOVED"
+                | "ASK"
+        )
     ) || matches!(
         e.kind(),
         redis::ErrorKind::MasterNameNotFoundBySentinel

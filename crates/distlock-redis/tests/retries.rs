@@ -458,3 +458,81 @@ async fn undo_of_an_acquire_dropped_in_wait_is_not_lost_fault() {
     }
     replica.resume().unwrap();
 }
+
+/// A one-node Redis Cluster reached through `proxy` only: the node announces the proxy's port, so the
+/// Cluster client's node connections go through it too.
+fn cluster_node_behind_a_proxy() -> (RedisServer, Proxy) {
+    let node = RedisServer::builder()
+        .with_cluster_bus()
+        .args(["--cluster-enabled", "yes"])
+        .args(["--cluster-config-file", "nodes.conf"])
+        .start_or_panic();
+    let proxy = Proxy::start_or_panic(node.addr());
+    let ok = |v: distlock_testkit::redis::RespValue| assert!(!v.is_error(), "{v}");
+    ok(node
+        .command(&["CONFIG", "SET", "cluster-announce-ip", "127.0.0.1"])
+        .unwrap());
+    ok(node
+        .command(&[
+            "CONFIG",
+            "SET",
+            "cluster-announce-port",
+            &proxy.port().to_string(),
+        ])
+        .unwrap());
+    ok(node
+        .command(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])
+        .unwrap());
+    let started = Instant::now();
+    loop {
+        let info = node.command(&["CLUSTER", "INFO"]).unwrap();
+        let slots = node.command(&["CLUSTER", "SLOTS"]).unwrap();
+        if info
+            .as_str()
+            .is_some_and(|i| i.contains("cluster_state:ok"))
+            && slots.to_string().contains(&proxy.port().to_string())
+        {
+            return (node, proxy);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the one-node cluster is not ready: {info} {slots}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Redis Cluster: the reply of a release is lost and the connection reset. The Cluster client must not
+/// resend the release behind distlock's back and answer `NotHeld` from the resend: the outcome is
+/// unknown (`Unavailable`), as on a single server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_lost_release_reply_is_not_not_held_fault() {
+    let (node, proxy) = cluster_node_behind_a_proxy();
+    let config = RedisConfig::cluster(vec![proxy.addr().to_string()])
+        .with_timeouts(Duration::from_secs(5), Duration::from_secs(3));
+    let backend = RedisBackend::from_config(config).await.expect("connect");
+    warm_up(&backend).await;
+
+    let name = unique("cluster-release");
+    let request = AcquireRequest::new(&name, "owner-a:1", Duration::from_secs(30));
+    let mut acquisition = backend.begin(&request).unwrap();
+    let Attempt::Acquired(grant) = backend
+        .try_acquire(&mut acquisition, &request)
+        .await
+        .unwrap()
+    else {
+        panic!("free lock not granted");
+    };
+    let raw = backend.clone();
+    let (n, o) = (name.clone(), request.owner.clone());
+    let outcome = lose_the_reply_of(&proxy, &node, &name, async move {
+        raw.release(&grant.lease, &n, &o).await
+    })
+    .await;
+    assert!(!exists(&node, &name), "the first attempt did not run");
+    match outcome {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}"),
+        Ok(Released::NotHeld) => panic!("a Cluster release whose reply was lost reported NotHeld"),
+        Ok(other) => panic!("unexpected {other:?}"),
+    }
+}
