@@ -30,7 +30,7 @@
 //! the one that deleted the lock, and the release fails with `Unavailable` ("the outcome is unknown")
 //! instead of answering `NotHeld`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,6 +73,11 @@ struct Inner {
     /// the acquires' connection would queue behind every acquire waiting for replicas.
     durable_renewals: Option<(tokio::sync::Mutex<()>, Link)>,
     hub: Hub,
+    /// Undos still queued behind an abandoned acquire on its (slow) connection, by (name, owner): the
+    /// entry's mutex is held until the undo's reply comes (or the connection fails, or the lease has
+    /// passed). The same owner's next acquire waits for it: sent on a fresh connection before the
+    /// late acquire and its undo land, it would be granted and then deleted by that undo.
+    pending_undos: std::sync::Mutex<HashMap<(String, String), PendingUndo>>,
     scripts: Scripts,
     /// `publish`, or `spublish` in Cluster (sharded pub/sub, as Redisson uses on Redis ≥ 7).
     publish: &'static str,
@@ -85,6 +90,9 @@ impl fmt::Debug for RedisBackend {
             .finish_non_exhaustive()
     }
 }
+
+/// Held by the task of an undo still queued behind its acquire (see `Inner::pending_undos`).
+type PendingUndo = Arc<tokio::sync::Mutex<()>>;
 
 /// What the Redis backend keeps for a held lock: nothing beyond the name and owner the core passes.
 #[derive(Debug)]
@@ -206,6 +214,7 @@ impl RedisBackend {
         let backend = Self {
             inner: Arc::new(Inner {
                 hub: Hub::start(target.clone()),
+                pending_undos: std::sync::Mutex::new(HashMap::new()),
                 link: Link::new(),
                 release_link: cluster.then(Link::without_resends),
                 durable: durable.then(|| (tokio::sync::Mutex::new(()), Link::new())),
@@ -238,6 +247,71 @@ impl RedisBackend {
     /// Where releases go: see [`Inner::release_link`].
     fn release_link(&self) -> &Link {
         self.inner.release_link.as_ref().unwrap_or(&self.inner.link)
+    }
+
+    /// How long an undo on an acquire's connection may take: on the `WAIT` connection it queues behind
+    /// the acquire's `WAIT`, which blocks the connection for up to `wait_timeout`. Giving up earlier
+    /// drops the last handle on the connection: it closes, and the server frees the blocked client
+    /// with the undo unread.
+    fn undo_bound(&self) -> Duration {
+        match &self.inner.durable {
+            Some(_) => self.io() + self.config().wait_timeout,
+            None => self.io(),
+        }
+    }
+
+    /// Waits until the requests sent so far on `conn` have run (a `PING` sent after them is answered),
+    /// the connection fails (it delivers nothing more), or `within` has passed. Outside Cluster only:
+    /// a Cluster connection sends a `PING` to any node.
+    async fn settle(&self, mut conn: Conn, within: Duration) {
+        if self.inner.target.is_cluster() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let ping = redis::cmd("PING");
+            let answered =
+                tokio::time::timeout_at(deadline, ping.query_async::<Value>(&mut conn)).await;
+            match answered {
+                Ok(Err(e)) if e.is_timeout() => continue,
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "the connection of an undo failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!("no reply on the connection of an undo within the lease; the same owner may acquire again");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Waits until no undo of this owner's earlier acquire is still queued (see
+    /// [`Inner::pending_undos`]), at most the request bound.
+    async fn after_pending_undo(
+        &self,
+        request: &AcquireRequest,
+    ) -> std::result::Result<(), RedisError> {
+        let key = (request.name.clone(), request.owner.clone());
+        let pending = self
+            .inner
+            .pending_undos
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+            .cloned();
+        let Some(pending) = pending else {
+            return Ok(());
+        };
+        let waited = tokio::time::timeout(self.io(), pending.lock()).await;
+        match waited {
+            Ok(_) => Ok(()),
+            Err(_) => Err(RedisError::UndoPending {
+                target: self.inner.target.shown.clone(),
+                after: self.io(),
+            }),
+        }
     }
 
     fn io(&self) -> Duration {
@@ -391,7 +465,10 @@ impl RedisBackend {
             if confirmed < required {
                 // Undo on the same connection, so the delete is ordered after the grant.
                 let undone = match &sent.conn {
-                    Some(conn) => self.undo_on(conn.clone(), name, &request.owner).await,
+                    Some(conn) => {
+                        self.undo_on(conn.clone(), name, &request.owner, self.undo_bound())
+                            .await
+                    }
                     None => self
                         .release_on(link, name, &request.owner)
                         .await
@@ -448,16 +525,10 @@ impl RedisBackend {
         mut conn: Conn,
         name: &str,
         owner: &str,
+        bound: Duration,
     ) -> std::result::Result<(), RedisError> {
         let invocation = self.release_invocation(name, owner);
         let target = &self.inner.target;
-        // On the `WAIT` connection the undo queues behind the acquire's `WAIT`, which blocks the
-        // connection for up to `wait_timeout`. Giving up earlier drops the last handle on the
-        // connection: it closes, and the server frees the blocked client with the undo unread.
-        let bound = match &self.inner.durable {
-            Some(_) => self.io() + self.config().wait_timeout,
-            None => self.io(),
-        };
         match tokio::time::timeout(bound, invocation.invoke_async::<Value>(&mut conn)).await {
             Ok(Ok(value)) => parse_release(&value).map(|undone| {
                 if undone {
@@ -654,6 +725,9 @@ impl Backend for RedisBackend {
             // Messages from now on count: one arriving during this try makes the next wait return.
             sub.mark_seen();
         }
+        self.after_pending_undo(request)
+            .await
+            .map_err(|e| e.into_core(Some(&request.name)))?;
         acquisition.maybe_granted = true;
         acquisition.sent = Sent::default();
         let outcome = self
@@ -721,10 +795,51 @@ impl Backend for RedisBackend {
             return;
         }
         if let Some(conn) = sent.conn {
-            match self.undo_on(conn, &request.name, &request.owner).await {
-                Ok(()) => return,
-                Err(e) => {
+            // The undo goes on in a task of its own until its reply comes (or the lease has passed),
+            // keeping the connection open, and the same owner's next acquire waits for it.
+            let key = (request.name.clone(), request.owner.clone());
+            let pending = Arc::new(tokio::sync::Mutex::new(()));
+            let held = pending.clone().try_lock_owned().ok();
+            self.inner
+                .pending_undos
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(key.clone(), pending.clone());
+            let this = self.clone();
+            let lingering = request.lease.max(self.undo_bound());
+            let mut undo = tokio::spawn(async move {
+                let undone = this
+                    .undo_on(conn.clone(), &key.0, &key.1, this.undo_bound())
+                    .await;
+                if undone.as_ref().is_err_and(|e| !e.is_broken_connection()) {
+                    // No reply in time (redis-rs gives up on it after its response timeout too): the
+                    // undo may still be on its way. Wait for a later reply on the connection.
+                    this.settle(conn, lingering).await;
+                }
+                let mut pending_undos = this
+                    .inner
+                    .pending_undos
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if pending_undos
+                    .get(&key)
+                    .is_some_and(|p| Arc::ptr_eq(p, &pending))
+                {
+                    pending_undos.remove(&key);
+                }
+                drop(held);
+                undone
+            });
+            match tokio::time::timeout(self.undo_bound(), &mut undo).await {
+                Ok(Ok(Ok(()))) => return,
+                Ok(Ok(Err(e))) => {
                     tracing::debug!(lock = %request.name, error = %e, "undo on the acquire's connection failed; undoing on a fresh one too")
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(lock = %request.name, error = %e, "the undo task failed; undoing on a fresh connection")
+                }
+                Err(_) => {
+                    tracing::debug!(lock = %request.name, "the undo is still queued behind the acquire; undoing on a fresh connection too")
                 }
             }
         }

@@ -39,6 +39,8 @@ pub(crate) enum RedisError {
     /// A release was sent twice (the connection broke under the first attempt, its reply lost) and
     /// the second found nothing of this owner's: the first may have deleted the lock, or it had expired.
     ReleaseOutcomeUnknown { target: String },
+    /// The undo of this owner's earlier, abandoned acquire is still queued behind it.
+    UndoPending { target: String, after: Duration },
 }
 
 impl RedisError {
@@ -58,9 +60,9 @@ impl RedisError {
             RedisError::Connect { source, .. } | RedisError::Request { source, .. } => {
                 classify(source)
             }
-            RedisError::Timeout { .. } | RedisError::ReleaseOutcomeUnknown { .. } => {
-                ErrorKind::Unavailable
-            }
+            RedisError::Timeout { .. }
+            | RedisError::ReleaseOutcomeUnknown { .. }
+            | RedisError::UndoPending { .. } => ErrorKind::Unavailable,
             RedisError::Reply { .. } => ErrorKind::Protocol,
             RedisError::Replicas {
                 confirmed,
@@ -213,6 +215,11 @@ impl fmt::Display for RedisError {
             } => write!(
                 f,
                 "WAIT: {confirmed} of {required} required replicas confirmed the write in time; the grant was undone"
+            ),
+            RedisError::UndoPending { target, after } => write!(
+                f,
+                "acquire on {target}: the undo of this owner's earlier, abandoned acquire is not confirmed after {}: it is queued behind that acquire on a slow connection, and would delete a grant made now; try again",
+                distlock_core::duration::format(*after)
             ),
             RedisError::ReleaseOutcomeUnknown { target } => write!(
                 f,

@@ -536,3 +536,67 @@ async fn cluster_lost_release_reply_is_not_not_held_fault() {
         Ok(other) => panic!("unexpected {other:?}"),
     }
 }
+
+/// An acquire is delayed on its way (3 s) and times out at the 1 s request bound; the undo queued
+/// behind it on its connection is still on its way when `try_acquire` returns the error. The same
+/// `Lock` (the same owner) tries again at once and is granted on a fresh connection. The late acquire
+/// and then its undo land after that grant: the undo must not delete the new hold of the same owner
+/// (the core would call it Held while another client takes the lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_undo_does_not_delete_the_same_owners_next_hold_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend_at(proxy.addr(), Duration::from_secs(1)).await;
+    warm_up(&backend).await;
+    let locks = Locks::new(backend);
+    let name = unique("late-undo");
+    let lock = locks.lock(&name).unwrap();
+
+    let delay = Duration::from_secs(3);
+    proxy.delay(delay).unwrap();
+    let started = Instant::now();
+    let first = {
+        let attempt = lock.try_acquire();
+        tokio::pin!(attempt);
+        tokio::select! {
+            outcome = &mut attempt => outcome.map(|g| g.is_some()),
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                // Held in the proxy; from now on new traffic passes at once.
+                proxy.pass().unwrap();
+                attempt.await.map(|g| g.is_some())
+            }
+        }
+    };
+    assert!(first.is_err(), "the acquire should time out: {first:?}");
+    // Try again until granted (an attempt may fail while the earlier undo is on its way).
+    let guard = loop {
+        match lock.try_acquire().await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("the lock is held by someone else"),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "never granted: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    eprintln!(
+        "granted at {:?} token {:?}",
+        started.elapsed(),
+        guard.token()
+    );
+    // The late acquire and its undo have landed by `delay` and a bit.
+    tokio::time::sleep_until((started + delay + Duration::from_millis(1500)).into()).await;
+    assert_eq!(guard.state(), distlock_core::LockState::Held);
+    let other = Locks::new(backend_at(server.addr(), Duration::from_secs(5)).await);
+    let stolen = other.lock(&name).unwrap().try_acquire().await.unwrap();
+    assert!(
+        stolen.is_none(),
+        "two holders: the late undo deleted the same owner's new hold (key exists: {})",
+        exists(&server, &name)
+    );
+    guard.release().await.unwrap();
+}
