@@ -260,16 +260,14 @@ impl RedisBackend {
         }
     }
 
-    /// Waits until the requests sent so far on `conn` have run (a `PING` sent after them is answered),
-    /// the connection fails (it delivers nothing more), or `within` has passed. Outside Cluster only:
-    /// a Cluster connection sends a `PING` to any node.
-    async fn settle(&self, mut conn: Conn, within: Duration) {
-        if self.inner.target.is_cluster() {
-            return;
-        }
+    /// Waits until the requests on `name` sent so far on `conn` have run (an `EXISTS` of the lock sent
+    /// after them is answered: keyed, so that a Cluster connection sends it to the same node), the
+    /// connection fails (it delivers nothing more), or `within` has passed.
+    async fn settle(&self, mut conn: Conn, name: &str, within: Duration) {
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            let ping = redis::cmd("PING");
+            let mut ping = redis::cmd("EXISTS");
+            ping.arg(layout::lock_key(name));
             let answered =
                 tokio::time::timeout_at(deadline, ping.query_async::<Value>(&mut conn)).await;
             match answered {
@@ -814,7 +812,7 @@ impl Backend for RedisBackend {
                 if undone.as_ref().is_err_and(|e| !e.is_broken_connection()) {
                     // No reply in time (redis-rs gives up on it after its response timeout too): the
                     // undo may still be on its way. Wait for a later reply on the connection.
-                    this.settle(conn, lingering).await;
+                    this.settle(conn, &key.0, lingering).await;
                 }
                 let mut pending_undos = this
                     .inner

@@ -547,6 +547,33 @@ async fn late_undo_does_not_delete_the_same_owners_next_hold_fault() {
     let server = RedisServer::start_or_panic();
     let proxy = Proxy::start_or_panic(server.addr());
     let backend = backend_at(proxy.addr(), Duration::from_secs(1)).await;
+    let other = backend_at(server.addr(), Duration::from_secs(5)).await;
+    late_undo_spares_the_next_hold(backend, other, &server, &proxy).await;
+}
+
+/// The same in Redis Cluster (a one-node Cluster behind the proxy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_late_undo_does_not_delete_the_same_owners_next_hold_fault() {
+    let (node, proxy) = cluster_node_behind_a_proxy();
+    let cluster = |io| {
+        RedisConfig::cluster(vec![proxy.addr().to_string()])
+            .with_timeouts(io, Duration::from_secs(3))
+    };
+    let backend = RedisBackend::from_config(cluster(Duration::from_secs(1)))
+        .await
+        .expect("connect");
+    let other = RedisBackend::from_config(cluster(Duration::from_secs(5)))
+        .await
+        .expect("connect");
+    late_undo_spares_the_next_hold(backend, other, &node, &proxy).await;
+}
+
+async fn late_undo_spares_the_next_hold(
+    backend: RedisBackend,
+    other: RedisBackend,
+    server: &RedisServer,
+    proxy: &Proxy,
+) {
     warm_up(&backend).await;
     let locks = Locks::new(backend);
     let name = unique("late-undo");
@@ -583,20 +610,15 @@ async fn late_undo_does_not_delete_the_same_owners_next_hold_fault() {
             }
         }
     };
-    eprintln!(
-        "granted at {:?} token {:?}",
-        started.elapsed(),
-        guard.token()
-    );
     // The late acquire and its undo have landed by `delay` and a bit.
     tokio::time::sleep_until((started + delay + Duration::from_millis(1500)).into()).await;
     assert_eq!(guard.state(), distlock_core::LockState::Held);
-    let other = Locks::new(backend_at(server.addr(), Duration::from_secs(5)).await);
+    let other = Locks::new(other);
     let stolen = other.lock(&name).unwrap().try_acquire().await.unwrap();
     assert!(
         stolen.is_none(),
         "two holders: the late undo deleted the same owner's new hold (key exists: {})",
-        exists(&server, &name)
+        exists(server, &name)
     );
     guard.release().await.unwrap();
 }
