@@ -97,7 +97,8 @@ type PendingUndo = Arc<tokio::sync::Mutex<()>>;
 /// What the Redis backend keeps for a held lock: nothing beyond the name and owner the core passes.
 #[derive(Debug)]
 pub struct RedisLease {
-    _private: (),
+    /// The lease asked for: how long a release still on its way is waited for (see `release`).
+    lease: Duration,
 }
 
 /// An acquire under way: the channel subscription, once the first wait made it.
@@ -282,6 +283,55 @@ impl RedisBackend {
                     return;
                 }
             }
+        }
+    }
+
+    /// A release (or undo) of this owner that failed without a reply may still be on its way on `conn`
+    /// (a connection that broke delivers nothing more; one that timed out may): until a later reply
+    /// on `conn` shows it ran, the same owner's next acquire waits (see [`Inner::pending_undos`]).
+    /// A release that lands after that acquire's grant would delete it.
+    fn settle_in_background(
+        &self,
+        error: &RedisError,
+        sent: Sent,
+        name: &str,
+        owner: &str,
+        within: Duration,
+    ) {
+        let Some(conn) = sent.conn else {
+            return;
+        };
+        if error.is_broken_connection() {
+            return;
+        }
+        let key = (name.to_string(), owner.to_string());
+        let pending = Arc::new(tokio::sync::Mutex::new(()));
+        let held = pending.clone().try_lock_owned().ok();
+        self.inner
+            .pending_undos
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone(), pending.clone());
+        let this = self.clone();
+        tokio::spawn(async move {
+            this.settle(conn, &key.0, within).await;
+            this.forget_pending(&key, &pending);
+            drop(held);
+        });
+    }
+
+    /// Removes `pending` from [`Inner::pending_undos`] unless a later one took its place.
+    fn forget_pending(&self, key: &(String, String), pending: &PendingUndo) {
+        let mut pending_undos = self
+            .inner
+            .pending_undos
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if pending_undos
+            .get(key)
+            .is_some_and(|p| Arc::ptr_eq(p, pending))
+        {
+            pending_undos.remove(key);
         }
     }
 
@@ -503,9 +553,20 @@ impl RedisBackend {
         name: &str,
         owner: &str,
     ) -> std::result::Result<bool, RedisError> {
-        let mut sent = Sent::default();
+        self.release_on_tracked(link, name, owner, &mut Sent::default())
+            .await
+    }
+
+    /// [`release_on`](Self::release_on), recording where it went in `sent`.
+    async fn release_on_tracked(
+        &self,
+        link: &Link,
+        name: &str,
+        owner: &str,
+        sent: &mut Sent,
+    ) -> std::result::Result<bool, RedisError> {
         let invocation = self.release_invocation(name, owner);
-        let value = self.script(link, "release", invocation, &mut sent).await?;
+        let value = self.script(link, "release", invocation, sent).await?;
         match parse_release(&value)? {
             false if sent.resent => Err(RedisError::ReleaseOutcomeUnknown {
                 target: self.inner.target.shown.clone(),
@@ -734,9 +795,11 @@ impl Backend for RedisBackend {
             .map_err(|e| e.into_core(Some(&request.name)))?;
         match outcome {
             Outcome::Granted { token, pttl } => Ok(Attempt::Acquired(
-                Grant::new(RedisLease { _private: () })
-                    .with_token(FencingToken::new(token))
-                    .with_ttl(pttl.unwrap_or(request.lease).min(request.lease)),
+                Grant::new(RedisLease {
+                    lease: request.lease,
+                })
+                .with_token(FencingToken::new(token))
+                .with_ttl(pttl.unwrap_or(request.lease).min(request.lease)),
             )),
             Outcome::Busy { pttl } => {
                 acquisition.maybe_granted = false;
@@ -814,17 +877,7 @@ impl Backend for RedisBackend {
                     // undo may still be on its way. Wait for a later reply on the connection.
                     this.settle(conn, &key.0, lingering).await;
                 }
-                let mut pending_undos = this
-                    .inner
-                    .pending_undos
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if pending_undos
-                    .get(&key)
-                    .is_some_and(|p| Arc::ptr_eq(p, &pending))
-                {
-                    pending_undos.remove(&key);
-                }
+                this.forget_pending(&key, &pending);
                 drop(held);
                 undone
             });
@@ -845,7 +898,15 @@ impl Backend for RedisBackend {
             Some((_, link)) => link,
             None => self.release_link(),
         };
-        match self.release_on(link, &request.name, &request.owner).await {
+        let mut sent = Sent::default();
+        let undone = self
+            .release_on_tracked(link, &request.name, &request.owner, &mut sent)
+            .await;
+        if let Err(e) = &undone {
+            let lingering = request.lease.max(self.undo_bound());
+            self.settle_in_background(e, sent, &request.name, &request.owner, lingering);
+        }
+        match undone {
             Ok(true) => tracing::debug!(lock = %request.name, "undid an abandoned grant"),
             Ok(false) => {}
             Err(RedisError::ReleaseOutcomeUnknown { .. }) => {
@@ -894,11 +955,15 @@ impl Backend for RedisBackend {
             .collect()
     }
 
-    async fn release(&self, _lease: &RedisLease, name: &str, owner: &str) -> Result<Released> {
+    async fn release(&self, lease: &RedisLease, name: &str, owner: &str) -> Result<Released> {
+        let mut sent = Sent::default();
         let released = self
-            .release_on(self.release_link(), name, owner)
-            .await
-            .map_err(|e| e.into_core(Some(name)))?;
+            .release_on_tracked(self.release_link(), name, owner, &mut sent)
+            .await;
+        if let Err(e) = &released {
+            self.settle_in_background(e, sent, name, owner, lease.lease.max(self.io()));
+        }
+        let released = released.map_err(|e| e.into_core(Some(name)))?;
         Ok(if released {
             Released::Released
         } else {

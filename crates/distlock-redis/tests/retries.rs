@@ -622,3 +622,59 @@ async fn late_undo_spares_the_next_hold(
     );
     guard.release().await.unwrap();
 }
+
+/// A release is delayed on its way (3 s) and times out at the 1 s request bound (`Unavailable`). The
+/// same `Lock` (the same owner) acquires again at once: the late release must not delete that new
+/// hold when it lands (the core would call it Held while another client takes the lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_release_does_not_delete_the_same_owners_next_hold_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend_at(proxy.addr(), Duration::from_secs(1)).await;
+    let other = Locks::new(backend_at(server.addr(), Duration::from_secs(5)).await);
+    warm_up(&backend).await;
+    let locks = Locks::new(backend);
+    let name = unique("late-release");
+    let lock = locks.lock(&name).unwrap();
+    let first = lock.acquire().await.unwrap();
+
+    let delay = Duration::from_secs(3);
+    proxy.delay(delay).unwrap();
+    let started = Instant::now();
+    let released = {
+        let release = first.release();
+        tokio::pin!(release);
+        tokio::select! {
+            outcome = &mut release => outcome,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                proxy.pass().unwrap();
+                release.await
+            }
+        }
+    };
+    let e = released.expect_err("the release should time out");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    let guard = loop {
+        match lock.try_acquire().await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("the lock is held by someone else"),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "never granted: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    tokio::time::sleep_until((started + delay + Duration::from_millis(1500)).into()).await;
+    assert_eq!(guard.state(), distlock_core::LockState::Held);
+    let stolen = other.lock(&name).unwrap().try_acquire().await.unwrap();
+    assert!(
+        stolen.is_none(),
+        "two holders: the late release deleted the same owner's new hold (key exists: {})",
+        exists(&server, &name)
+    );
+    guard.release().await.unwrap();
+}
