@@ -263,7 +263,7 @@ impl RedisBackend {
 
     /// Waits until the requests on `name` sent so far on `conn` have run (an `EXISTS` of the lock sent
     /// after them is answered: keyed, so that a Cluster connection sends it to the same node), the
-    /// connection fails (it delivers nothing more), or `within` has passed.
+    /// connection fails (nothing more gets onto the server through it), or `within` has passed.
     async fn settle(&self, mut conn: Conn, name: &str, within: Duration) {
         let deadline = tokio::time::Instant::now() + within;
         loop {
@@ -287,7 +287,7 @@ impl RedisBackend {
     }
 
     /// A release (or undo) of this owner that failed without a reply may still be on its way on `conn`
-    /// (a connection that broke delivers nothing more; one that timed out may): until a later reply
+    /// (a connection that broke carries nothing more; one that timed out may): until a later reply
     /// on `conn` shows it ran, the same owner's next acquire waits (see [`Inner::pending_undos`]).
     /// A release that lands after that acquire's grant would delete it.
     fn settle_in_background(
@@ -315,6 +315,59 @@ impl RedisBackend {
         let this = self.clone();
         tokio::spawn(async move {
             this.settle(conn, &key.0, within).await;
+            this.forget_pending(&key, &pending);
+            drop(held);
+        });
+    }
+
+    /// Where an undo goes when the acquire's own connection cannot take it.
+    fn undo_link(&self) -> &Link {
+        match &self.inner.durable {
+            Some((_, link)) => link,
+            None => self.release_link(),
+        }
+    }
+
+    /// The undo could not be sent (or confirmed) on a fresh connection either: the server may be
+    /// stalled or unreachable, and an acquire it already received still runs when it is back (even
+    /// if the connection was reset meanwhile: Redis reads what its socket buffer holds). So the undo is
+    /// sent again until one gets an answer, for at most the lease; until then the same owner's next
+    /// acquire waits (see [`Inner::pending_undos`]), as the undo would delete its grant.
+    fn undo_in_background(&self, error: &RedisError, sent: Sent, request: &AcquireRequest) {
+        let key = (request.name.clone(), request.owner.clone());
+        let pending = Arc::new(tokio::sync::Mutex::new(()));
+        let held = pending.clone().try_lock_owned().ok();
+        self.inner
+            .pending_undos
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone(), pending.clone());
+        let this = self.clone();
+        let lease = request.lease.max(self.undo_bound());
+        let deadline = tokio::time::Instant::now() + lease;
+        let unsettled = sent.conn.filter(|_| !error.is_broken_connection());
+        tokio::spawn(async move {
+            if let Some(conn) = unsettled {
+                this.settle(conn, &key.0, lease).await;
+            }
+            let mut pause = Duration::from_millis(100);
+            loop {
+                if tokio::time::Instant::now() + pause >= deadline {
+                    tracing::warn!(lock = %key.0, "could not undo an abandoned acquire; it expires with its lease");
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                match this.release_on(this.undo_link(), &key.0, &key.1).await {
+                    Ok(_) | Err(RedisError::ReleaseOutcomeUnknown { .. }) => {
+                        tracing::debug!(lock = %key.0, "undid an abandoned acquire in the background");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(lock = %key.0, error = %e, "the undo failed again");
+                        pause = (pause * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
             this.forget_pending(&key, &pending);
             drop(held);
         });
@@ -843,8 +896,11 @@ impl Backend for RedisBackend {
     /// The undo is a compare-and-delete by owner, sent on the connection the last try went on, so it
     /// runs after that try however late the try arrives (a delayed request that timed out here may still
     /// reach the server). If that connection fails (broken, or no reply in time), the undo is sent again
-    /// on the current connection: a broken connection delivers nothing more, so a try that is not on the
-    /// server by then never will be; a timed-out one still has the first undo queued behind the try.
+    /// on the current connection. A try the server already received still runs after its connection
+    /// was reset (Redis reads its socket buffer), e.g. on a stalled server: a fresh connection reaches
+    /// the server only after that, and if the undo cannot get through, it is retried in the background
+    /// (at most the lease); a timed-out one still has the first undo queued behind the try. Until an
+    /// undo (or release) still on its way is settled, the same owner's next acquire waits.
     async fn abandon(&self, acquisition: RedisAcquisition, request: &AcquireRequest) {
         let RedisAcquisition {
             subscription,
@@ -894,18 +950,10 @@ impl Backend for RedisBackend {
                 }
             }
         }
-        let link = match &self.inner.durable {
-            Some((_, link)) => link,
-            None => self.release_link(),
-        };
         let mut sent = Sent::default();
         let undone = self
-            .release_on_tracked(link, &request.name, &request.owner, &mut sent)
+            .release_on_tracked(self.undo_link(), &request.name, &request.owner, &mut sent)
             .await;
-        if let Err(e) = &undone {
-            let lingering = request.lease.max(self.undo_bound());
-            self.settle_in_background(e, sent, &request.name, &request.owner, lingering);
-        }
         match undone {
             Ok(true) => tracing::debug!(lock = %request.name, "undid an abandoned grant"),
             Ok(false) => {}
@@ -913,7 +961,8 @@ impl Backend for RedisBackend {
                 tracing::debug!(lock = %request.name, "the undo was sent twice; either attempt removed the grant, or there was none")
             }
             Err(e) => {
-                tracing::warn!(lock = %request.name, error = %e, "could not undo an abandoned acquire; it expires with its lease")
+                tracing::warn!(lock = %request.name, error = %e, "could not undo an abandoned acquire yet; trying again in the background until its lease has passed");
+                self.undo_in_background(&e, sent, request);
             }
         }
     }

@@ -678,3 +678,41 @@ async fn late_release_does_not_delete_the_same_owners_next_hold_fault() {
     );
     guard.release().await.unwrap();
 }
+
+/// The server stalls (SIGSTOP) with an acquire in its socket buffer, and the acquire's connection is
+/// reset on the way (a middlebox; here the proxy): a request the server has received still runs when
+/// the server resumes, even after the reset. The resend and the undo cannot reach the stalled server
+/// (1 s connect bound), so `try_acquire` fails; once the server is back, the grant it then makes must
+/// still be undone, not left for the 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_after_the_server_stalled_with_the_acquire_buffered_fault() {
+    let mut server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let config = RedisConfig::new(proxy.addr().to_string())
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(1));
+    let backend = RedisBackend::from_config(config).await.expect("connect");
+    warm_up(&backend).await;
+    let locks = Locks::new(backend);
+    let name = unique("stalled");
+    let lock = locks.lock(&name).unwrap();
+
+    server.pause().unwrap();
+    let attempt = tokio::spawn(async move { lock.try_acquire().await.map(|g| g.is_some()) });
+    // The acquire reaches the stalled server's socket buffer; then the connection is reset.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.reset().unwrap();
+    let outcome = attempt.await.unwrap();
+    assert!(outcome.is_err(), "the acquire cannot succeed: {outcome:?}");
+    server.resume().unwrap();
+    let resumed = Instant::now();
+    // The buffered acquire runs now; the undo must follow within a few seconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while exists(&server, &name) {
+        assert!(
+            resumed.elapsed() < Duration::from_secs(8),
+            "an orphan grant stays for its lease: pttl {:?} ms",
+            server.command(&["PTTL", &name]).unwrap().as_int()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
