@@ -94,6 +94,23 @@ impl fmt::Debug for RedisBackend {
 /// Held by the task of an undo still queued behind its acquire (see `Inner::pending_undos`).
 type PendingUndo = Arc<tokio::sync::Mutex<()>>;
 
+/// The hold on a [`PendingUndo`], and the entry it replaced.
+struct PendingGuard {
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+    previous: Option<PendingUndo>,
+}
+
+impl PendingGuard {
+    /// Lets the same owner's acquires go, once the entry this one replaced is settled too (at most
+    /// `within`).
+    async fn release(self, within: Duration) {
+        if let Some(previous) = self.previous {
+            let _ = tokio::time::timeout(within, previous.lock()).await;
+        }
+        drop(self.held);
+    }
+}
+
 /// What the Redis backend keeps for a held lock: nothing beyond the name and owner the core passes.
 #[derive(Debug)]
 pub struct RedisLease {
@@ -305,18 +322,12 @@ impl RedisBackend {
             return;
         }
         let key = (name.to_string(), owner.to_string());
-        let pending = Arc::new(tokio::sync::Mutex::new(()));
-        let held = pending.clone().try_lock_owned().ok();
-        self.inner
-            .pending_undos
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key.clone(), pending.clone());
+        let (pending, held) = self.register_pending(&key);
         let this = self.clone();
         tokio::spawn(async move {
             this.settle(conn, &key.0, within).await;
+            held.release(within).await;
             this.forget_pending(&key, &pending);
-            drop(held);
         });
     }
 
@@ -335,13 +346,7 @@ impl RedisBackend {
     /// acquire waits (see [`Inner::pending_undos`]), as the undo would delete its grant.
     fn undo_in_background(&self, error: &RedisError, sent: Sent, request: &AcquireRequest) {
         let key = (request.name.clone(), request.owner.clone());
-        let pending = Arc::new(tokio::sync::Mutex::new(()));
-        let held = pending.clone().try_lock_owned().ok();
-        self.inner
-            .pending_undos
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key.clone(), pending.clone());
+        let (pending, held) = self.register_pending(&key);
         let this = self.clone();
         let lease = request.lease.max(self.undo_bound());
         let deadline = tokio::time::Instant::now() + lease;
@@ -368,9 +373,24 @@ impl RedisBackend {
                     }
                 }
             }
+            held.release(lease).await;
             this.forget_pending(&key, &pending);
-            drop(held);
         });
+    }
+
+    /// Registers a pending undo or release for `key` (see [`Inner::pending_undos`]), held until the
+    /// returned guard is dropped. One registered before for the same key and still held is waited for
+    /// too: the new entry's guard is only released once that one is (see [`PendingGuard`]).
+    fn register_pending(&self, key: &(String, String)) -> (PendingUndo, PendingGuard) {
+        let pending = Arc::new(tokio::sync::Mutex::new(()));
+        let held = pending.clone().try_lock_owned().ok();
+        let previous = self
+            .inner
+            .pending_undos
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone(), pending.clone());
+        (pending, PendingGuard { held, previous })
     }
 
     /// Removes `pending` from [`Inner::pending_undos`] unless a later one took its place.
@@ -915,13 +935,7 @@ impl Backend for RedisBackend {
             // The undo goes on in a task of its own until its reply comes (or the lease has passed),
             // keeping the connection open, and the same owner's next acquire waits for it.
             let key = (request.name.clone(), request.owner.clone());
-            let pending = Arc::new(tokio::sync::Mutex::new(()));
-            let held = pending.clone().try_lock_owned().ok();
-            self.inner
-                .pending_undos
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(key.clone(), pending.clone());
+            let (pending, held) = self.register_pending(&key);
             let this = self.clone();
             let lingering = request.lease.max(self.undo_bound());
             let mut undo = tokio::spawn(async move {
@@ -933,8 +947,8 @@ impl Backend for RedisBackend {
                     // undo may still be on its way. Wait for a later reply on the connection.
                     this.settle(conn, &key.0, lingering).await;
                 }
+                held.release(lingering).await;
                 this.forget_pending(&key, &pending);
-                drop(held);
                 undone
             });
             match tokio::time::timeout(self.undo_bound(), &mut undo).await {
