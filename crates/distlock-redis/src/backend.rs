@@ -30,7 +30,7 @@
 //! the one that deleted the lock, and the release fails with `Unavailable` ("the outcome is unknown")
 //! instead of answering `NotHeld`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +62,10 @@ pub struct RedisBackend {
 struct Inner {
     target: Arc<Target>,
     link: Link,
+    /// Releases (and undos sent afresh) in Cluster: a link without redis-rs's own resends, so that a
+    /// release resent after a lost reply is known as such (see [`Link::without_resends`]). `None`
+    /// outside Cluster, where `link` never resends by itself.
+    release_link: Option<Link>,
     /// The dedicated connection for acquires with `WAIT` (only with `wait_replicas > 0`), one request
     /// at a time.
     durable: Option<(tokio::sync::Mutex<()>, Link)>,
@@ -69,6 +73,11 @@ struct Inner {
     /// the acquires' connection would queue behind every acquire waiting for replicas.
     durable_renewals: Option<(tokio::sync::Mutex<()>, Link)>,
     hub: Hub,
+    /// Undos still queued behind an abandoned acquire on its (slow) connection, by (name, owner): the
+    /// entry's mutex is held until the undo's reply comes (or the connection fails, or the lease has
+    /// passed). The same owner's next acquire waits for it: sent on a fresh connection before the
+    /// late acquire and its undo land, it would be granted and then deleted by that undo.
+    pending_undos: std::sync::Mutex<HashMap<(String, String), PendingUndo>>,
     scripts: Scripts,
     /// `publish`, or `spublish` in Cluster (sharded pub/sub, as Redisson uses on Redis ≥ 7).
     publish: &'static str,
@@ -82,10 +91,31 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// Held by the task of an undo still queued behind its acquire (see `Inner::pending_undos`).
+type PendingUndo = Arc<tokio::sync::Mutex<()>>;
+
+/// The hold on a [`PendingUndo`], and the entry it replaced.
+struct PendingGuard {
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+    previous: Option<PendingUndo>,
+}
+
+impl PendingGuard {
+    /// Lets the same owner's acquires go, once the entry this one replaced is settled too (at most
+    /// `within`).
+    async fn release(self, within: Duration) {
+        if let Some(previous) = self.previous {
+            let _ = tokio::time::timeout(within, previous.lock()).await;
+        }
+        drop(self.held);
+    }
+}
+
 /// What the Redis backend keeps for a held lock: nothing beyond the name and owner the core passes.
 #[derive(Debug)]
 pub struct RedisLease {
-    _private: (),
+    /// The lease asked for: how long a release still on its way is waited for (see `release`).
+    lease: Duration,
 }
 
 /// An acquire under way: the channel subscription, once the first wait made it.
@@ -202,7 +232,9 @@ impl RedisBackend {
         let backend = Self {
             inner: Arc::new(Inner {
                 hub: Hub::start(target.clone()),
+                pending_undos: std::sync::Mutex::new(HashMap::new()),
                 link: Link::new(),
+                release_link: cluster.then(Link::without_resends),
                 durable: durable.then(|| (tokio::sync::Mutex::new(()), Link::new())),
                 durable_renewals: durable.then(|| (tokio::sync::Mutex::new(()), Link::new())),
                 scripts: Scripts::new(),
@@ -228,6 +260,179 @@ impl RedisBackend {
     /// The configuration in use.
     pub fn config(&self) -> &RedisConfig {
         self.inner.target.config()
+    }
+
+    /// Where releases go: see [`Inner::release_link`].
+    fn release_link(&self) -> &Link {
+        self.inner.release_link.as_ref().unwrap_or(&self.inner.link)
+    }
+
+    /// How long an undo on an acquire's connection may take: on the `WAIT` connection it queues behind
+    /// the acquire's `WAIT`, which blocks the connection for up to `wait_timeout`. Giving up earlier
+    /// drops the last handle on the connection: it closes, and the server frees the blocked client
+    /// with the undo unread.
+    fn undo_bound(&self) -> Duration {
+        match &self.inner.durable {
+            Some(_) => self.io() + self.config().wait_timeout,
+            None => self.io(),
+        }
+    }
+
+    /// Waits until the requests on `name` sent so far on `conn` have run (an `EXISTS` of the lock sent
+    /// after them is answered: keyed, so that a Cluster connection sends it to the same node), the
+    /// connection fails (nothing more gets onto the server through it), or `within` has passed.
+    async fn settle(&self, mut conn: Conn, name: &str, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let mut ping = redis::cmd("EXISTS");
+            ping.arg(layout::lock_key(name));
+            let answered =
+                tokio::time::timeout_at(deadline, ping.query_async::<Value>(&mut conn)).await;
+            match answered {
+                Ok(Err(e)) if e.is_timeout() => continue,
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "the connection of an undo failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!("no reply on the connection of an undo within the lease; the same owner may acquire again");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A release (or undo) of this owner that failed without a reply may still be on its way on `conn`
+    /// (a connection that broke carries nothing more; one that timed out may): until a later reply
+    /// on `conn` shows it ran, the same owner's next acquire waits (see [`Inner::pending_undos`]).
+    /// A release that lands after that acquire's grant would delete it.
+    fn settle_in_background(
+        &self,
+        error: &RedisError,
+        sent: Sent,
+        name: &str,
+        owner: &str,
+        within: Duration,
+    ) {
+        let Some(conn) = sent.conn else {
+            return;
+        };
+        if error.is_broken_connection() {
+            return;
+        }
+        let key = (name.to_string(), owner.to_string());
+        let (pending, held) = self.register_pending(&key);
+        let this = self.clone();
+        tokio::spawn(async move {
+            this.settle(conn, &key.0, within).await;
+            held.release(within).await;
+            this.forget_pending(&key, &pending);
+        });
+    }
+
+    /// Where an undo goes when the acquire's own connection cannot take it.
+    fn undo_link(&self) -> &Link {
+        match &self.inner.durable {
+            Some((_, link)) => link,
+            None => self.release_link(),
+        }
+    }
+
+    /// The undo could not be sent (or confirmed) on a fresh connection either: the server may be
+    /// stalled or unreachable, and an acquire it already received still runs when it is back (even
+    /// if the connection was reset meanwhile: Redis reads what its socket buffer holds). So the undo is
+    /// sent again until one gets an answer, for at most the lease; until then the same owner's next
+    /// acquire waits (see [`Inner::pending_undos`]), as the undo would delete its grant.
+    fn undo_in_background(&self, error: &RedisError, sent: Sent, request: &AcquireRequest) {
+        let key = (request.name.clone(), request.owner.clone());
+        let (pending, held) = self.register_pending(&key);
+        let this = self.clone();
+        let lease = request.lease.max(self.undo_bound());
+        let deadline = tokio::time::Instant::now() + lease;
+        let unsettled = sent.conn.filter(|_| !error.is_broken_connection());
+        tokio::spawn(async move {
+            if let Some(conn) = unsettled {
+                this.settle(conn, &key.0, lease).await;
+            }
+            let mut pause = Duration::from_millis(100);
+            loop {
+                if tokio::time::Instant::now() + pause >= deadline {
+                    tracing::warn!(lock = %key.0, "could not undo an abandoned acquire; it expires with its lease");
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                match this.release_on(this.undo_link(), &key.0, &key.1).await {
+                    Ok(_) | Err(RedisError::ReleaseOutcomeUnknown { .. }) => {
+                        tracing::debug!(lock = %key.0, "undid an abandoned acquire in the background");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(lock = %key.0, error = %e, "the undo failed again");
+                        pause = (pause * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+            held.release(lease).await;
+            this.forget_pending(&key, &pending);
+        });
+    }
+
+    /// Registers a pending undo or release for `key` (see [`Inner::pending_undos`]), held until the
+    /// returned guard is dropped. One registered before for the same key and still held is waited for
+    /// too: the new entry's guard is only released once that one is (see [`PendingGuard`]).
+    fn register_pending(&self, key: &(String, String)) -> (PendingUndo, PendingGuard) {
+        let pending = Arc::new(tokio::sync::Mutex::new(()));
+        let held = pending.clone().try_lock_owned().ok();
+        let previous = self
+            .inner
+            .pending_undos
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone(), pending.clone());
+        (pending, PendingGuard { held, previous })
+    }
+
+    /// Removes `pending` from [`Inner::pending_undos`] unless a later one took its place.
+    fn forget_pending(&self, key: &(String, String), pending: &PendingUndo) {
+        let mut pending_undos = self
+            .inner
+            .pending_undos
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if pending_undos
+            .get(key)
+            .is_some_and(|p| Arc::ptr_eq(p, pending))
+        {
+            pending_undos.remove(key);
+        }
+    }
+
+    /// Waits until no undo of this owner's earlier acquire is still queued (see
+    /// [`Inner::pending_undos`]), at most the request bound.
+    async fn after_pending_undo(
+        &self,
+        request: &AcquireRequest,
+    ) -> std::result::Result<(), RedisError> {
+        let key = (request.name.clone(), request.owner.clone());
+        let pending = self
+            .inner
+            .pending_undos
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+            .cloned();
+        let Some(pending) = pending else {
+            return Ok(());
+        };
+        let waited = tokio::time::timeout(self.io(), pending.lock()).await;
+        match waited {
+            Ok(_) => Ok(()),
+            Err(_) => Err(RedisError::UndoPending {
+                target: self.inner.target.shown.clone(),
+                after: self.io(),
+            }),
+        }
     }
 
     fn io(&self) -> Duration {
@@ -381,7 +586,10 @@ impl RedisBackend {
             if confirmed < required {
                 // Undo on the same connection, so the delete is ordered after the grant.
                 let undone = match &sent.conn {
-                    Some(conn) => self.undo_on(conn.clone(), name, &request.owner).await,
+                    Some(conn) => {
+                        self.undo_on(conn.clone(), name, &request.owner, self.undo_bound())
+                            .await
+                    }
                     None => self
                         .release_on(link, name, &request.owner)
                         .await
@@ -418,9 +626,20 @@ impl RedisBackend {
         name: &str,
         owner: &str,
     ) -> std::result::Result<bool, RedisError> {
-        let mut sent = Sent::default();
+        self.release_on_tracked(link, name, owner, &mut Sent::default())
+            .await
+    }
+
+    /// [`release_on`](Self::release_on), recording where it went in `sent`.
+    async fn release_on_tracked(
+        &self,
+        link: &Link,
+        name: &str,
+        owner: &str,
+        sent: &mut Sent,
+    ) -> std::result::Result<bool, RedisError> {
         let invocation = self.release_invocation(name, owner);
-        let value = self.script(link, "release", invocation, &mut sent).await?;
+        let value = self.script(link, "release", invocation, sent).await?;
         match parse_release(&value)? {
             false if sent.resent => Err(RedisError::ReleaseOutcomeUnknown {
                 target: self.inner.target.shown.clone(),
@@ -438,10 +657,11 @@ impl RedisBackend {
         mut conn: Conn,
         name: &str,
         owner: &str,
+        bound: Duration,
     ) -> std::result::Result<(), RedisError> {
         let invocation = self.release_invocation(name, owner);
         let target = &self.inner.target;
-        match tokio::time::timeout(self.io(), invocation.invoke_async::<Value>(&mut conn)).await {
+        match tokio::time::timeout(bound, invocation.invoke_async::<Value>(&mut conn)).await {
             Ok(Ok(value)) => parse_release(&value).map(|undone| {
                 if undone {
                     tracing::debug!(lock = %name, "undid an abandoned grant");
@@ -455,7 +675,7 @@ impl RedisBackend {
             Err(_) => Err(RedisError::Timeout {
                 what: "undo of an acquire",
                 target: target.shown.clone(),
-                after: self.io(),
+                after: bound,
             }),
         }
     }
@@ -637,6 +857,9 @@ impl Backend for RedisBackend {
             // Messages from now on count: one arriving during this try makes the next wait return.
             sub.mark_seen();
         }
+        self.after_pending_undo(request)
+            .await
+            .map_err(|e| e.into_core(Some(&request.name)))?;
         acquisition.maybe_granted = true;
         acquisition.sent = Sent::default();
         let outcome = self
@@ -645,9 +868,11 @@ impl Backend for RedisBackend {
             .map_err(|e| e.into_core(Some(&request.name)))?;
         match outcome {
             Outcome::Granted { token, pttl } => Ok(Attempt::Acquired(
-                Grant::new(RedisLease { _private: () })
-                    .with_token(FencingToken::new(token))
-                    .with_ttl(pttl.unwrap_or(request.lease).min(request.lease)),
+                Grant::new(RedisLease {
+                    lease: request.lease,
+                })
+                .with_token(FencingToken::new(token))
+                .with_ttl(pttl.unwrap_or(request.lease).min(request.lease)),
             )),
             Outcome::Busy { pttl } => {
                 acquisition.maybe_granted = false;
@@ -691,8 +916,11 @@ impl Backend for RedisBackend {
     /// The undo is a compare-and-delete by owner, sent on the connection the last try went on, so it
     /// runs after that try however late the try arrives (a delayed request that timed out here may still
     /// reach the server). If that connection fails (broken, or no reply in time), the undo is sent again
-    /// on the current connection: a broken connection delivers nothing more, so a try that is not on the
-    /// server by then never will be; a timed-out one still has the first undo queued behind the try.
+    /// on the current connection. A try the server already received still runs after its connection
+    /// was reset (Redis reads its socket buffer), e.g. on a stalled server: a fresh connection reaches
+    /// the server only after that, and if the undo cannot get through, it is retried in the background
+    /// (at most the lease); a timed-out one still has the first undo queued behind the try. Until an
+    /// undo (or release) still on its way is settled, the same owner's next acquire waits.
     async fn abandon(&self, acquisition: RedisAcquisition, request: &AcquireRequest) {
         let RedisAcquisition {
             subscription,
@@ -704,25 +932,51 @@ impl Backend for RedisBackend {
             return;
         }
         if let Some(conn) = sent.conn {
-            match self.undo_on(conn, &request.name, &request.owner).await {
-                Ok(()) => return,
-                Err(e) => {
+            // The undo goes on in a task of its own until its reply comes (or the lease has passed),
+            // keeping the connection open, and the same owner's next acquire waits for it.
+            let key = (request.name.clone(), request.owner.clone());
+            let (pending, held) = self.register_pending(&key);
+            let this = self.clone();
+            let lingering = request.lease.max(self.undo_bound());
+            let mut undo = tokio::spawn(async move {
+                let undone = this
+                    .undo_on(conn.clone(), &key.0, &key.1, this.undo_bound())
+                    .await;
+                if undone.as_ref().is_err_and(|e| !e.is_broken_connection()) {
+                    // No reply in time (redis-rs gives up on it after its response timeout too): the
+                    // undo may still be on its way. Wait for a later reply on the connection.
+                    this.settle(conn, &key.0, lingering).await;
+                }
+                held.release(lingering).await;
+                this.forget_pending(&key, &pending);
+                undone
+            });
+            match tokio::time::timeout(self.undo_bound(), &mut undo).await {
+                Ok(Ok(Ok(()))) => return,
+                Ok(Ok(Err(e))) => {
                     tracing::debug!(lock = %request.name, error = %e, "undo on the acquire's connection failed; undoing on a fresh one too")
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(lock = %request.name, error = %e, "the undo task failed; undoing on a fresh connection")
+                }
+                Err(_) => {
+                    tracing::debug!(lock = %request.name, "the undo is still queued behind the acquire; undoing on a fresh connection too")
                 }
             }
         }
-        let link = match &self.inner.durable {
-            Some((_, link)) => link,
-            None => &self.inner.link,
-        };
-        match self.release_on(link, &request.name, &request.owner).await {
+        let mut sent = Sent::default();
+        let undone = self
+            .release_on_tracked(self.undo_link(), &request.name, &request.owner, &mut sent)
+            .await;
+        match undone {
             Ok(true) => tracing::debug!(lock = %request.name, "undid an abandoned grant"),
             Ok(false) => {}
             Err(RedisError::ReleaseOutcomeUnknown { .. }) => {
                 tracing::debug!(lock = %request.name, "the undo was sent twice; either attempt removed the grant, or there was none")
             }
             Err(e) => {
-                tracing::warn!(lock = %request.name, error = %e, "could not undo an abandoned acquire; it expires with its lease")
+                tracing::warn!(lock = %request.name, error = %e, "could not undo an abandoned acquire yet; trying again in the background until its lease has passed");
+                self.undo_in_background(&e, sent, request);
             }
         }
     }
@@ -764,11 +1018,15 @@ impl Backend for RedisBackend {
             .collect()
     }
 
-    async fn release(&self, _lease: &RedisLease, name: &str, owner: &str) -> Result<Released> {
+    async fn release(&self, lease: &RedisLease, name: &str, owner: &str) -> Result<Released> {
+        let mut sent = Sent::default();
         let released = self
-            .release_on(&self.inner.link, name, owner)
-            .await
-            .map_err(|e| e.into_core(Some(name)))?;
+            .release_on_tracked(self.release_link(), name, owner, &mut sent)
+            .await;
+        if let Err(e) = &released {
+            self.settle_in_background(e, sent, name, owner, lease.lease.max(self.io()));
+        }
+        let released = released.map_err(|e| e.into_core(Some(name)))?;
         Ok(if released {
             Released::Released
         } else {

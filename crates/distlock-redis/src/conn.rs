@@ -250,13 +250,14 @@ impl Target {
         Ok(builder)
     }
 
-    /// A new command connection.
-    pub(crate) async fn connect(&self) -> Result<Conn, RedisError> {
+    /// A new command connection. `resends`: whether a Cluster connection may send a request again
+    /// by itself (after a redirect, or on a new node connection after an I/O error); see [`Link`].
+    pub(crate) async fn connect(&self, resends: bool) -> Result<Conn, RedisError> {
         let config = &self.config;
         if let Topology::Cluster { nodes } = &config.topology {
             let client = self
                 .cluster_builder(nodes)?
-                .retries(2)
+                .retries(if resends { 2 } else { 0 })
                 .build()
                 .map_err(|e| self.connect_error(e))?;
             return match tokio::time::timeout(
@@ -324,6 +325,10 @@ pub(crate) struct Link {
     /// Only one task connects at a time; the others wait for its connection.
     connecting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
+    /// Whether the Cluster client may resend a request by itself. redis-rs's Cluster connection resends
+    /// a request whose node connection failed, out of [`Link::run_tracked`]'s sight: a release resent
+    /// that way cannot be told from one that found nothing (`Sent::resent` stays false).
+    resends: bool,
 }
 
 impl Link {
@@ -332,6 +337,16 @@ impl Link {
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
+            resends: true,
+        }
+    }
+
+    /// A link whose requests are sent again only by [`run_tracked`](Self::run_tracked), which records
+    /// it in [`Sent::resent`] (for releases, whose resend makes "not held" ambiguous).
+    pub(crate) fn without_resends() -> Self {
+        Self {
+            resends: false,
+            ..Self::new()
         }
     }
 
@@ -360,7 +375,7 @@ impl Link {
         if let Some(c) = self.cached() {
             return Ok(c);
         }
-        let conn = target.connect().await?;
+        let conn = target.connect(self.resends).await?;
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         *self
             .current
@@ -444,6 +459,12 @@ impl Link {
                         sent.resent = true;
                         continue;
                     }
+                }
+                // A Cluster redirect (on a link without resends): the node did not run the request,
+                // and the client refreshes its slot map on it; one more try is not a resend.
+                if !retried && e.is_redirect() {
+                    retried = true;
+                    continue;
                 }
             }
             return result;

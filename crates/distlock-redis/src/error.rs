@@ -39,6 +39,8 @@ pub(crate) enum RedisError {
     /// A release was sent twice (the connection broke under the first attempt, its reply lost) and
     /// the second found nothing of this owner's: the first may have deleted the lock, or it had expired.
     ReleaseOutcomeUnknown { target: String },
+    /// The undo of this owner's earlier, abandoned acquire is still queued behind it.
+    UndoPending { target: String, after: Duration },
 }
 
 impl RedisError {
@@ -58,9 +60,9 @@ impl RedisError {
             RedisError::Connect { source, .. } | RedisError::Request { source, .. } => {
                 classify(source)
             }
-            RedisError::Timeout { .. } | RedisError::ReleaseOutcomeUnknown { .. } => {
-                ErrorKind::Unavailable
-            }
+            RedisError::Timeout { .. }
+            | RedisError::ReleaseOutcomeUnknown { .. }
+            | RedisError::UndoPending { .. } => ErrorKind::Unavailable,
             RedisError::Reply { .. } => ErrorKind::Protocol,
             RedisError::Replicas {
                 confirmed,
@@ -81,6 +83,14 @@ impl RedisError {
             RedisError::Request { source, .. } => {
                 (source.is_io_error() || source.is_connection_dropped()) && !source.is_timeout()
             }
+            _ => false,
+        }
+    }
+
+    /// A Cluster `MOVED` or `ASK`: the node refused the request without running it.
+    pub(crate) fn is_redirect(&self) -> bool {
+        match self {
+            RedisError::Request { source, .. } => matches!(code(source), Some("MOVED" | "ASK")),
             _ => false,
         }
     }
@@ -125,7 +135,16 @@ fn classify(e: &redis::RedisError) -> ErrorKind {
     }
     if matches!(
         code(e),
-        Some("READONLY" | "MASTERDOWN" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY")
+        Some(
+            "READONLY"
+                | "MASTERDOWN"
+                | "LOADING"
+                | "TRYAGAIN"
+                | "CLUSTERDOWN"
+                | "BUSY"
+                | "MOVED"
+                | "ASK"
+        )
     ) || matches!(
         e.kind(),
         redis::ErrorKind::MasterNameNotFoundBySentinel
@@ -196,6 +215,11 @@ impl fmt::Display for RedisError {
             } => write!(
                 f,
                 "WAIT: {confirmed} of {required} required replicas confirmed the write in time; the grant was undone"
+            ),
+            RedisError::UndoPending { target, after } => write!(
+                f,
+                "acquire on {target}: the undo of this owner's earlier, abandoned acquire is not confirmed after {}: it is queued behind that acquire on a slow connection, and would delete a grant made now; try again",
+                distlock_core::duration::format(*after)
             ),
             RedisError::ReleaseOutcomeUnknown { target } => write!(
                 f,

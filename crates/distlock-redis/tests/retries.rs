@@ -414,3 +414,305 @@ async fn deleted_or_overwritten_key_is_lost_at_the_next_renewal_fault() {
         acquired.elapsed()
     );
 }
+
+/// With `wait_replicas` and a `wait_timeout` longer than the request bound (15 s here, the 5 s default
+/// request bound), an acquire whose future is dropped while its `WAIT` blocks (the replica is stopped)
+/// must still be undone once the `WAIT` ends: the undo queues behind it on the same connection, so that
+/// connection must stay open until then. Closing it earlier makes the server drop the blocked client
+/// with the undo unread, and the grant stays for the whole 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_of_an_acquire_dropped_in_wait_is_not_lost_fault() {
+    let (master, mut replica) = master_and_replica();
+    let wait_timeout = Duration::from_secs(15);
+    let config = RedisConfig::new(master.addr().to_string()).with_wait_replicas(1, wait_timeout);
+    let backend = RedisBackend::from_config(config).await.expect("connect");
+    let locks = Locks::new(backend);
+    let name = unique("undo-in-wait");
+    let lock = locks.lock(&name).unwrap();
+
+    replica.pause().unwrap();
+    let started = Instant::now();
+    let attempt = tokio::spawn(async move { lock.try_acquire().await.map(|g| g.is_some()) });
+    // The acquire ran on the master and blocks in WAIT; the caller gives up.
+    let granted_at = started + Duration::from_secs(1);
+    while !exists(&master, &name) {
+        assert!(
+            Instant::now() < granted_at,
+            "the acquire never reached the master"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep_until(granted_at.into()).await;
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+
+    // The WAIT ends at `wait_timeout`; the undo queued behind it must run then, long before the lease.
+    let bound = started + wait_timeout + Duration::from_secs(3);
+    while exists(&master, &name) {
+        assert!(
+            Instant::now() < bound,
+            "an orphan grant outlives the WAIT it was undone behind: pttl {:?} ms",
+            master.command(&["PTTL", &name]).unwrap().as_int()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    replica.resume().unwrap();
+}
+
+/// A one-node Redis Cluster reached through `proxy` only: the node announces the proxy's port, so the
+/// Cluster client's node connections go through it too.
+fn cluster_node_behind_a_proxy() -> (RedisServer, Proxy) {
+    let node = RedisServer::builder()
+        .with_cluster_bus()
+        .args(["--cluster-enabled", "yes"])
+        .args(["--cluster-config-file", "nodes.conf"])
+        .start_or_panic();
+    let proxy = Proxy::start_or_panic(node.addr());
+    let ok = |v: distlock_testkit::redis::RespValue| assert!(!v.is_error(), "{v}");
+    ok(node
+        .command(&["CONFIG", "SET", "cluster-announce-ip", "127.0.0.1"])
+        .unwrap());
+    ok(node
+        .command(&[
+            "CONFIG",
+            "SET",
+            "cluster-announce-port",
+            &proxy.port().to_string(),
+        ])
+        .unwrap());
+    ok(node
+        .command(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])
+        .unwrap());
+    let started = Instant::now();
+    loop {
+        let info = node.command(&["CLUSTER", "INFO"]).unwrap();
+        let slots = node.command(&["CLUSTER", "SLOTS"]).unwrap();
+        if info
+            .as_str()
+            .is_some_and(|i| i.contains("cluster_state:ok"))
+            && slots.to_string().contains(&proxy.port().to_string())
+        {
+            return (node, proxy);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the one-node cluster is not ready: {info} {slots}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Redis Cluster: the reply of a release is lost and the connection reset. The Cluster client must not
+/// resend the release behind distlock's back and answer `NotHeld` from the resend: the outcome is
+/// unknown (`Unavailable`), as on a single server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_lost_release_reply_is_not_not_held_fault() {
+    let (node, proxy) = cluster_node_behind_a_proxy();
+    let config = RedisConfig::cluster(vec![proxy.addr().to_string()])
+        .with_timeouts(Duration::from_secs(5), Duration::from_secs(3));
+    let backend = RedisBackend::from_config(config).await.expect("connect");
+    warm_up(&backend).await;
+
+    let name = unique("cluster-release");
+    let request = AcquireRequest::new(&name, "owner-a:1", Duration::from_secs(30));
+    let mut acquisition = backend.begin(&request).unwrap();
+    let Attempt::Acquired(grant) = backend
+        .try_acquire(&mut acquisition, &request)
+        .await
+        .unwrap()
+    else {
+        panic!("free lock not granted");
+    };
+    let raw = backend.clone();
+    let (n, o) = (name.clone(), request.owner.clone());
+    let outcome = lose_the_reply_of(&proxy, &node, &name, async move {
+        raw.release(&grant.lease, &n, &o).await
+    })
+    .await;
+    assert!(!exists(&node, &name), "the first attempt did not run");
+    match outcome {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}"),
+        Ok(Released::NotHeld) => panic!("a Cluster release whose reply was lost reported NotHeld"),
+        Ok(other) => panic!("unexpected {other:?}"),
+    }
+}
+
+/// An acquire is delayed on its way (3 s) and times out at the 1 s request bound; the undo queued
+/// behind it on its connection is still on its way when `try_acquire` returns the error. The same
+/// `Lock` (the same owner) tries again at once and is granted on a fresh connection. The late acquire
+/// and then its undo land after that grant: the undo must not delete the new hold of the same owner
+/// (the core would call it Held while another client takes the lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_undo_does_not_delete_the_same_owners_next_hold_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend_at(proxy.addr(), Duration::from_secs(1)).await;
+    let other = backend_at(server.addr(), Duration::from_secs(5)).await;
+    late_undo_spares_the_next_hold(backend, other, &server, &proxy).await;
+}
+
+/// The same in Redis Cluster (a one-node Cluster behind the proxy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_late_undo_does_not_delete_the_same_owners_next_hold_fault() {
+    let (node, proxy) = cluster_node_behind_a_proxy();
+    let cluster = |io| {
+        RedisConfig::cluster(vec![proxy.addr().to_string()])
+            .with_timeouts(io, Duration::from_secs(3))
+    };
+    let backend = RedisBackend::from_config(cluster(Duration::from_secs(1)))
+        .await
+        .expect("connect");
+    let other = RedisBackend::from_config(cluster(Duration::from_secs(5)))
+        .await
+        .expect("connect");
+    late_undo_spares_the_next_hold(backend, other, &node, &proxy).await;
+}
+
+async fn late_undo_spares_the_next_hold(
+    backend: RedisBackend,
+    other: RedisBackend,
+    server: &RedisServer,
+    proxy: &Proxy,
+) {
+    warm_up(&backend).await;
+    let locks = Locks::new(backend);
+    let name = unique("late-undo");
+    let lock = locks.lock(&name).unwrap();
+
+    let delay = Duration::from_secs(3);
+    proxy.delay(delay).unwrap();
+    let started = Instant::now();
+    let first = {
+        let attempt = lock.try_acquire();
+        tokio::pin!(attempt);
+        tokio::select! {
+            outcome = &mut attempt => outcome.map(|g| g.is_some()),
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                // Held in the proxy; from now on new traffic passes at once.
+                proxy.pass().unwrap();
+                attempt.await.map(|g| g.is_some())
+            }
+        }
+    };
+    assert!(first.is_err(), "the acquire should time out: {first:?}");
+    // Try again until granted (an attempt may fail while the earlier undo is on its way).
+    let guard = loop {
+        match lock.try_acquire().await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("the lock is held by someone else"),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "never granted: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // The late acquire and its undo have landed by `delay` and a bit.
+    tokio::time::sleep_until((started + delay + Duration::from_millis(1500)).into()).await;
+    assert_eq!(guard.state(), distlock_core::LockState::Held);
+    let other = Locks::new(other);
+    let stolen = other.lock(&name).unwrap().try_acquire().await.unwrap();
+    assert!(
+        stolen.is_none(),
+        "two holders: the late undo deleted the same owner's new hold (key exists: {})",
+        exists(server, &name)
+    );
+    guard.release().await.unwrap();
+}
+
+/// A release is delayed on its way (3 s) and times out at the 1 s request bound (`Unavailable`). The
+/// same `Lock` (the same owner) acquires again at once: the late release must not delete that new
+/// hold when it lands (the core would call it Held while another client takes the lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_release_does_not_delete_the_same_owners_next_hold_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend_at(proxy.addr(), Duration::from_secs(1)).await;
+    let other = Locks::new(backend_at(server.addr(), Duration::from_secs(5)).await);
+    warm_up(&backend).await;
+    let locks = Locks::new(backend);
+    let name = unique("late-release");
+    let lock = locks.lock(&name).unwrap();
+    let first = lock.acquire().await.unwrap();
+
+    let delay = Duration::from_secs(3);
+    proxy.delay(delay).unwrap();
+    let started = Instant::now();
+    let released = {
+        let release = first.release();
+        tokio::pin!(release);
+        tokio::select! {
+            outcome = &mut release => outcome,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                proxy.pass().unwrap();
+                release.await
+            }
+        }
+    };
+    let e = released.expect_err("the release should time out");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    let guard = loop {
+        match lock.try_acquire().await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("the lock is held by someone else"),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "never granted: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    tokio::time::sleep_until((started + delay + Duration::from_millis(1500)).into()).await;
+    assert_eq!(guard.state(), distlock_core::LockState::Held);
+    let stolen = other.lock(&name).unwrap().try_acquire().await.unwrap();
+    assert!(
+        stolen.is_none(),
+        "two holders: the late release deleted the same owner's new hold (key exists: {})",
+        exists(&server, &name)
+    );
+    guard.release().await.unwrap();
+}
+
+/// The server stalls (SIGSTOP) with an acquire in its socket buffer, and the acquire's connection is
+/// reset on the way (a middlebox; here the proxy): a request the server has received still runs when
+/// the server resumes, even after the reset. The resend and the undo cannot reach the stalled server
+/// (1 s connect bound), so `try_acquire` fails; once the server is back, the grant it then makes must
+/// still be undone, not left for the 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_after_the_server_stalled_with_the_acquire_buffered_fault() {
+    let mut server = RedisServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let config = RedisConfig::new(proxy.addr().to_string())
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(1));
+    let backend = RedisBackend::from_config(config).await.expect("connect");
+    warm_up(&backend).await;
+    let locks = Locks::new(backend);
+    let name = unique("stalled");
+    let lock = locks.lock(&name).unwrap();
+
+    server.pause().unwrap();
+    let attempt = tokio::spawn(async move { lock.try_acquire().await.map(|g| g.is_some()) });
+    // The acquire reaches the stalled server's socket buffer; then the connection is reset.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.reset().unwrap();
+    let outcome = attempt.await.unwrap();
+    assert!(outcome.is_err(), "the acquire cannot succeed: {outcome:?}");
+    server.resume().unwrap();
+    let resumed = Instant::now();
+    // The buffered acquire runs now; the undo must follow within a few seconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while exists(&server, &name) {
+        assert!(
+            resumed.elapsed() < Duration::from_secs(8),
+            "an orphan grant stays for its lease: pttl {:?} ms",
+            server.command(&["PTTL", &name]).unwrap().as_int()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
