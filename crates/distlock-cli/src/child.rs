@@ -97,12 +97,20 @@ pub async fn spawn(spec: Spec<'_>) -> io::Result<Child> {
             Ok(())
         });
     }
+    // If the supervisor dies before its job is done, what it leaves orphaned comes to us.
+    crate::supervisor::become_subreaper()?;
     let mut supervisor = command.spawn()?;
     drop(theirs);
     ours.set_nonblocking(true)?;
     let (read, requests) = tokio::net::UnixStream::from_std(ours)?.into_split();
     let mut reports = BufReader::new(read).lines();
-    let first = reports.next_line().await?;
+    let first = match reports.next_line().await {
+        Ok(first) => first,
+        Err(e) => {
+            supervisor_failed(&mut supervisor).await;
+            return Err(e);
+        }
+    };
     match first.as_deref().and_then(|l| l.split_once(' ')) {
         Some(("p", pid)) => Ok(Child {
             supervisor,
@@ -118,9 +126,20 @@ pub async fn spawn(spec: Spec<'_>) -> io::Result<Child> {
             ))
         }
         _ => {
-            let _ = supervisor.wait().await;
+            supervisor_failed(&mut supervisor).await;
             Err(bad_report(&first))
         }
+    }
+}
+
+/// The supervisor died (SIGKILLed, say) or misbehaved before reporting the tree gone: end it, then
+/// kill and reap what it left orphaned (reparented to us, a subreaper), so the caller's release never
+/// frees the lock under a live descendant. Off the runtime's thread, so renewals go on meanwhile.
+async fn supervisor_failed(supervisor: &mut tokio::process::Child) {
+    let _ = supervisor.start_kill();
+    let _ = supervisor.wait().await;
+    if let Err(e) = tokio::task::spawn_blocking(crate::supervisor::kill_orphans).await {
+        tracing::warn!(error = %e, "killing what the supervisor left behind failed");
     }
 }
 
@@ -169,7 +188,13 @@ impl Child {
     /// # Cancel safety
     /// Cancel safe (a line is consumed only when returned).
     pub async fn next_event(&mut self) -> io::Result<Event> {
-        let line = self.reports.next_line().await?;
+        let line = match self.reports.next_line().await {
+            Ok(line) => line,
+            Err(e) => {
+                supervisor_failed(&mut self.supervisor).await;
+                return Err(e);
+            }
+        };
         match line.as_deref().and_then(|l| l.split_once(' ')) {
             Some(("x", raw)) => {
                 let raw = raw.parse().map_err(|_| bad_report(&line))?;
@@ -183,7 +208,7 @@ impl Child {
                 Ok(Event::TreeGone)
             }
             _ => {
-                let _ = self.supervisor.wait().await;
+                supervisor_failed(&mut self.supervisor).await;
                 Err(match line {
                     None => io::Error::other("the supervisor exited unexpectedly"),
                     line => bad_report(&line),

@@ -219,7 +219,8 @@ async fn supervise(
                 Ok(Event::Exited(exited)) => status = Some(Ok(exited)),
                 Ok(Event::TreeGone) => break,
                 Err(e) => {
-                    // The supervisor is gone: the command died with it (parent-death signal).
+                    // The supervisor is gone: the command died with it (parent-death signal), and
+                    // what else it left was killed by `next_event` before returning this.
                     status = Some(status.unwrap_or(Err(e)));
                     break;
                 }

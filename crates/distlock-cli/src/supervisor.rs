@@ -142,9 +142,8 @@ struct Supervisor {
     kill_at: Option<Instant>,
     /// SIGKILL every descendant now and until none is left.
     killing: bool,
-    /// Descendants that could not be signalled (EPERM: one that changed its real user id, as sudo
-    /// does), already reported.
-    unkillable: HashSet<libc::pid_t>,
+    /// Every process below this one.
+    tree: Tree,
 }
 
 impl Supervisor {
@@ -163,7 +162,7 @@ impl Supervisor {
             leader_fd: None,
             kill_at: None,
             killing: false,
-            unkillable: HashSet::new(),
+            tree: Tree::default(),
         }
     }
 
@@ -244,9 +243,9 @@ impl Supervisor {
                 self.killing = true;
             }
             if self.killing {
-                self.kill_tree();
+                self.tree.kill_all();
             }
-            let timeout = if self.killing && self.unkillable.is_empty() {
+            let timeout = if self.killing && self.tree.unkillable.is_empty() {
                 Duration::from_millis(10)
             } else if self.killing {
                 // Waiting for a process we may not signal: no need to rescan /proc 100 times a second.
@@ -379,16 +378,34 @@ impl Supervisor {
     /// SIGTERM (and SIGCONT, so a stopped one can act on it) to every descendant; SIGKILL after the
     /// grace, unless an earlier deadline is already set.
     fn terminate_tree(&mut self) {
-        for pid in self.descendants() {
-            self.signal(pid, libc::SIGTERM);
-            self.signal(pid, libc::SIGCONT);
+        for pid in self.tree.descendants() {
+            self.tree.signal(pid, libc::SIGTERM);
+            self.tree.signal(pid, libc::SIGCONT);
         }
         let at = Instant::now() + self.grace;
         self.kill_at = Some(self.kill_at.map_or(at, |earlier| earlier.min(at)));
     }
 
+    fn restore_terminal(&mut self) {
+        if let Some(pgrp) = self.terminal.take() {
+            // SAFETY: plain system call (SIGTTOU is ignored here).
+            unsafe { libc::tcsetpgrp(0, pgrp) };
+        }
+    }
+}
+
+/// The processes below this one (found by parent links in `/proc`), and which of them may not be
+/// signalled.
+#[derive(Debug, Default)]
+struct Tree {
+    /// Descendants that could not be signalled (EPERM: one that changed its real user id, as sudo
+    /// does), already reported.
+    unkillable: HashSet<libc::pid_t>,
+}
+
+impl Tree {
     /// Stops every descendant until no new one appears, then SIGKILLs them all.
-    fn kill_tree(&mut self) {
+    fn kill_all(&mut self) {
         let mut stopped: HashSet<libc::pid_t> = HashSet::new();
         for _ in 0..100 {
             let fresh: Vec<libc::pid_t> = self
@@ -462,13 +479,48 @@ impl Supervisor {
         }
         found
     }
+}
 
-    fn restore_terminal(&mut self) {
-        if let Some(pgrp) = self.terminal.take() {
-            // SAFETY: plain system call (SIGTTOU is ignored here).
-            unsafe { libc::tcsetpgrp(0, pgrp) };
+/// For `distlock` itself when its supervisor died without reporting the tree gone (SIGKILLed: the
+/// command then dies by its parent-death signal, but its other descendants are orphaned). `distlock` is
+/// a child subreaper too (see [`become_subreaper`]), so they are now its children: SIGKILL them all
+/// and reap them until none is left. Returns only then (it waits for ones it may not signal).
+pub fn kill_orphans() {
+    let mut tree = Tree::default();
+    loop {
+        tree.kill_all();
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid with a valid out pointer.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if pid > 0 {
+                continue;
+            }
+            if pid == 0 {
+                break;
+            }
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            // ECHILD: nothing left.
+            return;
         }
+        std::thread::sleep(if tree.unkillable.is_empty() {
+            Duration::from_millis(10)
+        } else {
+            Duration::from_millis(200)
+        });
     }
+}
+
+/// Makes this process a child subreaper, so that what its supervisor leaves orphaned if it dies is
+/// reparented here (see [`kill_orphans`]).
+pub fn become_subreaper() -> std::io::Result<()> {
+    // SAFETY: prctl with constant arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn pidfd_open(pid: libc::pid_t) -> Option<std::os::fd::OwnedFd> {

@@ -605,6 +605,60 @@ fn the_file_lock_outlives_a_sigkilled_distlock_until_the_tree_is_dead_fault() {
     assert_free(&sandbox, "handoff");
 }
 
+/// The supervisor itself SIGKILLed (by `pkill -9 distlock`, which matches its name `distlock-super`, or
+/// the OOM killer): the command dies by its parent-death signal, but a descendant that left the
+/// command's process group would be orphaned out of reach. `distlock` still holds the lock then, so it
+/// must kill what is left before its release lets the next holder in.
+#[test]
+fn a_sigkilled_supervisors_tree_dies_before_the_release_fault() {
+    let sandbox = Sandbox::new();
+    let mut run = Running::spawn(
+        sandbox
+            .run(&[
+                "orphans",
+                "--",
+                "sh",
+                "-c",
+                "setsid sh -c 'echo $$ > grandchild; exec sleep 120' & echo $$ > pid; wait",
+            ])
+            .stderr(Stdio::null()),
+    );
+    wait_until(SOON, "the command and its grandchild to start", || {
+        non_empty(&sandbox.path("pid")) && non_empty(&sandbox.path("grandchild"))
+    });
+    let command = read_u64(&sandbox.path("pid")) as u32;
+    let grandchild = read_u64(&sandbox.path("grandchild")) as u32;
+    let supervisor = parent(command).expect("the command's parent");
+    assert_ne!(supervisor, run.pid);
+    // Whatever the outcome, nothing of this test outlives it.
+    struct KillOnDrop(u32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            if is_alive(self.0) {
+                let _ = rustix::process::kill_process(
+                    Pid::from_raw(self.0 as i32).unwrap(),
+                    Signal::KILL,
+                );
+            }
+        }
+    }
+    let _grandchild = KillOnDrop(grandchild);
+
+    rustix::process::kill_process(Pid::from_raw(supervisor as i32).unwrap(), Signal::KILL).unwrap();
+    let status = run.wait(SOON);
+    // distlock has released the lock by now: the grandchild must already be dead.
+    assert!(
+        !is_alive(grandchild),
+        "distlock exited ({status:?}) and released the lock with the command's grandchild {grandchild} still running"
+    );
+    assert_eq!(
+        status.code(),
+        Some(Code::Unavailable.as_i32()),
+        "{status:?}"
+    );
+    assert_free(&sandbox, "orphans");
+}
+
 /// The parent of `pid`, from /proc.
 fn parent(pid: u32) -> Option<u32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
