@@ -37,6 +37,9 @@ pub struct Spec<'a> {
 /// What the supervisor reports.
 #[derive(Debug)]
 pub enum Event {
+    /// The command, which had the terminal, was stopped by this signal (Ctrl-Z); the terminal is
+    /// distlock's group's again. Stop too, then [`Child::resume`].
+    Stopped(i32),
     /// The command exited.
     Exited(ExitStatus),
     /// Every process the command started is gone (the supervisor has exited or is exiting).
@@ -183,6 +186,14 @@ impl Child {
         self.request("k");
     }
 
+    /// Continues the command after [`Event::Stopped`], giving it the terminal if distlock's group has
+    /// it.
+    pub fn resume(&self) {
+        if !self.exited {
+            self.request("c");
+        }
+    }
+
     /// The next report: the command's exit, then that its whole tree is gone.
     ///
     /// # Cancel safety
@@ -196,6 +207,9 @@ impl Child {
             }
         };
         match line.as_deref().and_then(|l| l.split_once(' ')) {
+            Some(("z", signo)) => Ok(Event::Stopped(
+                signo.parse().map_err(|_| bad_report(&line))?,
+            )),
             Some(("x", raw)) => {
                 let raw = raw.parse().map_err(|_| bad_report(&line))?;
                 self.exited = true;
@@ -226,6 +240,24 @@ pub fn exit_code(status: ExitStatus) -> i32 {
         (None, Some(signo)) => crate::exit::signal_code(signo),
         // Not reachable for an exited child (stops are not reported by wait).
         (None, None) => crate::exit::Code::CannotExecute.as_i32(),
+    }
+}
+
+/// Stops this process with `signo` (a job-control stop: SIGTSTP, SIGTTIN or SIGTTOU, at its default
+/// action for the moment), as the command was, so that the shell sees the job stopped; returns once
+/// continued.
+pub fn stop_self(signo: i32) {
+    let signo = match signo {
+        libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => signo,
+        _ => libc::SIGSTOP,
+    };
+    // SAFETY: signal dispositions and kill on ourselves; nothing here handles these signals.
+    unsafe {
+        let previous = libc::signal(signo, libc::SIG_DFL);
+        libc::kill(libc::getpid(), signo);
+        if previous != libc::SIG_ERR {
+            libc::signal(signo, previous);
+        }
     }
 }
 

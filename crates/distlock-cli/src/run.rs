@@ -216,6 +216,14 @@ async fn supervise(
     loop {
         tokio::select! {
             event = child.next_event() => match event {
+                Ok(Event::Stopped(signo)) => {
+                    child::stop_self(signo);
+                    // Continued. A loss while stopped is acted on by the next turn (SIGTERM comes with
+                    // SIGCONT); the command is not let loose without the lock first.
+                    if on_lost == OnLost::Ignore || guard.state() != LockState::Lost {
+                        child.resume();
+                    }
+                }
                 Ok(Event::Exited(exited)) => status = Some(Ok(exited)),
                 Ok(Event::TreeGone) => break,
                 Err(e) => {

@@ -22,9 +22,11 @@
 //! The protocol, one line per message.
 //! distlock → supervisor: `s N` (send signal N to the command's process group, while its leader is
 //! unreaped), `t` (SIGTERM every descendant, SIGKILL them all after the grace), `k` (SIGKILL every
-//! descendant now).
-//! supervisor → distlock: `p PID` (the command started), `e ERRNO` (it could not be started), `x RAW`
-//! (the command exited with wait status RAW), `d` (every descendant is gone; the supervisor exits).
+//! descendant now), `c` (continue the stopped command, with the terminal if distlock has it again).
+//! supervisor → distlock: `p PID` (the command started), `e ERRNO` (it could not be started), `z N`
+//! (the command, which had the terminal, was stopped by signal N, as by Ctrl-Z; the terminal is
+//! distlock's again, and distlock stops itself so its shell sees the job stopped), `x RAW` (the command
+//! exited with wait status RAW), `d` (every descendant is gone; the supervisor exits).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -254,8 +256,9 @@ impl Supervisor {
                 // Waiting for leftovers to exit after SIGTERM: no exit notification for them.
                 Duration::from_millis(20)
             } else {
-                // Orphans that die are reaped on this tick.
-                let tick = if self.leader_fd.is_some() {
+                // Orphans that die are reaped on this tick, and a stop of a command that has the
+                // terminal is noticed (it makes no pidfd readable).
+                let tick = if self.leader_fd.is_some() && self.terminal.is_none() {
                     Duration::from_secs(1)
                 } else {
                     Duration::from_millis(50)
@@ -274,7 +277,13 @@ impl Supervisor {
         loop {
             let mut status = 0;
             // SAFETY: waitpid with a valid out pointer.
-            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::WUNTRACED) };
+            if pid > 0 && libc::WIFSTOPPED(status) {
+                if Some(pid) == self.leader {
+                    self.leader_stopped(libc::WSTOPSIG(status));
+                }
+                continue;
+            }
             if pid > 0 {
                 if Some(pid) == self.leader {
                     self.leader = None;
@@ -369,6 +378,7 @@ impl Supervisor {
                 }
             }
             (Some("k"), _) => self.killing = true,
+            (Some("c"), _) => self.continue_leader(),
             _ => crate::exit::report(format_args!(
                 "internal error: unknown supervisor message {message:?}"
             )),
@@ -384,6 +394,37 @@ impl Supervisor {
         }
         let at = Instant::now() + self.grace;
         self.kill_at = Some(self.kill_at.map_or(at, |earlier| earlier.min(at)));
+    }
+
+    /// The command, which has the terminal, stopped (Ctrl-Z, or reading the terminal after `bg`): the
+    /// terminal goes back to distlock's group, and distlock is told, so that it stops too and its shell
+    /// sees the job stopped and takes the terminal, as it would for the command alone.
+    fn leader_stopped(&mut self, signo: i32) {
+        let Some(pgrp) = self.terminal else {
+            // No terminal handed over: nothing hangs on this stop; whoever stopped it continues it.
+            return;
+        };
+        // SAFETY: plain system call (SIGTTOU is ignored here).
+        unsafe { libc::tcsetpgrp(0, pgrp) };
+        self.send(&format!("z {signo}"));
+    }
+
+    /// distlock was continued (`fg` or `bg`): the command continues, with the terminal if distlock's
+    /// group has it (`fg`).
+    fn continue_leader(&mut self) {
+        let Some(leader) = self.leader else {
+            return;
+        };
+        if let Some(pgrp) = self.terminal {
+            // SAFETY: plain system calls on stdin (SIGTTOU is ignored here).
+            unsafe {
+                if libc::tcgetpgrp(0) == pgrp {
+                    libc::tcsetpgrp(0, leader);
+                }
+            }
+        }
+        // SAFETY: plain system call; the unreaped leader pins the group id.
+        unsafe { libc::kill(-leader, libc::SIGCONT) };
     }
 
     fn restore_terminal(&mut self) {

@@ -564,6 +564,96 @@ fn an_interactive_command_gets_the_terminal_and_gives_it_back() {
     }
 }
 
+/// Ctrl-Z on an interactive command (SIGTSTP to its process group, which has the terminal) suspends
+/// the whole job: the interactive shell that ran `distlock` gets the terminal back and reads the next
+/// line; `fg` resumes the command with the terminal, and it reads what is typed then. (Before, the
+/// stopped command kept the terminal while `distlock` kept running: the shell never got it back and
+/// Ctrl-C went to the stopped group, so the terminal hung.)
+#[test]
+fn ctrl_z_suspends_the_job_and_fg_resumes_it_with_the_terminal() {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+    let sandbox = Sandbox::new();
+    let mut child = Command::new("script")
+        .args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .env("PS1", "$ ")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script(1) and bash are needed for the job-control test");
+    let pid = child.id();
+    struct KillOnDrop(u32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ =
+                rustix::process::kill_process(Pid::from_raw(self.0 as i32).unwrap(), Signal::KILL);
+        }
+    }
+    let _script = KillOnDrop(pid);
+    let output = Arc::new(Mutex::new(String::new()));
+    let mut stdout = child.stdout.take().unwrap();
+    let sink = Arc::clone(&output);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    let mut type_in = |text: &str| {
+        stdin.write_all(text.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    };
+    let shown = |what: &str| output.lock().unwrap().contains(what);
+    // Give bash a moment to set up job control before typing.
+    std::thread::sleep(Duration::from_millis(500));
+    type_in(&format!(
+        "'{BIN}' run --url '{}' tstp -- sh -c 'echo $$ > pid; read x; echo \"got:$x\"'\n",
+        sandbox.url()
+    ));
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    // The command is reading the terminal now (or about to): Ctrl-Z.
+    std::thread::sleep(Duration::from_millis(300));
+    type_in("\x1a");
+    std::thread::sleep(Duration::from_millis(300));
+    // Computed by the shell, so the echo of the typed line does not count.
+    type_in("echo back-$((40+2))\n");
+    wait_until(
+        Duration::from_secs(10),
+        "the shell to get the terminal back after Ctrl-Z",
+        || shown("back-42"),
+    );
+    type_in("fg\n");
+    std::thread::sleep(Duration::from_millis(500));
+    type_in("hello\n");
+    wait_until(
+        SOON,
+        "the resumed command to read from the terminal",
+        || shown("got:hello"),
+    );
+    type_in("echo rc-$?-$((1+1))\n");
+    wait_until(SOON, "distlock to exit 0 after the resumed command", || {
+        shown("rc-0-2")
+    });
+    type_in("exit\n");
+    drop(stdin);
+    wait_until(SOON, "the shell to exit", || {
+        child.try_wait().ok().flatten().is_some()
+    });
+}
+
 /// On `file://` the supervisor holds the lock's descriptor: with the supervisor stopped (so it cannot act
 /// yet), SIGKILLing `distlock` leaves the lock held; once the supervisor continues, it kills the tree and
 /// exits, and only then is the lock free.
