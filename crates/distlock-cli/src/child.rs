@@ -30,7 +30,7 @@ pub struct Spec<'a> {
     pub lock: Option<BorrowedFd<'a>>,
     /// How long descendants get between SIGTERM and SIGKILL.
     pub grace: Duration,
-    /// Give the command the terminal (stdin is one and distlock is in its foreground group).
+    /// Give the command the controlling terminal (distlock is in its foreground group).
     pub terminal: bool,
 }
 

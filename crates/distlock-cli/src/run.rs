@@ -271,15 +271,16 @@ async fn supervise(
     }
 }
 
-/// Whether `distlock` owns the terminal: stdin is one and our process group is its foreground group.
-/// Only then is the terminal handed to the command (and taken back after).
+/// Whether `distlock` owns its controlling terminal: our process group is its foreground group (stdin
+/// need not be the terminal: in a pipeline the command may still read `/dev/tty`). Only then is the
+/// terminal handed to the command (and taken back after).
 fn owns_terminal() -> bool {
-    use std::io::IsTerminal;
-    if !std::io::stdin().is_terminal() {
+    use std::os::fd::AsRawFd;
+    let Some(tty) = crate::supervisor::open_tty() else {
         return false;
-    }
-    // SAFETY: plain system calls on stdin and ourselves.
-    unsafe { libc::tcgetpgrp(0) == libc::getpgrp() }
+    };
+    // SAFETY: plain system calls on an open descriptor and ourselves.
+    unsafe { libc::tcgetpgrp(tty.as_raw_fd()) == libc::getpgrp() }
 }
 
 /// The one line saying the lock was lost, why, and what was done about it.

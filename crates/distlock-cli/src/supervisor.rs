@@ -48,7 +48,7 @@ pub struct Invocation {
     pub lock: Option<RawFd>,
     /// How long descendants get between SIGTERM and SIGKILL.
     pub grace: Duration,
-    /// Hand the terminal (stdin) to the command's process group, and back afterwards.
+    /// Hand the controlling terminal to the command's process group, and back afterwards.
     pub terminal: bool,
 }
 
@@ -136,6 +136,8 @@ struct Supervisor {
     grace: Duration,
     /// The terminal's foreground process group to restore, when the command was given the terminal.
     terminal: Option<libc::pid_t>,
+    /// The controlling terminal (`/dev/tty`, close-on-exec), when the command is given it.
+    tty: Option<std::fs::File>,
     /// The command, until reaped.
     leader: Option<libc::pid_t>,
     /// Readable once the leader has exited (`pidfd_open`; `None` on kernels without it).
@@ -150,16 +152,18 @@ struct Supervisor {
 
 impl Supervisor {
     fn new(control: UnixStream, invocation: Invocation) -> Self {
-        let terminal = invocation
-            .terminal
-            // SAFETY: plain system call on stdin.
-            .then(|| unsafe { libc::tcgetpgrp(0) })
+        let tty = invocation.terminal.then(open_tty).flatten();
+        let terminal = tty
+            .as_ref()
+            // SAFETY: plain system call on an open descriptor.
+            .map(|tty| unsafe { libc::tcgetpgrp(tty.as_raw_fd()) })
             .filter(|pgrp| *pgrp > 0);
         Self {
             control: Some(control),
             pending: Vec::new(),
             grace: invocation.grace,
             terminal,
+            tty,
             leader: None,
             leader_fd: None,
             kill_at: None,
@@ -187,6 +191,7 @@ impl Supervisor {
         }
         let me = std::process::id() as libc::pid_t;
         let give_terminal = self.terminal.is_some();
+        let tty = self.tty_fd();
         let mut cmd = std::process::Command::new(&command[0]);
         cmd.args(&command[1..]).process_group(0);
         // SAFETY: between fork and exec only async-signal-safe calls (signal, prctl, getppid,
@@ -196,7 +201,7 @@ impl Supervisor {
                 if give_terminal {
                     // Also done by the supervisor; doing it here too means the command never reads
                     // the terminal before it owns it.
-                    libc::tcsetpgrp(0, libc::getpid());
+                    libc::tcsetpgrp(tty, libc::getpid());
                 }
                 for signo in IGNORED {
                     libc::signal(signo, libc::SIG_DFL);
@@ -224,7 +229,7 @@ impl Supervisor {
         self.leader = Some(pid);
         if give_terminal {
             // SAFETY: plain system call.
-            unsafe { libc::tcsetpgrp(0, pid) };
+            unsafe { libc::tcsetpgrp(tty, pid) };
         }
         self.leader_fd = pidfd_open(pid);
         self.send(&format!("p {pid}"));
@@ -405,7 +410,7 @@ impl Supervisor {
             return;
         };
         // SAFETY: plain system call (SIGTTOU is ignored here).
-        unsafe { libc::tcsetpgrp(0, pgrp) };
+        unsafe { libc::tcsetpgrp(self.tty_fd(), pgrp) };
         self.send(&format!("z {signo}"));
     }
 
@@ -416,10 +421,11 @@ impl Supervisor {
             return;
         };
         if let Some(pgrp) = self.terminal {
-            // SAFETY: plain system calls on stdin (SIGTTOU is ignored here).
+            let tty = self.tty_fd();
+            // SAFETY: plain system calls on the terminal (SIGTTOU is ignored here).
             unsafe {
-                if libc::tcgetpgrp(0) == pgrp {
-                    libc::tcsetpgrp(0, leader);
+                if libc::tcgetpgrp(tty) == pgrp {
+                    libc::tcsetpgrp(tty, leader);
                 }
             }
         }
@@ -427,10 +433,15 @@ impl Supervisor {
         unsafe { libc::kill(-leader, libc::SIGCONT) };
     }
 
+    /// The controlling terminal's descriptor, or -1 (calls on it then fail with EBADF).
+    fn tty_fd(&self) -> RawFd {
+        self.tty.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+
     fn restore_terminal(&mut self) {
         if let Some(pgrp) = self.terminal.take() {
             // SAFETY: plain system call (SIGTTOU is ignored here).
-            unsafe { libc::tcsetpgrp(0, pgrp) };
+            unsafe { libc::tcsetpgrp(self.tty_fd(), pgrp) };
         }
     }
 }
@@ -562,6 +573,17 @@ pub fn become_subreaper() -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The controlling terminal, whichever of stdin, stdout and stderr (or none) is connected to it: a
+/// command in a pipeline still reads it through `/dev/tty` (password prompts).
+pub fn open_tty() -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open("/dev/tty")
+        .ok()
 }
 
 fn pidfd_open(pid: libc::pid_t) -> Option<std::os::fd::OwnedFd> {

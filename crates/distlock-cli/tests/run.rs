@@ -564,6 +564,71 @@ fn an_interactive_command_gets_the_terminal_and_gives_it_back() {
     }
 }
 
+/// In a pipeline under a terminal (`echo x | distlock run … -- sudo …`), stdin is no terminal, but the
+/// command may still read the controlling terminal through /dev/tty (sudo's password prompt, ssh's
+/// passphrase), as it could without distlock, where it would be in the foreground process group. Its
+/// own process group must then be the terminal's foreground too, or SIGTTIN stops it for good while
+/// distlock holds the lock.
+#[test]
+fn a_command_in_a_pipeline_reads_the_controlling_terminal() {
+    let sandbox = Sandbox::new();
+    let script = format!(
+        "echo piped | '{BIN}' run --url '{}' devtty -- sh -c \
+         'echo $$ > pid; read x < /dev/tty && read y && echo \"got:$x:$y\"'\n\
+         echo \"rc:$?\"\nread z\necho \"after:$z\"\n",
+        sandbox.url()
+    );
+    fs::write(sandbox.path("tty.sh"), script).unwrap();
+    let mut child = Command::new("script")
+        .args(["-qec", "sh ./tty.sh", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux is needed for the terminal test");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"hello\nworld\n").unwrap();
+    }
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(Duration::from_secs(15)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // distlock (the command's grandparent) takes the stopped command along when killed.
+            if let Some(distlock) = fs::read_to_string(sandbox.path("pid"))
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+                .and_then(parent)
+                .and_then(parent)
+            {
+                let _ = rustix::process::kill_process(
+                    Pid::from_raw(distlock as i32).unwrap(),
+                    Signal::KILL,
+                );
+            }
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+            panic!("the command reading /dev/tty hung (stopped by SIGTTIN in a background group)");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for expected in ["got:hello:piped", "rc:0", "after:world"] {
+        assert!(
+            stdout.contains(expected),
+            "no {expected:?} in the terminal's output: {stdout:?}; stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Ctrl-Z on an interactive command (SIGTSTP to its process group, which has the terminal) suspends
 /// the whole job: the interactive shell that ran `distlock` gets the terminal back and reads the next
 /// line; `fg` resumes the command with the terminal, and it reads what is typed then. (Before, the
