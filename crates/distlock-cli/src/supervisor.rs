@@ -59,7 +59,10 @@ impl Invocation {
             self.control.to_string(),
             self.lock
                 .map_or_else(|| "-".to_string(), |fd| fd.to_string()),
-            self.grace.as_millis().to_string(),
+            // Saturated: a grace of 2^64 ms (half a billion years) is forever anyway.
+            u64::try_from(self.grace.as_millis())
+                .unwrap_or(u64::MAX)
+                .to_string(),
             u8::from(self.terminal).to_string(),
             "--".to_string(),
         ]
@@ -397,7 +400,11 @@ impl Supervisor {
             self.tree.signal(pid, libc::SIGTERM);
             self.tree.signal(pid, libc::SIGCONT);
         }
-        let at = Instant::now() + self.grace;
+        let now = Instant::now();
+        // No deadline representable: none at all (the grace is longer than the clock's range).
+        let Some(at) = now.checked_add(self.grace) else {
+            return;
+        };
         self.kill_at = Some(self.kill_at.map_or(at, |earlier| earlier.min(at)));
     }
 

@@ -1043,6 +1043,28 @@ fn a_loss_prints_one_line_unless_verbose() {
 
 // --- 8. bad input: exit 64, one line, nothing locked -------------------------------------------
 
+/// A --grace the parser accepts but whose milliseconds do not fit in 64 bits (longer than half a billion
+/// years: forever, in effect) still runs the command; it made the supervisor refuse its arguments, after
+/// the lock was taken, with exit 126 and an "internal error".
+#[test]
+fn an_enormous_grace_still_runs_the_command() {
+    let sandbox = Sandbox::new();
+    let out = finish(
+        sandbox.run(&[
+            "--grace",
+            "99999999999999h",
+            "forever",
+            "--",
+            "touch",
+            "marker",
+        ]),
+        SOON,
+    );
+    out.expect_code(0);
+    assert_eq!(out.stderr, "");
+    assert!(sandbox.path("marker").exists(), "the command did not run");
+}
+
 #[test]
 fn bad_input_exits_64_with_one_line_and_locks_nothing() {
     let sandbox = Sandbox::new();
