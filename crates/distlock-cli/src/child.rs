@@ -243,6 +243,16 @@ pub fn exit_code(status: ExitStatus) -> i32 {
     }
 }
 
+/// Whether `signo` is ignored in this process (inherited so across exec).
+fn is_ignored(signo: i32) -> bool {
+    // SAFETY: sigaction with a null new action only reads the current one into a zeroed struct.
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signo, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+    }
+}
+
 /// Stops this process with `signo` (a job-control stop: SIGTSTP, SIGTTIN or SIGTTOU, at its default
 /// action for the moment), as the command was, so that the shell sees the job stopped; returns once
 /// continued.
@@ -282,20 +292,28 @@ pub fn signal_name(signo: i32) -> String {
 /// Ctrl-C reaches only `distlock`, which forwards it).
 #[derive(Debug)]
 pub struct Signals {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
-    quit: tokio::signal::unix::Signal,
+    /// `None` for a signal ignored when distlock started (`nohup`, a shell's `trap ''`): it stays
+    /// ignored, here and for the command.
+    int: Option<tokio::signal::unix::Signal>,
+    term: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+    quit: Option<tokio::signal::unix::Signal>,
 }
 
 impl Signals {
     /// Installs the handlers. From here on these signals no longer end `distlock` by themselves.
     pub fn install() -> io::Result<Self> {
+        let catch = |kind: SignalKind| -> io::Result<Option<tokio::signal::unix::Signal>> {
+            if is_ignored(kind.as_raw_value()) {
+                return Ok(None);
+            }
+            signal(kind).map(Some)
+        };
         Ok(Self {
-            int: signal(SignalKind::interrupt())?,
-            term: signal(SignalKind::terminate())?,
-            hup: signal(SignalKind::hangup())?,
-            quit: signal(SignalKind::quit())?,
+            int: catch(SignalKind::interrupt())?,
+            term: catch(SignalKind::terminate())?,
+            hup: catch(SignalKind::hangup())?,
+            quit: catch(SignalKind::quit())?,
         })
     }
 
@@ -304,11 +322,17 @@ impl Signals {
     /// # Cancel safety
     /// Cancel safe: a signal is consumed only when returned.
     pub async fn recv(&mut self) -> Signal {
+        async fn next(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+            match signal {
+                Some(signal) => signal.recv().await,
+                None => std::future::pending().await,
+            }
+        }
         let got = tokio::select! {
-            got = self.int.recv() => got.map(|()| Signal::INT),
-            got = self.term.recv() => got.map(|()| Signal::TERM),
-            got = self.hup.recv() => got.map(|()| Signal::HUP),
-            got = self.quit.recv() => got.map(|()| Signal::QUIT),
+            got = next(&mut self.int) => got.map(|()| Signal::INT),
+            got = next(&mut self.term) => got.map(|()| Signal::TERM),
+            got = next(&mut self.hup) => got.map(|()| Signal::HUP),
+            got = next(&mut self.quit) => got.map(|()| Signal::QUIT),
         };
         match got {
             Some(signal) => signal,

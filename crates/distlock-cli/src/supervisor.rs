@@ -118,7 +118,7 @@ fn set_cloexec(fd: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Signals the supervisor ignores (the command gets them back at their default). Its job ends only when
+/// Signals the supervisor ignores (the command gets them back as the supervisor inherited them). Its job ends only when
 /// the tree is gone, so what would end it early must not: SIGTTOU (it hands the terminal over and takes
 /// it back from a background group); SIGHUP, which the kernel sends to a stopped process whose group is
 /// orphaned (as its group is once `distlock` dies); and SIGINT, SIGTERM, SIGQUIT sent to every process
@@ -151,6 +151,8 @@ struct Supervisor {
     killing: bool,
     /// Every process below this one.
     tree: Tree,
+    /// The dispositions of [`IGNORED`] this process started with, given back to the command.
+    inherited: [libc::sighandler_t; IGNORED.len()],
 }
 
 impl Supervisor {
@@ -172,6 +174,7 @@ impl Supervisor {
             kill_at: None,
             killing: false,
             tree: Tree::default(),
+            inherited: [libc::SIG_DFL; IGNORED.len()],
         }
     }
 
@@ -188,11 +191,18 @@ impl Supervisor {
             libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
             // `ps` and `pkill` see "distlock-super" rather than "exe".
             libc::prctl(libc::PR_SET_NAME, c"distlock-super".as_ptr(), 0, 0, 0);
-            for signo in IGNORED {
-                libc::signal(signo, libc::SIG_IGN);
+            for (signo, inherited) in IGNORED.iter().zip(self.inherited.iter_mut()) {
+                // What exec left: the default, or ignored (nohup), which the command inherits too.
+                let previous = libc::signal(*signo, libc::SIG_IGN);
+                *inherited = if previous == libc::SIG_IGN {
+                    libc::SIG_IGN
+                } else {
+                    libc::SIG_DFL
+                };
             }
         }
         let me = std::process::id() as libc::pid_t;
+        let inherited = self.inherited;
         let give_terminal = self.terminal.is_some();
         let tty = self.tty_fd();
         let mut cmd = std::process::Command::new(&command[0]);
@@ -206,8 +216,8 @@ impl Supervisor {
                     // the terminal before it owns it.
                     libc::tcsetpgrp(tty, libc::getpid());
                 }
-                for signo in IGNORED {
-                    libc::signal(signo, libc::SIG_DFL);
+                for (signo, disposition) in IGNORED.iter().zip(inherited) {
+                    libc::signal(*signo, disposition);
                 }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == -1 {
                     return Err(std::io::Error::last_os_error());

@@ -941,6 +941,53 @@ fn signals_reach_the_command_exactly_once() {
     }
 }
 
+/// `nohup distlock run …` (or a shell's `trap '' HUP` before it): SIGHUP was ignored when distlock
+/// started, so a hangup must not end the command: distlock does not catch and forward it, and the command
+/// inherits it ignored, as it would without distlock. Before, distlock forwarded it to the command,
+/// whose disposition the supervisor had reset to the default: the command died.
+#[test]
+fn signals_ignored_at_start_stay_ignored_for_the_command() {
+    let sandbox = Sandbox::new();
+    let script = "grep ^SigIgn /proc/$$/status > ign; echo $$ > pid; \
+                  while [ ! -e stop ]; do sleep 0.05; done";
+    // As nohup does: SIGHUP ignored, then exec distlock.
+    let mut run = Running::spawn(
+        Command::new("sh")
+            .current_dir(sandbox.dir.path())
+            .env_remove("DISTLOCK_URL")
+            .env_remove("DISTLOCK_TOKEN")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .args([
+                "-c",
+                &format!(
+                    "trap '' HUP; exec '{BIN}' run --url '{}' nohup -- sh -c '{script}'",
+                    sandbox.url()
+                ),
+            ]),
+    );
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    let ignored = fs::read_to_string(sandbox.path("ign")).unwrap();
+    let mask = u64::from_str_radix(ignored.trim_start_matches("SigIgn:").trim(), 16).unwrap();
+    assert_ne!(
+        mask & 1,
+        0,
+        "SIGHUP is not ignored in the command: {ignored}"
+    );
+    // distlock is the process sh exec'd: a hangup to it.
+    rustix::process::kill_process(Pid::from_raw(run.pid as i32).unwrap(), Signal::HUP).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let command = read_u64(&sandbox.path("pid")) as u32;
+    assert!(
+        is_alive(command),
+        "SIGHUP ended the command started under nohup"
+    );
+    fs::write(sandbox.path("stop"), "").unwrap();
+    assert_eq!(run.wait(SOON).code(), Some(0));
+}
+
 // --- 7. the lock is lost while the command runs -------------------------------------------------
 
 /// A memory URL whose server side freezes `after` the process connects, as on a partition.
