@@ -272,17 +272,15 @@ async fn supervise(
 }
 
 /// Whether `distlock` owns its controlling terminal: our process group is its foreground group (stdin
-/// need not be the terminal: in a pipeline the command may still read `/dev/tty`), and no other
-/// member of the group (a pager after us in a pipeline) needs it. Only then is the terminal handed to
-/// the command (and taken back after).
+/// need not be the terminal: in a pipeline the command may still read `/dev/tty`). Only then is the
+/// terminal handed to the command (and taken back after).
 fn owns_terminal() -> bool {
     use std::os::fd::AsRawFd;
     let Some(tty) = crate::supervisor::open_tty() else {
         return false;
     };
     // SAFETY: plain system calls on an open descriptor and ourselves.
-    let foreground = unsafe { libc::tcgetpgrp(tty.as_raw_fd()) == libc::getpgrp() };
-    foreground && crate::supervisor::alone_in_process_group()
+    unsafe { libc::tcgetpgrp(tty.as_raw_fd()) == libc::getpgrp() }
 }
 
 /// The one line saying the lock was lost, why, and what was done about it.

@@ -592,49 +592,6 @@ pub fn become_subreaper() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether this process is alone in its process group but for its ancestors (a shell without job
-/// control, a subshell): no pipeline sibling (`distlock run … | less`) shares the group, whose reading
-/// of the terminal handing it to the command would stop (SIGTTIN) or fail (EIO).
-pub fn alone_in_process_group() -> bool {
-    // SAFETY: plain system calls.
-    let (me, group) = unsafe { (libc::getpid(), libc::getpgrp()) };
-    let mut ancestors = HashSet::new();
-    let mut pid = me;
-    while let Some((_, ppid, _)) = stat(pid) {
-        if ppid <= 0 || !ancestors.insert(ppid) {
-            break;
-        }
-        pid = ppid;
-    }
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return true;
-    };
-    !entries.flatten().any(|entry| {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<libc::pid_t>().ok())
-        else {
-            return false;
-        };
-        pid != me
-            && !ancestors.contains(&pid)
-            && stat(pid).is_some_and(|(zombie, _, pgrp)| pgrp == group && !zombie)
-    })
-}
-
-/// Whether `pid` is a zombie, its parent and its process group, from `/proc/PID/stat`.
-fn stat(pid: libc::pid_t) -> Option<(bool, libc::pid_t, libc::pid_t)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After "pid (comm)": state, ppid, pgrp.
-    let (_, rest) = stat.rsplit_once(')')?;
-    let mut fields = rest.split_whitespace();
-    let zombie = matches!(fields.next(), Some("Z" | "X"));
-    let ppid = fields.next()?.parse().ok()?;
-    let pgrp = fields.next()?.parse().ok()?;
-    Some((zombie, ppid, pgrp))
-}
-
 /// The controlling terminal, whichever of stdin, stdout and stderr (or none) is connected to it: a
 /// command in a pipeline still reads it through `/dev/tty` (password prompts).
 pub fn open_tty() -> Option<std::fs::File> {
