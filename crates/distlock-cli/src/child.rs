@@ -32,6 +32,9 @@ pub struct Spec<'a> {
     pub grace: Duration,
     /// Give the command the controlling terminal (distlock is in its foreground group).
     pub terminal: bool,
+    /// Give it only once the command's group wants it (another process of distlock's group, a pager
+    /// after it in a pipeline, reads it too).
+    pub terminal_on_demand: bool,
 }
 
 /// What the supervisor reports.
@@ -69,6 +72,7 @@ pub async fn spawn(spec: Spec<'_>) -> io::Result<Child> {
         lock: lock_fd,
         grace: spec.grace,
         terminal: spec.terminal,
+        terminal_on_demand: spec.terminal_on_demand,
     };
     // Our own binary, even if it was replaced or deleted on disk since.
     let mut command = tokio::process::Command::new("/proc/self/exe");

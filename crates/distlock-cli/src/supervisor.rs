@@ -50,6 +50,9 @@ pub struct Invocation {
     pub grace: Duration,
     /// Hand the controlling terminal to the command's process group, and back afterwards.
     pub terminal: bool,
+    /// Hand it over only once a process of the command's group is stopped for want of it (SIGTTIN,
+    /// SIGTTOU): another process of distlock's group (a pager after it in a pipeline) reads it too.
+    pub terminal_on_demand: bool,
 }
 
 impl Invocation {
@@ -63,7 +66,11 @@ impl Invocation {
             u64::try_from(self.grace.as_millis())
                 .unwrap_or(u64::MAX)
                 .to_string(),
-            u8::from(self.terminal).to_string(),
+            if self.terminal_on_demand {
+                "2".to_string()
+            } else {
+                u8::from(self.terminal).to_string()
+            },
             "--".to_string(),
         ]
     }
@@ -77,6 +84,7 @@ impl Invocation {
         };
         let grace = Duration::from_millis(text(2)?.parse().ok()?);
         let terminal = text(3)? == "1";
+        let terminal_on_demand = text(3)? == "2";
         if text(4)? != "--" || args.len() < 6 {
             return None;
         }
@@ -86,6 +94,7 @@ impl Invocation {
                 lock,
                 grace,
                 terminal,
+                terminal_on_demand,
             },
             &args[5..],
         ))
@@ -141,6 +150,8 @@ struct Supervisor {
     terminal: Option<libc::pid_t>,
     /// The controlling terminal (`/dev/tty`, close-on-exec), when the command is given it.
     tty: Option<std::fs::File>,
+    /// distlock's process group, while the terminal is to be handed over on demand and has not been.
+    terminal_on_demand: Option<libc::pid_t>,
     /// The command, until reaped.
     leader: Option<libc::pid_t>,
     /// Readable once the leader has exited (`pidfd_open`; `None` on kernels without it).
@@ -157,18 +168,26 @@ struct Supervisor {
 
 impl Supervisor {
     fn new(control: UnixStream, invocation: Invocation) -> Self {
-        let tty = invocation.terminal.then(open_tty).flatten();
-        let terminal = tty
+        let tty = (invocation.terminal || invocation.terminal_on_demand)
+            .then(open_tty)
+            .flatten();
+        let foreground = tty
             .as_ref()
             // SAFETY: plain system call on an open descriptor.
             .map(|tty| unsafe { libc::tcgetpgrp(tty.as_raw_fd()) })
             .filter(|pgrp| *pgrp > 0);
+        let (terminal, terminal_on_demand) = if invocation.terminal_on_demand {
+            (None, foreground)
+        } else {
+            (foreground, None)
+        };
         Self {
             control: Some(control),
             pending: Vec::new(),
             grace: invocation.grace,
             terminal,
             tty,
+            terminal_on_demand,
             leader: None,
             leader_fd: None,
             kill_at: None,
@@ -264,6 +283,8 @@ impl Supervisor {
             }
             if self.killing {
                 self.tree.kill_all();
+            } else {
+                self.hand_over_terminal_on_demand();
             }
             let timeout = if self.killing && self.tree.unkillable.is_empty() {
                 Duration::from_millis(10)
@@ -276,7 +297,10 @@ impl Supervisor {
             } else {
                 // Orphans that die are reaped on this tick, and a stop of a command that has the
                 // terminal is noticed (it makes no pidfd readable).
-                let tick = if self.leader_fd.is_some() && self.terminal.is_none() {
+                let tick = if self.leader_fd.is_some()
+                    && self.terminal.is_none()
+                    && self.terminal_on_demand.is_none()
+                {
                     Duration::from_secs(1)
                 } else {
                     Duration::from_millis(50)
@@ -450,6 +474,29 @@ impl Supervisor {
         unsafe { libc::kill(-leader, libc::SIGCONT) };
     }
 
+    /// When the terminal is handed over on demand: once a process of the command's group is stopped
+    /// (by SIGTTIN or SIGTTOU, reading or setting up the terminal from a background group: a password
+    /// prompt) while distlock's group has the terminal, the command's group gets it and is continued.
+    fn hand_over_terminal_on_demand(&mut self) {
+        let (Some(pgrp), Some(leader)) = (self.terminal_on_demand, self.leader) else {
+            return;
+        };
+        if !stopped_in_group(leader) {
+            return;
+        }
+        let tty = self.tty_fd();
+        // SAFETY: plain system calls on the terminal (SIGTTOU is ignored here) and the command's
+        // group, pinned by its unreaped leader.
+        unsafe {
+            if libc::tcgetpgrp(tty) != pgrp || libc::tcsetpgrp(tty, leader) == -1 {
+                return;
+            }
+            libc::kill(-leader, libc::SIGCONT);
+        }
+        self.terminal_on_demand = None;
+        self.terminal = Some(pgrp);
+    }
+
     /// The controlling terminal's descriptor, or -1 (calls on it then fail with EBADF).
     fn tty_fd(&self) -> RawFd {
         self.tty.as_ref().map_or(-1, AsRawFd::as_raw_fd)
@@ -590,6 +637,57 @@ pub fn become_subreaper() -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Whether this process is alone in its process group but for its ancestors (a shell without job
+/// control, a subshell): no pipeline sibling (`distlock run … | less`) shares the group and reads the
+/// terminal too.
+pub fn alone_in_process_group() -> bool {
+    // SAFETY: plain system calls.
+    let (me, group) = unsafe { (libc::getpid(), libc::getpgrp()) };
+    let mut ancestors = HashSet::new();
+    let mut pid = me;
+    while let Some((_, ppid, _)) = stat(pid) {
+        if ppid <= 0 || !ancestors.insert(ppid) {
+            break;
+        }
+        pid = ppid;
+    }
+    !any_process(|pid, state, pgrp| {
+        pid != me && !ancestors.contains(&pid) && pgrp == group && !matches!(state, 'Z' | 'X')
+    })
+}
+
+/// Whether a process of process group `group` is stopped (by a signal; not a tracing stop).
+fn stopped_in_group(group: libc::pid_t) -> bool {
+    any_process(|_, state, pgrp| pgrp == group && state == 'T')
+}
+
+/// Whether `test(pid, state, process group)` holds for a process in `/proc`.
+fn any_process(test: impl Fn(libc::pid_t, char, libc::pid_t) -> bool) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<libc::pid_t>().ok())
+            .and_then(|pid| stat(pid).map(|(state, _, pgrp)| (pid, state, pgrp)))
+            .is_some_and(|(pid, state, pgrp)| test(pid, state, pgrp))
+    })
+}
+
+/// The state letter, parent and process group of `pid`, from `/proc/PID/stat`.
+fn stat(pid: libc::pid_t) -> Option<(char, libc::pid_t, libc::pid_t)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After "pid (comm)": state, ppid, pgrp.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, ppid, pgrp))
 }
 
 /// The controlling terminal, whichever of stdin, stdout and stderr (or none) is connected to it: a

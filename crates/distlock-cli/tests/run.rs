@@ -629,6 +629,123 @@ fn a_command_in_a_pipeline_reads_the_controlling_terminal() {
     }
 }
 
+/// `distlock run … | less` under a terminal: the pager, in distlock's process group (the shell's job),
+/// reads the terminal while the command runs. Handing the terminal to the command's group would stop the
+/// pager with SIGTTIN (under a shell without job control its read fails with EIO), so with another
+/// member of its job alive distlock keeps the terminal for the job until the command wants it.
+#[test]
+fn a_pager_after_distlock_in_a_pipeline_keeps_the_terminal() {
+    let sandbox = Sandbox::new();
+    let script = format!(
+        "'{BIN}' run --url '{}' pager -- sh -c 'echo $$ > pid; echo line; sleep 3' | \
+         sh -c 'read first; read x < /dev/tty; echo \"pager:$first:$x\"'\n\
+         echo \"rc:$?\"\n",
+        sandbox.url()
+    );
+    fs::write(sandbox.path("tty.sh"), script).unwrap();
+    let mut child = Command::new("script")
+        .args(["-qec", "sh ./tty.sh", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux is needed for the terminal test");
+    let mut stdin = child.stdin.take().unwrap();
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    {
+        use std::io::Write;
+        stdin.write_all(b"hello\n").unwrap();
+    }
+    let out = match rx.recv_timeout(Duration::from_secs(15)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+            panic!("the pager hung (stopped by SIGTTIN: the command's group had the terminal)");
+        }
+    };
+    drop(stdin);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("pager:line:hello") && stdout.contains("rc:0"),
+        "the terminal's output: {stdout:?}; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The other half of the pager case: with another process in distlock's group (here `| cat`), a
+/// descendant of the command that prompts through /dev/tty (sudo inside a deploy script) is stopped by
+/// SIGTTIN in the command's background group; the supervisor then hands the command's group the
+/// terminal and continues it, so the prompt reads what is typed instead of hanging with the lock held.
+#[test]
+fn a_prompt_inside_a_piped_command_gets_the_terminal_on_demand() {
+    let sandbox = Sandbox::new();
+    let script = format!(
+        "'{BIN}' run --url '{}' prompt -- sh -c \
+         'echo $$ > pid; sh -c \"read x < /dev/tty; echo got:\\$x\"' | cat\n\
+         echo \"rc:$?\"\n",
+        sandbox.url()
+    );
+    fs::write(sandbox.path("tty.sh"), script).unwrap();
+    let mut child = Command::new("script")
+        .args(["-qec", "sh ./tty.sh", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux is needed for the terminal test");
+    let mut stdin = child.stdin.take().unwrap();
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    {
+        use std::io::Write;
+        stdin.write_all(b"hello\n").unwrap();
+    }
+    let out = match rx.recv_timeout(Duration::from_secs(15)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // distlock (the command's grandparent) takes the stopped prompt along when killed.
+            if let Some(distlock) = parent(read_u64(&sandbox.path("pid")) as u32).and_then(parent) {
+                let _ = rustix::process::kill_process(
+                    Pid::from_raw(distlock as i32).unwrap(),
+                    Signal::KILL,
+                );
+            }
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+            panic!("the prompt hung (stopped by SIGTTIN in the command's background group)");
+        }
+    };
+    drop(stdin);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("got:hello") && stdout.contains("rc:0"),
+        "the terminal's output: {stdout:?}; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Ctrl-Z on an interactive command (SIGTSTP to its process group, which has the terminal) suspends
 /// the whole job: the interactive shell that ran `distlock` gets the terminal back and reads the next
 /// line; `fg` resumes the command with the terminal, and it reads what is typed then. (Before, the
