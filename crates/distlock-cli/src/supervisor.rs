@@ -297,10 +297,10 @@ impl Supervisor {
             } else {
                 // Orphans that die are reaped on this tick, and a stop of a command that has the
                 // terminal is noticed (it makes no pidfd readable).
-                let tick = if self.leader_fd.is_some()
-                    && self.terminal.is_none()
-                    && self.terminal_on_demand.is_none()
-                {
+                let tick = if self.terminal_on_demand.is_some() {
+                    // A /proc scan each: a prompt waits a moment, a long build is not taxed.
+                    Duration::from_millis(250)
+                } else if self.leader_fd.is_some() && self.terminal.is_none() {
                     Duration::from_secs(1)
                 } else {
                     Duration::from_millis(50)
