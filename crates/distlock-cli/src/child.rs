@@ -30,13 +30,19 @@ pub struct Spec<'a> {
     pub lock: Option<BorrowedFd<'a>>,
     /// How long descendants get between SIGTERM and SIGKILL.
     pub grace: Duration,
-    /// Give the command the terminal (stdin is one and distlock is in its foreground group).
+    /// Give the command the controlling terminal (distlock is in its foreground group).
     pub terminal: bool,
+    /// Give it only once the command's group wants it (another process of distlock's group, a pager
+    /// after it in a pipeline, reads it too).
+    pub terminal_on_demand: bool,
 }
 
 /// What the supervisor reports.
 #[derive(Debug)]
 pub enum Event {
+    /// The command, which had the terminal, was stopped by this signal (Ctrl-Z); the terminal is
+    /// distlock's group's again. Stop too, then [`Child::resume`].
+    Stopped(i32),
     /// The command exited.
     Exited(ExitStatus),
     /// Every process the command started is gone (the supervisor has exited or is exiting).
@@ -66,6 +72,7 @@ pub async fn spawn(spec: Spec<'_>) -> io::Result<Child> {
         lock: lock_fd,
         grace: spec.grace,
         terminal: spec.terminal,
+        terminal_on_demand: spec.terminal_on_demand,
     };
     // Our own binary, even if it was replaced or deleted on disk since.
     let mut command = tokio::process::Command::new("/proc/self/exe");
@@ -97,12 +104,20 @@ pub async fn spawn(spec: Spec<'_>) -> io::Result<Child> {
             Ok(())
         });
     }
+    // If the supervisor dies before its job is done, what it leaves orphaned comes to us.
+    crate::supervisor::become_subreaper()?;
     let mut supervisor = command.spawn()?;
     drop(theirs);
     ours.set_nonblocking(true)?;
     let (read, requests) = tokio::net::UnixStream::from_std(ours)?.into_split();
     let mut reports = BufReader::new(read).lines();
-    let first = reports.next_line().await?;
+    let first = match reports.next_line().await {
+        Ok(first) => first,
+        Err(e) => {
+            supervisor_failed(&mut supervisor).await;
+            return Err(e);
+        }
+    };
     match first.as_deref().and_then(|l| l.split_once(' ')) {
         Some(("p", pid)) => Ok(Child {
             supervisor,
@@ -118,9 +133,20 @@ pub async fn spawn(spec: Spec<'_>) -> io::Result<Child> {
             ))
         }
         _ => {
-            let _ = supervisor.wait().await;
+            supervisor_failed(&mut supervisor).await;
             Err(bad_report(&first))
         }
+    }
+}
+
+/// The supervisor died (SIGKILLed, say) or misbehaved before reporting the tree gone: end it, then
+/// kill and reap what it left orphaned (reparented to us, a subreaper), so the caller's release never
+/// frees the lock under a live descendant. Off the runtime's thread, so renewals go on meanwhile.
+async fn supervisor_failed(supervisor: &mut tokio::process::Child) {
+    let _ = supervisor.start_kill();
+    let _ = supervisor.wait().await;
+    if let Err(e) = tokio::task::spawn_blocking(crate::supervisor::kill_orphans).await {
+        tracing::warn!(error = %e, "killing what the supervisor left behind failed");
     }
 }
 
@@ -164,13 +190,30 @@ impl Child {
         self.request("k");
     }
 
+    /// Continues the command after [`Event::Stopped`], giving it the terminal if distlock's group has
+    /// it.
+    pub fn resume(&self) {
+        if !self.exited {
+            self.request("c");
+        }
+    }
+
     /// The next report: the command's exit, then that its whole tree is gone.
     ///
     /// # Cancel safety
     /// Cancel safe (a line is consumed only when returned).
     pub async fn next_event(&mut self) -> io::Result<Event> {
-        let line = self.reports.next_line().await?;
+        let line = match self.reports.next_line().await {
+            Ok(line) => line,
+            Err(e) => {
+                supervisor_failed(&mut self.supervisor).await;
+                return Err(e);
+            }
+        };
         match line.as_deref().and_then(|l| l.split_once(' ')) {
+            Some(("z", signo)) => Ok(Event::Stopped(
+                signo.parse().map_err(|_| bad_report(&line))?,
+            )),
             Some(("x", raw)) => {
                 let raw = raw.parse().map_err(|_| bad_report(&line))?;
                 self.exited = true;
@@ -183,7 +226,7 @@ impl Child {
                 Ok(Event::TreeGone)
             }
             _ => {
-                let _ = self.supervisor.wait().await;
+                supervisor_failed(&mut self.supervisor).await;
                 Err(match line {
                     None => io::Error::other("the supervisor exited unexpectedly"),
                     line => bad_report(&line),
@@ -201,6 +244,34 @@ pub fn exit_code(status: ExitStatus) -> i32 {
         (None, Some(signo)) => crate::exit::signal_code(signo),
         // Not reachable for an exited child (stops are not reported by wait).
         (None, None) => crate::exit::Code::CannotExecute.as_i32(),
+    }
+}
+
+/// Whether `signo` is ignored in this process (inherited so across exec).
+fn is_ignored(signo: i32) -> bool {
+    // SAFETY: sigaction with a null new action only reads the current one into a zeroed struct.
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signo, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// Stops this process with `signo` (a job-control stop: SIGTSTP, SIGTTIN or SIGTTOU, at its default
+/// action for the moment), as the command was, so that the shell sees the job stopped; returns once
+/// continued.
+pub fn stop_self(signo: i32) {
+    let signo = match signo {
+        libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => signo,
+        _ => libc::SIGSTOP,
+    };
+    // SAFETY: signal dispositions and kill on ourselves; nothing here handles these signals.
+    unsafe {
+        let previous = libc::signal(signo, libc::SIG_DFL);
+        libc::kill(libc::getpid(), signo);
+        if previous != libc::SIG_ERR {
+            libc::signal(signo, previous);
+        }
     }
 }
 
@@ -225,20 +296,28 @@ pub fn signal_name(signo: i32) -> String {
 /// Ctrl-C reaches only `distlock`, which forwards it).
 #[derive(Debug)]
 pub struct Signals {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
-    quit: tokio::signal::unix::Signal,
+    /// `None` for a signal ignored when distlock started (`nohup`, a shell's `trap ''`): it stays
+    /// ignored, here and for the command.
+    int: Option<tokio::signal::unix::Signal>,
+    term: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+    quit: Option<tokio::signal::unix::Signal>,
 }
 
 impl Signals {
     /// Installs the handlers. From here on these signals no longer end `distlock` by themselves.
     pub fn install() -> io::Result<Self> {
+        let catch = |kind: SignalKind| -> io::Result<Option<tokio::signal::unix::Signal>> {
+            if is_ignored(kind.as_raw_value()) {
+                return Ok(None);
+            }
+            signal(kind).map(Some)
+        };
         Ok(Self {
-            int: signal(SignalKind::interrupt())?,
-            term: signal(SignalKind::terminate())?,
-            hup: signal(SignalKind::hangup())?,
-            quit: signal(SignalKind::quit())?,
+            int: catch(SignalKind::interrupt())?,
+            term: catch(SignalKind::terminate())?,
+            hup: catch(SignalKind::hangup())?,
+            quit: catch(SignalKind::quit())?,
         })
     }
 
@@ -247,11 +326,17 @@ impl Signals {
     /// # Cancel safety
     /// Cancel safe: a signal is consumed only when returned.
     pub async fn recv(&mut self) -> Signal {
+        async fn next(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+            match signal {
+                Some(signal) => signal.recv().await,
+                None => std::future::pending().await,
+            }
+        }
         let got = tokio::select! {
-            got = self.int.recv() => got.map(|()| Signal::INT),
-            got = self.term.recv() => got.map(|()| Signal::TERM),
-            got = self.hup.recv() => got.map(|()| Signal::HUP),
-            got = self.quit.recv() => got.map(|()| Signal::QUIT),
+            got = next(&mut self.int) => got.map(|()| Signal::INT),
+            got = next(&mut self.term) => got.map(|()| Signal::TERM),
+            got = next(&mut self.hup) => got.map(|()| Signal::HUP),
+            got = next(&mut self.quit) => got.map(|()| Signal::QUIT),
         };
         match got {
             Some(signal) => signal,

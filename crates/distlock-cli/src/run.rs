@@ -103,6 +103,7 @@ async fn hold(
         // An inherited token (from an outer `distlock run`) must not pass for this hold's.
         None => remove_env.push("DISTLOCK_TOKEN"),
     }
+    let terminal = terminal();
     let spec = Spec {
         program,
         args: program_args,
@@ -110,7 +111,8 @@ async fn hold(
         remove_env,
         lock: guard.inheritable_descriptor(),
         grace: args.grace,
-        terminal: owns_terminal(),
+        terminal: terminal == Terminal::HandOver,
+        terminal_on_demand: terminal == Terminal::OnDemand,
     };
     let mut child = match child::spawn(spec).await {
         Ok(child) => child,
@@ -216,10 +218,19 @@ async fn supervise(
     loop {
         tokio::select! {
             event = child.next_event() => match event {
+                Ok(Event::Stopped(signo)) => {
+                    child::stop_self(signo);
+                    // Continued. A loss while stopped is acted on by the next turn (SIGTERM comes with
+                    // SIGCONT); the command is not let loose without the lock first.
+                    if on_lost == OnLost::Ignore || guard.state() != LockState::Lost {
+                        child.resume();
+                    }
+                }
                 Ok(Event::Exited(exited)) => status = Some(Ok(exited)),
                 Ok(Event::TreeGone) => break,
                 Err(e) => {
-                    // The supervisor is gone: the command died with it (parent-death signal).
+                    // The supervisor is gone: the command died with it (parent-death signal), and
+                    // what else it left was killed by `next_event` before returning this.
                     status = Some(status.unwrap_or(Err(e)));
                     break;
                 }
@@ -262,15 +273,34 @@ async fn supervise(
     }
 }
 
-/// Whether `distlock` owns the terminal: stdin is one and our process group is its foreground group.
-/// Only then is the terminal handed to the command (and taken back after).
-fn owns_terminal() -> bool {
-    use std::io::IsTerminal;
-    if !std::io::stdin().is_terminal() {
-        return false;
+/// What the command gets of the controlling terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Terminal {
+    /// Nothing: distlock is not in its foreground (or has none).
+    None,
+    /// The terminal, at once: distlock owns it alone.
+    HandOver,
+    /// The terminal once the command's group is stopped for want of it: another process of
+    /// distlock's group (a pager after it in a pipeline) reads it too.
+    OnDemand,
+}
+
+/// Whether `distlock` owns its controlling terminal: our process group is its foreground group (stdin
+/// need not be the terminal: in a pipeline the command may still read `/dev/tty`); and whether it
+/// shares it with another process of its group.
+fn terminal() -> Terminal {
+    use std::os::fd::AsRawFd;
+    let Some(tty) = crate::supervisor::open_tty() else {
+        return Terminal::None;
+    };
+    // SAFETY: plain system calls on an open descriptor and ourselves.
+    if unsafe { libc::tcgetpgrp(tty.as_raw_fd()) != libc::getpgrp() } {
+        Terminal::None
+    } else if crate::supervisor::alone_in_process_group() {
+        Terminal::HandOver
+    } else {
+        Terminal::OnDemand
     }
-    // SAFETY: plain system calls on stdin and ourselves.
-    unsafe { libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
 /// The one line saying the lock was lost, why, and what was done about it.

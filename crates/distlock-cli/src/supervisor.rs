@@ -22,9 +22,11 @@
 //! The protocol, one line per message.
 //! distlock → supervisor: `s N` (send signal N to the command's process group, while its leader is
 //! unreaped), `t` (SIGTERM every descendant, SIGKILL them all after the grace), `k` (SIGKILL every
-//! descendant now).
-//! supervisor → distlock: `p PID` (the command started), `e ERRNO` (it could not be started), `x RAW`
-//! (the command exited with wait status RAW), `d` (every descendant is gone; the supervisor exits).
+//! descendant now), `c` (continue the stopped command, with the terminal if distlock has it again).
+//! supervisor → distlock: `p PID` (the command started), `e ERRNO` (it could not be started), `z N`
+//! (the command, which had the terminal, was stopped by signal N, as by Ctrl-Z; the terminal is
+//! distlock's again, and distlock stops itself so its shell sees the job stopped), `x RAW` (the command
+//! exited with wait status RAW), `d` (every descendant is gone; the supervisor exits).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -46,8 +48,11 @@ pub struct Invocation {
     pub lock: Option<RawFd>,
     /// How long descendants get between SIGTERM and SIGKILL.
     pub grace: Duration,
-    /// Hand the terminal (stdin) to the command's process group, and back afterwards.
+    /// Hand the controlling terminal to the command's process group, and back afterwards.
     pub terminal: bool,
+    /// Hand it over only once a process of the command's group is stopped for want of it (SIGTTIN,
+    /// SIGTTOU): another process of distlock's group (a pager after it in a pipeline) reads it too.
+    pub terminal_on_demand: bool,
 }
 
 impl Invocation {
@@ -57,8 +62,15 @@ impl Invocation {
             self.control.to_string(),
             self.lock
                 .map_or_else(|| "-".to_string(), |fd| fd.to_string()),
-            self.grace.as_millis().to_string(),
-            u8::from(self.terminal).to_string(),
+            // Saturated: a grace of 2^64 ms (half a billion years) is forever anyway.
+            u64::try_from(self.grace.as_millis())
+                .unwrap_or(u64::MAX)
+                .to_string(),
+            if self.terminal_on_demand {
+                "2".to_string()
+            } else {
+                u8::from(self.terminal).to_string()
+            },
             "--".to_string(),
         ]
     }
@@ -72,6 +84,7 @@ impl Invocation {
         };
         let grace = Duration::from_millis(text(2)?.parse().ok()?);
         let terminal = text(3)? == "1";
+        let terminal_on_demand = text(3)? == "2";
         if text(4)? != "--" || args.len() < 6 {
             return None;
         }
@@ -81,6 +94,7 @@ impl Invocation {
                 lock,
                 grace,
                 terminal,
+                terminal_on_demand,
             },
             &args[5..],
         ))
@@ -113,7 +127,7 @@ fn set_cloexec(fd: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Signals the supervisor ignores (the command gets them back at their default). Its job ends only when
+/// Signals the supervisor ignores (the command gets them back as the supervisor inherited them). Its job ends only when
 /// the tree is gone, so what would end it early must not: SIGTTOU (it hands the terminal over and takes
 /// it back from a background group); SIGHUP, which the kernel sends to a stopped process whose group is
 /// orphaned (as its group is once `distlock` dies); and SIGINT, SIGTERM, SIGQUIT sent to every process
@@ -134,6 +148,10 @@ struct Supervisor {
     grace: Duration,
     /// The terminal's foreground process group to restore, when the command was given the terminal.
     terminal: Option<libc::pid_t>,
+    /// The controlling terminal (`/dev/tty`, close-on-exec), when the command is given it.
+    tty: Option<std::fs::File>,
+    /// distlock's process group, while the terminal is to be handed over on demand and has not been.
+    terminal_on_demand: Option<libc::pid_t>,
     /// The command, until reaped.
     leader: Option<libc::pid_t>,
     /// Readable once the leader has exited (`pidfd_open`; `None` on kernels without it).
@@ -142,28 +160,40 @@ struct Supervisor {
     kill_at: Option<Instant>,
     /// SIGKILL every descendant now and until none is left.
     killing: bool,
-    /// Descendants that could not be signalled (EPERM: one that changed its real user id, as sudo
-    /// does), already reported.
-    unkillable: HashSet<libc::pid_t>,
+    /// Every process below this one.
+    tree: Tree,
+    /// The dispositions of [`IGNORED`] this process started with, given back to the command.
+    inherited: [libc::sighandler_t; IGNORED.len()],
 }
 
 impl Supervisor {
     fn new(control: UnixStream, invocation: Invocation) -> Self {
-        let terminal = invocation
-            .terminal
-            // SAFETY: plain system call on stdin.
-            .then(|| unsafe { libc::tcgetpgrp(0) })
+        let tty = (invocation.terminal || invocation.terminal_on_demand)
+            .then(open_tty)
+            .flatten();
+        let foreground = tty
+            .as_ref()
+            // SAFETY: plain system call on an open descriptor.
+            .map(|tty| unsafe { libc::tcgetpgrp(tty.as_raw_fd()) })
             .filter(|pgrp| *pgrp > 0);
+        let (terminal, terminal_on_demand) = if invocation.terminal_on_demand {
+            (None, foreground)
+        } else {
+            (foreground, None)
+        };
         Self {
             control: Some(control),
             pending: Vec::new(),
             grace: invocation.grace,
             terminal,
+            tty,
+            terminal_on_demand,
             leader: None,
             leader_fd: None,
             kill_at: None,
             killing: false,
-            unkillable: HashSet::new(),
+            tree: Tree::default(),
+            inherited: [libc::SIG_DFL; IGNORED.len()],
         }
     }
 
@@ -180,12 +210,20 @@ impl Supervisor {
             libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
             // `ps` and `pkill` see "distlock-super" rather than "exe".
             libc::prctl(libc::PR_SET_NAME, c"distlock-super".as_ptr(), 0, 0, 0);
-            for signo in IGNORED {
-                libc::signal(signo, libc::SIG_IGN);
+            for (signo, inherited) in IGNORED.iter().zip(self.inherited.iter_mut()) {
+                // What exec left: the default, or ignored (nohup), which the command inherits too.
+                let previous = libc::signal(*signo, libc::SIG_IGN);
+                *inherited = if previous == libc::SIG_IGN {
+                    libc::SIG_IGN
+                } else {
+                    libc::SIG_DFL
+                };
             }
         }
         let me = std::process::id() as libc::pid_t;
+        let inherited = self.inherited;
         let give_terminal = self.terminal.is_some();
+        let tty = self.tty_fd();
         let mut cmd = std::process::Command::new(&command[0]);
         cmd.args(&command[1..]).process_group(0);
         // SAFETY: between fork and exec only async-signal-safe calls (signal, prctl, getppid,
@@ -195,10 +233,10 @@ impl Supervisor {
                 if give_terminal {
                     // Also done by the supervisor; doing it here too means the command never reads
                     // the terminal before it owns it.
-                    libc::tcsetpgrp(0, libc::getpid());
+                    libc::tcsetpgrp(tty, libc::getpid());
                 }
-                for signo in IGNORED {
-                    libc::signal(signo, libc::SIG_DFL);
+                for (signo, disposition) in IGNORED.iter().zip(inherited) {
+                    libc::signal(*signo, disposition);
                 }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == -1 {
                     return Err(std::io::Error::last_os_error());
@@ -223,7 +261,7 @@ impl Supervisor {
         self.leader = Some(pid);
         if give_terminal {
             // SAFETY: plain system call.
-            unsafe { libc::tcsetpgrp(0, pid) };
+            unsafe { libc::tcsetpgrp(tty, pid) };
         }
         self.leader_fd = pidfd_open(pid);
         self.send(&format!("p {pid}"));
@@ -244,9 +282,11 @@ impl Supervisor {
                 self.killing = true;
             }
             if self.killing {
-                self.kill_tree();
+                self.tree.kill_all();
+            } else {
+                self.hand_over_terminal_on_demand();
             }
-            let timeout = if self.killing && self.unkillable.is_empty() {
+            let timeout = if self.killing && self.tree.unkillable.is_empty() {
                 Duration::from_millis(10)
             } else if self.killing {
                 // Waiting for a process we may not signal: no need to rescan /proc 100 times a second.
@@ -255,8 +295,12 @@ impl Supervisor {
                 // Waiting for leftovers to exit after SIGTERM: no exit notification for them.
                 Duration::from_millis(20)
             } else {
-                // Orphans that die are reaped on this tick.
-                let tick = if self.leader_fd.is_some() {
+                // Orphans that die are reaped on this tick, and a stop of a command that has the
+                // terminal is noticed (it makes no pidfd readable).
+                let tick = if self.terminal_on_demand.is_some() {
+                    // A /proc scan each: a prompt waits a moment, a long build is not taxed.
+                    Duration::from_millis(250)
+                } else if self.leader_fd.is_some() && self.terminal.is_none() {
                     Duration::from_secs(1)
                 } else {
                     Duration::from_millis(50)
@@ -275,7 +319,13 @@ impl Supervisor {
         loop {
             let mut status = 0;
             // SAFETY: waitpid with a valid out pointer.
-            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::WUNTRACED) };
+            if pid > 0 && libc::WIFSTOPPED(status) {
+                if Some(pid) == self.leader {
+                    self.leader_stopped(libc::WSTOPSIG(status));
+                }
+                continue;
+            }
             if pid > 0 {
                 if Some(pid) == self.leader {
                     self.leader = None;
@@ -370,6 +420,7 @@ impl Supervisor {
                 }
             }
             (Some("k"), _) => self.killing = true,
+            (Some("c"), _) => self.continue_leader(),
             _ => crate::exit::report(format_args!(
                 "internal error: unknown supervisor message {message:?}"
             )),
@@ -379,16 +430,98 @@ impl Supervisor {
     /// SIGTERM (and SIGCONT, so a stopped one can act on it) to every descendant; SIGKILL after the
     /// grace, unless an earlier deadline is already set.
     fn terminate_tree(&mut self) {
-        for pid in self.descendants() {
-            self.signal(pid, libc::SIGTERM);
-            self.signal(pid, libc::SIGCONT);
+        for pid in self.tree.descendants() {
+            self.tree.signal(pid, libc::SIGTERM);
+            self.tree.signal(pid, libc::SIGCONT);
         }
-        let at = Instant::now() + self.grace;
+        let now = Instant::now();
+        // No deadline representable: none at all (the grace is longer than the clock's range).
+        let Some(at) = now.checked_add(self.grace) else {
+            return;
+        };
         self.kill_at = Some(self.kill_at.map_or(at, |earlier| earlier.min(at)));
     }
 
+    /// The command, which has the terminal, stopped (Ctrl-Z, or reading the terminal after `bg`): the
+    /// terminal goes back to distlock's group, and distlock is told, so that it stops too and its shell
+    /// sees the job stopped and takes the terminal, as it would for the command alone.
+    fn leader_stopped(&mut self, signo: i32) {
+        let Some(pgrp) = self.terminal else {
+            // No terminal handed over: nothing hangs on this stop; whoever stopped it continues it.
+            return;
+        };
+        // SAFETY: plain system call (SIGTTOU is ignored here).
+        unsafe { libc::tcsetpgrp(self.tty_fd(), pgrp) };
+        self.send(&format!("z {signo}"));
+    }
+
+    /// distlock was continued (`fg` or `bg`): the command continues, with the terminal if distlock's
+    /// group has it (`fg`).
+    fn continue_leader(&mut self) {
+        let Some(leader) = self.leader else {
+            return;
+        };
+        if let Some(pgrp) = self.terminal {
+            let tty = self.tty_fd();
+            // SAFETY: plain system calls on the terminal (SIGTTOU is ignored here).
+            unsafe {
+                if libc::tcgetpgrp(tty) == pgrp {
+                    libc::tcsetpgrp(tty, leader);
+                }
+            }
+        }
+        // SAFETY: plain system call; the unreaped leader pins the group id.
+        unsafe { libc::kill(-leader, libc::SIGCONT) };
+    }
+
+    /// When the terminal is handed over on demand: once a process of the command's group is stopped
+    /// (by SIGTTIN or SIGTTOU, reading or setting up the terminal from a background group: a password
+    /// prompt) while distlock's group has the terminal, the command's group gets it and is continued.
+    fn hand_over_terminal_on_demand(&mut self) {
+        let (Some(pgrp), Some(leader)) = (self.terminal_on_demand, self.leader) else {
+            return;
+        };
+        if !stopped_in_group(leader) {
+            return;
+        }
+        let tty = self.tty_fd();
+        // SAFETY: plain system calls on the terminal (SIGTTOU is ignored here) and the command's
+        // group, pinned by its unreaped leader.
+        unsafe {
+            if libc::tcgetpgrp(tty) != pgrp || libc::tcsetpgrp(tty, leader) == -1 {
+                return;
+            }
+            libc::kill(-leader, libc::SIGCONT);
+        }
+        self.terminal_on_demand = None;
+        self.terminal = Some(pgrp);
+    }
+
+    /// The controlling terminal's descriptor, or -1 (calls on it then fail with EBADF).
+    fn tty_fd(&self) -> RawFd {
+        self.tty.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+
+    fn restore_terminal(&mut self) {
+        if let Some(pgrp) = self.terminal.take() {
+            // SAFETY: plain system call (SIGTTOU is ignored here).
+            unsafe { libc::tcsetpgrp(self.tty_fd(), pgrp) };
+        }
+    }
+}
+
+/// The processes below this one (found by parent links in `/proc`), and which of them may not be
+/// signalled.
+#[derive(Debug, Default)]
+struct Tree {
+    /// Descendants that could not be signalled (EPERM: one that changed its real user id, as sudo
+    /// does), already reported.
+    unkillable: HashSet<libc::pid_t>,
+}
+
+impl Tree {
     /// Stops every descendant until no new one appears, then SIGKILLs them all.
-    fn kill_tree(&mut self) {
+    fn kill_all(&mut self) {
         let mut stopped: HashSet<libc::pid_t> = HashSet::new();
         for _ in 0..100 {
             let fresh: Vec<libc::pid_t> = self
@@ -462,13 +595,110 @@ impl Supervisor {
         }
         found
     }
+}
 
-    fn restore_terminal(&mut self) {
-        if let Some(pgrp) = self.terminal.take() {
-            // SAFETY: plain system call (SIGTTOU is ignored here).
-            unsafe { libc::tcsetpgrp(0, pgrp) };
+/// For `distlock` itself when its supervisor died without reporting the tree gone (SIGKILLed: the
+/// command then dies by its parent-death signal, but its other descendants are orphaned). `distlock` is
+/// a child subreaper too (see [`become_subreaper`]), so they are now its children: SIGKILL them all
+/// and reap them until none is left. Returns only then (it waits for ones it may not signal).
+pub fn kill_orphans() {
+    let mut tree = Tree::default();
+    loop {
+        tree.kill_all();
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid with a valid out pointer.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if pid > 0 {
+                continue;
+            }
+            if pid == 0 {
+                break;
+            }
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            // ECHILD: nothing left.
+            return;
         }
+        std::thread::sleep(if tree.unkillable.is_empty() {
+            Duration::from_millis(10)
+        } else {
+            Duration::from_millis(200)
+        });
     }
+}
+
+/// Makes this process a child subreaper, so that what its supervisor leaves orphaned if it dies is
+/// reparented here (see [`kill_orphans`]).
+pub fn become_subreaper() -> std::io::Result<()> {
+    // SAFETY: prctl with constant arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether this process is alone in its process group but for its ancestors (a shell without job
+/// control, a subshell): no pipeline sibling (`distlock run … | less`) shares the group and reads the
+/// terminal too.
+pub fn alone_in_process_group() -> bool {
+    // SAFETY: plain system calls.
+    let (me, group) = unsafe { (libc::getpid(), libc::getpgrp()) };
+    let mut ancestors = HashSet::new();
+    let mut pid = me;
+    while let Some((_, ppid, _)) = stat(pid) {
+        if ppid <= 0 || !ancestors.insert(ppid) {
+            break;
+        }
+        pid = ppid;
+    }
+    !any_process(|pid, state, pgrp| {
+        pid != me && !ancestors.contains(&pid) && pgrp == group && !matches!(state, 'Z' | 'X')
+    })
+}
+
+/// Whether a process of process group `group` is stopped (by a signal; not a tracing stop).
+fn stopped_in_group(group: libc::pid_t) -> bool {
+    any_process(|_, state, pgrp| pgrp == group && state == 'T')
+}
+
+/// Whether `test(pid, state, process group)` holds for a process in `/proc`.
+fn any_process(test: impl Fn(libc::pid_t, char, libc::pid_t) -> bool) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<libc::pid_t>().ok())
+            .and_then(|pid| stat(pid).map(|(state, _, pgrp)| (pid, state, pgrp)))
+            .is_some_and(|(pid, state, pgrp)| test(pid, state, pgrp))
+    })
+}
+
+/// The state letter, parent and process group of `pid`, from `/proc/PID/stat`.
+fn stat(pid: libc::pid_t) -> Option<(char, libc::pid_t, libc::pid_t)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After "pid (comm)": state, ppid, pgrp.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, ppid, pgrp))
+}
+
+/// The controlling terminal, whichever of stdin, stdout and stderr (or none) is connected to it: a
+/// command in a pipeline still reads it through `/dev/tty` (password prompts).
+pub fn open_tty() -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open("/dev/tty")
+        .ok()
 }
 
 fn pidfd_open(pid: libc::pid_t) -> Option<std::os::fd::OwnedFd> {

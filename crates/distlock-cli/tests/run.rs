@@ -564,6 +564,278 @@ fn an_interactive_command_gets_the_terminal_and_gives_it_back() {
     }
 }
 
+/// In a pipeline under a terminal (`echo x | distlock run … -- sudo …`), stdin is no terminal, but the
+/// command may still read the controlling terminal through /dev/tty (sudo's password prompt, ssh's
+/// passphrase), as it could without distlock, where it would be in the foreground process group. Its
+/// own process group must then be the terminal's foreground too, or SIGTTIN stops it for good while
+/// distlock holds the lock.
+#[test]
+fn a_command_in_a_pipeline_reads_the_controlling_terminal() {
+    let sandbox = Sandbox::new();
+    let script = format!(
+        "echo piped | '{BIN}' run --url '{}' devtty -- sh -c \
+         'echo $$ > pid; read x < /dev/tty && read y && echo \"got:$x:$y\"'\n\
+         echo \"rc:$?\"\nread z\necho \"after:$z\"\n",
+        sandbox.url()
+    );
+    fs::write(sandbox.path("tty.sh"), script).unwrap();
+    let mut child = Command::new("script")
+        .args(["-qec", "sh ./tty.sh", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux is needed for the terminal test");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"hello\nworld\n").unwrap();
+    }
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(Duration::from_secs(15)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // distlock (the command's grandparent) takes the stopped command along when killed.
+            if let Some(distlock) = fs::read_to_string(sandbox.path("pid"))
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+                .and_then(parent)
+                .and_then(parent)
+            {
+                let _ = rustix::process::kill_process(
+                    Pid::from_raw(distlock as i32).unwrap(),
+                    Signal::KILL,
+                );
+            }
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+            panic!("the command reading /dev/tty hung (stopped by SIGTTIN in a background group)");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for expected in ["got:hello:piped", "rc:0", "after:world"] {
+        assert!(
+            stdout.contains(expected),
+            "no {expected:?} in the terminal's output: {stdout:?}; stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// `distlock run … | less` under a terminal: the pager, in distlock's process group (the shell's job),
+/// reads the terminal while the command runs. Handing the terminal to the command's group would stop the
+/// pager with SIGTTIN (under a shell without job control its read fails with EIO), so with another
+/// member of its job alive distlock keeps the terminal for the job until the command wants it.
+#[test]
+fn a_pager_after_distlock_in_a_pipeline_keeps_the_terminal() {
+    let sandbox = Sandbox::new();
+    let script = format!(
+        "'{BIN}' run --url '{}' pager -- sh -c 'echo $$ > pid; echo line; sleep 3' | \
+         sh -c 'read first; read x < /dev/tty; echo \"pager:$first:$x\"'\n\
+         echo \"rc:$?\"\n",
+        sandbox.url()
+    );
+    fs::write(sandbox.path("tty.sh"), script).unwrap();
+    let mut child = Command::new("script")
+        .args(["-qec", "sh ./tty.sh", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux is needed for the terminal test");
+    let mut stdin = child.stdin.take().unwrap();
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    {
+        use std::io::Write;
+        stdin.write_all(b"hello\n").unwrap();
+    }
+    let out = match rx.recv_timeout(Duration::from_secs(15)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+            panic!("the pager hung (stopped by SIGTTIN: the command's group had the terminal)");
+        }
+    };
+    drop(stdin);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("pager:line:hello") && stdout.contains("rc:0"),
+        "the terminal's output: {stdout:?}; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The other half of the pager case: with another process in distlock's group (here `| cat`), a
+/// descendant of the command that prompts through /dev/tty (sudo inside a deploy script) is stopped by
+/// SIGTTIN in the command's background group; the supervisor then hands the command's group the
+/// terminal and continues it, so the prompt reads what is typed instead of hanging with the lock held.
+#[test]
+fn a_prompt_inside_a_piped_command_gets_the_terminal_on_demand() {
+    let sandbox = Sandbox::new();
+    let script = format!(
+        "'{BIN}' run --url '{}' prompt -- sh -c \
+         'echo $$ > pid; sh -c \"read x < /dev/tty; echo got:\\$x\"' | cat\n\
+         echo \"rc:$?\"\n",
+        sandbox.url()
+    );
+    fs::write(sandbox.path("tty.sh"), script).unwrap();
+    let mut child = Command::new("script")
+        .args(["-qec", "sh ./tty.sh", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux is needed for the terminal test");
+    let mut stdin = child.stdin.take().unwrap();
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    {
+        use std::io::Write;
+        stdin.write_all(b"hello\n").unwrap();
+    }
+    let out = match rx.recv_timeout(Duration::from_secs(15)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // distlock (the command's grandparent) takes the stopped prompt along when killed.
+            if let Some(distlock) = parent(read_u64(&sandbox.path("pid")) as u32).and_then(parent) {
+                let _ = rustix::process::kill_process(
+                    Pid::from_raw(distlock as i32).unwrap(),
+                    Signal::KILL,
+                );
+            }
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+            panic!("the prompt hung (stopped by SIGTTIN in the command's background group)");
+        }
+    };
+    drop(stdin);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("got:hello") && stdout.contains("rc:0"),
+        "the terminal's output: {stdout:?}; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Ctrl-Z on an interactive command (SIGTSTP to its process group, which has the terminal) suspends
+/// the whole job: the interactive shell that ran `distlock` gets the terminal back and reads the next
+/// line; `fg` resumes the command with the terminal, and it reads what is typed then. (Before, the
+/// stopped command kept the terminal while `distlock` kept running: the shell never got it back and
+/// Ctrl-C went to the stopped group, so the terminal hung.)
+#[test]
+fn ctrl_z_suspends_the_job_and_fg_resumes_it_with_the_terminal() {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+    let sandbox = Sandbox::new();
+    let mut child = Command::new("script")
+        .args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .env("PS1", "$ ")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script(1) and bash are needed for the job-control test");
+    let pid = child.id();
+    struct KillOnDrop(u32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ =
+                rustix::process::kill_process(Pid::from_raw(self.0 as i32).unwrap(), Signal::KILL);
+        }
+    }
+    let _script = KillOnDrop(pid);
+    let output = Arc::new(Mutex::new(String::new()));
+    let mut stdout = child.stdout.take().unwrap();
+    let sink = Arc::clone(&output);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    let mut type_in = |text: &str| {
+        stdin.write_all(text.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    };
+    let shown = |what: &str| output.lock().unwrap().contains(what);
+    // Give bash a moment to set up job control before typing.
+    std::thread::sleep(Duration::from_millis(500));
+    type_in(&format!(
+        "'{BIN}' run --url '{}' tstp -- sh -c 'echo $$ > pid; read x; echo \"got:$x\"'\n",
+        sandbox.url()
+    ));
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    // The command is reading the terminal now (or about to): Ctrl-Z.
+    std::thread::sleep(Duration::from_millis(300));
+    type_in("\x1a");
+    std::thread::sleep(Duration::from_millis(300));
+    // Computed by the shell, so the echo of the typed line does not count.
+    type_in("echo back-$((40+2))\n");
+    wait_until(
+        Duration::from_secs(10),
+        "the shell to get the terminal back after Ctrl-Z",
+        || shown("back-42"),
+    );
+    type_in("fg\n");
+    std::thread::sleep(Duration::from_millis(500));
+    type_in("hello\n");
+    wait_until(
+        SOON,
+        "the resumed command to read from the terminal",
+        || shown("got:hello"),
+    );
+    type_in("echo rc-$?-$((1+1))\n");
+    wait_until(SOON, "distlock to exit 0 after the resumed command", || {
+        shown("rc-0-2")
+    });
+    type_in("exit\n");
+    drop(stdin);
+    wait_until(SOON, "the shell to exit", || {
+        child.try_wait().ok().flatten().is_some()
+    });
+}
+
 /// On `file://` the supervisor holds the lock's descriptor: with the supervisor stopped (so it cannot act
 /// yet), SIGKILLing `distlock` leaves the lock held; once the supervisor continues, it kills the tree and
 /// exits, and only then is the lock free.
@@ -603,6 +875,60 @@ fn the_file_lock_outlives_a_sigkilled_distlock_until_the_tree_is_dead_fault() {
         !is_alive(command) && !is_alive(supervisor)
     });
     assert_free(&sandbox, "handoff");
+}
+
+/// The supervisor itself SIGKILLed (by `pkill -9 distlock`, which matches its name `distlock-super`, or
+/// the OOM killer): the command dies by its parent-death signal, but a descendant that left the
+/// command's process group would be orphaned out of reach. `distlock` still holds the lock then, so it
+/// must kill what is left before its release lets the next holder in.
+#[test]
+fn a_sigkilled_supervisors_tree_dies_before_the_release_fault() {
+    let sandbox = Sandbox::new();
+    let mut run = Running::spawn(
+        sandbox
+            .run(&[
+                "orphans",
+                "--",
+                "sh",
+                "-c",
+                "setsid sh -c 'echo $$ > grandchild; exec sleep 120' & echo $$ > pid; wait",
+            ])
+            .stderr(Stdio::null()),
+    );
+    wait_until(SOON, "the command and its grandchild to start", || {
+        non_empty(&sandbox.path("pid")) && non_empty(&sandbox.path("grandchild"))
+    });
+    let command = read_u64(&sandbox.path("pid")) as u32;
+    let grandchild = read_u64(&sandbox.path("grandchild")) as u32;
+    let supervisor = parent(command).expect("the command's parent");
+    assert_ne!(supervisor, run.pid);
+    // Whatever the outcome, nothing of this test outlives it.
+    struct KillOnDrop(u32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            if is_alive(self.0) {
+                let _ = rustix::process::kill_process(
+                    Pid::from_raw(self.0 as i32).unwrap(),
+                    Signal::KILL,
+                );
+            }
+        }
+    }
+    let _grandchild = KillOnDrop(grandchild);
+
+    rustix::process::kill_process(Pid::from_raw(supervisor as i32).unwrap(), Signal::KILL).unwrap();
+    let status = run.wait(SOON);
+    // distlock has released the lock by now: the grandchild must already be dead.
+    assert!(
+        !is_alive(grandchild),
+        "distlock exited ({status:?}) and released the lock with the command's grandchild {grandchild} still running"
+    );
+    assert_eq!(
+        status.code(),
+        Some(Code::Unavailable.as_i32()),
+        "{status:?}"
+    );
+    assert_free(&sandbox, "orphans");
 }
 
 /// The parent of `pid`, from /proc.
@@ -675,6 +1001,53 @@ fn signals_reach_the_command_exactly_once() {
             "SIG{name} not delivered exactly once"
         );
     }
+}
+
+/// `nohup distlock run …` (or a shell's `trap '' HUP` before it): SIGHUP was ignored when distlock
+/// started, so a hangup must not end the command: distlock does not catch and forward it, and the command
+/// inherits it ignored, as it would without distlock. Before, distlock forwarded it to the command,
+/// whose disposition the supervisor had reset to the default: the command died.
+#[test]
+fn signals_ignored_at_start_stay_ignored_for_the_command() {
+    let sandbox = Sandbox::new();
+    let script = "grep ^SigIgn /proc/$$/status > ign; echo $$ > pid; \
+                  while [ ! -e stop ]; do sleep 0.05; done";
+    // As nohup does: SIGHUP ignored, then exec distlock.
+    let mut run = Running::spawn(
+        Command::new("sh")
+            .current_dir(sandbox.dir.path())
+            .env_remove("DISTLOCK_URL")
+            .env_remove("DISTLOCK_TOKEN")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .args([
+                "-c",
+                &format!(
+                    "trap '' HUP; exec '{BIN}' run --url '{}' nohup -- sh -c '{script}'",
+                    sandbox.url()
+                ),
+            ]),
+    );
+    wait_until(SOON, "the command to start", || {
+        non_empty(&sandbox.path("pid"))
+    });
+    let ignored = fs::read_to_string(sandbox.path("ign")).unwrap();
+    let mask = u64::from_str_radix(ignored.trim_start_matches("SigIgn:").trim(), 16).unwrap();
+    assert_ne!(
+        mask & 1,
+        0,
+        "SIGHUP is not ignored in the command: {ignored}"
+    );
+    // distlock is the process sh exec'd: a hangup to it.
+    rustix::process::kill_process(Pid::from_raw(run.pid as i32).unwrap(), Signal::HUP).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let command = read_u64(&sandbox.path("pid")) as u32;
+    assert!(
+        is_alive(command),
+        "SIGHUP ended the command started under nohup"
+    );
+    fs::write(sandbox.path("stop"), "").unwrap();
+    assert_eq!(run.wait(SOON).code(), Some(0));
 }
 
 // --- 7. the lock is lost while the command runs -------------------------------------------------
@@ -833,6 +1206,28 @@ fn a_loss_prints_one_line_unless_verbose() {
 }
 
 // --- 8. bad input: exit 64, one line, nothing locked -------------------------------------------
+
+/// A --grace the parser accepts but whose milliseconds do not fit in 64 bits (longer than half a billion
+/// years: forever, in effect) still runs the command; it made the supervisor refuse its arguments, after
+/// the lock was taken, with exit 126 and an "internal error".
+#[test]
+fn an_enormous_grace_still_runs_the_command() {
+    let sandbox = Sandbox::new();
+    let out = finish(
+        sandbox.run(&[
+            "--grace",
+            "99999999999999h",
+            "forever",
+            "--",
+            "touch",
+            "marker",
+        ]),
+        SOON,
+    );
+    out.expect_code(0);
+    assert_eq!(out.stderr, "");
+    assert!(sandbox.path("marker").exists(), "the command did not run");
+}
 
 #[test]
 fn bad_input_exits_64_with_one_line_and_locks_nothing() {
