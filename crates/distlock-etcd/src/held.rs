@@ -71,6 +71,9 @@ struct State {
     client: Client,
     next_id: i64,
     entries: HashMap<i64, Entry>,
+    /// Watch ids handed out whose entry moved to a new id (its watch was cancelled by the server and
+    /// made again: etcd does not take a cancelled id back on the same stream), old → new.
+    moved: HashMap<i64, i64>,
     task: Option<Task>,
     /// The task will wake by itself no later than the due time of any entry without a watch (a timer
     /// for the earliest one is armed, or a wake is queued). Entries are due in the order they come, so
@@ -109,6 +112,7 @@ impl HeldKeys {
                 client,
                 next_id: 0,
                 entries: HashMap::new(),
+                moved: HashMap::new(),
                 task: None,
                 armed: false,
             })),
@@ -160,6 +164,10 @@ impl HeldKeys {
         let Ok(mut state) = self.state.lock() else {
             return;
         };
+        let mut id = id;
+        while let Some(moved) = state.moved.remove(&id) {
+            id = moved;
+        }
         if state.entries.remove(&id).is_some_and(|e| e.created) {
             if let Some(task) = &state.task {
                 let _ = task.commands.send(Command::Cancel(id));
@@ -446,14 +454,28 @@ async fn handle(
         return Ok(());
     }
     let from = read.header().map_or(entry.from, |h| h.revision() + 1);
-    if let Some(state) = shared.upgrade() {
-        if let Ok(mut s) = state.lock() {
-            if let Some(e) = s.entries.get_mut(&id) {
-                e.from = from;
-            }
-        }
-    }
-    stream.watch(entry.key, Some(options(id, from))).await?;
-    active.insert(id);
+    // Watched again under a new id: etcd keeps a cancelled (compacted) watch's id reserved on its
+    // stream until the client cancels it, and refuses a new watch with it ("duplicate watch ID",
+    // answered under id -1), which would leave the key unwatched for good.
+    let Some(state) = shared.upgrade() else {
+        return Ok(());
+    };
+    let new_id = {
+        let Ok(mut s) = state.lock() else {
+            return Ok(());
+        };
+        let Some(mut entry) = s.entries.remove(&id) else {
+            // Released meanwhile.
+            return Ok(());
+        };
+        s.next_id += 1;
+        let new_id = s.next_id;
+        entry.from = from;
+        s.entries.insert(new_id, entry);
+        s.moved.insert(id, new_id);
+        new_id
+    };
+    stream.watch(entry.key, Some(options(new_id, from))).await?;
+    active.insert(new_id);
     Ok(())
 }

@@ -386,3 +386,64 @@ async fn fault_a_delete_while_the_watch_is_disconnected_is_still_reported() {
     assert!(guard.loss_reason().unwrap().contains("deleted"));
     let _ = guard.release().await;
 }
+
+/// Compacts the store at its current revision, after a few writes, so every watch starting at or
+/// before the revision of a read made before this call is compacted away.
+async fn compact_now(endpoints: &str) {
+    let mut client = etcd_client::Client::connect([endpoints], None)
+        .await
+        .unwrap();
+    let mut rev = 0;
+    for _ in 0..3 {
+        let put = client
+            .put("etcd-test/compact-filler", "x", None)
+            .await
+            .unwrap();
+        rev = put.header().unwrap().revision();
+    }
+    client.compact(rev, None).await.unwrap();
+}
+
+/// The held-keys watch is cut off, the store is compacted past the grants' revisions meanwhile (as
+/// etcd's auto-compaction does), and the watch comes back: the start revisions are gone, so the server
+/// cancels the watches; the keys are re-read and watched again. A delete after that must still be
+/// reported within a round trip, for every held key, not never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_delete_after_the_watch_start_was_compacted_is_reported() {
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend(&format!("etcd://{}?timeout=1s", proxy.addr())).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let names = [common::name("compacted"), common::name("compacted")];
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(locks.lock(name).unwrap().acquire().await.unwrap());
+    }
+    let held: Vec<_> = names
+        .iter()
+        .map(|name| keys(&server.endpoints(), &format!("{name}/")).remove(0))
+        .collect();
+
+    tokio::task::block_in_place(|| {
+        proxy.refuse().unwrap();
+        proxy.reset().unwrap();
+    });
+    compact_now(&server.endpoints()).await;
+    tokio::task::block_in_place(|| proxy.pass().unwrap());
+    // Time for the watch to reconnect, be cancelled for the compaction, re-read and watch again.
+    tokio::time::sleep(SLACK).await;
+    for guard in &guards {
+        assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+    }
+
+    for (guard, key) in guards.iter().zip(&held) {
+        server.etcdctl(&["del", &key.key]).unwrap();
+        tokio::time::timeout(SLACK, guard.lost())
+            .await
+            .expect("a delete after a compaction is reported within a round trip");
+        assert!(guard.loss_reason().unwrap().contains("deleted"));
+    }
+    for guard in guards {
+        let _ = guard.release().await;
+    }
+}
