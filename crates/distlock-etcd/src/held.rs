@@ -427,6 +427,10 @@ async fn handle(
     // Cancelled by the server (its start revision was compacted, or a cancel we sent): if the key is
     // still held, read it, and watch again from that read.
     active.remove(&id);
+    if resp.compact_revision() > 0 {
+        // The server keeps the compacted watch (and its id) on the stream until told to drop it.
+        stream.cancel(id).await?;
+    }
     let Some(entry) = entry_of(shared, id) else {
         return Ok(());
     };
