@@ -8,9 +8,11 @@
 //! create_revision and comes after our delete). Because of that start revision a watch need not exist
 //! from the grant's first instant: it is created `WATCH_DELAY` (100 ms) after the grant, so the short
 //! holds of a busy acquire/release loop cost the server nothing, and a delete in the first 100 ms is
-//! reported 100 ms late at most. A broken stream is reopened and every watch recreated
+//! reported up to about 200 ms after the grant (a watch starting in the past is served by etcd's 100 ms
+//! unsynced-watcher loop until it has caught up). A broken stream is reopened and every watch recreated
 //! from its start revision, so a delete that happened while disconnected is still reported; a watch
-//! whose start revision was compacted meanwhile re-reads the key instead. The task runs on the runtime
+//! whose start revision was compacted meanwhile re-reads the key instead (and is watched again under
+//! a new id: etcd refuses a cancelled id on the same stream). The task runs on the runtime
 //! of whoever registered a key; if that runtime is gone (its tasks are dropped with it) the next
 //! registration or renewal starts it again on the current one.
 
