@@ -1037,6 +1037,13 @@ impl Backend for EtcdBackend {
             .iter()
             .map(|entry| match by_id.get(&entry.lease.session.id) {
                 Some(Ok(ttl)) => {
+                    // A loss the backend found (its key deleted) is also this renewal's answer: the
+                    // grant's loss signal may have no listener any more (the core's watcher ran on a
+                    // runtime since dropped), and a live session alone does not keep the lock.
+                    let found = entry.lease.lost.borrow().clone();
+                    if let Some(reason) = found {
+                        return Ok(Renewed::Gone { reason });
+                    }
                     let mut clock = match entry.lease.clock.lock() {
                         Ok(c) => c,
                         Err(_) => {

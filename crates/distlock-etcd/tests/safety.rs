@@ -447,3 +447,62 @@ async fn fault_a_delete_after_the_watch_start_was_compacted_is_reported() {
         let _ = guard.release().await;
     }
 }
+
+/// A hold taken on a first runtime, which is then dropped (with the held-keys watch and the core's
+/// loss watcher that ran there), lives on while the process goes on using the backend on a second
+/// runtime (another acquire moves the connection and the background tasks, and the watchdog renews
+/// the old hold there). Its key is then deleted (`etcdctl del`): the hold must go `Lost` within a few
+/// renewals, not stay `Held` for good while renewals of its live session keep succeeding.
+#[test]
+fn fault_a_hold_from_a_dropped_runtime_is_lost_when_its_key_is_deleted() {
+    let server = EtcdServer::start_or_panic();
+    let name = common::name("runtime_delete");
+    // Renewals every second: the bound below is a few renewal intervals.
+    let lease = Duration::from_secs(3);
+    let rt1 = runtime();
+    let (locks, guard) = rt1.block_on(async {
+        let backend = backend(&server.url()).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let guard = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        // The key's watch exists (it is created 100 ms after the grant).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        (locks, guard)
+    });
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async {
+        let other = locks
+            .lock(&common::name("runtime_other"))
+            .unwrap()
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(lease).await;
+        assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+        let seen = keys(&server.endpoints(), &format!("{name}/"));
+        assert_eq!(seen.len(), 1);
+        server.etcdctl(&["del", &seen[0].key]).unwrap();
+        tokio::time::timeout(lease + SLACK, guard.lost())
+            .await
+            .expect("the deleted key's hold is reported lost within a few renewals, not never");
+        assert!(
+            guard.loss_reason().unwrap().contains("deleted"),
+            "{:?}",
+            guard.loss_reason()
+        );
+        assert_eq!(other.state(), LockState::Held);
+        other.release().await.unwrap();
+        let _ = guard.release().await;
+        drop(locks);
+    });
+}
