@@ -203,6 +203,45 @@ pub struct EtcdAcquisition {
     watch: Option<(String, i64)>,
     /// The local claim on `key`.
     claim: Option<u64>,
+    /// The key went to a grant (the lease owns it now).
+    granted: bool,
+    /// The backend and the owner id, for the undo of an acquisition dropped without
+    /// [`abandon`](EtcdBackend::abandon): the core's undo task ran on a runtime that was dropped.
+    backend: Weak<Inner>,
+    owner: String,
+}
+
+impl Drop for EtcdAcquisition {
+    fn drop(&mut self) {
+        if self.granted {
+            return;
+        }
+        let (Some(key), Some(session), Some(claim)) =
+            (self.key.take(), self.session.take(), self.claim.take())
+        else {
+            return;
+        };
+        let Some(inner) = self.backend.upgrade() else {
+            return;
+        };
+        let backend = EtcdBackend { inner };
+        tracing::debug!(%key, "etcd: an acquisition was dropped without its undo; deleting its key in the background");
+        // Without a create_revision the create may still land: delete (again) after twice the request
+        // timeout, as `delete_and_unclaim` does.
+        let not_before = self
+            .rev
+            .is_none()
+            .then(|| tokio::time::Instant::now() + backend.inner.config.timeout.saturating_mul(2));
+        // The retrier starts on the current runtime, or on the next one the backend is used on.
+        backend.retry_delete(Doomed {
+            key,
+            rev: self.rev,
+            owner: std::mem::take(&mut self.owner),
+            session,
+            claim,
+            not_before,
+        });
+    }
 }
 
 /// A held lock: its key, create_revision (the token) and session, and the client-side expiry of the
@@ -970,8 +1009,11 @@ impl Backend for EtcdBackend {
             .with_shared_across_processes(true)
     }
 
-    fn begin(&self, _request: &AcquireRequest) -> Result<EtcdAcquisition> {
-        Ok(EtcdAcquisition::default())
+    fn begin(&self, request: &AcquireRequest) -> Result<EtcdAcquisition> {
+        let mut acquisition = EtcdAcquisition::default();
+        acquisition.backend = Arc::downgrade(&self.inner);
+        acquisition.owner = request.owner.clone();
+        Ok(acquisition)
     }
 
     async fn try_acquire(
@@ -996,10 +1038,13 @@ impl Backend for EtcdBackend {
             .map_err(|e| e.into_core(Some(&request.name)))
     }
 
-    async fn abandon(&self, acquisition: EtcdAcquisition, request: &AcquireRequest) {
-        let (Some(key), Some(session), Some(claim)) =
-            (acquisition.key, acquisition.session, acquisition.claim)
-        else {
+    async fn abandon(&self, mut acquisition: EtcdAcquisition, request: &AcquireRequest) {
+        // Taken, so that its drop has nothing left to undo.
+        let (Some(key), Some(session), Some(claim)) = (
+            acquisition.key.take(),
+            acquisition.session.take(),
+            acquisition.claim.take(),
+        ) else {
             return;
         };
         self.delete_and_unclaim(Doomed {
@@ -1205,6 +1250,7 @@ impl EtcdBackend {
             acq.watch = None;
             // Kept in the acquisition too: a grant the core refuses (it came after its deadline) is abandoned.
             let claim = acq.claim.unwrap_or(FOREIGN);
+            acq.granted = true;
             return Ok(Attempt::Acquired(self.grant(
                 session,
                 key,

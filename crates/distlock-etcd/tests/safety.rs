@@ -506,3 +506,74 @@ fn fault_a_hold_from_a_dropped_runtime_is_lost_when_its_key_is_deleted() {
         drop(locks);
     });
 }
+
+/// An acquire queued behind another client's hold is dropped (its caller timed out) just before its
+/// runtime is dropped, so the core's undo, spawned on that runtime, never runs. The process goes on
+/// using the backend on a second runtime (which keeps its session alive): the queued key it left must
+/// not block the name, and the next client gets the lock soon after the holder lets go.
+#[test]
+fn fault_an_acquire_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
+    let server = EtcdServer::start_or_panic();
+    let name = common::name("runtime_abandon");
+    let prefix = format!("{name}/");
+    let eps = server.endpoints();
+    let rt0 = runtime();
+    let (holder_locks, held) = rt0.block_on(async {
+        let other = backend(&server.url()).await;
+        let locks = Locks::with_defaults(other.clone(), other.default_options());
+        let held = locks.lock(&name).unwrap().acquire().await.unwrap();
+        (locks, held)
+    });
+
+    let rt1 = runtime();
+    let locks = rt1.block_on(async {
+        let backend = backend(&server.url()).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let lock = locks.lock(&name).unwrap();
+        let queued = tokio::time::timeout(SLACK, async {
+            let acquire = lock.acquire();
+            tokio::pin!(acquire);
+            // Poll the acquire until its key is queued on the server, then drop it.
+            loop {
+                tokio::select! {
+                    _ = &mut acquire => panic!("acquired while held elsewhere"),
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+                if keys(&eps, &prefix).len() == 2 {
+                    return;
+                }
+            }
+        })
+        .await;
+        queued.expect("the acquire queued a key");
+        locks
+    });
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async {
+        // The process goes on using the backend here (its session is kept alive from now on).
+        locks
+            .lock(&common::name("runtime_abandon_other"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    });
+    rt0.block_on(async {
+        held.release().await.unwrap();
+        let next = holder_locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .wait(SLACK * 3)
+            .acquire()
+            .await
+            .expect("the next client gets the lock: no key of the dropped acquire blocks it");
+        next.release().await.unwrap();
+    });
+    drop(locks);
+}
