@@ -258,6 +258,34 @@ pub struct EtcdLease {
     claim: u64,
     /// The held-keys watch id.
     watch_id: i64,
+    /// For the delete of a lease dropped without a release (the core's release task ran on a runtime
+    /// that was dropped).
+    backend: Weak<Inner>,
+}
+
+impl Drop for EtcdLease {
+    fn drop(&mut self) {
+        let released = self.clock.lock().map(|c| c.released).unwrap_or(false);
+        if released {
+            return;
+        }
+        let Some(inner) = self.backend.upgrade() else {
+            return;
+        };
+        let backend = EtcdBackend { inner };
+        backend.inner.held.unwatch(self.watch_id);
+        // By create_revision, so a newer key of the name is never touched; a key already deleted (a
+        // failed release retried, an undo) just passes. The retrier starts on the current runtime, or
+        // on the next one the backend is used on.
+        backend.retry_delete(Doomed {
+            key: self.key.clone(),
+            rev: Some(self.rev),
+            owner: String::new(),
+            session: self.session.clone(),
+            claim: self.claim,
+            not_before: None,
+        });
+    }
 }
 
 impl std::fmt::Debug for EtcdLease {
@@ -789,7 +817,14 @@ impl EtcdBackend {
                     // A key whose session is gone went with its lease.
                     if doomed.session.gone_reason().is_some() || backend.delete_once(&doomed).await {
                         if let Ok(mut retry) = backend.inner.doomed.lock() {
-                            retry.keys.remove(&doomed.key);
+                            // Only this entry: the key may have been passed on and doomed again since.
+                            if retry
+                                .keys
+                                .get(&doomed.key)
+                                .is_some_and(|d| d.claim == doomed.claim)
+                            {
+                                retry.keys.remove(&doomed.key);
+                            }
                         }
                         backend.unclaim(&doomed.key, doomed.claim);
                         tracing::debug!(key = %doomed.key, "etcd: a lock key left by a failed delete is gone");
@@ -864,6 +899,7 @@ impl EtcdBackend {
             lost,
             claim,
             watch_id,
+            backend: Arc::downgrade(&self.inner),
         };
         self.arm_expiry(&held, lease);
         Grant::new(held)
@@ -908,6 +944,20 @@ impl EtcdBackend {
             held.lost.clone(),
             flag,
         ));
+    }
+}
+
+/// Hands a key whose undo did not finish to the retried deletes when dropped.
+struct UndoOnDrop {
+    backend: EtcdBackend,
+    doomed: Option<Doomed>,
+}
+
+impl Drop for UndoOnDrop {
+    fn drop(&mut self) {
+        if let Some(doomed) = self.doomed.take() {
+            self.backend.retry_delete(doomed);
+        }
     }
 }
 
@@ -1047,15 +1097,27 @@ impl Backend for EtcdBackend {
         ) else {
             return;
         };
-        self.delete_and_unclaim(Doomed {
+        let doomed = Doomed {
             key,
             rev: acquisition.rev,
             owner: request.owner.clone(),
             session,
             claim,
             not_before: None,
-        })
-        .await;
+        };
+        // If this future is dropped before the delete is done (its runtime went away), the retried
+        // deletes take the key over.
+        let mut unfinished = UndoOnDrop {
+            backend: self.clone(),
+            doomed: Some(Doomed {
+                not_before: doomed.rev.is_none().then(|| {
+                    tokio::time::Instant::now() + self.inner.config.timeout.saturating_mul(2)
+                }),
+                ..doomed.clone()
+            }),
+        };
+        self.delete_and_unclaim(doomed).await;
+        unfinished.doomed = None;
     }
 
     async fn renew(&self, batch: &[Renewal<'_, EtcdLease>]) -> Vec<Result<Renewed>> {

@@ -577,3 +577,47 @@ fn fault_an_acquire_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
     });
     drop(locks);
 }
+
+/// A guard dropped just before its runtime is dropped: the core's release-on-drop task, spawned on that
+/// runtime, never runs. The process goes on using the backend on a second runtime (which keeps its
+/// session alive): the held key must not block the name for good; the next client gets the lock.
+#[test]
+fn fault_a_guard_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
+    let server = EtcdServer::start_or_panic();
+    let name = common::name("runtime_drop_guard");
+    let rt1 = runtime();
+    let locks = rt1.block_on(async {
+        let backend = backend(&server.url()).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+        drop(guard);
+        locks
+    });
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async {
+        // The process goes on using the backend here (its session is kept alive from now on).
+        locks
+            .lock(&common::name("runtime_drop_guard_other"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let other = backend(&server.url()).await;
+        let other_locks = Locks::with_defaults(other.clone(), other.default_options());
+        let next = other_locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .wait(SLACK * 3)
+            .acquire()
+            .await
+            .expect("the next client gets the lock: the dropped guard's key does not block it");
+        next.release().await.unwrap();
+    });
+    drop(locks);
+}
