@@ -203,6 +203,45 @@ pub struct EtcdAcquisition {
     watch: Option<(String, i64)>,
     /// The local claim on `key`.
     claim: Option<u64>,
+    /// The key went to a grant (the lease owns it now).
+    granted: bool,
+    /// The backend and the owner id, for the undo of an acquisition dropped without
+    /// [`abandon`](EtcdBackend::abandon): the core's undo task ran on a runtime that was dropped.
+    backend: Weak<Inner>,
+    owner: String,
+}
+
+impl Drop for EtcdAcquisition {
+    fn drop(&mut self) {
+        if self.granted {
+            return;
+        }
+        let (Some(key), Some(session), Some(claim)) =
+            (self.key.take(), self.session.take(), self.claim.take())
+        else {
+            return;
+        };
+        let Some(inner) = self.backend.upgrade() else {
+            return;
+        };
+        let backend = EtcdBackend { inner };
+        tracing::debug!(%key, "etcd: an acquisition was dropped without its undo; deleting its key in the background");
+        // Without a create_revision the create may still land: delete (again) after twice the request
+        // timeout, as `delete_and_unclaim` does.
+        let not_before = self
+            .rev
+            .is_none()
+            .then(|| tokio::time::Instant::now() + backend.inner.config.timeout.saturating_mul(2));
+        // The retrier starts on the current runtime, or on the next one the backend is used on.
+        backend.retry_delete(Doomed {
+            key,
+            rev: self.rev,
+            owner: std::mem::take(&mut self.owner),
+            session,
+            claim,
+            not_before,
+        });
+    }
 }
 
 /// A held lock: its key, create_revision (the token) and session, and the client-side expiry of the
@@ -219,6 +258,34 @@ pub struct EtcdLease {
     claim: u64,
     /// The held-keys watch id.
     watch_id: i64,
+    /// For the delete of a lease dropped without a release (the core's release task ran on a runtime
+    /// that was dropped).
+    backend: Weak<Inner>,
+}
+
+impl Drop for EtcdLease {
+    fn drop(&mut self) {
+        let released = self.clock.lock().map(|c| c.released).unwrap_or(false);
+        if released {
+            return;
+        }
+        let Some(inner) = self.backend.upgrade() else {
+            return;
+        };
+        let backend = EtcdBackend { inner };
+        backend.inner.held.unwatch(self.watch_id);
+        // By create_revision, so a newer key of the name is never touched; a key already deleted (a
+        // failed release retried, an undo) just passes. The retrier starts on the current runtime, or
+        // on the next one the backend is used on.
+        backend.retry_delete(Doomed {
+            key: self.key.clone(),
+            rev: Some(self.rev),
+            owner: String::new(),
+            session: self.session.clone(),
+            claim: self.claim,
+            not_before: None,
+        });
+    }
 }
 
 impl std::fmt::Debug for EtcdLease {
@@ -750,7 +817,14 @@ impl EtcdBackend {
                     // A key whose session is gone went with its lease.
                     if doomed.session.gone_reason().is_some() || backend.delete_once(&doomed).await {
                         if let Ok(mut retry) = backend.inner.doomed.lock() {
-                            retry.keys.remove(&doomed.key);
+                            // Only this entry: the key may have been passed on and doomed again since.
+                            if retry
+                                .keys
+                                .get(&doomed.key)
+                                .is_some_and(|d| d.claim == doomed.claim)
+                            {
+                                retry.keys.remove(&doomed.key);
+                            }
                         }
                         backend.unclaim(&doomed.key, doomed.claim);
                         tracing::debug!(key = %doomed.key, "etcd: a lock key left by a failed delete is gone");
@@ -825,6 +899,7 @@ impl EtcdBackend {
             lost,
             claim,
             watch_id,
+            backend: Arc::downgrade(&self.inner),
         };
         self.arm_expiry(&held, lease);
         Grant::new(held)
@@ -869,6 +944,20 @@ impl EtcdBackend {
             held.lost.clone(),
             flag,
         ));
+    }
+}
+
+/// Hands a key whose undo did not finish to the retried deletes when dropped.
+struct UndoOnDrop {
+    backend: EtcdBackend,
+    doomed: Option<Doomed>,
+}
+
+impl Drop for UndoOnDrop {
+    fn drop(&mut self) {
+        if let Some(doomed) = self.doomed.take() {
+            self.backend.retry_delete(doomed);
+        }
     }
 }
 
@@ -970,8 +1059,11 @@ impl Backend for EtcdBackend {
             .with_shared_across_processes(true)
     }
 
-    fn begin(&self, _request: &AcquireRequest) -> Result<EtcdAcquisition> {
-        Ok(EtcdAcquisition::default())
+    fn begin(&self, request: &AcquireRequest) -> Result<EtcdAcquisition> {
+        let mut acquisition = EtcdAcquisition::default();
+        acquisition.backend = Arc::downgrade(&self.inner);
+        acquisition.owner = request.owner.clone();
+        Ok(acquisition)
     }
 
     async fn try_acquire(
@@ -996,21 +1088,36 @@ impl Backend for EtcdBackend {
             .map_err(|e| e.into_core(Some(&request.name)))
     }
 
-    async fn abandon(&self, acquisition: EtcdAcquisition, request: &AcquireRequest) {
-        let (Some(key), Some(session), Some(claim)) =
-            (acquisition.key, acquisition.session, acquisition.claim)
-        else {
+    async fn abandon(&self, mut acquisition: EtcdAcquisition, request: &AcquireRequest) {
+        // Taken, so that its drop has nothing left to undo.
+        let (Some(key), Some(session), Some(claim)) = (
+            acquisition.key.take(),
+            acquisition.session.take(),
+            acquisition.claim.take(),
+        ) else {
             return;
         };
-        self.delete_and_unclaim(Doomed {
+        let doomed = Doomed {
             key,
             rev: acquisition.rev,
             owner: request.owner.clone(),
             session,
             claim,
             not_before: None,
-        })
-        .await;
+        };
+        // If this future is dropped before the delete is done (its runtime went away), the retried
+        // deletes take the key over.
+        let mut unfinished = UndoOnDrop {
+            backend: self.clone(),
+            doomed: Some(Doomed {
+                not_before: doomed.rev.is_none().then(|| {
+                    tokio::time::Instant::now() + self.inner.config.timeout.saturating_mul(2)
+                }),
+                ..doomed.clone()
+            }),
+        };
+        self.delete_and_unclaim(doomed).await;
+        unfinished.doomed = None;
     }
 
     async fn renew(&self, batch: &[Renewal<'_, EtcdLease>]) -> Vec<Result<Renewed>> {
@@ -1037,6 +1144,13 @@ impl Backend for EtcdBackend {
             .iter()
             .map(|entry| match by_id.get(&entry.lease.session.id) {
                 Some(Ok(ttl)) => {
+                    // A loss the backend found (its key deleted) is also this renewal's answer: the
+                    // grant's loss signal may have no listener any more (the core's watcher ran on a
+                    // runtime since dropped), and a live session alone does not keep the lock.
+                    let found = entry.lease.lost.borrow().clone();
+                    if let Some(reason) = found {
+                        return Ok(Renewed::Gone { reason });
+                    }
                     let mut clock = match entry.lease.clock.lock() {
                         Ok(c) => c,
                         Err(_) => {
@@ -1198,6 +1312,7 @@ impl EtcdBackend {
             acq.watch = None;
             // Kept in the acquisition too: a grant the core refuses (it came after its deadline) is abandoned.
             let claim = acq.claim.unwrap_or(FOREIGN);
+            acq.granted = true;
             return Ok(Attempt::Acquired(self.grant(
                 session,
                 key,

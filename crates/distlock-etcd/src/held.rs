@@ -8,9 +8,11 @@
 //! create_revision and comes after our delete). Because of that start revision a watch need not exist
 //! from the grant's first instant: it is created `WATCH_DELAY` (100 ms) after the grant, so the short
 //! holds of a busy acquire/release loop cost the server nothing, and a delete in the first 100 ms is
-//! reported 100 ms late at most. A broken stream is reopened and every watch recreated
+//! reported up to about 200 ms after the grant (a watch starting in the past is served by etcd's 100 ms
+//! unsynced-watcher loop until it has caught up). A broken stream is reopened and every watch recreated
 //! from its start revision, so a delete that happened while disconnected is still reported; a watch
-//! whose start revision was compacted meanwhile re-reads the key instead. The task runs on the runtime
+//! whose start revision was compacted meanwhile re-reads the key instead (and is watched again under
+//! a new id: etcd refuses a cancelled id on the same stream). The task runs on the runtime
 //! of whoever registered a key; if that runtime is gone (its tasks are dropped with it) the next
 //! registration or renewal starts it again on the current one.
 
@@ -71,6 +73,9 @@ struct State {
     client: Client,
     next_id: i64,
     entries: HashMap<i64, Entry>,
+    /// Watch ids handed out whose entry moved to a new id (its watch was cancelled by the server and
+    /// made again: etcd does not take a cancelled id back on the same stream), old → new.
+    moved: HashMap<i64, i64>,
     task: Option<Task>,
     /// The task will wake by itself no later than the due time of any entry without a watch (a timer
     /// for the earliest one is armed, or a wake is queued). Entries are due in the order they come, so
@@ -109,6 +114,7 @@ impl HeldKeys {
                 client,
                 next_id: 0,
                 entries: HashMap::new(),
+                moved: HashMap::new(),
                 task: None,
                 armed: false,
             })),
@@ -160,6 +166,10 @@ impl HeldKeys {
         let Ok(mut state) = self.state.lock() else {
             return;
         };
+        let mut id = id;
+        while let Some(moved) = state.moved.remove(&id) {
+            id = moved;
+        }
         if state.entries.remove(&id).is_some_and(|e| e.created) {
             if let Some(task) = &state.task {
                 let _ = task.commands.send(Command::Cancel(id));
@@ -419,6 +429,10 @@ async fn handle(
     // Cancelled by the server (its start revision was compacted, or a cancel we sent): if the key is
     // still held, read it, and watch again from that read.
     active.remove(&id);
+    if resp.compact_revision() > 0 {
+        // The server keeps the compacted watch (and its id) on the stream until told to drop it.
+        stream.cancel(id).await?;
+    }
     let Some(entry) = entry_of(shared, id) else {
         return Ok(());
     };
@@ -446,14 +460,28 @@ async fn handle(
         return Ok(());
     }
     let from = read.header().map_or(entry.from, |h| h.revision() + 1);
-    if let Some(state) = shared.upgrade() {
-        if let Ok(mut s) = state.lock() {
-            if let Some(e) = s.entries.get_mut(&id) {
-                e.from = from;
-            }
-        }
-    }
-    stream.watch(entry.key, Some(options(id, from))).await?;
-    active.insert(id);
+    // Watched again under a new id: etcd keeps a cancelled (compacted) watch's id reserved on its
+    // stream until the client cancels it, and refuses a new watch with it ("duplicate watch ID",
+    // answered under id -1), which would leave the key unwatched for good.
+    let Some(state) = shared.upgrade() else {
+        return Ok(());
+    };
+    let new_id = {
+        let Ok(mut s) = state.lock() else {
+            return Ok(());
+        };
+        let Some(mut entry) = s.entries.remove(&id) else {
+            // Released meanwhile.
+            return Ok(());
+        };
+        s.next_id += 1;
+        let new_id = s.next_id;
+        entry.from = from;
+        s.entries.insert(new_id, entry);
+        s.moved.insert(id, new_id);
+        new_id
+    };
+    stream.watch(entry.key, Some(options(new_id, from))).await?;
+    active.insert(new_id);
     Ok(())
 }

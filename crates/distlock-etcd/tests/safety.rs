@@ -386,3 +386,238 @@ async fn fault_a_delete_while_the_watch_is_disconnected_is_still_reported() {
     assert!(guard.loss_reason().unwrap().contains("deleted"));
     let _ = guard.release().await;
 }
+
+/// Compacts the store at its current revision, after a few writes, so every watch starting at or
+/// before the revision of a read made before this call is compacted away.
+async fn compact_now(endpoints: &str) {
+    let mut client = etcd_client::Client::connect([endpoints], None)
+        .await
+        .unwrap();
+    let mut rev = 0;
+    for _ in 0..3 {
+        let put = client
+            .put("etcd-test/compact-filler", "x", None)
+            .await
+            .unwrap();
+        rev = put.header().unwrap().revision();
+    }
+    client.compact(rev, None).await.unwrap();
+}
+
+/// The held-keys watch is cut off, the store is compacted past the grants' revisions meanwhile (as
+/// etcd's auto-compaction does), and the watch comes back: the start revisions are gone, so the server
+/// cancels the watches; the keys are re-read and watched again. A delete after that must still be
+/// reported within a round trip, for every held key, not never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_delete_after_the_watch_start_was_compacted_is_reported() {
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend(&format!("etcd://{}?timeout=1s", proxy.addr())).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let names = [common::name("compacted"), common::name("compacted")];
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(locks.lock(name).unwrap().acquire().await.unwrap());
+    }
+    let held: Vec<_> = names
+        .iter()
+        .map(|name| keys(&server.endpoints(), &format!("{name}/")).remove(0))
+        .collect();
+
+    tokio::task::block_in_place(|| {
+        proxy.refuse().unwrap();
+        proxy.reset().unwrap();
+    });
+    compact_now(&server.endpoints()).await;
+    tokio::task::block_in_place(|| proxy.pass().unwrap());
+    // Time for the watch to reconnect, be cancelled for the compaction, re-read and watch again.
+    tokio::time::sleep(SLACK).await;
+    for guard in &guards {
+        assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+    }
+
+    for (guard, key) in guards.iter().zip(&held) {
+        server.etcdctl(&["del", &key.key]).unwrap();
+        tokio::time::timeout(SLACK, guard.lost())
+            .await
+            .expect("a delete after a compaction is reported within a round trip");
+        assert!(guard.loss_reason().unwrap().contains("deleted"));
+    }
+    for guard in guards {
+        let _ = guard.release().await;
+    }
+}
+
+/// A hold taken on a first runtime, which is then dropped (with the held-keys watch and the core's
+/// loss watcher that ran there), lives on while the process goes on using the backend on a second
+/// runtime (another acquire moves the connection and the background tasks, and the watchdog renews
+/// the old hold there). Its key is then deleted (`etcdctl del`): the hold must go `Lost` within a few
+/// renewals, not stay `Held` for good while renewals of its live session keep succeeding.
+#[test]
+fn fault_a_hold_from_a_dropped_runtime_is_lost_when_its_key_is_deleted() {
+    let server = EtcdServer::start_or_panic();
+    let name = common::name("runtime_delete");
+    // Renewals every second: the bound below is a few renewal intervals.
+    let lease = Duration::from_secs(3);
+    let rt1 = runtime();
+    let (locks, guard) = rt1.block_on(async {
+        let backend = backend(&server.url()).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let guard = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        // The key's watch exists (it is created 100 ms after the grant).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        (locks, guard)
+    });
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async {
+        let other = locks
+            .lock(&common::name("runtime_other"))
+            .unwrap()
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(lease).await;
+        assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+        let seen = keys(&server.endpoints(), &format!("{name}/"));
+        assert_eq!(seen.len(), 1);
+        server.etcdctl(&["del", &seen[0].key]).unwrap();
+        tokio::time::timeout(lease + SLACK, guard.lost())
+            .await
+            .expect("the deleted key's hold is reported lost within a few renewals, not never");
+        assert!(
+            guard.loss_reason().unwrap().contains("deleted"),
+            "{:?}",
+            guard.loss_reason()
+        );
+        assert_eq!(other.state(), LockState::Held);
+        other.release().await.unwrap();
+        let _ = guard.release().await;
+        drop(locks);
+    });
+}
+
+/// An acquire queued behind another client's hold is dropped (its caller timed out) just before its
+/// runtime is dropped, so the core's undo, spawned on that runtime, never runs. The process goes on
+/// using the backend on a second runtime (which keeps its session alive): the queued key it left must
+/// not block the name, and the next client gets the lock soon after the holder lets go.
+#[test]
+fn fault_an_acquire_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
+    let server = EtcdServer::start_or_panic();
+    let name = common::name("runtime_abandon");
+    let prefix = format!("{name}/");
+    let eps = server.endpoints();
+    let rt0 = runtime();
+    let (holder_locks, held) = rt0.block_on(async {
+        let other = backend(&server.url()).await;
+        let locks = Locks::with_defaults(other.clone(), other.default_options());
+        let held = locks.lock(&name).unwrap().acquire().await.unwrap();
+        (locks, held)
+    });
+
+    let rt1 = runtime();
+    let locks = rt1.block_on(async {
+        let backend = backend(&server.url()).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let lock = locks.lock(&name).unwrap();
+        let queued = tokio::time::timeout(SLACK, async {
+            let acquire = lock.acquire();
+            tokio::pin!(acquire);
+            // Poll the acquire until its key is queued on the server, then drop it.
+            loop {
+                tokio::select! {
+                    _ = &mut acquire => panic!("acquired while held elsewhere"),
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+                if keys(&eps, &prefix).len() == 2 {
+                    return;
+                }
+            }
+        })
+        .await;
+        queued.expect("the acquire queued a key");
+        locks
+    });
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async {
+        // The process goes on using the backend here (its session is kept alive from now on).
+        locks
+            .lock(&common::name("runtime_abandon_other"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    });
+    rt0.block_on(async {
+        held.release().await.unwrap();
+        let next = holder_locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .wait(SLACK * 3)
+            .acquire()
+            .await
+            .expect("the next client gets the lock: no key of the dropped acquire blocks it");
+        next.release().await.unwrap();
+    });
+    drop(locks);
+}
+
+/// A guard dropped just before its runtime is dropped: the core's release-on-drop task, spawned on that
+/// runtime, never runs. The process goes on using the backend on a second runtime (which keeps its
+/// session alive): the held key must not block the name for good; the next client gets the lock.
+#[test]
+fn fault_a_guard_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
+    let server = EtcdServer::start_or_panic();
+    let name = common::name("runtime_drop_guard");
+    let rt1 = runtime();
+    let locks = rt1.block_on(async {
+        let backend = backend(&server.url()).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+        drop(guard);
+        locks
+    });
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async {
+        // The process goes on using the backend here (its session is kept alive from now on).
+        locks
+            .lock(&common::name("runtime_drop_guard_other"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let other = backend(&server.url()).await;
+        let other_locks = Locks::with_defaults(other.clone(), other.default_options());
+        let next = other_locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .wait(SLACK * 3)
+            .acquire()
+            .await
+            .expect("the next client gets the lock: the dropped guard's key does not block it");
+        next.release().await.unwrap();
+    });
+    drop(locks);
+}
