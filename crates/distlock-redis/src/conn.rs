@@ -437,7 +437,13 @@ impl Link {
         loop {
             let (generation, conn) = self.get(target).await?;
             sent.conn = Some(conn.clone());
-            let result = match tokio::time::timeout(timeout, request(conn)).await {
+            let mut in_flight = InFlight {
+                link: self,
+                generation: Some(generation),
+            };
+            let outcome = tokio::time::timeout(timeout, request(conn)).await;
+            in_flight.generation = None;
+            let result = match outcome {
                 Ok(Ok(v)) => Ok(v),
                 Ok(Err(source)) => Err(RedisError::Request {
                     what,
@@ -468,6 +474,26 @@ impl Link {
                 }
             }
             return result;
+        }
+    }
+}
+
+/// A request on a connection, until its reply arrives. If the caller drops the request first (a
+/// cancelled acquire, a renewal batch the core gave up on), its reply may never come — a request lost
+/// on the way is never answered — and redis-rs would then hand the *next* reply on that connection to
+/// the dropped request, leaving every later request waiting. So the connection is replaced.
+struct InFlight<'a> {
+    link: &'a Link,
+    generation: Option<u64>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(generation) = self.generation.take() {
+            tracing::debug!(
+                "a request was dropped before its reply: replacing the Redis connection"
+            );
+            self.link.invalidate(generation);
         }
     }
 }
