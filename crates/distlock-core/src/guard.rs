@@ -1,7 +1,7 @@
 //! `LockGuard` and the hold it shares with reentrant guards: validity deadline, the three states, loss.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify, OwnedMutexGuard};
@@ -469,28 +469,8 @@ impl Holding {
     /// Watches a backend's loss signal until the hold ends.
     pub(crate) fn watch_loss(self: &Arc<Self>, loss: LossSignal) {
         // On the acquire's runtime, which the hold's user is on.
-        let Some(runtime) = self.runtime.clone().or_else(|| self.shared.locks.runtime()) else {
-            return;
-        };
-        let weak = Arc::downgrade(self);
-        let mut changes = self.state_tx.subscribe();
-        runtime.spawn(async move {
-            tokio::select! {
-                reason = loss => {
-                    if let Some(holding) = weak.upgrade() {
-                        holding.mark_lost(reason);
-                    }
-                }
-                _ = async {
-                    // Ends when the hold is lost or dropped (the sender goes with it).
-                    while changes.changed().await.is_ok() {
-                        if *changes.borrow() == LockState::Lost {
-                            break;
-                        }
-                    }
-                } => {}
-            }
-        });
+        let runtime = self.runtime.clone().or_else(|| self.shared.locks.runtime());
+        LossWatch::start(runtime.as_ref(), Arc::downgrade(self), loss);
     }
 
     /// Releases on the server, then passes the local gate on. Runs as its own task so that dropping the
@@ -791,6 +771,74 @@ impl Drop for LockGuard {
                     }
                 }
             });
+        }
+    }
+}
+
+/// Waits for a backend's loss signal until the hold ends. If its runtime is dropped while the hold
+/// lives (a `Locks` used from several runtimes), the signal would be dropped with the task and a later
+/// loss never reported: the signal is handed to a thread of its own instead (see
+/// [`crate::locks::spawn`]). Backends' signals stay pending, never resolve, when what feeds them is gone,
+/// so moving one never reports a false loss.
+struct LossWatch {
+    loss: Option<LossSignal>,
+    holding: Weak<Holding>,
+}
+
+impl LossWatch {
+    /// The signal resolved or the hold ended: nothing to hand on when dropped.
+    fn finished(&mut self) {
+        self.loss = None;
+    }
+
+    fn start(runtime: Option<&tokio::runtime::Handle>, holding: Weak<Holding>, loss: LossSignal) {
+        let Some(changes) = holding.upgrade().map(|h| h.state_tx.subscribe()) else {
+            return;
+        };
+        let mut watch = LossWatch {
+            loss: Some(loss),
+            holding,
+        };
+        crate::locks::spawn(runtime, async move {
+            let mut changes = changes;
+            let Some(loss) = watch.loss.as_mut() else {
+                return;
+            };
+            tokio::select! {
+                reason = loss => {
+                    watch.finished();
+                    if let Some(holding) = watch.holding.upgrade() {
+                        holding.mark_lost(reason);
+                    }
+                }
+                _ = async {
+                    // Ends when the hold is lost or dropped (the sender goes with it).
+                    while changes.changed().await.is_ok() {
+                        if *changes.borrow() == LockState::Lost {
+                            break;
+                        }
+                    }
+                } => watch.finished(),
+            }
+        });
+    }
+}
+
+impl Drop for LossWatch {
+    fn drop(&mut self) {
+        let Some(loss) = self.loss.take() else {
+            return;
+        };
+        // Dropped unfinished: the runtime went away. Keep watching while the hold is still on.
+        if self
+            .holding
+            .upgrade()
+            .is_some_and(|h| h.watched(clock::now()))
+        {
+            tracing::debug!(
+                "a loss signal's runtime was dropped; watching it on a thread of its own"
+            );
+            LossWatch::start(None, self.holding.clone(), loss);
         }
     }
 }

@@ -530,24 +530,52 @@ impl FileLease {
 
 /// Fires if the held lock file is deleted or replaced (then another process can lock a new file of the
 /// same name, with a counter that starts over).
-fn loss_signal(mut watch: Subscription, path: PathBuf, dev: u64, ino: u64) -> LossSignal {
+///
+/// The inotify reader runs on a runtime; if that runtime is dropped while the lock is held (a `Locks`
+/// used from several runtimes), the watch ends and a new one is taken on the runtime this signal is
+/// polled on now, checking the file in between so a deletion in the gap is not missed. Without inotify
+/// the file is checked every second.
+fn loss_signal(
+    mut watch: Subscription,
+    notifier: Arc<Notifier>,
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+) -> LossSignal {
+    let deleted = move |path: &Path| {
+        format!(
+            "the lock file {} was deleted or replaced while held; another process can now lock a new file of that name",
+            path.display()
+        )
+    };
     Box::pin(async move {
         loop {
             let alive = watch.changed().await;
-            match same_file(&path, dev, ino) {
-                Ok(true) => {}
-                Ok(false) => {
-                    return format!(
-                        "the lock file {} was deleted or replaced while held; another process can now lock a new file of that name",
-                        path.display()
-                    )
+            if alive {
+                match same_file(&path, dev, ino) {
+                    Ok(true) => continue,
+                    Ok(false) => return deleted(&path),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot check the lock file");
+                        continue;
+                    }
                 }
-                Err(e) => tracing::debug!(error = %e, "cannot check the lock file"),
             }
-            if !alive {
-                // No more events will come (the reader stopped): nothing left to watch with.
-                drop(watch);
-                return std::future::pending::<String>().await;
+            // The reader stopped: watch again, then look, so nothing between the two is missed.
+            loop {
+                let renewed = notifier
+                    .instance()
+                    .and_then(|shared| shared.subscribe(&path).ok());
+                match same_file(&path, dev, ino) {
+                    Ok(false) => return deleted(&path),
+                    Ok(true) => {}
+                    Err(e) => tracing::debug!(error = %e, "cannot check the lock file"),
+                }
+                if let Some(renewed) = renewed {
+                    watch = renewed;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
     })
@@ -838,7 +866,8 @@ impl Backend for FileBackend {
                     .with_token(FencingToken::new(token))
                     .with_descriptor(descriptor);
                 if let Some(watch) = watch {
-                    grant = grant.with_loss(loss_signal(watch, path, dev, ino));
+                    grant =
+                        grant.with_loss(loss_signal(watch, self.notifier.clone(), path, dev, ino));
                 }
                 Ok(Attempt::Acquired(grant))
             }

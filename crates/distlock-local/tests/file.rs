@@ -575,3 +575,32 @@ async fn a_killed_holder_process_frees_the_lock_and_wakes_the_waiter() {
     assert!(got.token() > first_token);
     got.release().await.unwrap();
 }
+
+/// A hold outlives the runtime it was acquired on (a `Locks` used from several runtimes): deleting its
+/// lock file must still make it Lost. The loss signal's watcher went down with the first runtime.
+#[test]
+fn deleting_a_lock_file_held_from_a_dropped_runtime_makes_the_guard_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::new(dir.path()).unwrap();
+    let path = backend.lock_file("orphaned");
+    let locks = Locks::new(backend);
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = first.block_on(async { locks.lock("orphaned").unwrap().acquire().await.unwrap() });
+    drop(first);
+
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        assert_eq!(guard.state(), LockState::Held);
+        std::fs::remove_file(&path).unwrap();
+        tokio::time::timeout(BOUND, guard.lost())
+            .await
+            .expect("the deletion went unnoticed");
+        assert!(guard.loss_reason().unwrap().contains("deleted"));
+    });
+}
