@@ -428,6 +428,36 @@ fn the_commands_exit_code_passes_through() {
     assert_free(&sandbox, "codes");
 }
 
+/// The supervisor holds a duplicate of the flocked descriptor; the command must not inherit it (a
+/// descendant that escaped would otherwise keep the lock held, and a command could unlock it).
+#[test]
+fn the_command_does_not_inherit_the_lock_descriptor() {
+    let sandbox = Sandbox::new();
+    let out = finish(
+        sandbox.run(&[
+            "fds",
+            "--",
+            "sh",
+            "-c",
+            "for fd in /proc/$$/fd/*; do readlink \"$fd\" || true; done",
+        ]),
+        SOON,
+    );
+    out.expect_code(0);
+    let open: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        open.iter().any(|target| target.starts_with("pipe:")),
+        "the listing itself failed: {:?} {:?}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        open.iter().all(|target| !target.ends_with(".lock")),
+        "the command inherited a lock file: {open:?}"
+    );
+    assert_free(&sandbox, "fds");
+}
+
 #[test]
 fn commands_that_cannot_run_exit_126_or_127() {
     let sandbox = Sandbox::new();
