@@ -52,10 +52,11 @@ starts outlives the hold: if distlock dies (even by SIGKILL), the supervisor SIG
 happens to them and distlock exits 76; when the command exits, whatever it left running in the \
 background gets SIGTERM, then SIGKILL after --grace, and only then is the lock released. Processes \
 the supervisor may not signal (one that switched user, as sudo does) are waited for. SIGINT, SIGTERM, SIGHUP and SIGQUIT \
-sent to distlock are passed on to the command's process group once. When distlock is in the \
-foreground of its terminal (also in a pipeline), the command gets the terminal (with a pager after \
-distlock in the pipeline, only once it needs it, as for a password prompt) (and distlock's group \
-gets it back after; Ctrl-Z stops the whole job, fg resumes it).";
+sent to distlock are passed on to the command's process group once (signals ignored when distlock \
+started stay ignored). When distlock is in the foreground of its terminal (also in a pipeline), the \
+command gets the terminal and distlock's group gets it back after; with a pager after distlock in the \
+pipeline, the command gets it only once it needs it, as for a password prompt. Ctrl-Z stops the whole \
+job; fg resumes it.";
 
 /// `distlock run`.
 #[derive(Debug, Args)]
