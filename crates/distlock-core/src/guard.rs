@@ -517,7 +517,7 @@ impl Holding {
 ///
 /// Release-on-drop is not immediate: it is handed to a background task on the current runtime, or,
 /// dropped outside any runtime, on the latest acquire's if that is a multi-thread runtime (otherwise, or
-/// if that runtime is gone, on a thread of its own). Call `release().await` to know it happened.
+/// if that runtime is gone, on distlock's background runtime). Call `release().await` to know it happened.
 #[must_use = "if unused the lock is released at once"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
@@ -777,7 +777,7 @@ impl Drop for LockGuard {
 
 /// Waits for a backend's loss signal until the hold ends. If its runtime is dropped while the hold
 /// lives (a `Locks` used from several runtimes), the signal would be dropped with the task and a later
-/// loss never reported: the signal is handed to a thread of its own instead (see
+/// loss never reported: the signal is handed to distlock's background runtime instead (see
 /// [`crate::locks::spawn`]). Backends' signals stay pending, never resolve, when what feeds them is gone,
 /// so moving one never reports a false loss.
 struct LossWatch {
@@ -836,7 +836,7 @@ impl Drop for LossWatch {
             .is_some_and(|h| h.watched(clock::now()))
         {
             tracing::debug!(
-                "a loss signal's runtime was dropped; watching it on a thread of its own"
+                "a loss signal's runtime was dropped; watching it on the background runtime"
             );
             LossWatch::start(None, self.holding.clone(), loss);
         }

@@ -228,7 +228,7 @@ impl LocksInner {
 
     /// As [`spawn_background`](Self::spawn_background), for work that is safe to run again from the start
     /// (an owner-guarded release): if its task is dropped after it started and before it finished (its
-    /// runtime was dropped mid-way), a fresh `make()` runs on a thread of its own, and
+    /// runtime was dropped mid-way), a fresh `make()` runs on the background runtime, and
     /// [`Locks::close`] waits for that too.
     pub(crate) fn spawn_background_restartable<M, F>(&self, make: M)
     where
@@ -294,7 +294,7 @@ pub(crate) fn tag(mut error: Error, backend: &'static str, name: &str) -> Error 
 
 /// Spawns `work` on `runtime`; if that runtime drops the task before its first poll (it is shut down,
 /// or shuts down before it gets to the task: a guard dropped at the end of a `#[tokio::test]`) or there
-/// is none, runs it on a thread of its own with a current-thread runtime, so that a release or an undo
+/// is none, runs it on distlock's background runtime ([`run_on_own_thread`]), so that a release or an undo
 /// is never lost with a dropped runtime.
 pub(crate) fn spawn<F>(runtime: Option<&Handle>, work: F) -> Option<tokio::task::JoinHandle<()>>
 where
@@ -341,26 +341,35 @@ impl Drop for Unfinished {
 
 type BoxedWork = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
 
+/// Runs `work` on the library's own background runtime: one worker thread, started on first need and
+/// never shut down. Work lands here when the runtime it belonged to is gone. It must be a runtime that
+/// lives on: what the work creates there (a backend's reconnected channel, a re-armed watch) keeps
+/// serving the process after the work is done, which a short-lived runtime per task would cut off.
 fn run_on_own_thread(work: BoxedWork) {
-    let spawned = std::thread::Builder::new()
-        .name("distlock-background".into())
-        .spawn(move || {
-            match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime.block_on(work),
-                Err(error) => {
-                    tracing::error!(%error, "cannot start a runtime for background work; it is dropped")
-                }
+    static BACKGROUND: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
+    let runtime = BACKGROUND.get_or_init(|| {
+        match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("distlock-background")
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => Some(runtime),
+            Err(error) => {
+                tracing::error!(%error, "cannot start distlock's background runtime");
+                None
             }
-        });
-    if let Err(error) = spawned {
-        tracing::error!(%error, "cannot start a thread for background work; it is dropped");
+        }
+    });
+    match runtime {
+        Some(runtime) => {
+            runtime.spawn(work);
+        }
+        None => tracing::error!("no runtime for background work; it is dropped"),
     }
 }
 
-/// A future that moves its work to a thread of its own if it is dropped before its first poll (its
+/// A future that moves its work to the background runtime if it is dropped before its first poll (its
 /// runtime was shut down, at once or with the task still queued).
 struct FirstPoll {
     work: Option<BoxedWork>,
