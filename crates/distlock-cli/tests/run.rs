@@ -542,6 +542,79 @@ fn leftover_descendants_die_before_the_release_fault() {
     tree_dies_before_the_next_holder(tree::Ending::CommandExits);
 }
 
+/// What to type into the terminal of [`under_terminal`].
+enum Typing {
+    /// Written at once (the terminal buffers it until something reads).
+    AtOnce(&'static [u8]),
+    /// Written once the command has recorded its pid in `pid`, and `pause` after that.
+    AfterStart(&'static [u8], Duration),
+}
+
+/// Runs the shell `script` under a pseudo-terminal from `script(1)`, types `typing` into it, and returns
+/// the terminal's output and script(1)'s stderr. After `limit` it kills `distlock` (the grandparent of the
+/// command, if it recorded its pid in `pid`) and script(1), and fails the test with `hung`.
+fn under_terminal(
+    sandbox: &Sandbox,
+    script: &str,
+    typing: Typing,
+    limit: Duration,
+    hung: &str,
+) -> (String, String) {
+    use std::io::Write;
+    fs::write(sandbox.path("tty.sh"), script).unwrap();
+    let mut child = Command::new("script")
+        .args(["-qec", "sh ./tty.sh", "/dev/null"])
+        .current_dir(sandbox.dir.path())
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_TOKEN")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux is needed for the terminal tests");
+    let mut stdin = child.stdin.take().unwrap();
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match typing {
+        Typing::AtOnce(text) => stdin.write_all(text).unwrap(),
+        Typing::AfterStart(text, pause) => {
+            wait_until(SOON, "the command to start", || {
+                non_empty(&sandbox.path("pid"))
+            });
+            std::thread::sleep(pause);
+            stdin.write_all(text).unwrap();
+        }
+    }
+    let out = match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // distlock (the command's grandparent) takes the stopped command along when killed.
+            if let Some(distlock) = fs::read_to_string(sandbox.path("pid"))
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+                .and_then(parent)
+                .and_then(parent)
+            {
+                let _ = rustix::process::kill_process(
+                    Pid::from_raw(distlock as i32).unwrap(),
+                    Signal::KILL,
+                );
+            }
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+            panic!("{hung}");
+        }
+    };
+    drop(stdin);
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Under a terminal (a pty from `script(1)`), the command gets the terminal's foreground: it reads what
 /// is typed (a background process group would be stopped by SIGTTIN instead); afterwards the shell that
 /// ran `distlock` has the terminal back and reads the next line.
@@ -553,43 +626,17 @@ fn an_interactive_command_gets_the_terminal_and_gives_it_back() {
          echo \"rc:$?\"\nread y\necho \"after:$y\"\n",
         sandbox.url()
     );
-    fs::write(sandbox.path("tty.sh"), script).unwrap();
-    let mut command = Command::new("script");
-    command
-        .args(["-qec", "sh ./tty.sh", "/dev/null"])
-        .current_dir(sandbox.dir.path())
-        .env_remove("DISTLOCK_URL")
-        .env_remove("DISTLOCK_TOKEN")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::piped());
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("script(1) from util-linux is needed for the terminal test");
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(b"hello\nworld\n").unwrap();
-    }
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let out = match rx.recv_timeout(SOON) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
-            panic!("the command under a terminal hung (stopped by SIGTTIN?)");
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (stdout, stderr) = under_terminal(
+        &sandbox,
+        &script,
+        Typing::AtOnce(b"hello\nworld\n"),
+        SOON,
+        "the command under a terminal hung (stopped by SIGTTIN?)",
+    );
     for expected in ["got:hello", "rc:0", "after:world"] {
         assert!(
             stdout.contains(expected),
-            "no {expected:?} in the terminal's output: {stdout:?}; stderr: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "no {expected:?} in the terminal's output: {stdout:?}; stderr: {stderr}"
         );
     }
 }
@@ -608,53 +655,17 @@ fn a_command_in_a_pipeline_reads_the_controlling_terminal() {
          echo \"rc:$?\"\nread z\necho \"after:$z\"\n",
         sandbox.url()
     );
-    fs::write(sandbox.path("tty.sh"), script).unwrap();
-    let mut child = Command::new("script")
-        .args(["-qec", "sh ./tty.sh", "/dev/null"])
-        .current_dir(sandbox.dir.path())
-        .env_remove("DISTLOCK_URL")
-        .env_remove("DISTLOCK_TOKEN")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("script(1) from util-linux is needed for the terminal test");
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(b"hello\nworld\n").unwrap();
-    }
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let out = match rx.recv_timeout(Duration::from_secs(15)) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            // distlock (the command's grandparent) takes the stopped command along when killed.
-            if let Some(distlock) = fs::read_to_string(sandbox.path("pid"))
-                .ok()
-                .and_then(|p| p.trim().parse().ok())
-                .and_then(parent)
-                .and_then(parent)
-            {
-                let _ = rustix::process::kill_process(
-                    Pid::from_raw(distlock as i32).unwrap(),
-                    Signal::KILL,
-                );
-            }
-            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
-            panic!("the command reading /dev/tty hung (stopped by SIGTTIN in a background group)");
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (stdout, stderr) = under_terminal(
+        &sandbox,
+        &script,
+        Typing::AtOnce(b"hello\nworld\n"),
+        Duration::from_secs(15),
+        "the command reading /dev/tty hung (stopped by SIGTTIN in a background group)",
+    );
     for expected in ["got:hello:piped", "rc:0", "after:world"] {
         assert!(
             stdout.contains(expected),
-            "no {expected:?} in the terminal's output: {stdout:?}; stderr: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "no {expected:?} in the terminal's output: {stdout:?}; stderr: {stderr}"
         );
     }
 }
@@ -672,45 +683,16 @@ fn a_pager_after_distlock_in_a_pipeline_keeps_the_terminal() {
          echo \"rc:$?\"\n",
         sandbox.url()
     );
-    fs::write(sandbox.path("tty.sh"), script).unwrap();
-    let mut child = Command::new("script")
-        .args(["-qec", "sh ./tty.sh", "/dev/null"])
-        .current_dir(sandbox.dir.path())
-        .env_remove("DISTLOCK_URL")
-        .env_remove("DISTLOCK_TOKEN")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("script(1) from util-linux is needed for the terminal test");
-    let mut stdin = child.stdin.take().unwrap();
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    wait_until(SOON, "the command to start", || {
-        non_empty(&sandbox.path("pid"))
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    {
-        use std::io::Write;
-        stdin.write_all(b"hello\n").unwrap();
-    }
-    let out = match rx.recv_timeout(Duration::from_secs(15)) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
-            panic!("the pager hung (stopped by SIGTTIN: the command's group had the terminal)");
-        }
-    };
-    drop(stdin);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (stdout, stderr) = under_terminal(
+        &sandbox,
+        &script,
+        Typing::AfterStart(b"hello\n", Duration::from_millis(300)),
+        Duration::from_secs(15),
+        "the pager hung (stopped by SIGTTIN: the command's group had the terminal)",
+    );
     assert!(
         stdout.contains("pager:line:hello") && stdout.contains("rc:0"),
-        "the terminal's output: {stdout:?}; stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "the terminal's output: {stdout:?}; stderr: {stderr}"
     );
 }
 
@@ -727,52 +709,16 @@ fn a_prompt_inside_a_piped_command_gets_the_terminal_on_demand() {
          echo \"rc:$?\"\n",
         sandbox.url()
     );
-    fs::write(sandbox.path("tty.sh"), script).unwrap();
-    let mut child = Command::new("script")
-        .args(["-qec", "sh ./tty.sh", "/dev/null"])
-        .current_dir(sandbox.dir.path())
-        .env_remove("DISTLOCK_URL")
-        .env_remove("DISTLOCK_TOKEN")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("script(1) from util-linux is needed for the terminal test");
-    let mut stdin = child.stdin.take().unwrap();
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    wait_until(SOON, "the command to start", || {
-        non_empty(&sandbox.path("pid"))
-    });
-    std::thread::sleep(Duration::from_millis(500));
-    {
-        use std::io::Write;
-        stdin.write_all(b"hello\n").unwrap();
-    }
-    let out = match rx.recv_timeout(Duration::from_secs(15)) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            // distlock (the command's grandparent) takes the stopped prompt along when killed.
-            if let Some(distlock) = parent(read_u64(&sandbox.path("pid")) as u32).and_then(parent) {
-                let _ = rustix::process::kill_process(
-                    Pid::from_raw(distlock as i32).unwrap(),
-                    Signal::KILL,
-                );
-            }
-            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
-            panic!("the prompt hung (stopped by SIGTTIN in the command's background group)");
-        }
-    };
-    drop(stdin);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (stdout, stderr) = under_terminal(
+        &sandbox,
+        &script,
+        Typing::AfterStart(b"hello\n", Duration::from_millis(500)),
+        Duration::from_secs(15),
+        "the prompt hung (stopped by SIGTTIN in the command's background group)",
+    );
     assert!(
         stdout.contains("got:hello") && stdout.contains("rc:0"),
-        "the terminal's output: {stdout:?}; stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "the terminal's output: {stdout:?}; stderr: {stderr}"
     );
 }
 
