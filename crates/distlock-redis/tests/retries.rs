@@ -64,6 +64,34 @@ async fn lose_the_reply_of<T: Send + 'static>(
     task.await.unwrap()
 }
 
+/// Takes a free lock through the raw backend, then releases it with the reply lost (see
+/// [`lose_the_reply_of`]); checks that the first attempt ran, and returns what the release reported.
+async fn raw_release_with_lost_reply(
+    backend: &RedisBackend,
+    proxy: &Proxy,
+    server: &RedisServer,
+    prefix: &str,
+) -> distlock_core::Result<Released> {
+    let name = unique(prefix);
+    let request = AcquireRequest::new(&name, "owner-a:1", Duration::from_secs(30));
+    let mut acquisition = backend.begin(&request).unwrap();
+    let Attempt::Acquired(grant) = backend
+        .try_acquire(&mut acquisition, &request)
+        .await
+        .unwrap()
+    else {
+        panic!("free lock not granted");
+    };
+    let raw = backend.clone();
+    let (n, o) = (name.clone(), request.owner.clone());
+    let outcome = lose_the_reply_of(proxy, server, &name, async move {
+        raw.release(&grant.lease, &n, &o).await
+    })
+    .await;
+    assert!(!exists(server, &name), "the first attempt did not run");
+    outcome
+}
+
 /// The reply of a release is lost and the connection reset; the release is retried on a fresh
 /// connection and finds nothing of this owner's (the first attempt deleted the key). The backend must
 /// not answer `NotHeld` (that means "not yours any more", and `distlock run` exits 76 on it): it answers
@@ -76,23 +104,7 @@ async fn lost_release_reply_is_ambiguous_not_not_held_fault() {
     warm_up(&backend).await;
 
     // Backend level.
-    let name = unique("release-raw");
-    let request = AcquireRequest::new(&name, "owner-a:1", Duration::from_secs(30));
-    let mut acquisition = backend.begin(&request).unwrap();
-    let Attempt::Acquired(grant) = backend
-        .try_acquire(&mut acquisition, &request)
-        .await
-        .unwrap()
-    else {
-        panic!("free lock not granted");
-    };
-    let raw = backend.clone();
-    let (n, o) = (name.clone(), request.owner.clone());
-    let outcome = lose_the_reply_of(&proxy, &server, &name, async move {
-        raw.release(&grant.lease, &n, &o).await
-    })
-    .await;
-    assert!(!exists(&server, &name), "the first attempt did not run");
+    let outcome = raw_release_with_lost_reply(&backend, &proxy, &server, "release-raw").await;
     match outcome {
         Err(e) => {
             assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
@@ -513,23 +525,7 @@ async fn cluster_lost_release_reply_is_not_not_held_fault() {
     let backend = RedisBackend::from_config(config).await.expect("connect");
     warm_up(&backend).await;
 
-    let name = unique("cluster-release");
-    let request = AcquireRequest::new(&name, "owner-a:1", Duration::from_secs(30));
-    let mut acquisition = backend.begin(&request).unwrap();
-    let Attempt::Acquired(grant) = backend
-        .try_acquire(&mut acquisition, &request)
-        .await
-        .unwrap()
-    else {
-        panic!("free lock not granted");
-    };
-    let raw = backend.clone();
-    let (n, o) = (name.clone(), request.owner.clone());
-    let outcome = lose_the_reply_of(&proxy, &node, &name, async move {
-        raw.release(&grant.lease, &n, &o).await
-    })
-    .await;
-    assert!(!exists(&node, &name), "the first attempt did not run");
+    let outcome = raw_release_with_lost_reply(&backend, &proxy, &node, "cluster-release").await;
     match outcome {
         Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}"),
         Ok(Released::NotHeld) => panic!("a Cluster release whose reply was lost reported NotHeld"),
