@@ -552,16 +552,7 @@ fn fault_an_acquire_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
 
     let rt2 = runtime();
     rt2.block_on(async {
-        // The process goes on using the backend here (its session is kept alive from now on).
-        locks
-            .lock(&common::name("runtime_abandon_other"))
-            .unwrap()
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        keep_using(&locks, "runtime_abandon_other").await;
     });
     rt0.block_on(async {
         held.release().await.unwrap();
@@ -576,6 +567,20 @@ fn fault_an_acquire_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
         next.release().await.unwrap();
     });
     drop(locks);
+}
+
+/// The process goes on using the backend on the current runtime (which keeps its session alive from now
+/// on): a hold of another name, taken and released.
+async fn keep_using(locks: &Locks, prefix: &str) {
+    locks
+        .lock(&common::name(prefix))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 /// A guard dropped just before its runtime is dropped: the core's release-on-drop task, spawned on that
@@ -597,16 +602,7 @@ fn fault_a_guard_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
 
     let rt2 = runtime();
     rt2.block_on(async {
-        // The process goes on using the backend here (its session is kept alive from now on).
-        locks
-            .lock(&common::name("runtime_drop_guard_other"))
-            .unwrap()
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        keep_using(&locks, "runtime_drop_guard_other").await;
         let other = backend(&server.url()).await;
         let other_locks = Locks::with_defaults(other.clone(), other.default_options());
         let next = other_locks
