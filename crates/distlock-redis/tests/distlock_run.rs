@@ -104,13 +104,18 @@ impl Sandbox {
 
     /// `distlock run --url <server> --lease 1s ARGS…`, clean environment, stderr to `stderr`.
     fn run(&self, args: &[&str]) -> Command {
+        self.run_with_lease("1s", args)
+    }
+
+    /// `distlock run --url <server> --lease LEASE ARGS…`, as [`Sandbox::run`].
+    fn run_with_lease(&self, lease: &str, args: &[&str]) -> Command {
         let mut command = Command::new(distlock_bin().expect("the distlock binary"));
         command
             .current_dir(&self.dir)
             .env_remove("DISTLOCK_URL")
             .env_remove("DISTLOCK_TOKEN")
             .env_remove("RUST_LOG")
-            .args(["run", "--url", &self.url, "--lease", "1s"])
+            .args(["run", "--url", &self.url, "--lease", lease])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -394,4 +399,82 @@ fn on_loss_the_whole_tree_dies_before_run_exits_fault() {
 #[test]
 fn leftover_descendants_die_before_the_release_fault() {
     tree_dies_before_the_next_holder(tree::Ending::CommandExits);
+}
+
+/// Issue #7, item 6: the release's reply is lost (the proxy holds each chunk 2 s; once the server ran
+/// the release, so the key is gone, every proxied connection is reset before the reply gets back). The
+/// backend retries on a fresh connection, finds nothing, and reports the outcome unknown. The command
+/// ran wholly under the lock, so `distlock run` exits with the command's code (7), not 76, and says in
+/// one line that the lock frees when its lease ends. At the default 30 s lease (no renewal falls in the
+/// few seconds this takes, and one that did would only be delayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_release_reply_keeps_the_commands_exit_code_fault() {
+    let server = RedisServer::start_or_panic();
+    let proxy = distlock_testkit::proxy::Proxy::start_or_panic(server.addr());
+    let mut sandbox = Sandbox::new(&server);
+
+    // One whole run straight to the server loads the scripts there, so the delayed release is the
+    // script itself (an `EVALSHA` the server knows), not a `NOSCRIPT` round trip first.
+    let warm = sandbox
+        .run(&[&unique("lost-reply-warm"), "--", "true"])
+        .status()
+        .unwrap();
+    assert_eq!(warm.code(), Some(0), "{warm}: {}", sandbox.stderr());
+
+    sandbox.url = format!("redis://{}", proxy.addr());
+    let name = unique("lost-reply");
+    let script = "touch started; while [ ! -e go ]; do sleep 0.05; done; exit 7";
+    // The default lease (the CLI's `--lease` default), not the sandbox's 1 s.
+    let mut run =
+        Run::spawn(&mut sandbox.run_with_lease("30s", &[&name, "--", "sh", "-c", script]));
+    let started = Instant::now();
+    while !sandbox.path("started").exists() {
+        if let Some(status) = run.wait(Duration::ZERO) {
+            panic!(
+                "exited with {status} before its command ran: {}",
+                sandbox.stderr()
+            );
+        }
+        assert!(started.elapsed() < SLACK * 5, "the command never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let key = layout::lock_key(&name);
+    assert_eq!(server.command(&["EXISTS", key]).unwrap().as_int(), Some(1));
+
+    // The command ends; its release goes out delayed. Watch the server itself (not through the proxy)
+    // until the release ran there, then lose its reply.
+    proxy.delay(Duration::from_secs(2)).unwrap();
+    std::fs::write(sandbox.path("go"), "").unwrap();
+    let sent = Instant::now();
+    while server.command(&["EXISTS", key]).unwrap().as_int() == Some(1) {
+        assert!(
+            sent.elapsed() < Duration::from_secs(20),
+            "the release never reached the server: {}",
+            sandbox.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.pass().unwrap();
+    proxy.reset().unwrap();
+
+    let status = run
+        .wait(Duration::from_secs(30))
+        .expect("distlock exits after the retried release");
+    let stderr = sandbox.stderr();
+    assert_eq!(
+        status.code(),
+        Some(7),
+        "the command's code, not 76: {status}: {stderr}"
+    );
+    let lines: Vec<_> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line on the release: {stderr}");
+    assert!(
+        lines[0].contains("unknown") && lines[0].contains("lock frees when its lease ends"),
+        "{stderr}"
+    );
+    assert_eq!(
+        server.command(&["EXISTS", key]).unwrap().as_int(),
+        Some(0),
+        "the first release attempt deleted the key"
+    );
 }
