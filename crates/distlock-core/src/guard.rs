@@ -62,17 +62,9 @@ impl Drop for RenewalTurn<'_> {
         if self.applied {
             return;
         }
-        let mut status = lock(&self.holding.status);
         match self.sent.take() {
-            Some((sent_at, ttl)) => {
-                drop(status);
-                self.holding.renewal_abandoned(sent_at, ttl);
-            }
-            None => {
-                status.renewing = false;
-                drop(status);
-                self.holding.renewal_done.notify_waiters();
-            }
+            Some((sent_at, ttl)) => self.holding.renewal_abandoned(sent_at, ttl),
+            None => self.holding.renewal_not_sent(),
         }
     }
 }
@@ -473,6 +465,21 @@ impl Holding {
         LossWatch::start(runtime.as_ref(), Arc::downgrade(self), loss);
     }
 
+    /// [`finish`](Self::finish) as background work, restartable: a release cut off by its runtime's
+    /// shutdown runs again from the start (it is owner-guarded). `failed` is logged with its error.
+    fn finish_in_background(self: Arc<Self>, failed: &'static str) {
+        let locks = self.shared.locks.clone();
+        locks.spawn_background_restartable(move || {
+            let holding = self.clone();
+            async move {
+                let name = holding.shared.name.clone();
+                if let Err(error) = holding.finish().await {
+                    tracing::warn!(lock = %name, %error, "{failed}");
+                }
+            }
+        });
+    }
+
     /// Releases on the server, then passes the local gate on. Runs as its own task so that dropping the
     /// caller's future does not interrupt it.
     async fn finish(self: Arc<Self>) -> Result<()> {
@@ -742,15 +749,7 @@ struct RestartOnDrop(Option<Arc<Holding>>);
 impl Drop for RestartOnDrop {
     fn drop(&mut self) {
         if let Some(holding) = self.0.take() {
-            let locks = holding.shared.locks.clone();
-            locks.spawn_background_restartable(move || {
-                let holding = holding.clone();
-                async move {
-                    if let Err(error) = holding.clone().finish().await {
-                        tracing::warn!(lock = %holding.shared.name, %error, "release restarted after cancellation failed");
-                    }
-                }
-            });
+            holding.finish_in_background("release restarted after cancellation failed");
         }
     }
 }
@@ -761,16 +760,7 @@ impl Drop for LockGuard {
             return;
         }
         if let Some(holding) = self.leave() {
-            let locks = holding.shared.locks.clone();
-            // Restartable: a release cut off by its runtime's shutdown runs again (owner-guarded).
-            locks.spawn_background_restartable(move || {
-                let holding = holding.clone();
-                async move {
-                    if let Err(error) = holding.clone().finish().await {
-                        tracing::warn!(lock = %holding.shared.name, %error, "release after drop failed");
-                    }
-                }
-            });
+            holding.finish_in_background("release after drop failed");
         }
     }
 }

@@ -203,9 +203,8 @@ impl LocksInner {
 
     /// Runs `work` as counted background work (see [`Locks::close`]) on the current runtime, or, outside
     /// any runtime, on the latest acquire's if it is a multi-thread one (so a guard dropped on a plain
-    /// thread still releases). Otherwise, or if that runtime is gone, the work runs on a thread of its
-    /// own (see [`spawn`]). `None` when no
-    /// `JoinHandle` can be given (no runtime).
+    /// thread still releases). Otherwise, or if that runtime is gone, the work runs on distlock's
+    /// background runtime (see [`spawn`]). `None` when no `JoinHandle` can be given.
     pub(crate) fn spawn_background<F>(&self, work: F) -> Option<tokio::task::JoinHandle<()>>
     where
         F: std::future::Future + Send + 'static,
@@ -294,7 +293,7 @@ pub(crate) fn tag(mut error: Error, backend: &'static str, name: &str) -> Error 
 
 /// Spawns `work` on `runtime`; if that runtime drops the task before its first poll (it is shut down,
 /// or shuts down before it gets to the task: a guard dropped at the end of a `#[tokio::test]`) or there
-/// is none, runs it on distlock's background runtime ([`run_on_own_thread`]), so that a release or an undo
+/// is none, runs it on distlock's background runtime ([`run_on_background_runtime`]), so that a release or an undo
 /// is never lost with a dropped runtime.
 pub(crate) fn spawn<F>(runtime: Option<&Handle>, work: F) -> Option<tokio::task::JoinHandle<()>>
 where
@@ -302,7 +301,7 @@ where
 {
     let work = Box::pin(work);
     let Some(runtime) = runtime else {
-        run_on_own_thread(work);
+        run_on_background_runtime(work);
         return None;
     };
     Some(runtime.spawn(FirstPoll {
@@ -311,8 +310,8 @@ where
     }))
 }
 
-/// Restartable background work under way; dropped before it finished, runs it again on a thread of its
-/// own, still counted for [`Locks::close`].
+/// Restartable background work under way; dropped before it finished, runs it again on the background
+/// runtime, still counted for [`Locks::close`].
 struct Unfinished {
     make: Option<Box<dyn Fn() -> BoxedWork + Send>>,
     task: Option<BackgroundTask>,
@@ -331,7 +330,7 @@ impl Drop for Unfinished {
             tracing::debug!(
                 "background work interrupted by its runtime's shutdown; running it again"
             );
-            run_on_own_thread(Box::pin(async move {
+            run_on_background_runtime(Box::pin(async move {
                 let _task = task;
                 make().await;
             }));
@@ -345,7 +344,18 @@ type BoxedWork = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send +
 /// never shut down. Work lands here when the runtime it belonged to is gone. It must be a runtime that
 /// lives on: what the work creates there (a backend's reconnected channel, a re-armed watch) keeps
 /// serving the process after the work is done, which a short-lived runtime per task would cut off.
-fn run_on_own_thread(work: BoxedWork) {
+fn run_on_background_runtime(work: BoxedWork) {
+    match background_runtime() {
+        Some(runtime) => {
+            runtime.spawn(work);
+        }
+        None => tracing::error!("no runtime for background work; it is dropped"),
+    }
+}
+
+/// distlock's background runtime (see [`run_on_background_runtime`]), started on first use; `None` only
+/// if it cannot be built.
+pub(crate) fn background_runtime() -> Option<Handle> {
     static BACKGROUND: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
     let runtime = BACKGROUND.get_or_init(|| {
         match tokio::runtime::Builder::new_multi_thread()
@@ -361,12 +371,7 @@ fn run_on_own_thread(work: BoxedWork) {
             }
         }
     });
-    match runtime {
-        Some(runtime) => {
-            runtime.spawn(work);
-        }
-        None => tracing::error!("no runtime for background work; it is dropped"),
-    }
+    runtime.as_ref().map(|runtime| runtime.handle().clone())
 }
 
 /// A future that moves its work to the background runtime if it is dropped before its first poll (its
@@ -395,7 +400,7 @@ impl Drop for FirstPoll {
     fn drop(&mut self) {
         if !self.polled {
             if let Some(work) = self.work.take() {
-                run_on_own_thread(work);
+                run_on_background_runtime(work);
             }
         }
     }

@@ -5,10 +5,10 @@
 //!
 //! The task runs on the runtime of the acquire that started it. A `Locks` may outlive that runtime (a
 //! `Locks` in a `static` used by several `#[tokio::test]`s): when the runtime is dropped it drops the
-//! task, and the task's [`RunGuard`] starts it again on the runtime of another live hold. A hold whose
-//! own runtime is gone, with no other candidate, gets the task back at the next acquire (reentrant
-//! included), `lost()`, `jeopardy()`, `state_changes()` or `extend()` (until then its deadline passes and
-//! it goes Lost, as P2 says).
+//! task, and the task's [`RunGuard`] starts it again on the runtime of another live hold, or, with none,
+//! on distlock's background runtime (so a live holder's lease is renewed whatever runtimes come and
+//! go). The next acquire (reentrant included), `lost()`, `jeopardy()`, `state_changes()` or `extend()`
+//! on a multi-thread runtime takes over a task left on a current-thread one.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -153,28 +153,32 @@ impl Watchdog {
                 return;
             }
             registry.task = None;
-            let candidates: Vec<Handle> = registry
-                .holds
+            let live: Vec<Arc<Holding>> = registry.holds.iter().filter_map(Weak::upgrade).collect();
+            if live.is_empty() {
+                return;
+            }
+            let candidates: Vec<Handle> = live
                 .iter()
-                .filter_map(Weak::upgrade)
                 .filter_map(|h| h.runtime.clone())
                 .filter(|runtime| !tried.contains(&runtime.id()))
                 .collect();
             // A multi-thread runtime runs the task for sure; a current-thread one only inside `block_on`.
+            // With neither, distlock's own background runtime renews the holds: their holders live on.
             candidates
                 .iter()
                 .find(|runtime| runtime.runtime_flavor() != RuntimeFlavor::CurrentThread)
                 .or(candidates.first())
                 .cloned()
+                .or_else(crate::locks::background_runtime)
         };
         match candidate {
             Some(runtime) => {
                 tracing::debug!("the watchdog's runtime was dropped; restarting it on another");
                 self.start(&runtime, guard.backend.clone(), tried);
             }
-            None => tracing::debug!(
-                "the watchdog's runtime was dropped; it restarts at the next acquire, lost() or extend()"
-            ),
+            None => {
+                tracing::error!("the watchdog's runtime was dropped and no runtime can take it")
+            }
         }
     }
 

@@ -447,3 +447,33 @@ fn a_renewal_batch_dropped_before_it_ran_does_not_block_the_hold() {
         );
     });
 }
+
+/// The only hold's runtime (and the watchdog's) is dropped, and its holder goes on without any runtime
+/// and without calling distlock: the lease is still renewed (on distlock's background runtime), so
+/// another client cannot take the lock from a live holder.
+#[test]
+fn the_only_holds_lease_is_renewed_after_every_runtime_is_gone() {
+    let backend = MemoryBackend::new();
+    let other = Locks::new(backend.another_client());
+    let locks = Locks::new(backend);
+    let first = runtime();
+    let guard = first.block_on(async {
+        locks
+            .lock("alone")
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    drop(first);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+    let second = current_thread_runtime();
+    second.block_on(async {
+        let taken = other.lock("alone").unwrap().try_acquire().await.unwrap();
+        assert!(taken.is_none(), "the lease of a live guard expired");
+        guard.release().await.unwrap();
+    });
+}
