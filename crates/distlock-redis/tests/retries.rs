@@ -40,6 +40,39 @@ async fn warm_up(backend: &RedisBackend) {
     guard.release().await.unwrap();
 }
 
+/// A delayed acquire of `name` lands around `lands_at`; within `within` after that (far below the 30 s
+/// lease) it must have run — its fencing counter exists, so the test really raced an undo against it —
+/// and nothing of it may remain. Polls to the end rather than trusting one look before the acquire landed.
+async fn assert_the_acquire_ran_and_was_undone(
+    server: &RedisServer,
+    name: &str,
+    lands_at: Instant,
+    within: Duration,
+) {
+    let bound = lands_at + within;
+    let counter = distlock_redis::layout::token_key(name);
+    loop {
+        let ran = exists(server, &counter);
+        let held = exists(server, name);
+        if ran && !held {
+            return;
+        }
+        assert!(
+            Instant::now() < bound,
+            "{}",
+            if ran {
+                format!(
+                    "an orphan grant outlives the undo: pttl {:?} ms",
+                    server.command(&["PTTL", name]).unwrap().as_int()
+                )
+            } else {
+                "the delayed acquire never reached the server: the test raced nothing".to_string()
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Loses the reply of the release sent now: the proxy holds each chunk 1 s, so the request reaches the
 /// server after 1 s; once the server ran it (`key` is gone), and before the reply gets back, every
 /// proxied connection is reset.
@@ -151,18 +184,9 @@ async fn undo_is_not_overtaken_by_the_delayed_acquire_fault() {
     assert!(outcome.is_err(), "the acquire should time out: {outcome:?}");
     assert_eq!(outcome.unwrap_err().kind(), ErrorKind::Unavailable);
 
-    // The acquire lands at `delay`. Within a few seconds after that (far below the 30 s lease) nothing
-    // of it may remain.
-    tokio::time::sleep_until((started + delay + Duration::from_millis(200)).into()).await;
-    let bound = started + delay + Duration::from_secs(3);
-    while exists(&server, &name) {
-        assert!(
-            Instant::now() < bound,
-            "an orphan grant outlives the undo: pttl {:?} ms",
-            server.command(&["PTTL", &name]).unwrap().as_int()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The acquire lands at `delay`.
+    assert_the_acquire_ran_and_was_undone(&server, &name, started + delay, Duration::from_secs(3))
+        .await;
     // And the name is free for others.
     let other = Locks::new(backend_at(server.addr(), Duration::from_secs(5)).await);
     assert!(other
@@ -195,16 +219,8 @@ async fn undo_of_a_dropped_acquire_runs_after_it_fault() {
     attempt.abort();
     assert!(attempt.await.unwrap_err().is_cancelled());
 
-    tokio::time::sleep_until((started + delay + Duration::from_millis(200)).into()).await;
-    let bound = started + delay + Duration::from_secs(3);
-    while exists(&server, &name) {
-        assert!(
-            Instant::now() < bound,
-            "an orphan grant outlives the undo: pttl {:?} ms",
-            server.command(&["PTTL", &name]).unwrap().as_int()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert_the_acquire_ran_and_was_undone(&server, &name, started + delay, Duration::from_secs(3))
+        .await;
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -702,13 +718,5 @@ async fn undo_after_the_server_stalled_with_the_acquire_buffered_fault() {
     server.resume().unwrap();
     let resumed = Instant::now();
     // The buffered acquire runs now; the undo must follow within a few seconds.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    while exists(&server, &name) {
-        assert!(
-            resumed.elapsed() < Duration::from_secs(8),
-            "an orphan grant stays for its lease: pttl {:?} ms",
-            server.command(&["PTTL", &name]).unwrap().as_int()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_the_acquire_ran_and_was_undone(&server, &name, resumed, Duration::from_secs(8)).await;
 }
