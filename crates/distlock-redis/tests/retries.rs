@@ -12,7 +12,7 @@ use distlock_core::raw::{AcquireRequest, Attempt, Backend, Released};
 use distlock_core::{ErrorKind, Locks};
 use distlock_redis::{RedisBackend, RedisConfig};
 use distlock_testkit::proxy::Proxy;
-use distlock_testkit::redis::RedisServer;
+use distlock_testkit::redis::{RedisServer, RespValue};
 
 fn unique(case: &str) -> String {
     format!("retries/{case}/{}", uuid::Uuid::new_v4().simple())
@@ -233,8 +233,9 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Holder and waiter on one backend (two `Locks` on clones of it): `waiter` waits for `name` while
 /// `holder` holds it with a 30 s lease, then the holder releases; the waiter must be woken by the
-/// release message (pub/sub), not by the lease's end.
-async fn contended_wait_is_woken(holder: &Locks, waiter: &Locks, name: &str) {
+/// release message (pub/sub), not by the lease's end. The release waits until the waiter has subscribed
+/// to the release channel on `server`, so the wake-up cannot come from an early try instead.
+async fn contended_wait_is_woken(server: &RedisServer, holder: &Locks, waiter: &Locks, name: &str) {
     let guard = holder
         .lock(name)
         .unwrap()
@@ -254,7 +255,23 @@ async fn contended_wait_is_woken(holder: &Locks, waiter: &Locks, name: &str) {
         guard.release().await.unwrap();
         Instant::now()
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let channel = distlock_redis::layout::channel(name);
+    let subscribed_by = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = server.command(&["PUBSUB", "NUMSUB", &channel]).unwrap();
+        let subscribers = match reply {
+            RespValue::Array(items) => items.get(1).and_then(RespValue::as_int),
+            _ => None,
+        };
+        if subscribers.is_some_and(|n| n >= 1) {
+            break;
+        }
+        assert!(
+            Instant::now() < subscribed_by,
+            "the waiter never subscribed to {channel}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let released = Instant::now();
     guard.release().await.unwrap();
     let acquired = tokio::time::timeout(Duration::from_secs(25), waiting)
@@ -287,7 +304,7 @@ fn a_backend_keeps_working_on_a_second_runtime() {
             .await
             .unwrap();
         guard.release().await.unwrap();
-        contended_wait_is_woken(&holder, &waiter, &unique("rt1-wait")).await;
+        contended_wait_is_woken(&server, &holder, &waiter, &unique("rt1-wait")).await;
         (holder, waiter)
     });
     drop(first);
@@ -313,7 +330,7 @@ fn a_backend_keeps_working_on_a_second_runtime() {
             guard.loss_reason()
         );
         guard.release().await.unwrap();
-        contended_wait_is_woken(&holder, &waiter, &unique("rt2-wait")).await;
+        contended_wait_is_woken(&server, &holder, &waiter, &unique("rt2-wait")).await;
     });
 }
 
