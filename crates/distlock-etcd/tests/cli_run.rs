@@ -356,15 +356,15 @@ async fn fault_run_paused_waiter_never_runs_while_another_holds() {
     );
 }
 
-/// Issue 7 item 4: at the default 60 s session TTL (keep-alive every 20 s), an operator revoking the
-/// holder's lease or deleting its key stops the command (SIGTERM) and `distlock` exits 76 within a round
-/// trip of the delete, not at the next keep-alive.
+/// Issue 7 item 4: at the etcd backend's default 60 s session TTL (keep-alive every 20 s; `distlock run`'s
+/// own default lease, 30 s, only brings the keep-alive closer), an operator revoking the holder's lease or
+/// deleting its key stops the command (SIGTERM) and `distlock` exits 76 within `SLACK` (3 s) of the
+/// delete — a mechanism bound far below the keep-alive interval, not at the next keep-alive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_run_revoke_or_delete_at_the_default_session_ttl_terms_the_command_at_once() {
     let server = EtcdServer::start_or_panic();
     let url = server.url();
     let eps = server.endpoints();
-    let keep_alive_interval = Duration::from_secs(60) / 3;
     for breaker in ["lease revoke", "del"] {
         let name = common::name("run_broken");
         let prefix = format!("{name}/");
@@ -395,7 +395,6 @@ async fn fault_run_revoke_or_delete_at_the_default_session_ttl_terms_the_command
                 run.stderr()
             )
         });
-        assert!(elapsed < keep_alive_interval, "{breaker}: {elapsed:?}");
         assert_eq!(status.code(), Some(76), "{breaker}: {}", run.stderr());
         assert_eq!(
             run.read("term").as_deref(),
