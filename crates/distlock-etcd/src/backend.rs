@@ -261,12 +261,15 @@ pub struct EtcdLease {
     /// For the delete of a lease dropped without a release (the core's release task ran on a runtime
     /// that was dropped).
     backend: Weak<Inner>,
+    /// A failed release already handed the key to the retried deletes (with its owner): the drop must
+    /// not hand it again.
+    handed_off: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for EtcdLease {
     fn drop(&mut self) {
         let released = self.clock.lock().map(|c| c.released).unwrap_or(false);
-        if released {
+        if released || self.handed_off.load(std::sync::atomic::Ordering::Acquire) {
             return;
         }
         let Some(inner) = self.backend.upgrade() else {
@@ -900,6 +903,7 @@ impl EtcdBackend {
             claim,
             watch_id,
             backend: Arc::downgrade(&self.inner),
+            handed_off: std::sync::atomic::AtomicBool::new(false),
         };
         self.arm_expiry(&held, lease);
         Grant::new(held)
@@ -1207,6 +1211,9 @@ impl Backend for EtcdBackend {
                 // The key may still be there, on a session this process keeps alive: delete it in the
                 // background until that works, and keep its claim meanwhile, so the next local owner
                 // of the name neither adopts it nor gets the lock before it is gone.
+                lease
+                    .handed_off
+                    .store(true, std::sync::atomic::Ordering::Release);
                 self.delete_later(Doomed {
                     key: lease.key.clone(),
                     rev: Some(lease.rev),
