@@ -297,7 +297,12 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                 continue;
             }
             match commands.recv().await {
-                Some(_) => continue,
+                // A new key: its watch is due `WATCH_DELAY` after its grant, so a hold shorter than
+                // that opens no stream at all (it is gone from `entries` by then).
+                Some(_) => {
+                    tokio::time::sleep(WATCH_DELAY).await;
+                    continue;
+                }
                 None => return,
             }
         };
