@@ -363,22 +363,7 @@ impl EtcdBackend {
             options = options.with_tls(tls);
         }
         let connect_options = options.clone();
-        let connect = Client::connect(config.client_endpoints(), Some(options));
-        let client = match tokio::time::timeout(config.timeout, connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(source)) => {
-                return Err(EtcdError::Connect {
-                    endpoints: shown,
-                    source,
-                })
-            }
-            Err(_) => {
-                return Err(EtcdError::Timeout {
-                    action: "connect",
-                    after: config.timeout,
-                })
-            }
-        };
+        let client = connect_client(&config, options, "connect").await?;
         // The channel connects lazily: one cheap call proves a member answers (and auth works).
         // Requests are balanced over the endpoints at random, so with one member down a single call
         // may land on it: retry (bounded by the timeout) before calling the whole list unreachable.
@@ -464,26 +449,12 @@ impl EtcdBackend {
         if let Some(client) = live(&self.inner) {
             return Ok(client);
         }
-        let config = &self.inner.config;
-        let connect = Client::connect(
-            config.client_endpoints(),
-            Some(self.inner.connect_options.clone()),
-        );
-        let client = match tokio::time::timeout(config.timeout, connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(source)) => {
-                return Err(EtcdError::Connect {
-                    endpoints: config.endpoints.join(","),
-                    source,
-                })
-            }
-            Err(_) => {
-                return Err(EtcdError::Timeout {
-                    action: "reconnect",
-                    after: config.timeout,
-                })
-            }
-        };
+        let client = connect_client(
+            &self.inner.config,
+            self.inner.connect_options.clone(),
+            "reconnect",
+        )
+        .await?;
         let (alive, sentinel) = runtime_sentinel();
         if let Ok(mut conn) = self.inner.conn.lock() {
             if let Some(old) = conn.sentinel.take() {
@@ -1489,4 +1460,25 @@ fn session_died(reason: String) -> EtcdError {
     EtcdError::SessionLost(format!(
         "the session lease died while waiting for the lock ({reason}); the queued key went with it, so this acquire stops (etcd issue 19597)"
     ))
+}
+
+/// Connects a client to the configured endpoints within the request bound; `action` names the attempt
+/// in a timeout error (`connect`, `reconnect`).
+async fn connect_client(
+    config: &EtcdConfig,
+    options: ConnectOptions,
+    action: &'static str,
+) -> std::result::Result<Client, EtcdError> {
+    let connect = Client::connect(config.client_endpoints(), Some(options));
+    match tokio::time::timeout(config.timeout, connect).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(source)) => Err(EtcdError::Connect {
+            endpoints: config.endpoints.join(","),
+            source,
+        }),
+        Err(_) => Err(EtcdError::Timeout {
+            action,
+            after: config.timeout,
+        }),
+    }
 }
