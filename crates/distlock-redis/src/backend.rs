@@ -331,14 +331,6 @@ impl RedisBackend {
         });
     }
 
-    /// Where an undo goes when the acquire's own connection cannot take it.
-    fn undo_link(&self) -> &Link {
-        match &self.inner.durable {
-            Some((_, link)) => link,
-            None => self.release_link(),
-        }
-    }
-
     /// The undo could not be sent (or confirmed) on a fresh connection either: the server may be
     /// stalled or unreachable, and an acquire it already received still runs when it is back (even
     /// if the connection was reset meanwhile: Redis reads what its socket buffer holds). So the undo is
@@ -362,7 +354,7 @@ impl RedisBackend {
                     break;
                 }
                 tokio::time::sleep(pause).await;
-                match this.release_on(this.undo_link(), &key.0, &key.1).await {
+                match this.release_on(this.release_link(), &key.0, &key.1).await {
                     Ok(_) | Err(RedisError::ReleaseOutcomeUnknown { .. }) => {
                         tracing::debug!(lock = %key.0, "undid an abandoned acquire in the background");
                         break;
@@ -966,7 +958,12 @@ impl Backend for RedisBackend {
         }
         let mut sent = Sent::default();
         let undone = self
-            .release_on_tracked(self.undo_link(), &request.name, &request.owner, &mut sent)
+            .release_on_tracked(
+                self.release_link(),
+                &request.name,
+                &request.owner,
+                &mut sent,
+            )
             .await;
         match undone {
             Ok(true) => tracing::debug!(lock = %request.name, "undid an abandoned grant"),

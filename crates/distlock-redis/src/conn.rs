@@ -466,9 +466,10 @@ impl Link {
                         continue;
                     }
                 }
-                // A Cluster redirect (on a link without resends): the node did not run the request,
-                // and the client refreshes its slot map on it; one more try is not a resend.
-                if !retried && e.is_redirect() {
+                // A Cluster redirect on a link without resends (redis-rs follows redirects itself on
+                // the others): the node did not run the request, and the client refreshes its slot map
+                // on it; one more try is not a resend.
+                if !retried && !self.resends && e.is_redirect() {
                     retried = true;
                     continue;
                 }
