@@ -109,10 +109,16 @@ pub fn main(args: &[OsString]) -> i32 {
     };
     // SAFETY: `distlock` passed us this descriptor number for exactly this; nothing else owns it.
     let control = unsafe { UnixStream::from_raw_fd(invocation.control) };
-    // Neither descriptor may reach the command.
-    let _ = set_cloexec(control.as_raw_fd());
-    if let Some(fd) = invocation.lock {
-        let _ = set_cloexec(fd);
+    // Neither descriptor may reach the command, and every descendant must stay ours: if either cannot
+    // be had, the command does not start (distlock sees the supervisor exit and reports it).
+    let prepared = set_cloexec(control.as_raw_fd())
+        .and_then(|()| invocation.lock.map_or(Ok(()), set_cloexec))
+        .and_then(|()| become_subreaper());
+    if let Err(error) = prepared {
+        crate::exit::report(format!(
+            "the supervisor cannot keep the command's processes in hand: {error}"
+        ));
+        return crate::exit::Code::CannotExecute.as_i32();
     }
     let mut supervisor = Supervisor::new(control, invocation);
     supervisor.run(command);
@@ -207,7 +213,6 @@ impl Supervisor {
     fn run(&mut self, command: &[OsString]) {
         // SAFETY: prctl and signal with constant arguments.
         unsafe {
-            libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
             // `ps` and `pkill` see "distlock-super" rather than "exe".
             libc::prctl(libc::PR_SET_NAME, c"distlock-super".as_ptr(), 0, 0, 0);
             for (signo, inherited) in IGNORED.iter().zip(self.inherited.iter_mut()) {
