@@ -10,7 +10,7 @@ use crate::clock::{self, Instant};
 use crate::error::{Error, ErrorKind, Result};
 use crate::locks::{tag, LockShared};
 use crate::options::LockOptions;
-use crate::raw::{ErasedLease, LossSignal, Released, Renewal, Renewed};
+use crate::raw::{ErasedLease, LossSignal, Released, Renewal, RenewalId, Renewed};
 use crate::state::LockState;
 use crate::sync::lock;
 use crate::token::FencingToken;
@@ -419,6 +419,7 @@ impl Holding {
         let sent_at = clock::now();
         let ttl = self.cap_by_max_hold(ttl, sent_at);
         let batch = [Renewal {
+            id: RenewalId(0),
             name: &self.shared.name,
             owner: &self.shared.owner,
             lease: &self.lease,
@@ -432,12 +433,15 @@ impl Holding {
             deadline.saturating_duration_since(sent_at) / 2
         });
         let outcome = match tokio::time::timeout(wait, backend.renew(&batch)).await {
-            Ok(mut outcomes) => outcomes.pop().unwrap_or_else(|| {
-                Err(Error::new(
-                    ErrorKind::Protocol,
-                    "internal error: the backend returned no renewal outcome",
-                ))
-            }),
+            Ok(outcomes) => outcomes
+                .into_iter()
+                .find_map(|(id, outcome)| (id == RenewalId(0)).then_some(outcome))
+                .unwrap_or_else(|| {
+                    Err(Error::new(
+                        ErrorKind::Protocol,
+                        "internal error: the backend returned no renewal outcome",
+                    ))
+                }),
             Err(_) => Err(Error::new(
                 ErrorKind::Unavailable,
                 "the extend got no reply within half the time left before the validity deadline; the watchdog retries",

@@ -18,6 +18,7 @@ pub mod memory;
 pub mod name;
 pub mod options;
 pub mod raw;
+pub mod retry;
 pub mod state;
 mod sync;
 pub mod token;

@@ -27,7 +27,8 @@ use crate::capabilities::{Capabilities, Fencing};
 use crate::clock::{self, Instant};
 use crate::error::{Error, ErrorKind, Result};
 use crate::raw::{
-    AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, Released, Renewal, Renewed,
+    AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, Released, Renewal, RenewalId,
+    Renewed,
 };
 use crate::sync::lock;
 use crate::token::FencingToken;
@@ -334,22 +335,22 @@ impl Backend for MemoryBackend {
         }
     }
 
-    async fn renew(&self, batch: &[Renewal<'_, ()>]) -> Vec<Result<Renewed>> {
+    async fn renew(&self, batch: &[Renewal<'_, ()>]) -> Vec<(RenewalId, Result<Renewed>)> {
         if let Err(e) = self.link.check_reachable() {
             return batch
                 .iter()
-                .map(|_| Err(Error::new(e.kind(), e.message())))
+                .map(|entry| (entry.id, Err(Error::new(e.kind(), e.message()))))
                 .collect();
         }
         self.link.renewal_requests.fetch_add(1, Ordering::SeqCst);
-        let outcomes: Vec<Result<Renewed>> = {
+        let outcomes: Vec<(RenewalId, Result<Renewed>)> = {
             let now = clock::now();
             let mut names = lock(&self.store.names);
             batch
                 .iter()
                 .map(|entry| {
                     let holder = names.get_mut(entry.name).and_then(|s| s.holder.as_mut());
-                    Ok(match holder {
+                    let outcome = match holder {
                         Some(h) if h.owner == entry.owner && h.live(now) => {
                             let ttl = self.link.grant(entry.ttl);
                             h.expires_at = now.saturating_add(ttl);
@@ -361,7 +362,8 @@ impl Backend for MemoryBackend {
                         _ => Renewed::Gone {
                             reason: "the lease expired on the server".into(),
                         },
-                    })
+                    };
+                    (entry.id, Ok(outcome))
                 })
                 .collect()
         };

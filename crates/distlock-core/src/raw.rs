@@ -139,6 +139,8 @@ pub enum Attempt<L> {
 #[non_exhaustive]
 #[derive(Debug)]
 pub struct Renewal<'a, L> {
+    /// Which entry of the batch this is: the backend returns its outcome under this id.
+    pub id: RenewalId,
     /// The lock name.
     pub name: &'a str,
     /// The owner that holds it.
@@ -148,6 +150,12 @@ pub struct Renewal<'a, L> {
     /// The time-to-live to ask for (the lease, capped by what is left of `max_hold`).
     pub ttl: Duration,
 }
+
+/// Which entry of a renewal batch an outcome is for. Made by the core; a backend hands it back with the
+/// entry's outcome, in any order (a backend that renews per server or per slot answers as the replies
+/// come). An entry left without an outcome counts as unanswered (Jeopardy, retried).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RenewalId(pub(crate) usize);
 
 /// The outcome of renewing one lease. An `Err` means "unknown" (the guard goes to Jeopardy).
 #[non_exhaustive]
@@ -256,7 +264,7 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Renews every lease in `batch`, one round trip per group, and returns one outcome per entry in
     /// the same order.
-    async fn renew(&self, batch: &[Renewal<'_, Self::Lease>]) -> Vec<Result<Renewed>>;
+    async fn renew(&self, batch: &[Renewal<'_, Self::Lease>]) -> Vec<(RenewalId, Result<Renewed>)>;
 
     /// Releases a held lock if, and only if, it is still this owner's. Safe to retry.
     async fn release(&self, lease: &Self::Lease, name: &str, owner: &str) -> Result<Released>;
@@ -294,7 +302,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         retry_after: Option<Duration>,
     ) -> Result<()>;
     async fn abandon(&self, acquisition: ErasedAcquisition, request: &AcquireRequest);
-    async fn renew(&self, batch: &[Renewal<'_, ErasedLease>]) -> Vec<Result<Renewed>>;
+    async fn renew(&self, batch: &[Renewal<'_, ErasedLease>]) -> Vec<(RenewalId, Result<Renewed>)>;
     async fn release(&self, lease: &ErasedLease, name: &str, owner: &str) -> Result<Released>;
     async fn inspect(&self, name: &str) -> Result<LockInfo>;
 }
@@ -365,39 +373,24 @@ impl<B: Backend> DynBackend for B {
         }
     }
 
-    async fn renew(&self, batch: &[Renewal<'_, ErasedLease>]) -> Vec<Result<Renewed>> {
+    async fn renew(&self, batch: &[Renewal<'_, ErasedLease>]) -> Vec<(RenewalId, Result<Renewed>)> {
         let mut typed = Vec::with_capacity(batch.len());
-        let mut positions = Vec::with_capacity(batch.len());
-        let mut outcomes: Vec<Option<Result<Renewed>>> = Vec::with_capacity(batch.len());
-        for (i, entry) in batch.iter().enumerate() {
+        let mut mismatched = Vec::new();
+        for entry in batch {
             match entry.lease.downcast_ref::<B::Lease>() {
-                Some(lease) => {
-                    typed.push(Renewal {
-                        name: entry.name,
-                        owner: entry.owner,
-                        lease,
-                        ttl: entry.ttl,
-                    });
-                    positions.push(i);
-                    outcomes.push(None);
-                }
-                None => outcomes.push(Some(Err(mismatch("a lease")))),
+                Some(lease) => typed.push(Renewal {
+                    id: entry.id,
+                    name: entry.name,
+                    owner: entry.owner,
+                    lease,
+                    ttl: entry.ttl,
+                }),
+                None => mismatched.push((entry.id, Err(mismatch("a lease")))),
             }
         }
-        let results = Backend::renew(self, &typed).await;
-        let mut results = results.into_iter();
-        for i in positions {
-            outcomes[i] = Some(results.next().unwrap_or_else(|| {
-                Err(Error::new(
-                    ErrorKind::Protocol,
-                    "internal error: the backend returned too few renewal outcomes",
-                ))
-            }));
-        }
+        let mut outcomes = Backend::renew(self, &typed).await;
+        outcomes.extend(mismatched);
         outcomes
-            .into_iter()
-            .map(|o| o.unwrap_or_else(|| Err(mismatch("a lease"))))
-            .collect()
     }
 
     async fn release(&self, lease: &ErasedLease, name: &str, owner: &str) -> Result<Released> {

@@ -2,6 +2,7 @@
 //! (`redis+sentinel://h:p,h:p/mymaster`), which `url::Url` does not accept.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::duration;
@@ -15,6 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 /// assert_eq!(url.scheme(), "redis+sentinel");
 /// assert_eq!(url.hosts(), ["a:26379", "b:26380"]);
 /// assert_eq!(url.path(), "/mymaster");
+/// assert_eq!(url.username(), Some("u"));
 /// assert_eq!(url.password(), Some("secret"));
 /// assert_eq!(url.query("lease"), Some("10s"));
 /// assert!(!format!("{url:?}").contains("secret"));
@@ -22,7 +24,7 @@ use crate::error::{Error, ErrorKind, Result};
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     scheme: String,
-    user: Option<String>,
+    username: Option<String>,
     password: Option<String>,
     hosts: Vec<String>,
     path: String,
@@ -90,7 +92,7 @@ impl LockUrl {
             Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
             None => (None, authority),
         };
-        let (user, password) = match userinfo {
+        let (username, password) = match userinfo {
             Some(info) => match info.split_once(':') {
                 Some((u, p)) => (non_empty(u), Some(percent_decode(p))),
                 None => (non_empty(info), None),
@@ -124,7 +126,7 @@ impl LockUrl {
         }
         Ok(Self {
             scheme,
-            user,
+            username,
             password,
             hosts,
             path: percent_decode(path),
@@ -138,8 +140,8 @@ impl LockUrl {
     }
 
     /// The user name, if any.
-    pub fn user(&self) -> Option<&str> {
-        self.user.as_deref()
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
     }
 
     /// The password, if any. Never printed by `Debug`.
@@ -185,6 +187,69 @@ impl LockUrl {
             .transpose()
     }
 
+    /// The host list as endpoints, `default_port` where a host names none. Fails with
+    /// [`ErrorKind::InvalidConfig`] on an empty list.
+    ///
+    /// ```
+    /// use distlock_core::url::{Endpoint, LockUrl};
+    /// let url = LockUrl::parse("etcd://a,b:2380,[::1],[::1]:7")?;
+    /// let shown: Vec<String> = url.endpoints(2379)?.iter().map(Endpoint::to_string).collect();
+    /// assert_eq!(shown, ["a:2379", "b:2380", "[::1]:2379", "[::1]:7"]);
+    /// assert!(LockUrl::parse("etcd://")?.endpoints(2379).is_err());
+    /// # Ok::<(), distlock_core::Error>(())
+    /// ```
+    pub fn endpoints(&self, default_port: u16) -> Result<Vec<Endpoint>> {
+        if self.hosts.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "a {scheme}:// URL needs a host, for example {scheme}://127.0.0.1:{default_port}",
+                    scheme = self.scheme
+                ),
+            ));
+        }
+        self.hosts
+            .iter()
+            .map(|h| Endpoint::parse(h, default_port))
+            .collect()
+    }
+
+    /// `?ca=/path/ca.pem`: a PEM file with the CA(s) that signed the servers' certificates. Needs a TLS
+    /// scheme (`tls`); an empty path is refused.
+    pub fn ca_file(&self, tls: bool) -> Result<Option<PathBuf>> {
+        let Some(ca) = self.query("ca") else {
+            return Ok(None);
+        };
+        if !tls {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "URL parameter ca needs TLS: {}:// is plain text (use the scheme ending in s)",
+                    self.scheme
+                ),
+            ));
+        }
+        if ca.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "URL parameter ca: the path of a PEM file is missing, e.g. ?ca=/path/ca.pem",
+            ));
+        }
+        Ok(Some(PathBuf::from(ca)))
+    }
+
+    /// A query parameter read as a duration that must not be zero (`connect_timeout`,
+    /// `request_timeout`).
+    pub fn query_timeout(&self, key: &str) -> Result<Option<Duration>> {
+        match self.query_duration(key)? {
+            Some(d) if d.is_zero() => Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("URL parameter {key} must not be 0"),
+            )),
+            other => Ok(other),
+        }
+    }
+
     /// Fails with a clear message if the URL carries a query parameter outside `known`, so that a typo
     /// is not silently ignored.
     pub fn reject_unknown_query(&self, known: &[&str]) -> Result<()> {
@@ -212,12 +277,87 @@ impl fmt::Debug for LockUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockUrl")
             .field("scheme", &self.scheme)
-            .field("user", &self.user)
+            .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("hosts", &self.hosts)
             .field("path", &self.path)
             .field("query", &self.query)
             .finish()
+    }
+}
+
+/// A server address: a host name or IP address, and a port.
+///
+/// ```
+/// use distlock_core::url::Endpoint;
+/// let e = Endpoint::parse("[::1]", 6379)?;
+/// assert_eq!((e.host(), e.port(), e.to_string()), ("::1", 6379, "[::1]:6379".to_string()));
+/// for bad in ["", "h:", ":1", "h:x", "[::1", "[::1]x", "h:99999"] {
+///     assert!(Endpoint::parse(bad, 1).is_err(), "{bad}");
+/// }
+/// # Ok::<(), distlock_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    host: String,
+    port: u16,
+}
+
+impl Endpoint {
+    /// A host and port.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        Self {
+            host: host.into(),
+            port,
+        }
+    }
+
+    /// Parses `host`, `host:port`, `[v6]` or `[v6]:port`; `default_port` where none is given.
+    pub fn parse(text: &str, default_port: u16) -> Result<Self> {
+        let bad = || {
+            Error::new(
+                ErrorKind::InvalidConfig,
+                format!("{text:?} is not host[:port] (an IPv6 address goes in brackets: [::1]:{default_port})"),
+            )
+        };
+        let port = |p: &str| p.parse::<u16>().map_err(|_| bad());
+        let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+            let (host, after) = rest.split_once(']').ok_or_else(bad)?;
+            match after.strip_prefix(':') {
+                Some(p) => (host, port(p)?),
+                None if after.is_empty() => (host, default_port),
+                None => return Err(bad()),
+            }
+        } else {
+            match text.rsplit_once(':') {
+                Some((host, p)) => (host, port(p)?),
+                None => (text, default_port),
+            }
+        };
+        if host.is_empty() || (!text.starts_with('[') && host.contains(':')) {
+            return Err(bad());
+        }
+        Ok(Self::new(host, port))
+    }
+
+    /// The host, without brackets.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use crate::clock::{self, Instant};
 use crate::error::{Error, ErrorKind};
 use crate::guard::Holding;
 use crate::locks::LocksInner;
-use crate::raw::{DynBackend, Renewal};
+use crate::raw::{DynBackend, Renewal, RenewalId, Renewed};
 use crate::sync::lock;
 
 #[derive(Default)]
@@ -288,7 +288,9 @@ async fn renew_batch(
         .unwrap_or(Duration::from_secs(1));
     let batch: Vec<Renewal<'_, _>> = due
         .iter()
-        .map(|(h, ttl)| Renewal {
+        .enumerate()
+        .map(|(i, (h, ttl))| Renewal {
+            id: RenewalId(i),
             name: &h.shared.name,
             owner: &h.shared.owner,
             lease: &h.lease,
@@ -300,9 +302,15 @@ async fn renew_batch(
         .await
         .unwrap_or_default();
     drop(batch);
-    let mut outcomes = outcomes.into_iter();
-    for (holding, ttl) in due {
-        let outcome = outcomes.next().unwrap_or_else(|| {
+    let mut by_entry: Vec<Option<crate::Result<Renewed>>> = due.iter().map(|_| None).collect();
+    for (RenewalId(i), outcome) in outcomes {
+        // The first outcome for an entry counts; an unknown id is ignored.
+        if let Some(slot) = by_entry.get_mut(i).filter(|slot| slot.is_none()) {
+            *slot = Some(outcome);
+        }
+    }
+    for ((holding, ttl), outcome) in due.iter().zip(by_entry) {
+        let outcome = outcome.unwrap_or_else(|| {
             Err(Error::new(
                 ErrorKind::Unavailable,
                 "the renewal got no reply in time",

@@ -187,7 +187,7 @@ fn public_types_are_send_and_sync() {
 fn url_grammar() {
     let url = LockUrl::parse("REDIS://user:p%40ss@h1:1,h2:2/3?lease=10s&wait_replicas=1").unwrap();
     assert_eq!(url.scheme(), "redis");
-    assert_eq!(url.user(), Some("user"));
+    assert_eq!(url.username(), Some("user"));
     assert_eq!(url.password(), Some("p@ss"));
     assert_eq!(url.hosts(), ["h1:1", "h2:2"]);
     assert_eq!(url.path(), "/3");

@@ -46,7 +46,7 @@ use async_trait::async_trait;
 use distlock_core::clock::{self, Instant};
 use distlock_core::raw::{
     AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, LossSignal, Released, Renewal,
-    Renewed,
+    RenewalId, Renewed,
 };
 use distlock_core::url::LockUrl;
 use distlock_core::{Capabilities, Fencing, FencingToken, LockOptions, Result};
@@ -1015,6 +1015,69 @@ fn key_string(kv: &KeyValue) -> String {
     String::from_utf8_lossy(kv.key()).into_owned()
 }
 
+impl EtcdBackend {
+    /// What one renewal's session keep-alive (`None`: none was sent for it) means for its lock.
+    fn renewal_outcome(
+        &self,
+        entry: &Renewal<'_, EtcdLease>,
+        keep_alive: Option<&std::result::Result<Duration, KeepAlive>>,
+    ) -> Result<Renewed> {
+        match keep_alive {
+            Some(Ok(ttl)) => {
+                // A loss the backend found (its key deleted) is also this renewal's answer: the
+                // grant's loss signal may have no listener any more (the core's watcher ran on a
+                // runtime since dropped), and a live session alone does not keep the lock.
+                let found = entry.lease.lost.borrow().clone();
+                if let Some(reason) = found {
+                    return Ok(Renewed::Gone { reason });
+                }
+                let mut clock = match entry.lease.clock.lock() {
+                    Ok(c) => c,
+                    Err(_) => {
+                        return Ok(Renewed::Gone {
+                            reason: "internal error: a poisoned lease clock".into(),
+                        })
+                    }
+                };
+                if clock.expired {
+                    return Ok(Renewed::Gone {
+                        reason:
+                            "the lock's own lease ran out before this renewal; its key was deleted"
+                                .into(),
+                    });
+                }
+                clock.expires = clock::now().saturating_add(entry.ttl);
+                let armed = clock
+                    .timer
+                    .as_ref()
+                    .is_some_and(|alive| alive.load(Ordering::Acquire));
+                drop(clock);
+                if armed {
+                    entry.lease.wake.notify_one();
+                } else {
+                    self.arm_expiry(entry.lease, entry.ttl);
+                }
+                Ok(Renewed::Extended {
+                    ttl: entry.ttl.min(*ttl),
+                })
+            }
+            Some(Err(KeepAlive::Gone(reason))) => Ok(Renewed::Gone {
+                reason: reason.clone(),
+            }),
+            Some(Err(KeepAlive::Failed(e))) => Err(distlock_core::Error::new(
+                distlock_core::ErrorKind::Unavailable,
+                e.to_string(),
+            )
+            .with_backend(BACKEND)
+            .with_lock(entry.name)),
+            None => Err(distlock_core::Error::new(
+                distlock_core::ErrorKind::Protocol,
+                "internal error: a renewal without its session",
+            )),
+        }
+    }
+}
+
 #[async_trait]
 impl Backend for EtcdBackend {
     type Lease = EtcdLease;
@@ -1095,7 +1158,7 @@ impl Backend for EtcdBackend {
         unfinished.doomed = None;
     }
 
-    async fn renew(&self, batch: &[Renewal<'_, EtcdLease>]) -> Vec<Result<Renewed>> {
+    async fn renew(&self, batch: &[Renewal<'_, EtcdLease>]) -> Vec<(RenewalId, Result<Renewed>)> {
         // A connection whose runtime was dropped is made again first (a failure shows in the
         // keep-alives below).
         if let Err(e) = self.connection().await {
@@ -1117,56 +1180,9 @@ impl Backend for EtcdBackend {
             sessions.iter().map(|s| s.id).zip(outcomes.iter()).collect();
         batch
             .iter()
-            .map(|entry| match by_id.get(&entry.lease.session.id) {
-                Some(Ok(ttl)) => {
-                    // A loss the backend found (its key deleted) is also this renewal's answer: the
-                    // grant's loss signal may have no listener any more (the core's watcher ran on a
-                    // runtime since dropped), and a live session alone does not keep the lock.
-                    let found = entry.lease.lost.borrow().clone();
-                    if let Some(reason) = found {
-                        return Ok(Renewed::Gone { reason });
-                    }
-                    let mut clock = match entry.lease.clock.lock() {
-                        Ok(c) => c,
-                        Err(_) => {
-                            return Ok(Renewed::Gone {
-                                reason: "internal error: a poisoned lease clock".into(),
-                            })
-                        }
-                    };
-                    if clock.expired {
-                        return Ok(Renewed::Gone {
-                            reason: "the lock's own lease ran out before this renewal; its key was deleted".into(),
-                        });
-                    }
-                    clock.expires = clock::now().saturating_add(entry.ttl);
-                    let armed = clock
-                        .timer
-                        .as_ref()
-                        .is_some_and(|alive| alive.load(Ordering::Acquire));
-                    drop(clock);
-                    if armed {
-                        entry.lease.wake.notify_one();
-                    } else {
-                        self.arm_expiry(entry.lease, entry.ttl);
-                    }
-                    Ok(Renewed::Extended {
-                        ttl: entry.ttl.min(*ttl),
-                    })
-                }
-                Some(Err(KeepAlive::Gone(reason))) => Ok(Renewed::Gone {
-                    reason: reason.clone(),
-                }),
-                Some(Err(KeepAlive::Failed(e))) => Err(distlock_core::Error::new(
-                    distlock_core::ErrorKind::Unavailable,
-                    e.to_string(),
-                )
-                .with_backend(BACKEND)
-                .with_lock(entry.name)),
-                None => Err(distlock_core::Error::new(
-                    distlock_core::ErrorKind::Protocol,
-                    "internal error: a renewal without its session",
-                )),
+            .map(|entry| {
+                let keep_alive = by_id.get(&entry.lease.session.id).copied();
+                (entry.id, self.renewal_outcome(entry, keep_alive))
             })
             .collect()
     }

@@ -140,7 +140,7 @@ impl EtcdConfig {
                 url.path()
             )));
         }
-        if url.user().is_some() != url.password().is_some() {
+        if url.username().is_some() != url.password().is_some() {
             return Err(EtcdError::Config(
                 "etcd authentication needs both a user and a password: etcd://user:password@host:port"
                     .into(),
@@ -156,7 +156,7 @@ impl EtcdConfig {
             .iter()
             .map(|h| with_default_port(h))
             .collect();
-        if let (Some(user), Some(password)) = (url.user(), url.password()) {
+        if let (Some(user), Some(password)) = (url.username(), url.password()) {
             config = config.with_credentials(user, password);
         }
         if let Some(ttl) = duration("session_ttl")? {

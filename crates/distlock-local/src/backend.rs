@@ -52,7 +52,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use distlock_core::raw::{
     AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, LossSignal, Released, Renewal,
-    Renewed,
+    RenewalId, Renewed,
 };
 use distlock_core::url::LockUrl;
 use distlock_core::{Capabilities, Fencing, FencingToken, Result};
@@ -924,17 +924,18 @@ impl Backend for FileBackend {
 
     /// A file lock cannot expire, and the core never renews grants without a TTL. If asked anyway, a
     /// lease still held is confirmed as `Extended` with the TTL asked for, and a released one is `Gone`.
-    async fn renew(&self, batch: &[Renewal<'_, FileLease>]) -> Vec<Result<Renewed>> {
+    async fn renew(&self, batch: &[Renewal<'_, FileLease>]) -> Vec<(RenewalId, Result<Renewed>)> {
         batch
             .iter()
             .map(|entry| {
-                Ok(if entry.lease.is_held() {
+                let outcome = if entry.lease.is_held() {
                     Renewed::Extended { ttl: entry.ttl }
                 } else {
                     Renewed::Gone {
                         reason: "the file lock was released".into(),
                     }
-                })
+                };
+                (entry.id, Ok(outcome))
             })
             .collect()
     }

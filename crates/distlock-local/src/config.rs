@@ -97,7 +97,7 @@ impl FileConfig {
         if let Err(e) = url.reject_unknown_query(KNOWN_QUERY) {
             return Err(FileError::Config(e.message().to_string()));
         }
-        if url.user().is_some() || url.password().is_some() {
+        if url.username().is_some() || url.password().is_some() {
             return Err(FileError::Config(format!(
                 "{}: file URLs take no user or password",
                 shown()

@@ -37,7 +37,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, Released, Renewal, Renewed,
+    AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, Released, Renewal, RenewalId,
+    Renewed,
 };
 use distlock_core::url::LockUrl;
 use distlock_core::{Capabilities, Error, ErrorKind, Fencing, FencingToken, Result};
@@ -673,7 +674,10 @@ impl RedisBackend {
     }
 
     /// Renews one group (one connection, or one Cluster slot) in one round trip.
-    async fn renew_group(&self, group: &[&Renewal<'_, RedisLease>]) -> Vec<Result<Renewed>> {
+    async fn renew_group(
+        &self,
+        group: &[&Renewal<'_, RedisLease>],
+    ) -> Vec<(RenewalId, Result<Renewed>)> {
         let scripts = &self.inner.scripts;
         let mut pipe = redis::pipe();
         for entry in group {
@@ -712,16 +716,20 @@ impl RedisBackend {
                     what: "renew",
                     detail: format!("{} replies for {} renewals", values.len(), group.len()),
                 };
-                return group.iter().map(|g| Err(copy(&e, g.name))).collect();
+                return group
+                    .iter()
+                    .map(|g| (g.id, Err(copy(&e, g.name))))
+                    .collect();
             }
             Err(e) => {
                 let e = e.into_core(None);
                 return group
                     .iter()
                     .map(|g| {
-                        Err(Error::new(e.kind(), e.message())
+                        let e = Error::new(e.kind(), e.message())
                             .with_backend(BACKEND)
-                            .with_lock(g.name))
+                            .with_lock(g.name);
+                        (g.id, Err(e))
                     })
                     .collect();
             }
@@ -744,11 +752,26 @@ impl RedisBackend {
             .iter()
             .zip(&values)
             .map(|(entry, value)| {
-                if let Some(e) = server_error(value) {
-                    return Err(request_error("renew", &self.inner.target, e).into_core(Some(entry.name)));
-                }
-                match int(value) {
-                    Some(1) => match &shortfall {
+                (
+                    entry.id,
+                    self.renew_outcome(entry, value, shortfall.as_ref()),
+                )
+            })
+            .collect()
+    }
+
+    /// What one renew script's reply says about its entry.
+    fn renew_outcome(
+        &self,
+        entry: &Renewal<'_, RedisLease>,
+        value: &Value,
+        shortfall: Option<&RedisError>,
+    ) -> Result<Renewed> {
+        if let Some(e) = server_error(value) {
+            return Err(request_error("renew", &self.inner.target, e).into_core(Some(entry.name)));
+        }
+        match int(value) {
+                    Some(1) => match shortfall {
                         Some(e) => Err(copy(e, entry.name)),
                         None => Ok(Renewed::Extended { ttl: entry.ttl }),
                     },
@@ -767,8 +790,6 @@ impl RedisBackend {
                     }
                     .into_core(Some(entry.name))),
                 }
-            })
-            .collect()
     }
 }
 
@@ -978,40 +999,23 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn renew(&self, batch: &[Renewal<'_, RedisLease>]) -> Vec<Result<Renewed>> {
+    async fn renew(&self, batch: &[Renewal<'_, RedisLease>]) -> Vec<(RenewalId, Result<Renewed>)> {
         if !self.inner.target.is_cluster() {
             let group: Vec<&Renewal<'_, RedisLease>> = batch.iter().collect();
             return self.renew_group(&group).await;
         }
         // Cluster: one pipeline per slot, all at once.
-        let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, entry) in batch.iter().enumerate() {
+        let mut slots: BTreeMap<u16, Vec<&Renewal<'_, RedisLease>>> = BTreeMap::new();
+        for entry in batch {
             slots
                 .entry(layout::hash_slot(entry.name.as_bytes()))
                 .or_default()
-                .push(i);
+                .push(entry);
         }
-        let groups: Vec<Vec<usize>> = slots.into_values().collect();
-        let results = futures_util::future::join_all(groups.iter().map(|idx| {
-            let group: Vec<&Renewal<'_, RedisLease>> = idx.iter().map(|&i| &batch[i]).collect();
-            async move { self.renew_group(&group).await }
-        }))
-        .await;
-        let mut out: Vec<Option<Result<Renewed>>> = batch.iter().map(|_| None).collect();
-        for (idx, results) in groups.iter().zip(results) {
-            for (&i, r) in idx.iter().zip(results) {
-                out[i] = Some(r);
-            }
-        }
-        out.into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(
-                        Error::new(ErrorKind::Protocol, "internal: renewal without outcome")
-                            .with_backend(BACKEND),
-                    )
-                })
-            })
+        futures_util::future::join_all(slots.values().map(|group| self.renew_group(group)))
+            .await
+            .into_iter()
+            .flatten()
             .collect()
     }
 

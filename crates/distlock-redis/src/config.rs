@@ -301,7 +301,7 @@ impl RedisConfig {
                 )))
             }
         };
-        config.username = url.user().map(str::to_string);
+        config.username = url.username().map(str::to_string);
         config.password = url.password().map(str::to_string);
         if let Some(n) = url.query("wait_replicas") {
             config.wait_replicas = n.parse().map_err(|_| {

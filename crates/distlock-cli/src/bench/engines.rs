@@ -87,7 +87,7 @@ impl Engine {
                     Engine::Etcd {
                         endpoints,
                         credentials: parsed
-                            .user()
+                            .username()
                             .map(|u| (u.to_string(), parsed.password().unwrap_or("").to_string())),
                     }
                 }
@@ -124,7 +124,7 @@ fn redis_info(url: &LockUrl, host: &str) -> Result<redis::ConnectionInfo, Failur
             .map_err(|_| Failure::new(Code::Usage, format!("invalid Redis database {db:?}")))?,
     };
     let mut settings = redis::RedisConnectionInfo::default().set_db(db);
-    if let Some(user) = url.user() {
+    if let Some(user) = url.username() {
         settings = settings.set_username(user);
     }
     if let Some(password) = url.password() {

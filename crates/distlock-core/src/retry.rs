@@ -1,0 +1,313 @@
+//! The one retry and backoff policy every backend uses: what is retried is the caller's call (a
+//! classifier), how often and how long to wait is this module's.
+//!
+//! Two shapes, for the two kinds of loop a backend has:
+//!
+//! * **A request retried under a deadline** ([`RetryPolicy`], [`Retries`], [`retry`]): a bounded number
+//!   of further attempts, each after a jittered, exponentially growing delay, never sleeping past the
+//!   deadline. A refusal (bad credentials, a wrong type) is not retried; the classifier says so.
+//! * **A long-lived loop that reconnects or polls** ([`Backoff`]): a jittered delay that doubles up to a
+//!   cap and goes back to the start after every success.
+//!
+//! Delays are jittered uniformly in `[d/2, d]`, so that processes that failed together do not retry
+//! together (the "equal jitter" of AWS's backoff note), yet a delay is never under half the nominal.
+//!
+//! ```
+//! use std::time::Duration;
+//! use distlock_core::retry::{retry, RetryPolicy};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let policy = RetryPolicy::new(3, Duration::from_millis(1), Duration::from_millis(4));
+//! let mut calls = 0;
+//! let result: Result<u32, &str> = retry(&policy, None, |_attempt| {
+//!     calls += 1;
+//!     let ok = calls == 3;
+//!     async move { if ok { Ok(7) } else { Err("connection reset") } }
+//! }, |e| *e != "bad password").await;
+//! assert_eq!((result, calls), (Ok(7), 3));
+//! # }
+//! ```
+
+use std::collections::hash_map::RandomState;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// `d` jittered uniformly in `[d/2, d]`.
+pub fn jitter(d: Duration) -> Duration {
+    let half = d / 2;
+    let spread = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+    if spread == 0 {
+        return d;
+    }
+    // A fresh RandomState is seeded per process and per call: enough spread for backoff, no RNG crate.
+    let random = RandomState::new().hash_one(std::time::Instant::now());
+    half + Duration::from_nanos(random % (spread + 1))
+}
+
+/// A jittered exponential delay: starts at `initial`, doubles after every [`next_delay`](Self::next_delay)
+/// up to `max`, and goes back to `initial` on [`reset`](Self::reset) (after a success, or an event).
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::retry::Backoff;
+///
+/// let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(300));
+/// let delays: Vec<Duration> = (0..4).map(|_| backoff.next_delay()).collect();
+/// let nominal = [100, 200, 300, 300].map(Duration::from_millis);
+/// for (d, n) in delays.iter().zip(nominal) {
+///     assert!(*d >= n / 2 && *d <= n, "{d:?} outside [{:?}, {n:?}]", n / 2);
+/// }
+/// backoff.reset();
+/// assert!(backoff.next_delay() <= Duration::from_millis(100));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    nominal: Duration,
+}
+
+impl Backoff {
+    /// A backoff from `initial` up to `max` (`max` is raised to `initial` if below it).
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max: max.max(initial),
+            nominal: initial,
+        }
+    }
+
+    /// The delay to wait now (jittered), and doubles the next one up to the cap.
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = jitter(self.nominal);
+        self.nominal = self.nominal.saturating_mul(2).min(self.max);
+        delay
+    }
+
+    /// The delay the next [`next_delay`](Self::next_delay) is jittered from.
+    pub fn nominal(&self) -> Duration {
+        self.nominal
+    }
+
+    /// Back to the first delay.
+    pub fn reset(&mut self) {
+        self.nominal = self.initial;
+    }
+}
+
+/// How often a failed request is tried again and how long to wait in between. Which failures are
+/// worth another attempt is the caller's to say; see [`retry`] and [`Retries`].
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts after the first; 0 = never retry.
+    pub max_retries: u32,
+    /// The delay before the first retry (jittered).
+    pub initial_backoff: Duration,
+    /// The cap the delay doubles up to.
+    pub max_backoff: Duration,
+}
+
+impl RetryPolicy {
+    /// A policy of `max_retries` further attempts, delays from `initial_backoff` doubling up to
+    /// `max_backoff`.
+    pub const fn new(max_retries: u32, initial_backoff: Duration, max_backoff: Duration) -> Self {
+        Self {
+            max_retries,
+            initial_backoff,
+            max_backoff,
+        }
+    }
+
+    /// No retry at all.
+    pub const NEVER: Self = Self::new(0, Duration::ZERO, Duration::ZERO);
+
+    /// The same policy with `max_retries` further attempts.
+    pub const fn with_max_retries(mut self, max_retries: u32) -> Self {
+        self.max_retries = max_retries;
+        self
+    }
+
+    /// Starts counting the retries of one request that must be done by `deadline` (if any).
+    pub fn start(&self, deadline: Option<Instant>) -> Retries {
+        Retries {
+            backoff: Backoff::new(self.initial_backoff, self.max_backoff),
+            retries_left: self.max_retries,
+            retried: 0,
+            deadline,
+        }
+    }
+}
+
+/// The retries left to one request: ask [`next_delay`](Self::next_delay) after each failure worth
+/// retrying. For loops that keep their own state between attempts; [`retry`] wraps the common case.
+#[derive(Debug, Clone)]
+pub struct Retries {
+    backoff: Backoff,
+    retries_left: u32,
+    retried: u32,
+    deadline: Option<Instant>,
+}
+
+impl Retries {
+    /// How long to wait before the next attempt, or `None` if there is none: the retries are used
+    /// up, or the wait would end at or after the deadline (an attempt started then could not finish).
+    pub fn next_delay(&mut self) -> Option<Duration> {
+        if self.retries_left == 0 {
+            return None;
+        }
+        let delay = self.backoff.next_delay();
+        if let Some(deadline) = self.deadline {
+            if Instant::now() + delay >= deadline {
+                return None;
+            }
+        }
+        self.retries_left -= 1;
+        self.retried += 1;
+        Some(delay)
+    }
+
+    /// Waits the next delay; `false` (at once) if there is no next attempt.
+    pub async fn wait(&mut self) -> bool {
+        match self.next_delay() {
+            Some(delay) => {
+                tokio::time::sleep(delay).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Retries so far (0 during the first attempt).
+    pub fn retried(&self) -> u32 {
+        self.retried
+    }
+
+    /// Time left before the deadline (`None` without one); zero once it has passed.
+    pub fn time_left(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// Runs `attempt` (given the attempt's number, from 0) until it succeeds, fails with an error that
+/// `retryable` refuses, or the policy's retries or the deadline run out; returns the last result.
+///
+/// The attempt is not bounded here: a backend bounds each request with its own request timeout (see
+/// [`Retries::time_left`]).
+///
+/// # Cancel safety
+/// Dropping the future drops the attempt in flight; whether that request reached the server is the
+/// caller's to handle, as with any dropped request.
+pub async fn retry<T, E, F, Fut>(
+    policy: &RetryPolicy,
+    deadline: Option<Instant>,
+    mut attempt: F,
+    retryable: impl Fn(&E) -> bool,
+) -> Result<T, E>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut retries = policy.start(deadline);
+    loop {
+        match attempt(retries.retried()).await {
+            Ok(v) => return Ok(v),
+            Err(e) if retryable(&e) && retries.wait().await => {
+                tracing::debug!(retry = retries.retried(), "retrying a failed request");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_half_and_whole() {
+        for ms in [0u64, 1, 10, 1000] {
+            let d = Duration::from_millis(ms);
+            for _ in 0..100 {
+                let j = jitter(d);
+                assert!(j >= d / 2 && j <= d, "{j:?} for {d:?}");
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_stop_at_the_count() {
+        let policy = RetryPolicy::new(2, Duration::from_millis(10), Duration::from_millis(10));
+        let mut calls = 0;
+        let r: Result<(), u32> = retry(
+            &policy,
+            None,
+            |_| {
+                calls += 1;
+                async { Err(1) }
+            },
+            |_| true,
+        )
+        .await;
+        assert_eq!((r, calls), (Err(1), 3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_error_is_not_retried() {
+        let policy = RetryPolicy::new(5, Duration::from_millis(10), Duration::from_millis(10));
+        let mut calls = 0;
+        let r: Result<(), &str> = retry(
+            &policy,
+            None,
+            |_| {
+                calls += 1;
+                async { Err("denied") }
+            },
+            |e| *e != "denied",
+        )
+        .await;
+        assert_eq!((r, calls), (Err("denied"), 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_retry_sleeps_past_the_deadline() {
+        let policy = RetryPolicy::new(100, Duration::from_millis(40), Duration::from_millis(40));
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(100);
+        let mut calls = 0;
+        let r: Result<(), ()> = retry(
+            &policy,
+            Some(deadline),
+            |_| {
+                calls += 1;
+                async { Err(()) }
+            },
+            |_| true,
+        )
+        .await;
+        assert!(r.is_err());
+        assert!(Instant::now() < deadline, "slept past the deadline");
+        // Delays of 20–40 ms fit two to five times into 100 ms.
+        assert!((2..=6).contains(&calls), "{calls} attempts");
+    }
+
+    #[test]
+    fn backoff_doubles_to_the_cap_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(25), Duration::from_millis(100));
+        let nominal: Vec<u64> = (0..5)
+            .map(|_| {
+                let n = b.nominal().as_millis() as u64;
+                b.next_delay();
+                n
+            })
+            .collect();
+        assert_eq!(nominal, [25, 50, 100, 100, 100]);
+        b.reset();
+        assert_eq!(b.nominal(), Duration::from_millis(25));
+    }
+}
