@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use distlock_core::raw::{AcquireRequest, Attempt, Backend, Released};
+use distlock_core::url::Endpoint;
 use distlock_core::{ErrorKind, Locks};
 use distlock_redis::{RedisBackend, RedisConfig};
 use distlock_testkit::proxy::Proxy;
@@ -18,8 +19,12 @@ fn unique(case: &str) -> String {
     format!("retries/{case}/{}", uuid::Uuid::new_v4().simple())
 }
 
+fn endpoint(addr: SocketAddr) -> Endpoint {
+    Endpoint::new(addr.ip().to_string(), addr.port())
+}
+
 async fn backend_at(addr: SocketAddr, io: Duration) -> RedisBackend {
-    let config = RedisConfig::new(addr.to_string()).with_timeouts(io, Duration::from_secs(3));
+    let config = RedisConfig::new(endpoint(addr)).with_request_timeout(io);
     RedisBackend::from_config(config).await.expect("connect")
 }
 
@@ -368,7 +373,7 @@ fn master_and_replica() -> (RedisServer, RedisServer) {
 async fn renewal_does_not_queue_behind_an_acquire_in_wait_fault() {
     let (master, mut replica) = master_and_replica();
     let config =
-        RedisConfig::new(master.addr().to_string()).with_wait_replicas(1, Duration::from_secs(25));
+        RedisConfig::new(endpoint(master.addr())).with_wait_replicas(1, Duration::from_secs(25));
     let backend = RedisBackend::from_config(config).await.expect("connect");
     let locks = Locks::new(backend);
     let held = unique("held");
@@ -469,7 +474,7 @@ async fn deleted_or_overwritten_key_is_lost_at_the_next_renewal_fault() {
 async fn undo_of_an_acquire_dropped_in_wait_is_not_lost_fault() {
     let (master, mut replica) = master_and_replica();
     let wait_timeout = Duration::from_secs(15);
-    let config = RedisConfig::new(master.addr().to_string()).with_wait_replicas(1, wait_timeout);
+    let config = RedisConfig::new(endpoint(master.addr())).with_wait_replicas(1, wait_timeout);
     let backend = RedisBackend::from_config(config).await.expect("connect");
     let locks = Locks::new(backend);
     let name = unique("undo-in-wait");
@@ -553,8 +558,7 @@ fn cluster_node_behind_a_proxy() -> (RedisServer, Proxy) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_lost_release_reply_is_not_not_held_fault() {
     let (node, proxy) = cluster_node_behind_a_proxy();
-    let config = RedisConfig::cluster(vec![proxy.addr().to_string()])
-        .with_timeouts(Duration::from_secs(5), Duration::from_secs(3));
+    let config = RedisConfig::cluster(vec![endpoint(proxy.addr())]);
     let backend = RedisBackend::from_config(config).await.expect("connect");
     warm_up(&backend).await;
 
@@ -584,10 +588,7 @@ async fn late_undo_does_not_delete_the_same_owners_next_hold_fault() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_late_undo_does_not_delete_the_same_owners_next_hold_fault() {
     let (node, proxy) = cluster_node_behind_a_proxy();
-    let cluster = |io| {
-        RedisConfig::cluster(vec![proxy.addr().to_string()])
-            .with_timeouts(io, Duration::from_secs(3))
-    };
+    let cluster = |io| RedisConfig::cluster(vec![endpoint(proxy.addr())]).with_request_timeout(io);
     let backend = RedisBackend::from_config(cluster(Duration::from_secs(1)))
         .await
         .expect("connect");
@@ -717,8 +718,9 @@ async fn late_release_does_not_delete_the_same_owners_next_hold_fault() {
 async fn undo_after_the_server_stalled_with_the_acquire_buffered_fault() {
     let mut server = RedisServer::start_or_panic();
     let proxy = Proxy::start_or_panic(server.addr());
-    let config = RedisConfig::new(proxy.addr().to_string())
-        .with_timeouts(Duration::from_secs(1), Duration::from_secs(1));
+    let config = RedisConfig::new(endpoint(proxy.addr()))
+        .with_request_timeout(Duration::from_secs(1))
+        .with_connect_timeout(Duration::from_secs(1));
     let backend = RedisBackend::from_config(config).await.expect("connect");
     warm_up(&backend).await;
     let locks = Locks::new(backend);

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use distlock_core::url::LockUrl;
+use distlock_core::url::{Endpoint, LockUrl};
 use distlock_core::{ErrorKind, Locks};
 use distlock_redis::{RedisBackend, RedisConfig};
 use distlock_testkit::redis::RedisServer;
@@ -96,7 +96,8 @@ async fn rediss_with_ca_locks_and_wakes() {
 async fn rediss_with_ca_file_config() {
     let ca = TestCa::new_or_panic();
     let server = RedisServer::builder().tls(&ca).start_or_panic();
-    let addr = server.tls_addr().expect("started with TLS").to_string();
+    let addr = server.tls_addr().expect("started with TLS");
+    let addr = Endpoint::new(addr.ip().to_string(), addr.port());
     let backend = RedisBackend::from_config(RedisConfig::new(addr).with_ca_file(ca.ca_cert()))
         .await
         .expect("connect");
