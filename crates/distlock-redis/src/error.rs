@@ -272,3 +272,98 @@ impl From<RedisError> for Error {
         error.with_backend(BACKEND)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(source: redis::RedisError) -> RedisError {
+        RedisError::Request {
+            what: "acquire",
+            target: "127.0.0.1:6379".into(),
+            source,
+        }
+    }
+
+    fn server(code: &str) -> RedisError {
+        request(redis::make_extension_error(
+            code.to_string(),
+            Some("refused".into()),
+        ))
+    }
+
+    fn io(kind: std::io::ErrorKind) -> RedisError {
+        request(std::io::Error::from(kind).into())
+    }
+
+    #[test]
+    fn refusals_by_the_server_are_not_retried() {
+        let no_perm: redis::RedisError = (
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+            "no permission",
+        )
+            .into();
+        for e in [
+            server("WRONGTYPE"),
+            server("NOAUTH"),
+            server("WRONGPASS"),
+            request(no_perm),
+        ] {
+            assert!(!e.is_retryable(false), "{e}");
+            assert!(!e.is_retryable(true), "{e}");
+        }
+        assert_eq!(server("WRONGTYPE").kind(), ErrorKind::Protocol);
+        assert_eq!(server("WRONGPASS").kind(), ErrorKind::PermissionDenied);
+    }
+
+    #[test]
+    fn a_broken_connection_is_retried_a_timeout_is_not() {
+        for kind in [
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::UnexpectedEof,
+        ] {
+            let e = io(kind);
+            assert!(e.is_retryable(true), "{e}");
+            assert!(e.breaks_connection(), "{e}");
+        }
+        let timed_out = io(std::io::ErrorKind::TimedOut);
+        assert!(!timed_out.is_retryable(true), "{timed_out}");
+        assert!(timed_out.breaks_connection(), "{timed_out}");
+        let elapsed = RedisError::Timeout {
+            what: "acquire",
+            target: "127.0.0.1:6379".into(),
+            after: Duration::from_secs(1),
+        };
+        assert!(!elapsed.is_retryable(true) && elapsed.breaks_connection());
+    }
+
+    #[test]
+    fn a_redirect_is_retried_only_where_redis_rs_does_not_follow_it() {
+        let moved: redis::RedisError = (
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved),
+            "moved",
+            "3999 127.0.0.1:7001".to_string(),
+        )
+            .into();
+        let e = request(moved);
+        assert!(e.is_retryable(false));
+        assert!(!e.is_retryable(true));
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_tls_failure_is_told_by_its_type_not_its_text() {
+        let tls = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        assert!(is_tls_failure(&tls.into()));
+        // The same words without a rustls error under them are not a TLS failure.
+        let words = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "TLS handshake: certificate unknown",
+        );
+        assert!(!is_tls_failure(&words.into()));
+    }
+}
