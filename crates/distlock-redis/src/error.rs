@@ -200,7 +200,7 @@ fn is_tls_failure(e: &redis::RedisError) -> bool {
 fn advice(e: &redis::RedisError) -> &'static str {
     match classify(e) {
         ErrorKind::Unavailable if is_tls_failure(e) => {
-            " (the TLS handshake failed: the server's certificate must be signed by a CA in the system roots or in the file of rediss://…?ca=/path/ca.pem, and name the host of the URL; a server without TLS on that port fails this way too)"
+            " (the TLS handshake failed: the server's certificate must be signed by a CA in the system roots or in the file of rediss://…?ca=/path/ca.pem, and name the host of the URL)"
         }
         ErrorKind::Protocol if code(e) == Some("WRONGTYPE") => {
             " (the lock's key holds another type: something other than a lock — a string someone SET? — uses this name; distlock keeps a hash there, as Redisson does; pick another name or delete the key)"

@@ -136,7 +136,8 @@ impl Hub {
         }
     }
 
-    /// Whether the hub holds a pub/sub connection now.
+    /// Whether the hub holds a pub/sub connection now (for the `testing` hook).
+    #[cfg(feature = "testing")]
     pub(crate) fn is_connected(&self) -> bool {
         self.shared
             .connected
