@@ -350,3 +350,51 @@ impl RedisBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHORT: Duration = Duration::from_millis(20);
+
+    #[tokio::test]
+    async fn nothing_pending_returns_at_once() {
+        let pending = Arc::new(PendingUndos::default());
+        assert!(pending.settled("a", "o1", SHORT).await);
+        let hold = pending.hold("a", "o1");
+        // Another owner, another name: not held up.
+        assert!(pending.settled("a", "o2", SHORT).await);
+        assert!(pending.settled("b", "o1", SHORT).await);
+        assert!(!pending.settled("a", "o1", SHORT).await);
+        drop(hold);
+        assert!(pending.settled("a", "o1", SHORT).await);
+        assert_eq!(pending.entries.load(Ordering::SeqCst), 0);
+        assert!(pending.by_name().is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_entry_goes_with_the_last_hold() {
+        let pending = Arc::new(PendingUndos::default());
+        let first = pending.hold("a", "o1");
+        let copy = first.clone();
+        let second = pending.hold("a", "o1");
+        assert_eq!(pending.entries.load(Ordering::SeqCst), 1);
+        drop(first);
+        drop(second);
+        assert!(
+            !pending.settled("a", "o1", SHORT).await,
+            "a clone still holds"
+        );
+        let waiter = {
+            let pending = pending.clone();
+            tokio::spawn(async move { pending.settled("a", "o1", Duration::from_secs(60)).await })
+        };
+        tokio::task::yield_now().await;
+        drop(copy);
+        assert!(
+            waiter.await.unwrap(),
+            "the waiter is woken when the last hold goes"
+        );
+        assert_eq!(pending.entries.load(Ordering::SeqCst), 0);
+    }
+}
