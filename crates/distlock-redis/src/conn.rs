@@ -415,8 +415,9 @@ impl Link {
     /// owner (acquire grants again, release and renew are owner-guarded, reads are reads), but a
     /// repeated release cannot tell "my first attempt deleted it" from "it was gone": the caller reads
     /// `sent.resent` for that. `sent.conn` is set before each attempt is sent, so it is right even if
-    /// this future is dropped. What is retried is decided by [`RedisError::is_retryable`] (typed error kinds); a request that timed out, or that the server
-    /// refused (`WRONGTYPE`, `NOPERM`, …), fails at once.
+    /// this future is dropped. What is retried is decided by [`RedisError::is_retryable`] (typed
+    /// error kinds): a request that timed out, or that the server refused (`WRONGTYPE`, `NOPERM`, …),
+    /// fails at once.
     pub(crate) async fn run<T, F, Fut>(
         &self,
         target: &Target,
