@@ -3,29 +3,33 @@
 //! baseline measured in the same run.
 //!
 //! The measuring is generic over [`distlock::Locks`]; only the baselines know their engine.
+//!
+//! This crate is the library behind the `distlock bench` subcommand of `distlock-cli`: the command
+//! parses [`Options`] (a `clap::Args`), resolves the lock URL, calls [`bench`] and prints the
+//! [`Report`] ([`render`] for people, [`Report::to_json`] for scripts).
 
 mod engines;
+mod error;
 mod harness;
 mod progress;
 mod report;
 mod stats;
 
-use std::io::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use clap::{Args, ValueEnum};
 use distlock::Locks;
 
-use crate::cli::{self, BenchArgs, Workload};
-use crate::exit::{Code, Failure};
 use engines::{
     etcd_connect, etcd_revoke, redis_connect, Distlock, Engine, EtcdLockRpc, EtcdPut, EtcdRange,
     FlockFloor, RedisBare, RedisPing,
 };
+pub use error::Error;
 use harness::{run_contended, run_cycles};
 use progress::Progress;
+pub use report::{render, Report};
 use report::{
-    ContendedFigures, ContendedSection, CycleFigures, Many, Probe, Report, RoundTrip, Target,
-    Uncontended,
+    ContendedFigures, ContendedSection, CycleFigures, Many, Probe, RoundTrip, Target, Uncontended,
 };
 
 /// `distlock bench --help`.
@@ -67,6 +71,50 @@ pub fn runtime_builder() -> tokio::runtime::Builder {
     builder
 }
 
+/// The flags of `distlock bench` (the lock URL aside: the command resolves it).
+#[derive(Debug, Clone, Args)]
+#[non_exhaustive]
+pub struct Options {
+    /// How long each measurement runs, after a short warm-up.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "5s")]
+    pub duration: Duration,
+    /// Concurrent tasks of the `many` (default 16) and `contended` (default 8) workloads.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub tasks: Option<u16>,
+    /// How long the contended workload holds the lock each time (a thread sleep, as the peers'
+    /// benchmarks do).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1ms")]
+    pub hold: Duration,
+    /// Which workload to run.
+    #[arg(long, value_enum, value_name = "WORKLOAD", default_value_t = Workload::All)]
+    pub workload: Workload,
+    /// Print one JSON object on stdout instead of the report.
+    #[arg(long)]
+    pub json: bool,
+    /// Only measure the engine's round trip and the bare-client baselines, not distlock (for
+    /// comparing engines, or a build whose backend for the URL is not ready).
+    #[arg(long, hide = true)]
+    pub baseline_only: bool,
+}
+
+/// The workloads of `distlock bench` (DESIGN §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[non_exhaustive]
+pub enum Workload {
+    /// One task, one name: acquire + release cycles.
+    Uncontended,
+    /// Many tasks, each on its own name (one shared connection, then one per task).
+    Many,
+    /// Many tasks on one name, holding it briefly: handoff latency and fairness.
+    Contended,
+    /// All three.
+    All,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    distlock::duration::parse(text).map_err(|e| e.message().to_string())
+}
+
 /// What to run, checked.
 #[derive(Debug)]
 struct Config {
@@ -83,30 +131,30 @@ struct Config {
     run: String,
 }
 
-/// Runs `distlock bench`; `Ok` is the exit code.
-pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
-    if args.duration.is_zero() {
-        return Err(Failure::new(Code::Usage, "--duration must be more than 0"));
+/// Runs the benchmark against `url` as `options` ask, drawing a progress bar on stderr when it is a
+/// terminal, and returns the report (`options.json` is for the caller's printing).
+pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
+    if options.duration.is_zero() {
+        return Err(Error::usage("--duration must be more than 0"));
     }
-    let url = cli::lock_url(args.url.as_deref())?;
     let engine = Engine::from_url(&url)?;
-    let all = args.workload == Workload::All;
+    let all = options.workload == Workload::All;
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let config = Config {
         url,
         engine,
-        duration: args.duration,
-        hold: args.hold,
-        many_tasks: args.tasks.map_or(DEFAULT_MANY_TASKS, usize::from),
-        contended_tasks: args.tasks.map_or(DEFAULT_CONTENDED_TASKS, usize::from),
-        uncontended: all || args.workload == Workload::Uncontended,
-        many: all || args.workload == Workload::Many,
-        contended: all || args.workload == Workload::Contended,
+        duration: options.duration,
+        hold: options.hold,
+        many_tasks: options.tasks.map_or(DEFAULT_MANY_TASKS, usize::from),
+        contended_tasks: options.tasks.map_or(DEFAULT_CONTENDED_TASKS, usize::from),
+        uncontended: all || options.workload == Workload::Uncontended,
+        many: all || options.workload == Workload::Many,
+        contended: all || options.workload == Workload::Contended,
         run: format!("{}-{nanos:08x}", std::process::id()),
     };
-    let locks = if args.baseline_only {
+    let locks = if options.baseline_only {
         None
     } else {
         Some(distlock::connect(&config.url).await?)
@@ -124,26 +172,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         // Dropped guards of a failed run release in the background; let that reach the server.
         let _ = tokio::time::timeout(CLOSE_LIMIT, locks.close()).await;
     }
-    let report = measured?;
-
-    let text = if args.json {
-        let mut json = serde_json::to_string_pretty(&report).map_err(|e| {
-            Failure::new(Code::Unavailable, format!("cannot encode the report: {e}"))
-        })?;
-        json.push('\n');
-        json
-    } else {
-        report::render(&report)
-    };
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(0),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
-        Err(e) => Err(Failure::new(
-            Code::Unavailable,
-            format!("cannot write the report: {e}"),
-        )),
-    }
+    measured
 }
 
 /// How many measurements [`measure`] makes, for the progress bar.
@@ -198,7 +227,7 @@ async fn measure(
     config: &Config,
     locks: Option<&Locks>,
     runner: &mut Runner,
-) -> Result<Report, Failure> {
+) -> Result<Report, Error> {
     let d = config.duration;
     let run = &config.run;
     let (baseline, round_trip) = round_trip(config, runner).await?;
@@ -271,7 +300,7 @@ async fn measure(
                         lock: locks.lock(&format!("distlock-bench/{run}/b-shared/{i}"))?,
                     })
                 })
-                .collect::<Result<Vec<_>, Failure>>()?;
+                .collect::<Result<Vec<_>, Error>>()?;
             let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
             shared = Some(CycleFigures::new(
                 "distlock, one shared Locks",
@@ -388,7 +417,7 @@ async fn measure(
                             lock: locks.lock(&name)?,
                         })
                     })
-                    .collect::<Result<Vec<_>, Failure>>()?;
+                    .collect::<Result<Vec<_>, Error>>()?;
                 let result = run_contended(clients, config.hold, d).await?;
                 Some(ContendedFigures::new("distlock", &result, &round_trip))
             }
@@ -462,10 +491,7 @@ fn floor_label(sync: bool) -> &'static str {
 }
 
 /// Connects the baselines and measures the engine's round trip.
-async fn round_trip(
-    config: &Config,
-    runner: &mut Runner,
-) -> Result<(Baseline, RoundTrip), Failure> {
+async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, RoundTrip), Error> {
     let d = config.duration;
     let none = |note: &str| RoundTrip {
         reference: None,

@@ -9,8 +9,8 @@ use std::time::Duration;
 use distlock::url::LockUrl;
 use distlock::{ErrorKind, Lock, LockGuard};
 
-use super::harness::Cycler;
-use crate::exit::{Code, Failure};
+use crate::error::Error;
+use crate::harness::Cycler;
 
 /// distlock's own cycle: `acquire` (waiting as asked) and `release`.
 #[derive(Debug)]
@@ -21,7 +21,7 @@ pub struct Distlock {
 impl Cycler for Distlock {
     type Held = LockGuard;
 
-    async fn acquire(&self, wait: Duration) -> Result<Option<LockGuard>, Failure> {
+    async fn acquire(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
         match self.lock.options().wait(wait).acquire().await {
             Ok(guard) => Ok(Some(guard)),
             Err(e) if e.kind() == ErrorKind::Timeout => Ok(None),
@@ -29,8 +29,8 @@ impl Cycler for Distlock {
         }
     }
 
-    async fn release(&self, guard: LockGuard) -> Result<(), Failure> {
-        guard.release().await.map_err(Failure::from)
+    async fn release(&self, guard: LockGuard) -> Result<(), Error> {
+        guard.release().await.map_err(Error::from)
     }
 }
 
@@ -57,7 +57,7 @@ pub enum Engine {
 }
 
 impl Engine {
-    pub fn from_url(url: &str) -> Result<Engine, Failure> {
+    pub fn from_url(url: &str) -> Result<Engine, Error> {
         let parsed = LockUrl::parse(url)?;
         let unmeasured = |why: &str| Engine::Unmeasured {
             reason: format!("{}://: {why}", parsed.scheme()),
@@ -110,18 +110,18 @@ fn with_port(host: &str, default: u16) -> String {
     }
 }
 
-fn redis_info(url: &LockUrl, host: &str) -> Result<redis::ConnectionInfo, Failure> {
+fn redis_info(url: &LockUrl, host: &str) -> Result<redis::ConnectionInfo, Error> {
     use redis::IntoConnectionInfo;
     let host_port = with_port(host, 6379);
     let (name, port) = host_port
         .rsplit_once(':')
         .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_string(), p.parse().ok()?)))
-        .ok_or_else(|| Failure::new(Code::Usage, format!("invalid Redis host {host:?}")))?;
+        .ok_or_else(|| Error::usage(format!("invalid Redis host {host:?}")))?;
     let db = match url.path().trim_matches('/') {
         "" => 0,
         db => db
             .parse::<i64>()
-            .map_err(|_| Failure::new(Code::Usage, format!("invalid Redis database {db:?}")))?,
+            .map_err(|_| Error::usage(format!("invalid Redis database {db:?}")))?,
     };
     let mut settings = redis::RedisConnectionInfo::default().set_db(db);
     if let Some(user) = url.username() {
@@ -136,13 +136,13 @@ fn redis_info(url: &LockUrl, host: &str) -> Result<redis::ConnectionInfo, Failur
     Ok(info.set_redis_settings(settings))
 }
 
-pub fn redis_failure(e: redis::RedisError) -> Failure {
-    Failure::new(Code::Unavailable, format!("redis baseline: {e}"))
+pub fn redis_failure(e: redis::RedisError) -> Error {
+    Error::unavailable(format!("redis baseline: {e}"))
 }
 
 pub async fn redis_connect(
     info: &redis::ConnectionInfo,
-) -> Result<redis::aio::MultiplexedConnection, Failure> {
+) -> Result<redis::aio::MultiplexedConnection, Error> {
     let client = redis::Client::open(info.clone()).map_err(redis_failure)?;
     client
         .get_multiplexed_async_connection()
@@ -159,7 +159,7 @@ pub struct RedisPing {
 impl Cycler for RedisPing {
     type Held = ();
 
-    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Failure> {
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         let mut conn = self.conn.clone();
         let _: String = redis::cmd("PING")
             .query_async(&mut conn)
@@ -168,7 +168,7 @@ impl Cycler for RedisPing {
         Ok(Some(()))
     }
 
-    async fn release(&self, (): ()) -> Result<(), Failure> {
+    async fn release(&self, (): ()) -> Result<(), Error> {
         Ok(())
     }
 }
@@ -205,7 +205,7 @@ impl RedisBare {
 impl Cycler for RedisBare {
     type Held = String;
 
-    async fn acquire(&self, _wait: Duration) -> Result<Option<String>, Failure> {
+    async fn acquire(&self, _wait: Duration) -> Result<Option<String>, Error> {
         let token = format!(
             "{}:{}",
             std::process::id(),
@@ -224,14 +224,14 @@ impl Cycler for RedisBare {
         match set {
             Some(_) => Ok(Some(token)),
             // The loop never waits: its key is its own, so "busy" means someone else uses it.
-            None => Err(Failure::new(
-                Code::Unavailable,
-                format!("redis baseline: key {:?} is held by someone else", self.key),
-            )),
+            None => Err(Error::unavailable(format!(
+                "redis baseline: key {:?} is held by someone else",
+                self.key
+            ))),
         }
     }
 
-    async fn release(&self, token: String) -> Result<(), Failure> {
+    async fn release(&self, token: String) -> Result<(), Error> {
         let mut conn = self.conn.clone();
         let deleted: i64 = self
             .script
@@ -243,16 +243,16 @@ impl Cycler for RedisBare {
         if deleted == 1 {
             Ok(())
         } else {
-            Err(Failure::new(
-                Code::Unavailable,
-                format!("redis baseline: key {:?} was not ours at release", self.key),
-            ))
+            Err(Error::unavailable(format!(
+                "redis baseline: key {:?} was not ours at release",
+                self.key
+            )))
         }
     }
 }
 
-pub fn etcd_failure(e: etcd_client::Error) -> Failure {
-    Failure::new(Code::Unavailable, format!("etcd baseline: {e}"))
+pub fn etcd_failure(e: etcd_client::Error) -> Error {
+    Error::unavailable(format!("etcd baseline: {e}"))
 }
 
 /// The etcd lease every peer lock hangs on (like `etcdctl lock`'s session); as in baseline.md,
@@ -262,7 +262,7 @@ const ETCD_LEASE_SECS: i64 = 30;
 pub async fn etcd_connect(
     endpoints: &[String],
     credentials: Option<&(String, String)>,
-) -> Result<etcd_client::Client, Failure> {
+) -> Result<etcd_client::Client, Error> {
     let mut options =
         etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(5));
     if let Some((user, password)) = credentials {
@@ -283,7 +283,7 @@ pub struct EtcdPut {
 impl Cycler for EtcdPut {
     type Held = ();
 
-    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Failure> {
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         let mut client = self.client.clone();
         client
             .put(self.key.as_bytes(), "x", None)
@@ -292,7 +292,7 @@ impl Cycler for EtcdPut {
         Ok(Some(()))
     }
 
-    async fn release(&self, (): ()) -> Result<(), Failure> {
+    async fn release(&self, (): ()) -> Result<(), Error> {
         Ok(())
     }
 }
@@ -307,7 +307,7 @@ pub struct EtcdRange {
 impl Cycler for EtcdRange {
     type Held = ();
 
-    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Failure> {
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         let mut client = self.client.clone();
         client
             .get(self.key.as_bytes(), None)
@@ -316,7 +316,7 @@ impl Cycler for EtcdRange {
         Ok(Some(()))
     }
 
-    async fn release(&self, (): ()) -> Result<(), Failure> {
+    async fn release(&self, (): ()) -> Result<(), Error> {
         Ok(())
     }
 }
@@ -331,7 +331,7 @@ pub struct EtcdLockRpc {
 }
 
 impl EtcdLockRpc {
-    pub async fn new(client: etcd_client::Client, name: String) -> Result<Self, Failure> {
+    pub async fn new(client: etcd_client::Client, name: String) -> Result<Self, Error> {
         let lease = client
             .clone()
             .lease_grant(ETCD_LEASE_SECS, None)
@@ -361,7 +361,7 @@ pub async fn etcd_revoke(leases: Vec<(etcd_client::Client, i64)>) {
 impl Cycler for EtcdLockRpc {
     type Held = Vec<u8>;
 
-    async fn acquire(&self, wait: Duration) -> Result<Option<Vec<u8>>, Failure> {
+    async fn acquire(&self, wait: Duration) -> Result<Option<Vec<u8>>, Error> {
         let mut client = self.client.clone();
         let options = etcd_client::LockOptions::new().with_lease(self.lease);
         match tokio::time::timeout(wait, client.lock(self.name.as_bytes(), Some(options))).await {
@@ -370,7 +370,7 @@ impl Cycler for EtcdLockRpc {
         }
     }
 
-    async fn release(&self, key: Vec<u8>) -> Result<(), Failure> {
+    async fn release(&self, key: Vec<u8>) -> Result<(), Error> {
         let mut client = self.client.clone();
         client.unlock(key).await.map_err(etcd_failure)?;
         Ok(())
@@ -388,7 +388,7 @@ pub struct FlockFloor {
 }
 
 impl FlockFloor {
-    pub fn new(path: PathBuf, sync: bool) -> Result<Self, Failure> {
+    pub fn new(path: PathBuf, sync: bool) -> Result<Self, Error> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -396,10 +396,10 @@ impl FlockFloor {
             .truncate(false)
             .open(&path)
             .map_err(|e| {
-                Failure::new(
-                    Code::Unavailable,
-                    format!("flock baseline: cannot open {}: {e}", path.display()),
-                )
+                Error::unavailable(format!(
+                    "flock baseline: cannot open {}: {e}",
+                    path.display()
+                ))
             })?;
         Ok(Self { file, path, sync })
     }
@@ -414,13 +414,10 @@ impl Drop for FlockFloor {
 impl Cycler for FlockFloor {
     type Held = ();
 
-    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Failure> {
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         use rustix::fs::{flock, FlockOperation};
         let failed = |e: &dyn std::fmt::Display| {
-            Failure::new(
-                Code::Unavailable,
-                format!("flock baseline on {}: {e}", self.path.display()),
-            )
+            Error::unavailable(format!("flock baseline on {}: {e}", self.path.display()))
         };
         flock(&self.file, FlockOperation::NonBlockingLockExclusive).map_err(|e| failed(&e))?;
         if self.sync {
@@ -430,13 +427,10 @@ impl Cycler for FlockFloor {
         Ok(Some(()))
     }
 
-    async fn release(&self, (): ()) -> Result<(), Failure> {
+    async fn release(&self, (): ()) -> Result<(), Error> {
         use rustix::fs::{flock, FlockOperation};
         flock(&self.file, FlockOperation::Unlock).map_err(|e| {
-            Failure::new(
-                Code::Unavailable,
-                format!("flock baseline on {}: {e}", self.path.display()),
-            )
+            Error::unavailable(format!("flock baseline on {}: {e}", self.path.display()))
         })
     }
 }

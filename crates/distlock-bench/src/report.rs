@@ -4,8 +4,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::harness::{Contended, Cycles};
-use super::stats::{fmt_count, fmt_us, round2, Latency};
+use crate::harness::{Contended, Cycles};
+use crate::stats::{fmt_count, fmt_us, round2, Latency};
 
 /// The whole run.
 #[derive(Debug, Serialize)]
@@ -32,6 +32,16 @@ pub struct RoundTrip {
     pub others: Vec<Probe>,
     /// Why there is no reference: "no engine round trip" (memory, file) or what was not measured.
     pub note: Option<String>,
+}
+
+impl Report {
+    /// The report as one pretty-printed JSON object, with a final newline.
+    pub fn to_json(&self) -> Result<String, crate::Error> {
+        let mut json = serde_json::to_string_pretty(self)
+            .map_err(|e| crate::Error::unavailable(format!("cannot encode the report: {e}")))?;
+        json.push('\n');
+        Ok(json)
+    }
 }
 
 impl RoundTrip {
