@@ -6,8 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::url::LockUrl;
+use distlock::redis::{RedisConfig, Topology};
+use distlock::url::{Endpoint, LockUrl};
 use distlock::{ErrorKind, Lock, LockGuard};
+use redis::IntoConnectionInfo as _;
 
 use crate::error::Error;
 use crate::harness::Cycler;
@@ -45,7 +47,7 @@ pub enum Engine {
         dir: PathBuf,
         sync: bool,
     },
-    Redis(Box<redis::ConnectionInfo>),
+    Redis(Box<RedisServer>),
     Etcd {
         endpoints: Vec<String>,
         credentials: Option<(String, String)>,
@@ -71,25 +73,23 @@ impl Engine {
                     sync: config.sync,
                 }
             }
-            "redis" => match parsed.hosts() {
-                [host] => Engine::Redis(Box::new(redis_info(&parsed, host)?)),
-                _ => unmeasured("the baselines need exactly one host"),
-            },
+            "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
+                let config = RedisConfig::from_url(&parsed)?;
+                match RedisServer::new(&config)? {
+                    Some(server) => Engine::Redis(Box::new(server)),
+                    None => unmeasured("the baselines need exactly one host"),
+                }
+            }
             "etcd" => {
-                let endpoints = parsed
-                    .hosts()
-                    .iter()
-                    .map(|h| format!("http://{}", with_port(h, 2379)))
-                    .collect::<Vec<_>>();
-                if endpoints.is_empty() {
-                    unmeasured("no host")
-                } else {
-                    Engine::Etcd {
-                        endpoints,
-                        credentials: parsed
-                            .username()
-                            .map(|u| (u.to_string(), parsed.password().unwrap_or("").to_string())),
-                    }
+                let endpoints = match parsed.endpoints(distlock::etcd::DEFAULT_PORT) {
+                    Ok(endpoints) => endpoints,
+                    Err(_) => return Ok(unmeasured("no host")),
+                };
+                Engine::Etcd {
+                    endpoints: endpoints.iter().map(|e| format!("http://{e}")).collect(),
+                    credentials: parsed
+                        .username()
+                        .map(|u| (u.to_string(), parsed.password().unwrap_or("").to_string())),
                 }
             }
             _ => unmeasured("no engine baseline for this scheme in `distlock bench` yet"),
@@ -97,57 +97,89 @@ impl Engine {
     }
 }
 
-fn with_port(host: &str, default: u16) -> String {
-    // `[::1]` alone has a colon but no port.
-    let has_port = match host.rsplit_once(':') {
-        Some((_, port)) => !host.ends_with(']') && port.parse::<u16>().is_ok(),
-        None => false,
-    };
-    if has_port {
-        host.to_string()
-    } else {
-        format!("{host}:{default}")
-    }
+/// The one Redis server of a standalone URL, as the backend's own [`RedisConfig`] reads it
+/// (address, credentials, database, TLS and its CA file, connect timeout), for plain redis-rs
+/// connections: the round trip and the bare loops.
+// The Redis backend keeps its redis-rs connection setup private (and is being rewritten), so the
+// few lines that turn a config into a client are here; they follow its `conn.rs`.
+#[derive(Debug, Clone)]
+pub struct RedisServer {
+    client: redis::Client,
+    connect_timeout: Duration,
 }
 
-fn redis_info(url: &LockUrl, host: &str) -> Result<redis::ConnectionInfo, Error> {
-    use redis::IntoConnectionInfo;
-    let host_port = with_port(host, 6379);
-    let (name, port) = host_port
-        .rsplit_once(':')
-        .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_string(), p.parse().ok()?)))
-        .ok_or_else(|| Error::usage(format!("invalid Redis host {host:?}")))?;
-    let db = match url.path().trim_matches('/') {
-        "" => 0,
-        db => db
-            .parse::<i64>()
-            .map_err(|_| Error::usage(format!("invalid Redis database {db:?}")))?,
-    };
-    let mut settings = redis::RedisConnectionInfo::default().set_db(db);
-    if let Some(user) = url.username() {
-        settings = settings.set_username(user);
-    }
-    if let Some(password) = url.password() {
-        settings = settings.set_password(password);
-    }
-    let info = redis::ConnectionAddr::Tcp(name, port)
-        .into_connection_info()
+impl RedisServer {
+    /// `None` for Sentinel and Cluster: the baselines talk to one server.
+    pub fn new(config: &RedisConfig) -> Result<Option<Self>, Error> {
+        let Topology::Standalone { addr } = &config.topology else {
+            return Ok(None);
+        };
+        let endpoint = Endpoint::parse(addr, distlock::redis::DEFAULT_PORT)?;
+        let (host, port) = (endpoint.host().to_string(), endpoint.port());
+        let addr = if config.tls {
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            redis::ConnectionAddr::Tcp(host, port)
+        };
+        let mut settings = redis::RedisConnectionInfo::default().set_db(config.db);
+        if let Some(username) = &config.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = &config.password {
+            settings = settings.set_password(password);
+        }
+        let info = addr
+            .into_connection_info()
+            .map_err(redis_failure)?
+            .set_redis_settings(settings);
+        let client = match config.ca_file.as_ref().filter(|_| config.tls) {
+            None => redis::Client::open(info),
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|e| {
+                    Error::usage(format!(
+                        "redis baseline: cannot read the TLS CA file {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                let certificates = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                };
+                redis::Client::build_with_tls(info, certificates)
+            }
+        }
         .map_err(redis_failure)?;
-    Ok(info.set_redis_settings(settings))
+        Ok(Some(Self {
+            client,
+            connect_timeout: config.connect_timeout,
+        }))
+    }
+
+    /// A new multiplexed connection. Only the connect is bounded: the bare loops are plain redis-rs
+    /// clients, as in the peers' measurements, with no per-request timer.
+    pub async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, Error> {
+        let config =
+            redis::AsyncConnectionConfig::new().set_connection_timeout(Some(self.connect_timeout));
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(redis_failure)
+    }
+
+    /// The server's database (for the tests).
+    #[cfg(test)]
+    fn db(&self) -> i64 {
+        self.client.get_connection_info().redis_settings().db()
+    }
 }
 
 pub fn redis_failure(e: redis::RedisError) -> Error {
     Error::unavailable(format!("redis baseline: {e}"))
-}
-
-pub async fn redis_connect(
-    info: &redis::ConnectionInfo,
-) -> Result<redis::aio::MultiplexedConnection, Error> {
-    let client = redis::Client::open(info.clone()).map_err(redis_failure)?;
-    client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(redis_failure)
 }
 
 /// One `PING` on a multiplexed redis-rs connection: the engine's round trip.
@@ -442,20 +474,47 @@ mod tests {
     #[test]
     fn engines_from_urls() {
         assert!(matches!(Engine::from_url("memory://"), Ok(Engine::Memory)));
-        let Ok(Engine::Redis(info)) = Engine::from_url("redis://u:p@127.0.0.1:6390/2?lease=5s")
+        let Ok(Engine::Redis(server)) = Engine::from_url("redis://u:p@127.0.0.1:6390/2?lease=5s")
         else {
             panic!("redis")
         };
-        assert_eq!(info.redis_settings().db(), 2);
+        assert_eq!(server.db(), 2);
+        let info = server.client.get_connection_info();
         assert_eq!(info.redis_settings().password(), Some("p"));
-        let Ok(Engine::Etcd { endpoints, .. }) = Engine::from_url("etcd://127.0.0.1,h:2391") else {
+        assert_eq!(info.redis_settings().username(), Some("u"));
+        assert!(matches!(
+            info.addr(),
+            redis::ConnectionAddr::Tcp(host, 6390) if host == "127.0.0.1"
+        ));
+        let Ok(Engine::Redis(server)) = Engine::from_url("rediss://[::1]") else {
+            panic!("rediss")
+        };
+        assert!(matches!(
+            server.client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls { host, port: 6379, .. } if host == "::1"
+        ));
+        let Ok(Engine::Etcd { endpoints, .. }) = Engine::from_url("etcd://127.0.0.1,h:2391,[::1]")
+        else {
             panic!("etcd")
         };
-        assert_eq!(endpoints, ["http://127.0.0.1:2379", "http://h:2391"]);
+        assert_eq!(
+            endpoints,
+            [
+                "http://127.0.0.1:2379",
+                "http://h:2391",
+                "http://[::1]:2379"
+            ]
+        );
         assert!(matches!(
             Engine::from_url("redis+cluster://a:1,b:2"),
             Ok(Engine::Unmeasured { .. })
         ));
-        assert_eq!(with_port("[::1]", 1), "[::1]:1");
+        // The backend's own URL rules apply: one host for redis://, a numeric database.
+        for bad in ["redis://a:1,b:2", "redis://h/x", "redis://h:99999"] {
+            assert!(
+                matches!(Engine::from_url(bad), Err(Error::Lock(_))),
+                "{bad}"
+            );
+        }
     }
 }

@@ -11,6 +11,7 @@
 mod engines;
 mod error;
 mod harness;
+mod measure;
 mod progress;
 mod report;
 mod stats;
@@ -18,19 +19,12 @@ mod stats;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, ValueEnum};
-use distlock::Locks;
 
-use engines::{
-    etcd_connect, etcd_revoke, redis_connect, Distlock, Engine, EtcdLockRpc, EtcdPut, EtcdRange,
-    FlockFloor, RedisBare, RedisPing,
-};
+use engines::Engine;
 pub use error::Error;
-use harness::{run_contended, run_cycles};
 use progress::Progress;
+use report::Target;
 pub use report::{render, Report};
-use report::{
-    ContendedFigures, ContendedSection, CycleFigures, Many, Probe, RoundTrip, Target, Uncontended,
-};
 
 /// `distlock bench --help`.
 pub const ABOUT: &str = "\
@@ -166,7 +160,7 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
         done: 0,
         total,
     };
-    let measured = measure(&config, locks.as_ref(), &mut runner).await;
+    let measured = measure::measure(&config, locks.as_ref(), &mut runner).await;
     runner.progress.finish();
     if let Some(locks) = &locks {
         // Dropped guards of a failed run release in the background; let that reach the server.
@@ -175,7 +169,7 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
     measured
 }
 
-/// How many measurements [`measure`] makes, for the progress bar.
+/// How many measurements [`measure::measure`] makes, for the progress bar.
 fn count_steps(config: &Config, with_distlock: bool) -> usize {
     let d = usize::from(with_distlock);
     let (rtt, a, b, c) = match config.engine {
@@ -203,362 +197,6 @@ impl Runner {
             .step(self.done, self.total.max(self.done + 1), label);
         self.done += 1;
     }
-}
-
-/// Live connections of the engine baselines.
-enum Baseline {
-    None,
-    Redis {
-        info: Box<redis::ConnectionInfo>,
-        conn: redis::aio::MultiplexedConnection,
-    },
-    Etcd {
-        endpoints: Vec<String>,
-        credentials: Option<(String, String)>,
-        client: Box<etcd_client::Client>,
-    },
-    File {
-        dir: std::path::PathBuf,
-        sync: bool,
-    },
-}
-
-async fn measure(
-    config: &Config,
-    locks: Option<&Locks>,
-    runner: &mut Runner,
-) -> Result<Report, Error> {
-    let d = config.duration;
-    let run = &config.run;
-    let (baseline, round_trip) = round_trip(config, runner).await?;
-
-    let uncontended = if config.uncontended {
-        let mut baselines = Vec::new();
-        match &baseline {
-            Baseline::Redis { conn, .. } => {
-                runner.step("(a) bare SET NX PX + EVALSHA loop");
-                let bare = RedisBare::new(conn.clone(), format!("distlock-bench-bare/{run}/a"));
-                let cycles = run_cycles(vec![bare], WARMUP_ONE, d).await?;
-                baselines.push(CycleFigures::new(
-                    "bare SET NX PX + EVALSHA (redis-rs)",
-                    &cycles,
-                    &round_trip,
-                ));
-            }
-            Baseline::Etcd { client, .. } => {
-                runner.step("(a) etcd-client Lock/Unlock RPC");
-                let peer =
-                    EtcdLockRpc::new((**client).clone(), format!("distlock-bench-peer/{run}/a"))
-                        .await?;
-                let lease = peer.lease();
-                let cycles = run_cycles(vec![peer], WARMUP_ONE, d).await;
-                etcd_revoke(vec![lease]).await;
-                baselines.push(CycleFigures::new(
-                    "etcd-client Lock/Unlock RPC",
-                    &cycles?,
-                    &round_trip,
-                ));
-            }
-            Baseline::File { dir, sync } => {
-                // The synced floor first: it is what the backend's default (sync on) compares to.
-                for sync in [*sync, false].into_iter().take(1 + usize::from(*sync)) {
-                    let label = floor_label(sync);
-                    runner.step(&format!("(a) {label}"));
-                    let path = dir.join(format!(".distlock-bench-floor-{run}-a"));
-                    let cycles =
-                        run_cycles(vec![FlockFloor::new(path, sync)?], WARMUP_ONE, d).await?;
-                    baselines.push(CycleFigures::new(label, &cycles, &round_trip));
-                }
-            }
-            Baseline::None => {}
-        }
-        let distlock = match locks {
-            Some(locks) => {
-                runner.step("(a) distlock, uncontended");
-                let lock = locks.lock(&format!("distlock-bench/{run}/a"))?;
-                let cycles = run_cycles(vec![Distlock { lock }], WARMUP_ONE, d).await?;
-                Some(CycleFigures::new("distlock", &cycles, &round_trip))
-            }
-            None => None,
-        };
-        Some(Uncontended {
-            distlock,
-            baselines,
-        })
-    } else {
-        None
-    };
-
-    let many = if config.many {
-        let n = config.many_tasks;
-        let (mut shared, mut per_task) = (None, None);
-        if let Some(locks) = locks {
-            runner.step("(b) distlock, one shared Locks");
-            let clients = (0..n)
-                .map(|i| {
-                    Ok(Distlock {
-                        lock: locks.lock(&format!("distlock-bench/{run}/b-shared/{i}"))?,
-                    })
-                })
-                .collect::<Result<Vec<_>, Error>>()?;
-            let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
-            shared = Some(CycleFigures::new(
-                "distlock, one shared Locks",
-                &cycles,
-                &round_trip,
-            ));
-
-            runner.step("(b) distlock, one Locks per task");
-            let mut own = Vec::with_capacity(n);
-            let mut clients = Vec::with_capacity(n);
-            for i in 0..n {
-                let locks = distlock::connect(&config.url).await?;
-                clients.push(Distlock {
-                    lock: locks.lock(&format!("distlock-bench/{run}/b-own/{i}"))?,
-                });
-                own.push(locks);
-            }
-            let cycles = run_cycles(clients, WARMUP_MANY, d).await;
-            for locks in &own {
-                let _ = tokio::time::timeout(CLOSE_LIMIT, locks.close()).await;
-            }
-            per_task = Some(CycleFigures::new(
-                "distlock, one Locks per task",
-                &cycles?,
-                &round_trip,
-            ));
-        }
-        let mut baselines = Vec::new();
-        match &baseline {
-            Baseline::Redis { info, conn } => {
-                runner.step("(b) bare loop, one connection per task");
-                let mut clients = Vec::with_capacity(n);
-                for i in 0..n {
-                    let key = format!("distlock-bench-bare/{run}/b-own/{i}");
-                    clients.push(RedisBare::new(redis_connect(info).await?, key));
-                }
-                let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
-                baselines.push(CycleFigures::new(
-                    "bare loop, one connection per task",
-                    &cycles,
-                    &round_trip,
-                ));
-
-                runner.step("(b) bare loop, one shared connection");
-                let clients = (0..n)
-                    .map(|i| {
-                        RedisBare::new(
-                            conn.clone(),
-                            format!("distlock-bench-bare/{run}/b-shared/{i}"),
-                        )
-                    })
-                    .collect();
-                let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
-                baselines.push(CycleFigures::new(
-                    "bare loop, one shared connection",
-                    &cycles,
-                    &round_trip,
-                ));
-            }
-            Baseline::Etcd {
-                endpoints,
-                credentials,
-                ..
-            } => {
-                runner.step("(b) etcd-client Lock RPC, one client per task");
-                let mut clients = Vec::with_capacity(n);
-                for i in 0..n {
-                    let client = etcd_connect(endpoints, credentials.as_ref()).await?;
-                    let name = format!("distlock-bench-peer/{run}/b/{i}");
-                    clients.push(EtcdLockRpc::new(client, name).await?);
-                }
-                let leases = clients.iter().map(EtcdLockRpc::lease).collect();
-                let cycles = run_cycles(clients, WARMUP_MANY, d).await;
-                etcd_revoke(leases).await;
-                baselines.push(CycleFigures::new(
-                    "etcd-client Lock RPC, one client per task",
-                    &cycles?,
-                    &round_trip,
-                ));
-            }
-            Baseline::File { dir, sync } => {
-                let label = format!("{}, one file per task", floor_label(*sync));
-                runner.step(&format!("(b) {label}"));
-                let clients = (0..n)
-                    .map(|i| {
-                        let path = dir.join(format!(".distlock-bench-floor-{run}-b{i}"));
-                        FlockFloor::new(path, *sync)
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
-                baselines.push(CycleFigures::new(label, &cycles, &round_trip));
-            }
-            Baseline::None => {}
-        }
-        Some(Many {
-            tasks: n,
-            shared,
-            per_task,
-            baselines,
-        })
-    } else {
-        None
-    };
-
-    let contended = if config.contended {
-        let n = config.contended_tasks;
-        let distlock = match locks {
-            Some(locks) => {
-                runner.step("(c) distlock, contended");
-                let name = format!("distlock-bench/{run}/c");
-                let clients = (0..n)
-                    .map(|_| {
-                        Ok(Distlock {
-                            lock: locks.lock(&name)?,
-                        })
-                    })
-                    .collect::<Result<Vec<_>, Error>>()?;
-                let result = run_contended(clients, config.hold, d).await?;
-                Some(ContendedFigures::new("distlock", &result, &round_trip))
-            }
-            None => None,
-        };
-        let mut baselines = Vec::new();
-        if let Baseline::Etcd {
-            endpoints,
-            credentials,
-            ..
-        } = &baseline
-        {
-            runner.step("(c) etcd-client Lock RPC, contended");
-            let name = format!("distlock-bench-peer/{run}/c");
-            let mut clients = Vec::with_capacity(n);
-            for _ in 0..n {
-                let client = etcd_connect(endpoints, credentials.as_ref()).await?;
-                clients.push(EtcdLockRpc::new(client, name.clone()).await?);
-            }
-            let leases = clients.iter().map(EtcdLockRpc::lease).collect();
-            let result = run_contended(clients, config.hold, d).await;
-            etcd_revoke(leases).await;
-            baselines.push(ContendedFigures::new(
-                "etcd-client Lock RPC, one client per task",
-                &result?,
-                &round_trip,
-            ));
-        }
-        // Nothing to show (--baseline-only where the engine has no contended peer).
-        (distlock.is_some() || !baselines.is_empty()).then_some(ContendedSection {
-            tasks: n,
-            hold_us: config.hold.as_secs_f64() * 1e6,
-            distlock,
-            baselines,
-        })
-    } else {
-        None
-    };
-
-    if let Baseline::Etcd { client, .. } = &baseline {
-        let _ = client
-            .clone()
-            .delete(format!("distlock-bench-rtt/{run}"), None)
-            .await;
-    }
-
-    let mut report = Report {
-        url: distlock::url::redact(&config.url),
-        backend: locks.map_or_else(
-            || config.url.split("://").next().unwrap_or("").to_string(),
-            |l| l.backend_kind().to_string(),
-        ),
-        duration_s: config.duration.as_secs_f64(),
-        runtime_workers: WORKERS,
-        round_trip,
-        uncontended,
-        many,
-        contended,
-        targets: Vec::new(),
-    };
-    report.targets = targets(&report, &config.engine);
-    Ok(report)
-}
-
-fn floor_label(sync: bool) -> &'static str {
-    if sync {
-        "bare flock + write + fdatasync + unlock"
-    } else {
-        "bare flock + unlock"
-    }
-}
-
-/// Connects the baselines and measures the engine's round trip.
-async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, RoundTrip), Error> {
-    let d = config.duration;
-    let none = |note: &str| RoundTrip {
-        reference: None,
-        others: Vec::new(),
-        note: Some(note.to_string()),
-    };
-    Ok(match &config.engine {
-        Engine::Memory => (Baseline::None, none("no engine round trip")),
-        Engine::File { dir, sync } => (
-            Baseline::File {
-                dir: dir.clone(),
-                sync: *sync,
-            },
-            none("no engine round trip"),
-        ),
-        Engine::Unmeasured { reason } => (
-            Baseline::None,
-            none(&format!("not measured ({reason}); absolute figures only")),
-        ),
-        Engine::Redis(info) => {
-            let conn = redis_connect(info).await?;
-            runner.step("PING round trip");
-            let ping = run_cycles(vec![RedisPing { conn: conn.clone() }], WARMUP_ONE, d).await?;
-            (
-                Baseline::Redis {
-                    info: info.clone(),
-                    conn,
-                },
-                RoundTrip {
-                    reference: Some(Probe::new("PING (redis-rs, multiplexed connection)", &ping)),
-                    others: Vec::new(),
-                    note: None,
-                },
-            )
-        }
-        Engine::Etcd {
-            endpoints,
-            credentials,
-        } => {
-            let client = etcd_connect(endpoints, credentials.as_ref()).await?;
-            let key = format!("distlock-bench-rtt/{}", config.run);
-            runner.step("put round trip");
-            let put = EtcdPut {
-                client: client.clone(),
-                key: key.clone(),
-            };
-            let put = run_cycles(vec![put], WARMUP_MANY, d).await?;
-            runner.step("range round trip");
-            let range = EtcdRange {
-                client: client.clone(),
-                key,
-            };
-            let range = run_cycles(vec![range], WARMUP_MANY, d).await?;
-            (
-                Baseline::Etcd {
-                    endpoints: endpoints.clone(),
-                    credentials: credentials.clone(),
-                    client: Box::new(client),
-                },
-                RoundTrip {
-                    reference: Some(Probe::new("put (etcd-client)", &put)),
-                    others: vec![Probe::new("range, linearizable (etcd-client)", &range)],
-                    note: None,
-                },
-            )
-        }
-    })
 }
 
 /// The targets of issues 3 (Redis) and 4 (etcd), and the fairness ones every backend can meet with
