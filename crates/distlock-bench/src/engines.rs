@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::redis::{RedisConfig, Topology};
-use distlock::url::{Endpoint, LockUrl};
+use distlock::url::LockUrl;
 use distlock::{ErrorKind, Lock, LockGuard};
 use redis::IntoConnectionInfo as _;
 
@@ -114,8 +114,7 @@ impl RedisServer {
         let Topology::Standalone { addr } = &config.topology else {
             return Ok(None);
         };
-        let endpoint = Endpoint::parse(addr, distlock::redis::DEFAULT_PORT)?;
-        let (host, port) = (endpoint.host().to_string(), endpoint.port());
+        let (host, port) = (addr.host().to_string(), addr.port());
         let addr = if config.tls {
             redis::ConnectionAddr::TcpTls {
                 host,
