@@ -1,6 +1,8 @@
 //! The one retry and backoff policy every backend uses: what is retried is the caller's call (a
 //! classifier), how often and how long to wait is this module's.
 //!
+//! For backend crates.
+//!
 //! Two shapes, for the two kinds of loop a backend has:
 //!
 //! * **A request retried under a deadline** ([`RetryPolicy`], [`Retries`], [`retry`]): a bounded number

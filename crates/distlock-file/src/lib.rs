@@ -56,5 +56,5 @@ mod error;
 pub mod layout;
 mod notify;
 
-pub use backend::{FileAcquisition, FileBackend, FileLease};
+pub use backend::FileBackend;
 pub use config::{FileConfig, DEFAULT_POLL_INITIAL, DEFAULT_POLL_MAX};

@@ -35,7 +35,7 @@ mod error;
 pub mod layout;
 mod pubsub;
 
-pub use backend::{RedisAcquisition, RedisBackend, RedisLease};
+pub use backend::RedisBackend;
 pub use config::{
     RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IO_TIMEOUT, DEFAULT_PORT,
     DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::url::LockUrl;
+use distlock_core::url::LockUrl;
 use distlock::{ErrorKind, Lock, LockGuard};
 
 use super::harness::Cycler;
