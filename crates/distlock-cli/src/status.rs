@@ -67,7 +67,10 @@ pub fn render(name: &str, backend: &str, info: &LockInfo, now: SystemTime) -> St
                 }
             }
             if let Some(remaining) = holder.remaining_lease {
-                line("remaining_lease", &distlock_core::duration::format(remaining));
+                line(
+                    "remaining_lease",
+                    &distlock_core::duration::format(remaining),
+                );
             }
         }
     }
@@ -126,8 +129,8 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 mod tests {
     use std::time::Duration;
 
-    use distlock::HolderInfo;
     use distlock::FencingToken;
+    use distlock::HolderInfo;
 
     use super::*;
 

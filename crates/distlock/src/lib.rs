@@ -52,12 +52,12 @@
 mod connect;
 
 pub use connect::{connect, default_file_dir};
-pub use distlock_core::{
-    AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock, LockGuard,
-    LockInfo, LockKinds, LockOptions, LockState, Locks, Result, Wait,
-};
 /// How a network backend retries an idempotent request (every network config's `with_retry`).
 pub use distlock_core::retry::RetryPolicy;
+pub use distlock_core::{
+    AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock,
+    LockGuard, LockInfo, LockKinds, LockOptions, LockState, Locks, Result, Wait,
+};
 
 /// The interface for backend authors: the [`raw::Backend`](distlock_core::raw::Backend) trait that
 /// [`Locks::new`] takes and the request and reply types it exchanges with the core. Users never call

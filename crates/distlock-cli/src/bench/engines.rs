@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::url::LockUrl;
 use distlock::{ErrorKind, Lock, LockGuard};
+use distlock_core::url::LockUrl;
 
 use super::harness::Cycler;
 use crate::exit::{Code, Failure};
