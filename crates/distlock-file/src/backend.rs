@@ -184,7 +184,8 @@ impl Backend for FileBackend {
         ))
     }
 
-    /// One try; see [`FileAcquisition`]'s `try_once` for what it does.
+    /// One try: open the lock file (kept open between tries), `flock` without blocking, and on success
+    /// mint the next token and make it durable (see the module docs of `acquire.rs`).
     ///
     /// # Cancel safety
     /// The only await is the `fdatasync` on the blocking pool, which finishes even if this future is

@@ -52,16 +52,12 @@
 mod connect;
 
 pub use connect::{connect, default_file_dir};
-/// How a network backend retries an idempotent request (every network config's `with_retry`).
 pub use distlock_core::retry::RetryPolicy;
 pub use distlock_core::{
     AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock,
     LockGuard, LockInfo, LockKinds, LockOptions, LockState, Locks, Result, Wait,
 };
 
-/// The interface for backend authors: the [`raw::Backend`](distlock_core::raw::Backend) trait that
-/// [`Locks::new`] takes and the request and reply types it exchanges with the core. Users never call
-/// it; a backend crate depends on `distlock-core` and implements it.
 pub use distlock_core::raw;
 
 /// The in-memory backend (`memory://`), always compiled: the reference implementation of every
