@@ -109,7 +109,7 @@ struct Walker {
 /// Where a name leads: a module (to list) or an item (to describe).
 enum Target {
     Module(String, Vec<String>),
-    Item(String, Item),
+    Item(String, Box<Item>),
 }
 
 fn is_pub(vis: &Visibility) -> bool {
@@ -256,7 +256,7 @@ impl Walker {
                 }
                 other => {
                     if item_name(other).as_deref() == Some(name) {
-                        return Some(Target::Item(krate.to_string(), other.clone()));
+                        return Some(Target::Item(krate.to_string(), Box::new(other.clone())));
                     }
                 }
             }
