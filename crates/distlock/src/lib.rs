@@ -36,13 +36,13 @@
 //!   [`Locks::capabilities`] says what the backend promises ([`Capabilities`], [`Fencing`],
 //!   [`LockKinds`]).
 //! * **Errors.** Every call returns [`Result`]; an [`Error`] has an [`ErrorKind`] to match on.
-//! * **Backends**, one module each, compiled in by cargo feature: [`memory`] (always), `file` (default),
-//!   `redis`, `etcd`. Each module holds the backend type, its config and the description of its
-//!   on-server layout. Network configs take a [`RetryPolicy`]. The others (Redlock, ZooKeeper,
-//!   PostgreSQL, MySQL) are being built; their URL schemes are recognised and fail with
-//!   [`ErrorKind::Unsupported`] until they land.
-//! * **For backend authors:** [`raw`], the trait a backend implements and the types it exchanges with
-//!   the core. Users never call it.
+//! * **Backends**, one module each, compiled in by cargo feature: [`memory`] (always), `file`
+//!   (default), `redis`, `etcd`. Each module holds the backend type, its config and the description of
+//!   its on-server layout. Network configs take [`Endpoint`]s and a [`RetryPolicy`]. The others
+//!   (Redlock, ZooKeeper, PostgreSQL, MySQL) are being built; their URL schemes are recognised and fail
+//!   with [`ErrorKind::Unsupported`] until they land.
+//! * **For backend authors:** [`raw`], the trait a backend implements and the types it exchanges
+//!   with the core. Users never call it.
 //!
 //! Cargo feature `testing` (off by default; for tests only) adds fault-injection hooks: `freeze`,
 //! `delay_renewals` and friends on [`memory::MemoryBackend`], `memory://…?freeze_after=`, and the test
@@ -53,6 +53,7 @@ mod connect;
 
 pub use connect::{connect, default_file_dir};
 pub use distlock_core::retry::RetryPolicy;
+pub use distlock_core::url::Endpoint;
 pub use distlock_core::{
     AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock,
     LockGuard, LockInfo, LockKinds, LockOptions, LockState, Locks, Result, Wait,
