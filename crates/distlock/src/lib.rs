@@ -28,12 +28,13 @@
 //!   and returns [`Locks`], a cheap-to-clone handle on one lock service. To build one from a backend
 //!   configured in code, [`Locks::new`] takes a backend value: [`memory::MemoryBackend`],
 //!   `file::FileBackend`, `redis::RedisBackend`, `etcd::EtcdBackend`.
-//! * **Locking.** [`Locks::lock`] gives a [`Lock`] (one owner of one name); [`Lock::acquire`] /
-//!   [`Lock::try_acquire`] / [`Lock::options`] ([`AcquireOptions`]: wait limit, lease, max hold) return a
-//!   [`LockGuard`]: its [`FencingToken`], its [`LockState`] and the [`LockGuard::lost`] signal, `extend`
-//!   and `release`. Defaults for every lock of a [`Locks`] are [`LockOptions`] (with [`Wait`]).
-//! * **Looking.** [`Locks::inspect`] returns a [`LockInfo`] (with [`HolderInfo`]) without taking the lock;
-//!   [`Locks::capabilities`] says what the backend promises ([`Capabilities`], [`Fencing`],
+//! * **Locking.** [`Locks::lock`] gives a [`Lock`] (one owner of one name); [`Lock::acquire`],
+//!   [`Lock::try_acquire`] and [`Lock::options`] ([`AcquireOptions`]: wait limit, lease, max hold)
+//!   return a [`LockGuard`]: its [`FencingToken`], its [`LockState`] and the [`LockGuard::lost`]
+//!   signal, `extend` and `release`. Defaults for every lock of a [`Locks`] are [`LockOptions`] (with
+//!   [`Wait`]).
+//! * **Looking.** [`Locks::inspect`] returns a [`LockInfo`] (with [`HolderInfo`]) without taking the
+//!   lock; [`Locks::capabilities`] says what the backend promises ([`Capabilities`], [`Fencing`],
 //!   [`LockKinds`]).
 //! * **Errors.** Every call returns [`Result`]; an [`Error`] has an [`ErrorKind`] to match on.
 //! * **Backends**, one module each, compiled in by cargo feature: [`memory`] (always), `file`
