@@ -383,42 +383,7 @@ impl Walker {
                 }
                 self.describe_impls(krate, &e.ident.to_string(), full, cfgs);
             }
-            Item::Trait(t) => {
-                let generics = tidy(&t.generics.to_token_stream().to_string());
-                let supertraits = tidy(&t.supertraits.to_token_stream().to_string());
-                self.emit(
-                    cfgs,
-                    full,
-                    &format!("pub trait {}{generics}: {supertraits}", t.ident),
-                );
-                for ti in &t.items {
-                    let (name, text, attrs) = match ti {
-                        TraitItem::Fn(f) => (f.sig.ident.to_string(), signature(&f.sig), &f.attrs),
-                        TraitItem::Type(ty) => {
-                            let bounds = tidy(&ty.bounds.to_token_stream().to_string());
-                            (
-                                ty.ident.to_string(),
-                                format!("type {}: {bounds}", ty.ident),
-                                &ty.attrs,
-                            )
-                        }
-                        TraitItem::Const(c) => (
-                            c.ident.to_string(),
-                            format!(
-                                "const {}: {}",
-                                c.ident,
-                                tidy(&c.ty.to_token_stream().to_string())
-                            ),
-                            &c.attrs,
-                        ),
-                        _ => continue,
-                    };
-                    let mut c = cfgs.to_vec();
-                    c.extend(cfg_attrs(attrs));
-                    let own = own_attrs(attrs);
-                    self.emit(&c, &format!("{full}::{name}"), &format!("{own}{text}"));
-                }
-            }
+            Item::Trait(t) => self.describe_trait(t, full, cfgs),
             Item::Fn(f) => self.emit(
                 cfgs,
                 full,
@@ -442,6 +407,43 @@ impl Walker {
                 );
             }
             other => panic!("{full}: an item of a kind this test does not describe: {other:?}"),
+        }
+    }
+
+    fn describe_trait(&mut self, t: &syn::ItemTrait, full: &str, cfgs: &[String]) {
+        let generics = tidy(&t.generics.to_token_stream().to_string());
+        let supertraits = tidy(&t.supertraits.to_token_stream().to_string());
+        self.emit(
+            cfgs,
+            full,
+            &format!("pub trait {}{generics}: {supertraits}", t.ident),
+        );
+        for ti in &t.items {
+            let (name, text, attrs) = match ti {
+                TraitItem::Fn(f) => (f.sig.ident.to_string(), signature(&f.sig), &f.attrs),
+                TraitItem::Type(ty) => {
+                    let bounds = tidy(&ty.bounds.to_token_stream().to_string());
+                    (
+                        ty.ident.to_string(),
+                        format!("type {}: {bounds}", ty.ident),
+                        &ty.attrs,
+                    )
+                }
+                TraitItem::Const(c) => (
+                    c.ident.to_string(),
+                    format!(
+                        "const {}: {}",
+                        c.ident,
+                        tidy(&c.ty.to_token_stream().to_string())
+                    ),
+                    &c.attrs,
+                ),
+                _ => continue,
+            };
+            let mut c = cfgs.to_vec();
+            c.extend(cfg_attrs(attrs));
+            let own = own_attrs(attrs);
+            self.emit(&c, &format!("{full}::{name}"), &format!("{own}{text}"));
         }
     }
 
