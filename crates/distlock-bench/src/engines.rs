@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::redis::{RedisConfig, Topology};
-use distlock::url::LockUrl;
 use distlock::{ErrorKind, Lock, LockGuard};
+use distlock_core::url::LockUrl;
 use redis::IntoConnectionInfo as _;
 
 use crate::error::Error;

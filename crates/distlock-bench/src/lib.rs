@@ -106,7 +106,7 @@ pub enum Workload {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    distlock::duration::parse(text).map_err(|e| e.message().to_string())
+    distlock_core::duration::parse(text).map_err(|e| e.message().to_string())
 }
 
 /// What to run, checked.

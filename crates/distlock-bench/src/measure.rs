@@ -72,7 +72,7 @@ pub(crate) async fn measure(
     }
 
     let mut report = Report {
-        url: distlock::url::redact(&config.url),
+        url: distlock_core::url::redact(&config.url),
         backend: locks.map_or_else(
             || config.url.split("://").next().unwrap_or("").to_string(),
             |l| l.backend_kind().to_string(),

@@ -125,7 +125,7 @@ pub enum OnLost {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    distlock::duration::parse(text).map_err(|e| e.message().to_string())
+    distlock_core::duration::parse(text).map_err(|e| e.message().to_string())
 }
 
 /// Parses the command line. `Err` carries the exit code: 0 after `--help`/`--version` (already
