@@ -30,7 +30,7 @@ mod held;
 pub mod layout;
 mod session;
 
-pub use backend::{EtcdAcquisition, EtcdBackend, EtcdLease};
+pub use backend::EtcdBackend;
 pub use config::{EtcdConfig, DEFAULT_PORT, DEFAULT_SESSION_TTL, DEFAULT_TIMEOUT};
 
 /// `etcd://…` / `etcds://…`: the entry point the facade's `connect` uses. See [`EtcdConfig::from_url`].
