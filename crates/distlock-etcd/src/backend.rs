@@ -48,12 +48,19 @@ use distlock_core::raw::{
     AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, LossSignal, Released, Renewal,
     RenewalId, Renewed,
 };
+use distlock_core::retry::Backoff;
+use distlock_core::retry::RetryPolicy;
 use distlock_core::url::LockUrl;
 use distlock_core::{Capabilities, Fencing, FencingToken, LockOptions, Result};
-use etcd_client::{
-    Certificate, Client, ConnectOptions, EventType, GetResponse, KeyValue, TlsOptions, Txn,
-    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+
+use crate::rpc::pb::etcdserverpb::response_op::Response as OpResponse;
+use crate::rpc::pb::etcdserverpb::watch_create_request::FilterType;
+use crate::rpc::pb::etcdserverpb::{
+    RangeRequest, RangeResponse, ResponseOp, TxnRequest, TxnResponse, WatchCreateRequest,
 };
+use crate::rpc::pb::mvccpb::event::EventType;
+use crate::rpc::pb::mvccpb::KeyValue;
+use crate::rpc::Client;
 use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 
@@ -87,7 +94,6 @@ struct Inner {
     /// The connection. Its channel runs tasks on the runtime it was made on, so when that runtime is
     /// dropped the connection is dead: the next request reconnects on the current runtime.
     conn: Mutex<Conn>,
-    connect_options: ConnectOptions,
     reconnecting: tokio::sync::Mutex<()>,
     config: EtcdConfig,
     /// Sessions by TTL in whole seconds.
@@ -228,10 +234,9 @@ impl Drop for EtcdAcquisition {
         tracing::debug!(%key, "etcd: an acquisition was dropped without its undo; deleting its key in the background");
         // Without a create_revision the create may still land: delete (again) after twice the request
         // timeout, as `delete_and_unclaim` does.
-        let not_before = self
-            .rev
-            .is_none()
-            .then(|| tokio::time::Instant::now() + backend.inner.config.timeout.saturating_mul(2));
+        let not_before = self.rev.is_none().then(|| {
+            tokio::time::Instant::now() + backend.inner.config.request_timeout.saturating_mul(2)
+        });
         // The retrier starts on the current runtime, or on the next one the backend is used on.
         backend.retry_delete(Doomed {
             key,
@@ -342,73 +347,17 @@ impl EtcdBackend {
     }
 
     async fn open(config: EtcdConfig) -> std::result::Result<EtcdBackend, EtcdError> {
-        config.validate()?;
-        let shown = config.endpoints.join(",");
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(config.timeout)
-            // HTTP/2 pings find a dead connection (a blackholed peer) within a few seconds.
-            .with_keep_alive(Duration::from_secs(2), config.timeout)
-            .with_keep_alive_while_idle(true);
-        if let (Some(user), Some(password)) = (&config.user, &config.password) {
-            options = options.with_user(user.clone(), password.clone());
-        }
-        if config.tls {
-            let mut tls = TlsOptions::new().with_native_roots();
-            if let Some(path) = &config.ca_file {
-                let pem = std::fs::read(path).map_err(|e| {
-                    EtcdError::Config(format!("cannot read the CA file {}: {e}", path.display()))
-                })?;
-                tls = tls.ca_certificate(Certificate::from_pem(pem));
-            }
-            options = options.with_tls(tls);
-        }
-        let connect_options = options.clone();
-        let client = connect_client(&config, options, "connect").await?;
-        // The channel connects lazily: one cheap call proves a member answers (and auth works).
-        // Requests are balanced over the endpoints at random, so with one member down a single call
-        // may land on it: retry (bounded by the timeout) before calling the whole list unreachable.
-        let mut maintenance = client.maintenance_client();
-        let started = tokio::time::Instant::now();
-        let mut retries = retries_for(config.endpoints.len()).saturating_sub(1);
-        let status = loop {
-            let left = config.timeout.saturating_sub(started.elapsed());
-            match tokio::time::timeout(left, maintenance.status()).await {
-                Ok(Err(e)) if retries > 0 => {
-                    tracing::debug!(error = %e, retries, "etcd status check failed; retrying");
-                    retries -= 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                other => break other,
-            }
-        };
-        match status {
-            Ok(Ok(_)) => {}
-            Ok(Err(source)) => {
-                return Err(EtcdError::Connect {
-                    endpoints: shown,
-                    source,
-                })
-            }
-            Err(_) => {
-                return Err(EtcdError::Connect {
-                    endpoints: shown,
-                    source: etcd_client::Error::InvalidArgs(format!(
-                        "no answer within {:?}",
-                        config.timeout
-                    )),
-                })
-            }
-        }
+        config.check()?;
+        let client = connect_client(&config, "connect").await?;
         let (alive, sentinel) = runtime_sentinel();
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
-                held: HeldKeys::new(client.clone()),
+                held: HeldKeys::new(client.clone(), config.request_timeout),
                 conn: Mutex::new(Conn {
                     client,
                     alive,
                     sentinel,
                 }),
-                connect_options,
                 reconnecting: tokio::sync::Mutex::new(()),
                 config,
                 sessions: tokio::sync::Mutex::new(HashMap::new()),
@@ -425,9 +374,9 @@ impl EtcdBackend {
         &self.inner.config
     }
 
-    /// The underlying etcd-client handle (for fenced writes with [`layout::fenced_put`]). The
-    /// backend's requests reconnect on the current runtime once the runtime the connection was made on
-    /// is dropped; this handle is the connection as of now.
+    /// The backend's gRPC client (for fenced writes with [`layout::fenced_put`]; see [`crate::rpc`]).
+    /// It does not retry. The backend's requests reconnect on the current runtime once the runtime
+    /// the connection was made on is dropped; this handle is the connection as of now.
     pub fn client(&self) -> Client {
         match self.inner.conn.lock() {
             Ok(conn) => conn.client.clone(),
@@ -449,12 +398,7 @@ impl EtcdBackend {
         if let Some(client) = live(&self.inner) {
             return Ok(client);
         }
-        let client = connect_client(
-            &self.inner.config,
-            self.inner.connect_options.clone(),
-            "reconnect",
-        )
-        .await?;
+        let client = connect_client(&self.inner.config, "reconnect").await?;
         let (alive, sentinel) = runtime_sentinel();
         if let Ok(mut conn) = self.inner.conn.lock() {
             if let Some(old) = conn.sentinel.take() {
@@ -545,7 +489,7 @@ impl EtcdBackend {
         let session = Session::grant(
             &client,
             Duration::from_secs(secs),
-            self.inner.config.timeout,
+            self.inner.config.request_timeout,
         )
         .await?;
         let runtime = tokio::runtime::Handle::current();
@@ -566,97 +510,59 @@ impl EtcdBackend {
     async fn txn(
         &self,
         action: &'static str,
-        txn: Txn,
+        txn: TxnRequest,
     ) -> std::result::Result<TxnResponse, EtcdError> {
-        let kv = self.connection().await?.kv_client();
+        let client = self.connection().await?;
         // Every txn here is compare-guarded, so repeating one is harmless.
-        self.idempotent(action, || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
-            async move { kv.txn(txn).await }
-        })
-        .await
+        self.idempotent(action, || client.txn(txn.clone())).await
     }
 
     async fn get(
         &self,
         action: &'static str,
-        (key, options): (String, etcd_client::GetOptions),
-    ) -> std::result::Result<GetResponse, EtcdError> {
-        let kv = self.connection().await?.kv_client();
-        self.idempotent(action, || {
-            let (mut kv, key, options) = (kv.clone(), key.clone(), options.clone());
-            async move { kv.get(key, Some(options)).await }
-        })
-        .await
+        range: RangeRequest,
+    ) -> std::result::Result<RangeResponse, EtcdError> {
+        let client = self.connection().await?;
+        self.idempotent(action, || client.range(range.clone()))
+            .await
     }
 
-    /// Runs an idempotent request within the request timeout, retrying failures other than a refusal
-    /// of the credentials. Retrying rides over a connection that broke since the last request, or fails
-    /// over to another endpoint: etcd-client balances requests over all endpoints at random and a dead
-    /// member's connection fails each request sent to it, so with several endpoints a few retries are
-    /// needed to find a live one.
+    /// Runs an idempotent request within the request timeout, retried per the configured
+    /// [`retry`](EtcdConfig::retry) policy on failures other than a refusal of the credentials.
+    /// Retrying rides over a connection that broke since the last request, or fails over to another
+    /// endpoint: requests are balanced over all endpoints and a dead member's connection fails each
+    /// request sent to it, so with several endpoints a few retries are needed to find a live one.
     async fn idempotent<T, F, Fut>(
         &self,
         action: &'static str,
-        mut request: F,
+        request: F,
     ) -> std::result::Result<T, EtcdError>
     where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, tonic::Status>>,
     {
-        let timeout = self.inner.config.timeout;
-        let started = tokio::time::Instant::now();
-        let mut retries = self.retries();
-        loop {
-            let left = timeout.saturating_sub(started.elapsed());
-            match tokio::time::timeout(left, request()).await {
-                Err(_) => {
-                    return Err(EtcdError::Timeout {
-                        action,
-                        after: timeout,
-                    })
-                }
-                Ok(Ok(resp)) => return Ok(resp),
-                Ok(Err(e))
-                    if retries > 0
-                        && !matches!(
-                            crate::error::kind_of(&e),
-                            distlock_core::ErrorKind::PermissionDenied
-                        ) =>
-                {
-                    tracing::debug!(action, error = %e, retries, "etcd request failed; retrying");
-                    retries -= 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Ok(Err(e)) => return Err(EtcdError::rpc(action)(e)),
-            }
-        }
-    }
-
-    /// How many times an idempotent request is retried: once with one endpoint, and with several
-    /// enough that a random pick among them meets a live one with near certainty while a member is down.
-    fn retries(&self) -> usize {
-        retries_for(self.inner.config.endpoints.len())
+        bounded_retry(
+            &self.inner.config,
+            action,
+            self.inner.config.request_timeout,
+            request,
+        )
+        .await
     }
 
     /// Deletes a held key by key + create_revision, with a few retries (the expiry timer's delete; the
     /// key's claim stays with its lease until the release).
     async fn delete_own(&self, key: &str, rev: i64) {
-        let mut delay = Duration::from_millis(50);
-        for attempt in 0..4 {
-            match self
-                .txn("expiry delete", layout::release_txn(key, rev))
-                .await
-            {
-                Ok(_) => return,
-                Err(e) if attempt == 3 => {
-                    tracing::warn!(%key, error = %e, "etcd: could not delete an expired lock key; the release retries it");
-                }
-                Err(_) => {
-                    tokio::time::sleep(delay).await;
-                    delay *= 4;
-                }
-            }
+        let policy = RetryPolicy::new(3, Duration::from_millis(50), Duration::from_millis(800));
+        let deleted = distlock_core::retry::retry(
+            &policy,
+            None,
+            |_| self.txn("expiry delete", layout::release_txn(key, rev)),
+            |_| true,
+        )
+        .await;
+        if let Err(e) = deleted {
+            tracing::warn!(%key, error = %e, "etcd: could not delete an expired lock key; the release retries it");
         }
     }
 
@@ -726,8 +632,9 @@ impl EtcdBackend {
     async fn delete_and_unclaim(&self, mut doomed: Doomed) {
         let deleted = self.delete_once(&doomed).await;
         if doomed.rev.is_none() {
-            doomed.not_before =
-                Some(tokio::time::Instant::now() + self.inner.config.timeout.saturating_mul(2));
+            doomed.not_before = Some(
+                tokio::time::Instant::now() + self.inner.config.request_timeout.saturating_mul(2),
+            );
             self.retry_delete(doomed);
         } else if deleted {
             self.unclaim(&doomed.key, doomed.claim);
@@ -771,10 +678,9 @@ impl EtcdBackend {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         runtime.spawn(async move {
             let _flag = flag;
-            let mut delay = Duration::from_millis(100);
+            let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
             loop {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                tokio::time::sleep(backoff.next_delay()).await;
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
@@ -990,15 +896,9 @@ async fn expiry_timer(
     backend.delete_own(&key, rev).await;
 }
 
-/// Retries of an idempotent request over `endpoints` endpoints: 1 for one, 4 per endpoint beyond it
-/// (with one of three members dead, ten picks all landing on it is a ~1-in-60 000 event).
-fn retries_for(endpoints: usize) -> usize {
-    1 + 4 * endpoints.saturating_sub(1)
-}
-
-fn get_of(op: Option<&TxnOpResponse>) -> std::result::Result<&GetResponse, EtcdError> {
-    match op {
-        Some(TxnOpResponse::Get(get)) => Ok(get),
+fn get_of(op: Option<&ResponseOp>) -> std::result::Result<&RangeResponse, EtcdError> {
+    match op.and_then(|op| op.response.as_ref()) {
+        Some(OpResponse::ResponseRange(get)) => Ok(get),
         other => Err(EtcdError::Protocol(format!(
             "expected a range response in the lock txn, got {other:?}"
         ))),
@@ -1006,13 +906,14 @@ fn get_of(op: Option<&TxnOpResponse>) -> std::result::Result<&GetResponse, EtcdE
 }
 
 fn header_rev(resp: &TxnResponse) -> std::result::Result<i64, EtcdError> {
-    resp.header()
-        .map(|h| h.revision())
+    resp.header
+        .as_ref()
+        .map(|h| h.revision)
         .ok_or_else(|| EtcdError::Protocol("a txn response without a header".into()))
 }
 
 fn key_string(kv: &KeyValue) -> String {
-    String::from_utf8_lossy(kv.key()).into_owned()
+    String::from_utf8_lossy(&kv.key).into_owned()
 }
 
 impl EtcdBackend {
@@ -1149,7 +1050,8 @@ impl Backend for EtcdBackend {
             backend: self.clone(),
             doomed: Some(Doomed {
                 not_before: doomed.rev.is_none().then(|| {
-                    tokio::time::Instant::now() + self.inner.config.timeout.saturating_mul(2)
+                    tokio::time::Instant::now()
+                        + self.inner.config.request_timeout.saturating_mul(2)
                 }),
                 ..doomed.clone()
             }),
@@ -1219,7 +1121,7 @@ impl Backend for EtcdBackend {
             c.released = true;
         }
         lease.wake.notify_one();
-        Ok(if resp.succeeded() {
+        Ok(if resp.succeeded {
             Released::Released
         } else {
             Released::NotHeld
@@ -1231,24 +1133,24 @@ impl Backend for EtcdBackend {
             .get("status read", layout::all_keys(name))
             .await
             .map_err(|e| e.into_core(Some(name)))?;
-        let kvs = resp.kvs();
+        let kvs = &resp.kvs;
         let mut info = LockInfo::default();
         info.waiters = Some(kvs.len().saturating_sub(1));
         if let Some(holder) = kvs.first() {
             let mut remaining = None;
-            if holder.lease() != 0 {
-                let mut lease = self.client().lease_client();
+            if holder.lease != 0 {
+                let client = self.client();
                 if let Ok(Ok(ttl)) = tokio::time::timeout(
-                    self.inner.config.timeout,
-                    lease.time_to_live(holder.lease(), None),
+                    self.inner.config.request_timeout,
+                    client.lease_time_to_live(holder.lease),
                 )
                 .await
                 {
-                    remaining = Some(Duration::from_secs(ttl.ttl().max(0).unsigned_abs()));
+                    remaining = Some(Duration::from_secs(ttl.ttl.max(0).unsigned_abs()));
                 }
             }
-            let value = String::from_utf8_lossy(holder.value()).into_owned();
-            let token = FencingToken::new(holder.create_revision().unsigned_abs());
+            let value = String::from_utf8_lossy(&holder.value).into_owned();
+            let token = FencingToken::new(holder.create_revision.unsigned_abs());
             let mut holder_info = HolderInfo::default();
             holder_info.owner = (!value.is_empty()).then_some(value);
             holder_info.token = Some(token);
@@ -1276,7 +1178,7 @@ impl EtcdBackend {
                 let resp = self
                     .txn("acquire check", layout::check_txn(key, &prefix, rev))
                     .await?;
-                if !resp.succeeded() {
+                if !resp.succeeded {
                     let why = session.gone_reason().unwrap_or_else(|| {
                         "the queued key was deleted (its session lease expired or someone removed it)".into()
                     });
@@ -1284,9 +1186,9 @@ impl EtcdBackend {
                         "lost the place in the queue while waiting: {why}; not reporting the lock held (etcd issue 11456)"
                     )));
                 }
-                let ops = resp.op_responses();
-                let holder = get_of(ops.first())?.kvs().first().cloned();
-                let pred = get_of(ops.get(1))?.kvs().first().cloned();
+                let ops = &resp.responses;
+                let holder = get_of(ops.first())?.kvs.first().cloned();
+                let pred = get_of(ops.get(1))?.kvs.first().cloned();
                 let read_rev = header_rev(&resp)?;
                 (
                     session.clone(),
@@ -1301,7 +1203,7 @@ impl EtcdBackend {
             _ => self.create(acq, request, &prefix).await?,
         };
         acq.rev = Some(rev);
-        let first = holder.as_ref().is_none_or(|h| h.create_revision() == rev);
+        let first = holder.as_ref().is_none_or(|h| h.create_revision == rev);
         if first {
             acq.watch = None;
             // Kept in the acquisition too: a grant the core refuses (it came after its deadline) is abandoned.
@@ -1345,7 +1247,7 @@ impl EtcdBackend {
                 .await
             {
                 Ok(resp) => resp,
-                Err(e) if lease_not_found(&e) => {
+                Err(e) if e.is_lease_not_found() => {
                     // Nothing was written (the put refers to a lease that is gone).
                     let _ = session.mark_gone(
                         "the session lease was not found on the server (revoked or expired)",
@@ -1359,39 +1261,39 @@ impl EtcdBackend {
                 Err(e) => return Err(e),
             };
             let read_rev = header_rev(&resp)?;
-            let ops = resp.op_responses();
-            let holder = get_of(ops.get(1))?.kvs().first().cloned();
-            if resp.succeeded() {
+            let ops = &resp.responses;
+            let holder = get_of(ops.get(1))?.kvs.first().cloned();
+            if resp.succeeded {
                 // Our key is the newest; the one before it is the predecessor.
                 let rev = read_rev;
                 let pred = get_of(ops.get(2))?
-                    .kvs()
+                    .kvs
                     .iter()
-                    .find(|kv| kv.create_revision() < rev)
+                    .find(|kv| kv.create_revision < rev)
                     .cloned();
                 return Ok((session, key, rev, holder, pred, read_rev, read_rev));
             }
             let own =
-                get_of(ops.first())?.kvs().first().cloned().ok_or_else(|| {
+                get_of(ops.first())?.kvs.first().cloned().ok_or_else(|| {
                     EtcdError::Protocol("the lock key vanished inside a txn".into())
                 })?;
             // The key was there. This acquisition holds the only local claim on it, so it is ours
             // only as a retry after a lost reply: on our lease with our owner id, read in the same
             // transaction. Anything else was written by someone else: not adopted (its token is not
             // ours to hand out), never deleted, and skipped for the next slot.
-            if own.lease() != session.id || own.value() != request.owner.as_bytes() {
+            if own.lease != session.id || own.value != request.owner.as_bytes() {
                 tracing::warn!(%key, "etcd: a lock key on this session's lease holds another owner's id; leaving it alone");
                 self.disown(&key, claim);
                 acq.key = None;
                 acq.claim = None;
                 continue;
             }
-            let rev = own.create_revision();
+            let rev = own.create_revision;
             let pred_resp = self
                 .get("predecessor read", layout::predecessor(prefix, rev))
                 .await?;
-            let pred = pred_resp.kvs().first().cloned();
-            let pred_rev = pred_resp.header().map_or(read_rev, |h| h.revision());
+            let pred = pred_resp.kvs.first().cloned();
+            let pred_rev = pred_resp.header.as_ref().map_or(read_rev, |h| h.revision);
             return Ok((session, key, rev, holder, pred, pred_rev, read_rev));
         }
         Err(EtcdError::Protocol(format!(
@@ -1413,14 +1315,17 @@ impl EtcdBackend {
             // Nothing to watch (the predecessor went between the reads): try again at once.
             return Ok(());
         };
-        let options = WatchOptions::new()
-            .with_start_revision(from)
-            .with_filters([WatchFilterType::NoPut]);
-        let mut client = self.connection().await?.watch_client();
-        let timeout = self.inner.config.timeout;
+        let watch = WatchCreateRequest {
+            key: pred.into_bytes(),
+            start_revision: from,
+            filters: vec![FilterType::Noput as i32],
+            ..WatchCreateRequest::default()
+        };
+        let client = self.connection().await?;
+        let timeout = self.inner.config.request_timeout;
         let mut stream = tokio::select! {
             reason = &mut gone => return Err(session_died(reason)),
-            opened = tokio::time::timeout(timeout, client.watch(pred.clone(), Some(options))) => match opened {
+            opened = tokio::time::timeout(timeout, client.watch(watch)) => match opened {
                 Ok(Ok(stream)) => stream,
                 // The next try reports a server that is really down; a broken connection is retried there.
                 Ok(Err(e)) => {
@@ -1436,10 +1341,10 @@ impl EtcdBackend {
                 reason = &mut gone => return Err(session_died(reason)),
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {
-                        if resp.canceled() || resp.compact_revision() > 0 {
+                        if resp.canceled || resp.compact_revision > 0 {
                             return Ok(());
                         }
-                        if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                        if resp.events.iter().any(|e| e.r#type == EventType::Delete as i32) {
                             return Ok(());
                         }
                     }
@@ -1464,37 +1369,68 @@ type Created = (
     i64,
 );
 
-/// Whether a request failed because the lease it refers to does not exist (revoked or expired).
-fn lease_not_found(e: &EtcdError) -> bool {
-    match e {
-        EtcdError::Rpc { source, .. } => source.to_string().contains("lease not found"),
-        _ => false,
-    }
-}
-
 fn session_died(reason: String) -> EtcdError {
     EtcdError::SessionLost(format!(
         "the session lease died while waiting for the lock ({reason}); the queued key went with it, so this acquire stops (etcd issue 19597)"
     ))
 }
 
-/// Connects a client to the configured endpoints within the request bound; `action` names the attempt
-/// in a timeout error (`connect`, `reconnect`).
+/// Runs `request` until it succeeds, within `timeout` in all, retried per `config.retry` on
+/// failures other than a refusal of the credentials.
+async fn bounded_retry<T, F, Fut>(
+    config: &EtcdConfig,
+    action: &'static str,
+    timeout: Duration,
+    request: F,
+) -> std::result::Result<T, EtcdError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, tonic::Status>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    distlock_core::retry::retry(
+        &config.retry,
+        Some(deadline),
+        |_| async {
+            match tokio::time::timeout_at(deadline, request()).await {
+                Ok(Ok(reply)) => Ok(reply),
+                Ok(Err(status)) => {
+                    tracing::debug!(action, error = %status, "etcd request failed");
+                    Err(EtcdError::rpc(action)(status))
+                }
+                Err(_) => Err(EtcdError::Timeout {
+                    action,
+                    after: timeout,
+                }),
+            }
+        },
+        |e| matches!(e, EtcdError::Rpc { source, .. } if crate::error::retryable(source)),
+    )
+    .await
+}
+
+/// Makes the client of `config` and proves within the connect timeout that a member answers (and
+/// the credentials work): authenticates if needed, then one status call, retried per
+/// `config.retry` (requests are balanced over the endpoints, and one may land on a dead member).
+/// `action` names the attempt in a timeout error (`connect`, `reconnect`).
 async fn connect_client(
     config: &EtcdConfig,
-    options: ConnectOptions,
     action: &'static str,
 ) -> std::result::Result<Client, EtcdError> {
-    let connect = Client::connect(config.client_endpoints(), Some(options));
-    match tokio::time::timeout(config.timeout, connect).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(source)) => Err(EtcdError::Connect {
+    let client = Client::new(config)?;
+    let proved = bounded_retry(config, action, config.connect_timeout, || async {
+        if client.needs_token() {
+            client.authenticate().await?;
+        }
+        client.status().await
+    })
+    .await;
+    match proved {
+        Ok(_) => Ok(client),
+        Err(EtcdError::Rpc { source, .. }) => Err(EtcdError::Connect {
             endpoints: config.endpoints.join(","),
             source,
         }),
-        Err(_) => Err(EtcdError::Timeout {
-            action,
-            after: config.timeout,
-        }),
+        Err(e) => Err(e),
     }
 }

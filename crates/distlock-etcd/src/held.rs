@@ -21,7 +21,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
+use distlock_core::retry::Backoff;
+
+use crate::rpc::pb::etcdserverpb::watch_create_request::FilterType;
+use crate::rpc::pb::etcdserverpb::{RangeRequest, WatchCreateRequest, WatchResponse};
+use crate::rpc::pb::mvccpb::event::EventType;
+use crate::rpc::{Client, WatchStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
@@ -71,6 +76,8 @@ struct Task {
 struct State {
     /// The backend's connection, replaced when its runtime is dropped.
     client: Client,
+    /// The bound of one request (opening the stream, re-reading a key).
+    request_timeout: Duration,
     next_id: i64,
     entries: HashMap<i64, Entry>,
     /// Watch ids handed out whose entry moved to a new id (its watch was cancelled by the server and
@@ -108,10 +115,11 @@ impl Drop for AliveFlag {
 }
 
 impl HeldKeys {
-    pub(crate) fn new(client: Client) -> HeldKeys {
+    pub(crate) fn new(client: Client, request_timeout: Duration) -> HeldKeys {
         HeldKeys {
             state: Arc::new(Mutex::new(State {
                 client,
+                request_timeout,
                 next_id: 0,
                 entries: HashMap::new(),
                 moved: HashMap::new(),
@@ -224,21 +232,25 @@ impl HeldKeys {
 /// acquire/release loop) cost the server no watch at all.
 const WATCH_DELAY: Duration = Duration::from_millis(100);
 
-fn options(id: i64, from: i64) -> WatchOptions {
-    WatchOptions::new()
-        .with_watch_id(id)
-        .with_start_revision(from)
-        .with_filters([WatchFilterType::NoPut])
+/// The watch of one held key: deletes only, from revision `from`, under the client-chosen id `id`.
+fn options(key: &str, id: i64, from: i64) -> WatchCreateRequest {
+    WatchCreateRequest {
+        key: key.as_bytes().to_vec(),
+        start_revision: from,
+        filters: vec![FilterType::Noput as i32],
+        watch_id: id,
+        ..WatchCreateRequest::default()
+    }
 }
 
 type Shared = std::sync::Weak<Mutex<State>>;
 
+/// The connection to create watches on, the request timeout, and the entries to watch.
+type Taken = (Client, Duration, Vec<(i64, Entry)>);
+
 /// Marks the entries without a watch that `pick` chooses as created, and returns them with the
 /// connection to create their watches on.
-fn take_entries(
-    shared: &Shared,
-    pick: impl Fn(&Entry) -> bool,
-) -> Option<(Client, Vec<(i64, Entry)>)> {
+fn take_entries(shared: &Shared, pick: impl Fn(&Entry) -> bool) -> Option<Taken> {
     let state = shared.upgrade()?;
     let mut state = state.lock().ok()?;
     let mut taken = Vec::new();
@@ -248,7 +260,7 @@ fn take_entries(
             taken.push((*id, entry.clone()));
         }
     }
-    Some((state.client.clone(), taken))
+    Some((state.client.clone(), state.request_timeout, taken))
 }
 
 /// The earliest due time of an entry without a watch; records that a timer for it is armed.
@@ -266,7 +278,7 @@ fn next_due(shared: &Shared) -> Option<tokio::time::Instant> {
 }
 
 async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     loop {
         // (Re)open: every entry is watched at once, from its start revision.
         if let Some(state) = shared.upgrade() {
@@ -276,7 +288,7 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                 }
             }
         }
-        let Some((client, entries)) = take_entries(&shared, |_| true) else {
+        let Some((client, request_timeout, entries)) = take_entries(&shared, |_| true) else {
             return;
         };
         let Some(((first_id, first), rest)) = entries.split_first() else {
@@ -306,22 +318,20 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                 None => return,
             }
         };
-        let mut watch_client = client.watch_client();
         let opened = tokio::time::timeout(
-            Duration::from_secs(5),
-            watch_client.watch(first.key.clone(), Some(options(*first_id, first.from))),
+            request_timeout,
+            client.watch(options(&first.key, *first_id, first.from)),
         )
         .await;
         let mut stream = match opened {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "etcd: opening the held-keys watch failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
             Err(_) => {
-                tokio::time::sleep(backoff).await;
+                tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
         };
@@ -329,7 +339,7 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut broken = false;
         for (id, entry) in rest {
             if stream
-                .watch(entry.key.clone(), Some(options(*id, entry.from)))
+                .watch(options(&entry.key, *id, entry.from))
                 .await
                 .is_err()
             {
@@ -353,9 +363,9 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                 },
                 _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
                     let now = tokio::time::Instant::now();
-                    let Some((_, taken)) = take_entries(&shared, |e| e.due <= now) else { return };
+                    let Some((_, _, taken)) = take_entries(&shared, |e| e.due <= now) else { return };
                     for (id, entry) in taken {
-                        if stream.watch(entry.key, Some(options(id, entry.from))).await.is_err() {
+                        if stream.watch(options(&entry.key, id, entry.from)).await.is_err() {
                             broken = true;
                             break;
                         }
@@ -364,8 +374,8 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                 },
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {
-                        backoff = Duration::from_millis(100);
-                        if handle(&shared, &client, &mut stream, &mut active, resp).await.is_err() {
+                        backoff.reset();
+                        if handle(&shared, &client, request_timeout, &mut stream, &mut active, resp).await.is_err() {
                             broken = true;
                         }
                     }
@@ -374,8 +384,7 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
             }
         }
         tracing::debug!("etcd: the held-keys watch stream broke; reopening it");
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
@@ -403,15 +412,16 @@ fn lose(shared: &Shared, id: i64, reason: String) {
 async fn handle(
     shared: &Shared,
     client: &Client,
+    request_timeout: Duration,
     stream: &mut WatchStream,
     active: &mut HashSet<i64>,
     resp: WatchResponse,
-) -> Result<(), etcd_client::Error> {
-    let id = resp.watch_id();
+) -> Result<(), tonic::Status> {
+    let id = resp.watch_id;
     if resp
-        .events()
+        .events
         .iter()
-        .any(|e| e.event_type() == EventType::Delete)
+        .any(|e| e.r#type == EventType::Delete as i32)
     {
         if let Some(entry) = entry_of(shared, id) {
             lose(
@@ -428,31 +438,38 @@ async fn handle(
         }
         return Ok(());
     }
-    if !resp.canceled() {
+    if !resp.canceled {
         return Ok(());
     }
     // Cancelled by the server (its start revision was compacted, or a cancel we sent): if the key is
     // still held, read it, and watch again from that read.
     active.remove(&id);
-    if resp.compact_revision() > 0 {
+    if resp.compact_revision > 0 {
         // The server keeps the compacted watch (and its id) on the stream until told to drop it.
         stream.cancel(id).await?;
     }
     let Some(entry) = entry_of(shared, id) else {
         return Ok(());
     };
-    let mut kv = client.kv_client();
-    let read = tokio::time::timeout(Duration::from_secs(5), kv.get(entry.key.clone(), None)).await;
+    let own = RangeRequest {
+        key: entry.key.as_bytes().to_vec(),
+        ..RangeRequest::default()
+    };
+    let read = tokio::time::timeout(request_timeout, client.range(own)).await;
     let read = match read {
         Ok(Ok(read)) => read,
         // Unknown: reopen the stream, which retries the watch from its start revision.
         Ok(Err(e)) => return Err(e),
-        Err(_) => return Err(etcd_client::Error::WatchError("re-read timed out".into())),
+        Err(_) => {
+            return Err(tonic::Status::deadline_exceeded(
+                "re-reading a held key timed out",
+            ))
+        }
     };
     let alive = read
-        .kvs()
+        .kvs
         .first()
-        .is_some_and(|kv| kv.create_revision() == entry.rev);
+        .is_some_and(|kv| kv.create_revision == entry.rev);
     if !alive {
         lose(
             shared,
@@ -464,7 +481,7 @@ async fn handle(
         );
         return Ok(());
     }
-    let from = read.header().map_or(entry.from, |h| h.revision() + 1);
+    let from = read.header.as_ref().map_or(entry.from, |h| h.revision + 1);
     // Watched again under a new id: etcd keeps a cancelled (compacted) watch's id reserved on its
     // stream until the client cancels it, and refuses a new watch with it ("duplicate watch ID",
     // answered under id -1), which would leave the key unwatched for good.
@@ -486,7 +503,7 @@ async fn handle(
         s.moved.insert(id, new_id);
         new_id
     };
-    stream.watch(entry.key, Some(options(new_id, from))).await?;
+    stream.watch(options(&entry.key, new_id, from)).await?;
     active.insert(new_id);
     Ok(())
 }

@@ -79,7 +79,7 @@ async fn etcds_wrong_ca_fails_clearly() {
     let other = TestCa::new_or_panic();
     let server = EtcdServer::builder().tls(&ca).start_or_panic();
     let started = Instant::now();
-    let url = format!("{}&timeout=2s", tls_url(&server, &other));
+    let url = format!("{}&connect_timeout=2s", tls_url(&server, &other));
     let err = EtcdBackend::connect(&LockUrl::parse(&url).unwrap())
         .await
         .expect_err("a foreign CA must not be trusted");
