@@ -17,7 +17,6 @@
 //! registration or renewal starts it again on the current one.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,8 +26,8 @@ use crate::rpc::pb::etcdserverpb::watch_create_request::FilterType;
 use crate::rpc::pb::etcdserverpb::{RangeRequest, WatchCreateRequest, WatchResponse};
 use crate::rpc::pb::mvccpb::event::EventType;
 use crate::rpc::{Client, WatchStream};
+use crate::tasks::Task;
 use tokio::sync::{mpsc, watch};
-use tokio::task::AbortHandle;
 
 /// The loss channel of one held lock: the first reason sent wins.
 pub(crate) type LossSender = Arc<watch::Sender<Option<String>>>;
@@ -66,11 +65,9 @@ enum Command {
     Reopen,
 }
 
-struct Task {
+struct Watcher {
     commands: mpsc::UnboundedSender<Command>,
-    /// False once the task's future was dropped (aborted, or its runtime shut down).
-    alive: Arc<AtomicBool>,
-    abort: AbortHandle,
+    task: Task,
 }
 
 struct State {
@@ -83,7 +80,7 @@ struct State {
     /// Watch ids handed out whose entry moved to a new id (its watch was cancelled by the server and
     /// made again: etcd does not take a cancelled id back on the same stream), old → new.
     moved: HashMap<i64, i64>,
-    task: Option<Task>,
+    task: Option<Watcher>,
     /// The task will wake by itself no later than the due time of any entry without a watch (a timer
     /// for the earliest one is armed, or a wake is queued). Entries are due in the order they come, so
     /// a new one then needs no wake: a busy acquire/release loop does not wake the task per grant.
@@ -99,18 +96,9 @@ impl Drop for HeldKeys {
     fn drop(&mut self) {
         if let Ok(state) = self.state.lock() {
             if let Some(task) = &state.task {
-                task.abort.abort();
+                task.task.abort();
             }
         }
-    }
-}
-
-/// Flips `alive` to false when the task's future is dropped, however that happens.
-pub(crate) struct AliveFlag(pub(crate) Arc<AtomicBool>);
-
-impl Drop for AliveFlag {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -200,7 +188,7 @@ impl HeldKeys {
         if state
             .task
             .as_ref()
-            .is_some_and(|t| t.alive.load(Ordering::Acquire) && !t.commands.is_closed())
+            .is_some_and(|t| t.task.is_alive() && !t.commands.is_closed())
         {
             return false;
         }
@@ -208,19 +196,10 @@ impl HeldKeys {
             return false;
         };
         let (commands, rx) = mpsc::unbounded_channel();
-        let alive = Arc::new(AtomicBool::new(true));
-        let flag = AliveFlag(alive.clone());
         let shared = Arc::downgrade(&self.state);
-        let abort = runtime
-            .spawn(async move {
-                let _flag = flag;
-                run(shared, rx).await;
-            })
-            .abort_handle();
-        state.task = Some(Task {
+        state.task = Some(Watcher {
             commands,
-            alive,
-            abort,
+            task: Task::spawn(&runtime, run(shared, rx)),
         });
         state.armed = true;
         true

@@ -24,18 +24,25 @@
 //!   an error (19597); a cancelled acquire deletes its queued key.
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
+mod acquire;
 mod backend;
+mod claims;
 mod config;
+mod conn;
 mod error;
 mod held;
 pub mod layout;
+mod lease;
 pub mod rpc;
 mod session;
+mod tasks;
 
-pub use backend::{EtcdAcquisition, EtcdBackend, EtcdLease};
+pub use acquire::EtcdAcquisition;
+pub use backend::EtcdBackend;
 pub use config::{
     EtcdConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TTL,
 };
+pub use lease::EtcdLease;
 
 /// `etcd://…` / `etcds://…`: the entry point the facade's `connect` uses. See [`EtcdConfig::from_url`].
 pub async fn connect(url: &distlock_core::url::LockUrl) -> distlock_core::Result<EtcdBackend> {

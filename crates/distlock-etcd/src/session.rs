@@ -17,6 +17,7 @@ use std::time::Duration;
 use crate::rpc::pb::etcdserverpb::LeaseGrantRequest;
 use crate::rpc::{Client, KeepAliveStream};
 use distlock_core::clock::{self, Instant};
+use distlock_core::retry::Backoff;
 use tokio::sync::watch;
 
 use crate::error::EtcdError;
@@ -120,7 +121,10 @@ impl Session {
     /// Runs the session's own keep-alives until it is gone (or the task is aborted with the backend).
     pub(crate) async fn keep_alive_loop(self: Arc<Self>) {
         let interval = (self.granted / 3).max(Duration::from_millis(100));
+        // A failed keep-alive is retried four times per interval (jittered), so that a few failures in
+        // a row still leave the lease confirmed well within its TTL.
         let retry = (interval / 4).max(Duration::from_millis(50));
+        let mut backoff = Backoff::new(retry, retry);
         let mut next = interval;
         loop {
             tokio::time::sleep(next).await;
@@ -129,7 +133,7 @@ impl Session {
                 Err(KeepAlive::Gone(_)) => return,
                 Err(KeepAlive::Failed(e)) => {
                     tracing::debug!(lease = %format_args!("{:x}", self.id), error = %e, "etcd keep-alive failed; retrying");
-                    next = retry;
+                    next = backoff.next_delay();
                 }
             }
         }
