@@ -65,7 +65,7 @@ pub async fn connect(url: &str) -> Result<Locks> {
 #[cfg(feature = "file")]
 fn file(url: &LockUrl, defaults: LockOptions) -> Result<Locks> {
     Ok(Locks::with_defaults(
-        distlock_local::FileBackend::from_url(url)?,
+        distlock_file::FileBackend::from_url(url)?,
         defaults,
     ))
 }

@@ -34,7 +34,7 @@ pub use distlock_core::*;
 
 /// The embedded file backend.
 #[cfg(feature = "file")]
-pub use distlock_local as file;
+pub use distlock_file as file;
 
 /// The Redis backend (standalone, Sentinel, Cluster).
 #[cfg(feature = "redis")]

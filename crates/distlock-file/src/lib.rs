@@ -24,7 +24,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use distlock_core::Locks;
-//! use distlock_local::FileBackend;
+//! use distlock_file::FileBackend;
 //!
 //! let dir = tempfile::tempdir()?;
 //! let locks = Locks::new(FileBackend::new(dir.path())?);

@@ -74,7 +74,7 @@ const MAX_ROUNDS: usize = 8;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use distlock_core::Locks;
-/// use distlock_local::FileBackend;
+/// use distlock_file::FileBackend;
 ///
 /// let dir = tempfile::tempdir()?;
 /// let backend = FileBackend::new(dir.path())?;

@@ -23,7 +23,7 @@ pub const DEFAULT_POLL_MAX: Duration = Duration::from_secs(1);
 ///
 /// ```
 /// use std::time::Duration;
-/// use distlock_local::FileConfig;
+/// use distlock_file::FileConfig;
 ///
 /// let config = FileConfig::new("/var/lock/myapp")
 ///     .with_sync(true)
@@ -71,7 +71,7 @@ impl FileConfig {
     ///
     /// ```
     /// use distlock_core::{url::LockUrl, ErrorKind};
-    /// use distlock_local::FileConfig;
+    /// use distlock_file::FileConfig;
     ///
     /// let config = FileConfig::from_url(&LockUrl::parse("file:///var/lock/my%20app?lease=10s")?)?;
     /// assert_eq!(config.dir, std::path::Path::new("/var/lock/my app"));

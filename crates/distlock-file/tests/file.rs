@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use distlock_core::url::LockUrl;
 use distlock_core::{ErrorKind, Fencing, LockState, Locks};
-use distlock_local::{FileBackend, FileConfig};
+use distlock_file::{FileBackend, FileConfig};
 
 /// How long a mechanism gets to act (a notification to arrive, a background undo to finish). Tests
 /// assert that something happens before it, never how fast.

@@ -4,7 +4,7 @@
 #![allow(clippy::expect_used)]
 
 use distlock_core::Locks;
-use distlock_local::FileBackend;
+use distlock_file::FileBackend;
 use distlock_testkit::conformance::{Client, Provider};
 
 struct Files {

@@ -15,7 +15,7 @@
 //! Linux file system. `~` is always escaped in names, so a hashed file name never equals an escaped one.
 //!
 //! ```
-//! use distlock_local::layout::{file_name, fnv1a64};
+//! use distlock_file::layout::{file_name, fnv1a64};
 //!
 //! assert_eq!(file_name("orders/42"), "orders%2F42.lock");
 //! assert_eq!(file_name("job.daily"), "job.daily.lock");
@@ -83,7 +83,7 @@ pub const HEADER: &str = "# distlock lock file, format 1. Keep it: the fencing c
 /// not across distlock versions, compilers, platforms or endianness. **Never change this function.**
 ///
 /// ```
-/// use distlock_local::layout::fnv1a64;
+/// use distlock_file::layout::fnv1a64;
 /// // The published FNV-1a test vectors.
 /// assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
 /// assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
@@ -136,7 +136,7 @@ fn push_escape(out: &mut String, b: u8) {
 /// What a lock file holds: the last token and, while held, the holder.
 ///
 /// ```
-/// use distlock_local::layout::Record;
+/// use distlock_file::layout::Record;
 ///
 /// let mut record = Record::released(41);
 /// record.token = 42;

@@ -2,14 +2,14 @@
 //! (DESIGN §8 workload (a)). Run it in release mode, on the file system you care about:
 //!
 //! ```text
-//! cargo run --release -p distlock-local --example cycle -- [DIR] [CYCLES]
+//! cargo run --release -p distlock-file --example cycle -- [DIR] [CYCLES]
 //! ```
 #![allow(clippy::print_stdout)] // a measuring tool: its output is the point
 
 use std::time::{Duration, Instant};
 
 use distlock_core::Locks;
-use distlock_local::{FileBackend, FileConfig};
+use distlock_file::{FileBackend, FileConfig};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
