@@ -271,31 +271,10 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
             return;
         };
         let Some(((first_id, first), rest)) = entries.split_first() else {
-            // Nothing held: wait for a key, whose `watch` sends a wake (checked under the lock it
-            // inserts under, so none is missed).
-            let idle = match shared.upgrade() {
-                Some(state) => match state.lock() {
-                    Ok(mut s) if s.entries.is_empty() => {
-                        s.armed = false;
-                        true
-                    }
-                    Ok(_) => false,
-                    Err(_) => return,
-                },
-                None => return,
-            };
-            if !idle {
+            if wait_for_a_key(&shared, &mut commands).await {
                 continue;
             }
-            match commands.recv().await {
-                // A new key: its watch is due `WATCH_DELAY` after its grant, so a hold shorter than
-                // that opens no stream at all (it is gone from `entries` by then).
-                Some(_) => {
-                    tokio::time::sleep(WATCH_DELAY).await;
-                    continue;
-                }
-                None => return,
-            }
+            return;
         };
         let opened = tokio::time::timeout(
             request_timeout,
@@ -365,6 +344,32 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
         tracing::debug!("etcd: the held-keys watch stream broke; reopening it");
         tokio::time::sleep(backoff.next_delay()).await;
     }
+}
+
+/// Nothing held: waits for a key, whose `watch` sends a wake (checked under the lock it inserts
+/// under, so none is missed). False when the task is to end (the backend is gone).
+async fn wait_for_a_key(shared: &Shared, commands: &mut mpsc::UnboundedReceiver<Command>) -> bool {
+    let idle = match shared.upgrade() {
+        Some(state) => match state.lock() {
+            Ok(mut s) if s.entries.is_empty() => {
+                s.armed = false;
+                true
+            }
+            Ok(_) => false,
+            Err(_) => return false,
+        },
+        None => return false,
+    };
+    if !idle {
+        return true;
+    }
+    // A new key: its watch is due `WATCH_DELAY` after its grant, so a hold shorter than that opens
+    // no stream at all (it is gone from `entries` by then).
+    if commands.recv().await.is_none() {
+        return false;
+    }
+    tokio::time::sleep(WATCH_DELAY).await;
+    true
 }
 
 fn entry_of(shared: &Shared, id: i64) -> Option<Entry> {

@@ -152,3 +152,47 @@ async fn etcd_user_password_auth() {
         }
     }
 }
+
+/// etcd's simple auth tokens live in the server's memory: after a restart every token is refused
+/// ("invalid auth token", `Unauthenticated`). The client authenticates again and the next lock works,
+/// on the same backend, without a new connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_token_refused_after_a_restart_is_renewed() {
+    let mut server = EtcdServer::start_or_panic();
+    server
+        .etcdctl(&["user", "add", "root:pw", "--interactive=false"])
+        .unwrap();
+    server.etcdctl(&["auth", "enable"]).unwrap();
+    let addr = server.addr();
+    let backend = EtcdBackend::connect(&LockUrl::parse(&format!("etcd://root:pw@{addr}")).unwrap())
+        .await
+        .expect("connect with the right password");
+    let locks = Locks::new(backend);
+    let lock_name = name("reauth");
+    let first = locks.lock(&lock_name).unwrap().acquire().await.unwrap();
+    let token = first.token();
+    first.release().await.unwrap();
+    server.kill9().unwrap();
+    server.restart().unwrap();
+    let guard = locks
+        .lock(&lock_name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the refused token is replaced by a new one");
+    assert!(guard.token() > token);
+    guard.release().await.unwrap();
+    let keys = server
+        .etcdctl(&[
+            "--user",
+            "root:pw",
+            "get",
+            "--prefix",
+            "--keys-only",
+            &format!("{lock_name}/"),
+        ])
+        .unwrap();
+    assert!(keys.trim().is_empty(), "keys left: {keys:?}");
+}

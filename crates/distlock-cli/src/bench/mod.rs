@@ -43,7 +43,7 @@ fairness (min/max acquisitions per task) and the share of re-acquisitions by the
 Each run also measures the engine's own round trip and reports every figure as a ratio to it \
 (redis: PING on a multiplexed redis-rs connection; etcd: a put, and a range beside it), and runs a \
 baseline beside distlock (redis: a bare SET NX PX + EVALSHA compare-and-delete loop; etcd: \
-etcd-client's Lock/Unlock RPCs; file: a bare flock + unlock, the floor). memory:// and file:// have \
+etcd's Lock/Unlock RPCs; file: a bare flock + unlock, the floor). memory:// and file:// have \
 no engine round trip: their figures are absolute.
 
 A progress bar shows on stderr when it is a terminal; the report goes to stdout (--json: one JSON \
@@ -184,9 +184,8 @@ enum Baseline {
         conn: redis::aio::MultiplexedConnection,
     },
     Etcd {
-        endpoints: Vec<String>,
-        credentials: Option<(String, String)>,
-        client: Box<etcd_client::Client>,
+        config: Box<distlock::etcd::EtcdConfig>,
+        client: Box<distlock::etcd::rpc::Client>,
     },
     File {
         dir: std::path::PathBuf,
@@ -217,7 +216,7 @@ async fn measure(
                 ));
             }
             Baseline::Etcd { client, .. } => {
-                runner.step("(a) etcd-client Lock/Unlock RPC");
+                runner.step("(a) etcd Lock/Unlock RPC");
                 let peer =
                     EtcdLockRpc::new((**client).clone(), format!("distlock-bench-peer/{run}/a"))
                         .await?;
@@ -225,7 +224,7 @@ async fn measure(
                 let cycles = run_cycles(vec![peer], WARMUP_ONE, d).await;
                 etcd_revoke(vec![lease]).await;
                 baselines.push(CycleFigures::new(
-                    "etcd-client Lock/Unlock RPC",
+                    "etcd Lock/Unlock RPC",
                     &cycles?,
                     &round_trip,
                 ));
@@ -332,14 +331,13 @@ async fn measure(
                 ));
             }
             Baseline::Etcd {
-                endpoints,
-                credentials,
+                config: etcd_config,
                 ..
             } => {
-                runner.step("(b) etcd-client Lock RPC, one client per task");
+                runner.step("(b) etcd Lock RPC, one client per task");
                 let mut clients = Vec::with_capacity(n);
                 for i in 0..n {
-                    let client = etcd_connect(endpoints, credentials.as_ref()).await?;
+                    let client = etcd_connect(etcd_config).await?;
                     let name = format!("distlock-bench-peer/{run}/b/{i}");
                     clients.push(EtcdLockRpc::new(client, name).await?);
                 }
@@ -347,7 +345,7 @@ async fn measure(
                 let cycles = run_cycles(clients, WARMUP_MANY, d).await;
                 etcd_revoke(leases).await;
                 baselines.push(CycleFigures::new(
-                    "etcd-client Lock RPC, one client per task",
+                    "etcd Lock RPC, one client per task",
                     &cycles?,
                     &round_trip,
                 ));
@@ -396,23 +394,22 @@ async fn measure(
         };
         let mut baselines = Vec::new();
         if let Baseline::Etcd {
-            endpoints,
-            credentials,
+            config: etcd_config,
             ..
         } = &baseline
         {
-            runner.step("(c) etcd-client Lock RPC, contended");
+            runner.step("(c) etcd Lock RPC, contended");
             let name = format!("distlock-bench-peer/{run}/c");
             let mut clients = Vec::with_capacity(n);
             for _ in 0..n {
-                let client = etcd_connect(endpoints, credentials.as_ref()).await?;
+                let client = etcd_connect(etcd_config).await?;
                 clients.push(EtcdLockRpc::new(client, name.clone()).await?);
             }
             let leases = clients.iter().map(EtcdLockRpc::lease).collect();
             let result = run_contended(clients, config.hold, d).await;
             etcd_revoke(leases).await;
             baselines.push(ContendedFigures::new(
-                "etcd-client Lock RPC, one client per task",
+                "etcd Lock RPC, one client per task",
                 &result?,
                 &round_trip,
             ));
@@ -430,8 +427,10 @@ async fn measure(
 
     if let Baseline::Etcd { client, .. } = &baseline {
         let _ = client
-            .clone()
-            .delete(format!("distlock-bench-rtt/{run}"), None)
+            .delete_range(distlock::etcd::rpc::pb::etcdserverpb::DeleteRangeRequest {
+                key: format!("distlock-bench-rtt/{run}").into_bytes(),
+                ..Default::default()
+            })
             .await;
     }
 
@@ -502,10 +501,9 @@ async fn round_trip(
             )
         }
         Engine::Etcd {
-            endpoints,
-            credentials,
+            config: etcd_config,
         } => {
-            let client = etcd_connect(endpoints, credentials.as_ref()).await?;
+            let client = etcd_connect(etcd_config).await?;
             let key = format!("distlock-bench-rtt/{}", config.run);
             runner.step("put round trip");
             let put = EtcdPut {
@@ -521,13 +519,12 @@ async fn round_trip(
             let range = run_cycles(vec![range], WARMUP_MANY, d).await?;
             (
                 Baseline::Etcd {
-                    endpoints: endpoints.clone(),
-                    credentials: credentials.clone(),
+                    config: etcd_config.clone(),
                     client: Box::new(client),
                 },
                 RoundTrip {
-                    reference: Some(Probe::new("put (etcd-client)", &put)),
-                    others: vec![Probe::new("range, linearizable (etcd-client)", &range)],
+                    reference: Some(Probe::new("put (raw gRPC client)", &put)),
+                    others: vec![Probe::new("range, linearizable (raw gRPC client)", &range)],
                     note: None,
                 },
             )

@@ -20,6 +20,8 @@ mod stream;
 
 pub use client::Client;
 pub use stream::{KeepAliveStream, WatchStream};
+/// The outcome of a failed request (tonic's), and its gRPC code.
+pub use tonic::{Code, Status};
 
 /// etcd's v3 API types and client stubs, as prost and tonic generate them from the vendored protos
 /// (`crates/distlock-etcd/proto/`).
