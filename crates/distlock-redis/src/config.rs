@@ -4,24 +4,38 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use distlock_core::url::LockUrl;
-use distlock_core::Result;
+use distlock_core::retry::RetryPolicy;
+use distlock_core::url::{Endpoint, LockUrl};
+use distlock_core::{Error, Result};
 
-use crate::error::RedisError;
+use crate::error::{RedisError, BACKEND};
 
 /// Query parameters a Redis URL may carry. `lease` is read by the facade (`connect`).
-const KNOWN_QUERY: &[&str] = &["lease", "wait_replicas", "wait_timeout", "ca"];
+const KNOWN_QUERY: &[&str] = &[
+    "lease",
+    "wait_replicas",
+    "wait_timeout",
+    "ca",
+    "connect_timeout",
+    "request_timeout",
+];
 
 /// Default port of a Redis server.
 pub const DEFAULT_PORT: u16 = 6379;
 /// Default port of a Sentinel.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 /// Default bound of one request (and of a pub/sub subscription's confirmation).
-pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default bound of a connection attempt.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Default `WAIT` timeout: Redisson's `slavesSyncTimeout`.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default retry of a request whose connection broke under it (reset, closed): once, on a fresh
+/// connection, after 5–10 ms. A connection found broken is typically one that sat idle while the server
+/// restarted or failed over, and the fresh one reaches the new server; a request that timed out or was
+/// refused by the server (`WRONGTYPE`, `NOPERM`, …) is never retried.
+pub const DEFAULT_RETRY: RetryPolicy =
+    RetryPolicy::new(1, Duration::from_millis(10), Duration::from_secs(1));
 
 /// Where the servers are.
 #[non_exhaustive]
@@ -29,21 +43,21 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 pub enum Topology {
     /// One server (`redis://host:port`, `rediss://…`).
     Standalone {
-        /// `host:port`.
-        addr: String,
+        /// The server.
+        addr: Endpoint,
     },
     /// A master found through Sentinel (`redis+sentinel://h:p,h:p/<master>`), re-resolved on every
     /// (re)connect so locks follow a failover.
     Sentinel {
-        /// The Sentinels, `host:port` each.
-        sentinels: Vec<String>,
+        /// The Sentinels.
+        sentinels: Vec<Endpoint>,
         /// The monitored master's name.
         master: String,
     },
     /// A Redis Cluster (`redis+cluster://h:p,h:p`): any reachable nodes; the rest is discovered.
     Cluster {
-        /// Seed nodes, `host:port` each.
-        nodes: Vec<String>,
+        /// Seed nodes.
+        nodes: Vec<Endpoint>,
     },
 }
 
@@ -53,13 +67,17 @@ pub enum Topology {
 ///
 /// ```
 /// use std::time::Duration;
+/// use distlock_core::url::Endpoint;
 /// use distlock_redis::RedisConfig;
 ///
-/// let config = RedisConfig::new("127.0.0.1:6379")
-///     .with_credentials(Some("app".into()), Some("s3cret".into()))
+/// let config = RedisConfig::new(Endpoint::new("127.0.0.1", 6379))
+///     .with_credentials("app", "s3cret")
+///     .with_request_timeout(Duration::from_secs(2))
 ///     .with_wait_replicas(1, Duration::from_millis(200));
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// assert_eq!(config.wait_replicas, 1);
+/// config.validate()?;
+/// # Ok::<(), distlock_core::Error>(())
 /// ```
 #[non_exhaustive]
 #[derive(Clone, PartialEq, Eq)]
@@ -82,10 +100,12 @@ pub struct RedisConfig {
     pub wait_replicas: u32,
     /// How long `WAIT` may block.
     pub wait_timeout: Duration,
-    /// Bound of one request; a connection whose request timed out is replaced.
-    pub io_timeout: Duration,
-    /// Bound of one connection attempt.
+    /// Bound of one request round trip; a connection whose request timed out is replaced.
+    pub request_timeout: Duration,
+    /// Bound of one connection attempt (TCP, TLS, `HELLO`/`AUTH`, and asking the Sentinels).
     pub connect_timeout: Duration,
+    /// How a request whose connection broke under it is retried (default [`DEFAULT_RETRY`]).
+    pub retry: RetryPolicy,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -99,8 +119,9 @@ impl fmt::Debug for RedisConfig {
             .field("db", &self.db)
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout", &self.wait_timeout)
-            .field("io_timeout", &self.io_timeout)
+            .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("retry", &self.retry)
             .finish()
     }
 }
@@ -116,18 +137,19 @@ impl RedisConfig {
             db: 0,
             wait_replicas: 0,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
-            io_timeout: DEFAULT_IO_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            retry: DEFAULT_RETRY,
         }
     }
 
-    /// One server at `host:port`.
-    pub fn new(addr: impl Into<String>) -> Self {
-        Self::with_topology(Topology::Standalone { addr: addr.into() })
+    /// One server.
+    pub fn new(addr: Endpoint) -> Self {
+        Self::with_topology(Topology::Standalone { addr })
     }
 
     /// The master `master` monitored by these Sentinels.
-    pub fn sentinel(sentinels: Vec<String>, master: impl Into<String>) -> Self {
+    pub fn sentinel(sentinels: Vec<Endpoint>, master: impl Into<String>) -> Self {
         Self::with_topology(Topology::Sentinel {
             sentinels,
             master: master.into(),
@@ -135,14 +157,24 @@ impl RedisConfig {
     }
 
     /// A Cluster reached through these seed nodes.
-    pub fn cluster(nodes: Vec<String>) -> Self {
+    pub fn cluster(nodes: Vec<Endpoint>) -> Self {
         Self::with_topology(Topology::Cluster { nodes })
     }
 
-    /// Sets the user and password.
-    pub fn with_credentials(mut self, username: Option<String>, password: Option<String>) -> Self {
-        self.username = username;
-        self.password = password;
+    /// Sets the ACL user and its password (Redis ≥ 6).
+    pub fn with_credentials(
+        mut self,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.username = Some(username.into());
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Sets the password alone (`requirepass`, the `default` user).
+    pub fn with_password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
         self
     }
 
@@ -173,10 +205,21 @@ impl RedisConfig {
         self
     }
 
-    /// Sets the request and connect bounds.
-    pub fn with_timeouts(mut self, io: Duration, connect: Duration) -> Self {
-        self.io_timeout = io.max(Duration::from_millis(10));
-        self.connect_timeout = connect.max(Duration::from_millis(10));
+    /// Sets the bound of one request round trip (at least 10 ms).
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout.max(MIN_TIMEOUT);
+        self
+    }
+
+    /// Sets the bound of one connection attempt (at least 10 ms).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout.max(MIN_TIMEOUT);
+        self
+    }
+
+    /// Sets how a request whose connection broke under it is retried.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
         self
     }
 
@@ -188,229 +231,192 @@ impl RedisConfig {
     /// * `redis+cluster://[user:pass@]h:p,h:p`;
     ///
     /// with query parameters `lease` (read by the facade), `wait_replicas=N`, `wait_timeout=DUR`
-    /// (default 1 s) and, for `rediss://`, `ca=/path/ca.pem` (a PEM file with the CA that signed the
-    /// server's certificate, trusted instead of the system roots; a missing or unreadable file fails the
-    /// connect with `InvalidConfig`). Anything else is refused with `InvalidConfig`.
+    /// (default 1 s), `connect_timeout=DUR` (default 3 s), `request_timeout=DUR` (default 5 s) and, for
+    /// `rediss://`, `ca=/path/ca.pem` (a PEM file with the CA that signed the server's certificate,
+    /// trusted instead of the system roots; a missing or unreadable file fails the connect with
+    /// `InvalidConfig`). Anything else is refused with `InvalidConfig`.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use distlock_core::{url::LockUrl, ErrorKind};
+    /// use distlock_core::{url::{Endpoint, LockUrl}, ErrorKind};
     /// use distlock_redis::{RedisConfig, Topology};
     ///
-    /// let c = RedisConfig::from_url(&LockUrl::parse("redis://u:pw@127.0.0.1:7000/3?wait_replicas=1&wait_timeout=200ms&lease=5s")?)?;
-    /// assert_eq!(c.topology, Topology::Standalone { addr: "127.0.0.1:7000".into() });
+    /// let c = RedisConfig::from_url(&LockUrl::parse("redis://u:pw@127.0.0.1:7000/3?wait_replicas=1&wait_timeout=200ms&lease=5s&request_timeout=2s")?)?;
+    /// assert_eq!(c.topology, Topology::Standalone { addr: Endpoint::new("127.0.0.1", 7000) });
     /// assert_eq!((c.db, c.wait_replicas, c.wait_timeout), (3, 1, Duration::from_millis(200)));
-    /// assert_eq!(c.password.as_deref(), Some("pw"));
+    /// assert_eq!((c.username.as_deref(), c.password.as_deref()), (Some("u"), Some("pw")));
+    /// assert_eq!(c.request_timeout, Duration::from_secs(2));
     ///
-    /// let t = RedisConfig::from_url(&LockUrl::parse("rediss://127.0.0.1:6380?ca=/etc/redis/ca.pem")?)?;
+    /// let t = RedisConfig::from_url(&LockUrl::parse("rediss://127.0.0.1:6380?ca=/etc/redis/ca.pem&connect_timeout=1s")?)?;
     /// assert!(t.tls);
     /// assert_eq!(t.ca_file.as_deref(), Some(std::path::Path::new("/etc/redis/ca.pem")));
+    /// assert_eq!(t.connect_timeout, Duration::from_secs(1));
     ///
     /// let s = RedisConfig::from_url(&LockUrl::parse("redis+sentinel://127.0.0.1:26379,127.0.0.1/mymaster")?)?;
     /// assert_eq!(s.topology, Topology::Sentinel {
-    ///     sentinels: vec!["127.0.0.1:26379".into(), "127.0.0.1:26379".into()],
+    ///     sentinels: vec![Endpoint::new("127.0.0.1", 26379), Endpoint::new("127.0.0.1", 26379)],
     ///     master: "mymaster".into(),
     /// });
     ///
     /// for bad in ["redis://a:1,b:2", "redis://h?bogus=1", "redis://h/x", "redis+sentinel://h",
-    ///             "redis+cluster://h/1", "redis://h?wait_replicas=x", "redis://", "redis://h?ca=/ca.pem"] {
+    ///             "redis+cluster://h/1", "redis://h?wait_replicas=x", "redis://", "redis://h?ca=/ca.pem",
+    ///             "redis://h?request_timeout=0s", "redis+cluster://"] {
     ///     let err = RedisConfig::from_url(&LockUrl::parse(bad)?).unwrap_err();
     ///     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad}");
     /// }
     /// # Ok::<(), distlock_core::Error>(())
     /// ```
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        Self::parse_url(url).map_err(|e| e.into_core(None))
+        // The URL's own errors (a bad host list, timeout, `ca`) are tagged as this backend's too.
+        Self::parse_url(url).map_err(|e| e.with_backend(BACKEND))
     }
 
-    fn parse_url(url: &LockUrl) -> std::result::Result<Self, RedisError> {
-        url.reject_unknown_query(KNOWN_QUERY)
-            .map_err(|e| RedisError::Config(e.message().to_string()))?;
-        let scheme = url.scheme();
-        let hosts = url.hosts();
-        if hosts.is_empty() {
-            return Err(RedisError::Config(format!(
-                "a {scheme}:// URL needs a host, for example {scheme}://127.0.0.1:{}",
-                if scheme == "redis+sentinel" {
-                    DEFAULT_SENTINEL_PORT
-                } else {
-                    DEFAULT_PORT
-                }
-            )));
-        }
+    fn parse_url(url: &LockUrl) -> Result<Self> {
+        url.reject_unknown_query(KNOWN_QUERY)?;
         let segments: Vec<&str> = url.path().split('/').filter(|s| !s.is_empty()).collect();
-        let parse_db = |s: &str| {
-            s.parse::<i64>().ok().filter(|d| *d >= 0).ok_or_else(|| {
-                RedisError::Config(format!(
-                    "{s:?} is not a database number; the URL path is /<db>, a number such as /0"
-                ))
-            })
-        };
-        let mut config = match scheme {
-            "redis" | "rediss" => {
-                let [host] = hosts else {
-                    return Err(RedisError::Config(format!(
-                        "{scheme}:// takes one host; use redis+sentinel:// or redis+cluster:// for several, or redlock:// for independent masters"
-                    )));
-                };
-                let db = match segments.as_slice() {
-                    [] => 0,
-                    [db] => parse_db(db)?,
-                    _ => {
-                        return Err(RedisError::Config(
-                            "the URL path is /<db>, a number such as /0".into(),
-                        ))
-                    }
-                };
-                Self::new(with_port(host, DEFAULT_PORT)?)
-                    .with_tls(scheme == "rediss")
-                    .with_db(db)
-            }
-            "redis+sentinel" => {
-                let (master, db) = match segments.as_slice() {
-                    [master] => (*master, 0),
-                    [master, db] => (*master, parse_db(db)?),
-                    _ => {
-                        return Err(RedisError::Config(
-                            "redis+sentinel://h:p,h:p/<master name>[/db]: the master's name is missing"
-                                .into(),
-                        ))
-                    }
-                };
-                let sentinels = hosts
-                    .iter()
-                    .map(|h| with_port(h, DEFAULT_SENTINEL_PORT))
-                    .collect::<std::result::Result<_, _>>()?;
-                Self::sentinel(sentinels, master).with_db(db)
-            }
-            "redis+cluster" => {
-                if !segments.is_empty() {
-                    return Err(RedisError::Config(
-                        "redis+cluster:// takes no path: a Cluster has only database 0".into(),
-                    ));
-                }
-                let nodes = hosts
-                    .iter()
-                    .map(|h| with_port(h, DEFAULT_PORT))
-                    .collect::<std::result::Result<_, _>>()?;
-                Self::cluster(nodes)
-            }
+        let mut config = match url.scheme() {
+            "redis" | "rediss" => standalone(url, &segments)?,
+            "redis+sentinel" => sentinel(url, &segments)?,
+            "redis+cluster" => cluster(url, &segments)?,
             other => {
-                return Err(RedisError::Config(format!(
+                return Err(config_error(format!(
                     "the Redis backend takes redis://, rediss://, redis+sentinel:// and redis+cluster:// URLs, not {other}://"
                 )))
             }
         };
-        config.username = url.username().map(str::to_string);
-        config.password = url.password().map(str::to_string);
+        config.apply_query(url)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The query parameters and credentials every scheme shares.
+    fn apply_query(&mut self, url: &LockUrl) -> Result<()> {
+        self.username = url.username().map(str::to_string);
+        self.password = url.password().map(str::to_string);
         if let Some(n) = url.query("wait_replicas") {
-            config.wait_replicas = n.parse().map_err(|_| {
-                RedisError::Config(format!(
+            self.wait_replicas = n.parse().map_err(|_| {
+                config_error(format!(
                     "URL parameter wait_replicas: {n:?} is not a number of replicas"
                 ))
             })?;
         }
-        if let Some(t) = url
-            .query_duration("wait_timeout")
-            .map_err(|e| RedisError::Config(e.message().to_string()))?
-        {
-            if config.wait_replicas == 0 {
-                return Err(RedisError::Config(
-                    "URL parameter wait_timeout needs wait_replicas=N (N ≥ 1): without it nothing waits"
-                        .into(),
+        if let Some(t) = url.query_duration("wait_timeout")? {
+            if self.wait_replicas == 0 {
+                return Err(config_error(
+                    "URL parameter wait_timeout needs wait_replicas=N (N ≥ 1): without it nothing waits",
                 ));
             }
-            config.wait_timeout = t;
+            self.wait_timeout = t;
         }
-        if let Some(ca) = url.query("ca") {
-            if !config.tls {
-                return Err(RedisError::Config(format!(
-                    "URL parameter ca needs TLS: use rediss:// (not {scheme}://)"
-                )));
-            }
-            if ca.is_empty() {
-                return Err(RedisError::Config(
-                    "URL parameter ca: the path of a PEM file is missing, e.g. ?ca=/path/ca.pem"
-                        .into(),
-                ));
-            }
-            config.ca_file = Some(PathBuf::from(ca));
+        if let Some(t) = url.query_timeout("connect_timeout")? {
+            self.connect_timeout = t;
         }
-        config.check()?;
-        Ok(config)
+        if let Some(t) = url.query_timeout("request_timeout")? {
+            self.request_timeout = t;
+        }
+        self.ca_file = url.ca_file(self.tls)?;
+        Ok(())
     }
 
-    /// Checks combinations the builder allows but the backend cannot honour.
-    pub(crate) fn check(&self) -> std::result::Result<(), RedisError> {
+    /// Checks combinations the builder allows but the backend cannot honour;
+    /// [`RedisBackend::from_config`](crate::RedisBackend::from_config) calls it.
+    pub fn validate(&self) -> Result<()> {
+        self.problem().map_err(|e| e.into_core(None))
+    }
+
+    fn problem(&self) -> std::result::Result<(), RedisError> {
+        let config = |m: &str| Err(RedisError::Config(m.to_string()));
+        let unsupported = |m: &str| Err(RedisError::Unsupported(m.to_string()));
         if self.tls && !cfg!(feature = "tls") {
-            return Err(RedisError::Config(
-                "rediss:// needs the `tls` feature of distlock-redis".into(),
-            ));
+            return config("rediss:// needs the `tls` feature of distlock-redis");
         }
         if self.ca_file.is_some() && !self.tls {
-            return Err(RedisError::Config(
-                "a CA file (ca_file, ?ca=) needs TLS (rediss://)".into(),
-            ));
+            return config("a CA file (ca_file, ?ca=) needs TLS (rediss://)");
         }
         if self.ca_file.is_some() && matches!(self.topology, Topology::Sentinel { .. }) {
-            return Err(RedisError::Unsupported(
-                "a CA file (ca_file) is not supported with Sentinel yet; use a CA in the system roots"
-                    .into(),
-            ));
+            return unsupported(
+                "a CA file (ca_file) is not supported with Sentinel yet; use a CA in the system roots",
+            );
         }
         match &self.topology {
-            Topology::Standalone { addr } if addr.is_empty() => {
-                Err(RedisError::Config("the server address is empty".into()))
+            Topology::Standalone { addr } if addr.host().is_empty() => {
+                config("the server address is empty")
             }
             Topology::Sentinel { sentinels, master } if sentinels.is_empty() || master.is_empty() => {
-                Err(RedisError::Config(
-                    "Sentinel needs at least one Sentinel address and the master's name".into(),
-                ))
+                config("Sentinel needs at least one Sentinel address and the master's name")
             }
-            Topology::Cluster { nodes } if nodes.is_empty() => Err(RedisError::Config(
-                "Cluster needs at least one seed node".into(),
-            )),
-            Topology::Cluster { .. } if self.db != 0 => Err(RedisError::Config(
-                "a Cluster has only database 0".into(),
-            )),
-            Topology::Cluster { .. } if self.wait_replicas > 0 => Err(RedisError::Unsupported(
-                "wait_replicas is not supported in Cluster mode yet (WAIT needs a dedicated connection to the key's master); use Sentinel or standalone".into(),
-            )),
+            Topology::Cluster { nodes } if nodes.is_empty() => {
+                config("Cluster needs at least one seed node")
+            }
+            Topology::Cluster { .. } if self.db != 0 => config("a Cluster has only database 0"),
+            Topology::Cluster { .. } if self.wait_replicas > 0 => unsupported(
+                "wait_replicas is not supported in Cluster mode yet (WAIT needs a dedicated connection to the key's master); use Sentinel or standalone",
+            ),
             _ => Ok(()),
         }
     }
 }
 
-/// `host` or `host:port` (or `[v6]`, `[v6]:port`) → `host:port`.
-fn with_port(host: &str, default: u16) -> std::result::Result<String, RedisError> {
-    split_host(host, default).map(|(h, p)| {
-        if h.contains(':') {
-            format!("[{h}]:{p}")
-        } else {
-            format!("{h}:{p}")
-        }
-    })
+/// The shortest request or connect bound the builder accepts.
+const MIN_TIMEOUT: Duration = Duration::from_millis(10);
+
+fn config_error(message: impl Into<String>) -> Error {
+    RedisError::Config(message.into()).into_core(None)
 }
 
-/// `host:port` (as [`with_port`] makes it) → (host without brackets, port).
-pub(crate) fn split_host(
-    host: &str,
-    default: u16,
-) -> std::result::Result<(String, u16), RedisError> {
-    let bad = || RedisError::Config(format!("{host:?} is not host[:port]"));
-    if let Some(rest) = host.strip_prefix('[') {
-        let (h, after) = rest.split_once(']').ok_or_else(bad)?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p.parse().map_err(|_| bad())?,
-            None if after.is_empty() => default,
-            None => return Err(bad()),
-        };
-        return Ok((h.to_string(), port));
+/// `/<db>`: a non-negative number.
+fn parse_db(segment: &str) -> Result<i64> {
+    segment
+        .parse::<i64>()
+        .ok()
+        .filter(|d| *d >= 0)
+        .ok_or_else(|| {
+            config_error(format!(
+                "{segment:?} is not a database number; the URL path is /<db>, a number such as /0"
+            ))
+        })
+}
+
+/// `redis://host[:port][/db]`, `rediss://…`.
+fn standalone(url: &LockUrl, segments: &[&str]) -> Result<RedisConfig> {
+    let scheme = url.scheme();
+    let [addr] = <[Endpoint; 1]>::try_from(url.endpoints(DEFAULT_PORT)?).map_err(|_| {
+        config_error(format!(
+            "{scheme}:// takes one host; use redis+sentinel:// or redis+cluster:// for several, or redlock:// for independent masters"
+        ))
+    })?;
+    let db = match segments {
+        [] => 0,
+        [db] => parse_db(db)?,
+        _ => return Err(config_error("the URL path is /<db>, a number such as /0")),
+    };
+    Ok(RedisConfig::new(addr)
+        .with_tls(scheme == "rediss")
+        .with_db(db))
+}
+
+/// `redis+sentinel://h:p,h:p/<master>[/db]`.
+fn sentinel(url: &LockUrl, segments: &[&str]) -> Result<RedisConfig> {
+    let sentinels = url.endpoints(DEFAULT_SENTINEL_PORT)?;
+    let (master, db) = match segments {
+        [master] => (*master, 0),
+        [master, db] => (*master, parse_db(db)?),
+        _ => {
+            return Err(config_error(
+                "redis+sentinel://h:p,h:p/<master name>[/db]: the master's name is missing",
+            ))
+        }
+    };
+    Ok(RedisConfig::sentinel(sentinels, master).with_db(db))
+}
+
+/// `redis+cluster://h:p,h:p`.
+fn cluster(url: &LockUrl, segments: &[&str]) -> Result<RedisConfig> {
+    let nodes = url.endpoints(DEFAULT_PORT)?;
+    if !segments.is_empty() {
+        return Err(config_error(
+            "redis+cluster:// takes no path: a Cluster has only database 0",
+        ));
     }
-    match host.rsplit_once(':') {
-        Some((h, p)) if !h.is_empty() => Ok((h.to_string(), p.parse().map_err(|_| bad())?)),
-        Some(_) => Err(bad()),
-        None if host.is_empty() => Err(bad()),
-        None => Ok((host.to_string(), default)),
-    }
+    Ok(RedisConfig::cluster(nodes))
 }

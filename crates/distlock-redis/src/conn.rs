@@ -16,7 +16,9 @@ use redis::{
     RedisConnectionInfo,
 };
 
-use crate::config::{split_host, RedisConfig, Topology, DEFAULT_PORT};
+use distlock_core::url::Endpoint;
+
+use crate::config::{RedisConfig, Topology};
 use crate::error::RedisError;
 
 /// A connection of either kind; cheap to clone (both multiplex).
@@ -103,9 +105,9 @@ fn certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificates>, 
     }))
 }
 
-fn addr(host: &str, tls: bool) -> Result<ConnectionAddr, RedisError> {
-    let (host, port) = split_host(host, DEFAULT_PORT)?;
-    Ok(if tls {
+fn addr(endpoint: &Endpoint, tls: bool) -> ConnectionAddr {
+    let (host, port) = (endpoint.host().to_string(), endpoint.port());
+    if tls {
         ConnectionAddr::TcpTls {
             host,
             port,
@@ -114,17 +116,26 @@ fn addr(host: &str, tls: bool) -> Result<ConnectionAddr, RedisError> {
         }
     } else {
         ConnectionAddr::Tcp(host, port)
-    })
+    }
+}
+
+/// `a:1,b:2`.
+fn joined(endpoints: &[Endpoint]) -> String {
+    endpoints
+        .iter()
+        .map(Endpoint::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl Target {
     pub(crate) fn new(config: RedisConfig) -> Self {
         let shown = match &config.topology {
-            Topology::Standalone { addr } => addr.clone(),
+            Topology::Standalone { addr } => addr.to_string(),
             Topology::Sentinel { sentinels, master } => {
-                format!("master {master:?} of Sentinels {}", sentinels.join(","))
+                format!("master {master:?} of Sentinels {}", joined(sentinels))
             }
-            Topology::Cluster { nodes } => format!("Cluster nodes {}", nodes.join(",")),
+            Topology::Cluster { nodes } => format!("Cluster nodes {}", joined(nodes)),
         };
         Self { config, shown }
     }
@@ -157,7 +168,7 @@ impl Target {
         let config = &self.config;
         match &config.topology {
             Topology::Standalone { addr: host } => {
-                let info = addr(host, config.tls)?
+                let info = addr(host, config.tls)
                     .into_connection_info()
                     .map_err(|e| self.connect_error(e))?
                     .set_redis_settings(redis_info(config));
@@ -171,7 +182,7 @@ impl Target {
                 let nodes: Vec<ConnectionInfo> = sentinels
                     .iter()
                     .map(|s| {
-                        addr(s, false)?
+                        addr(s, false)
                             .into_connection_info()
                             .map_err(|e| self.connect_error(e))
                     })
@@ -208,9 +219,9 @@ impl Target {
     fn response_timeout(&self) -> Duration {
         let config = &self.config;
         if config.wait_replicas > 0 {
-            config.io_timeout + config.wait_timeout
+            config.request_timeout + config.wait_timeout
         } else {
-            config.io_timeout
+            config.request_timeout
         }
     }
 
@@ -223,13 +234,13 @@ impl Target {
     /// A Cluster client builder for the seed nodes: TLS (and its CA), credentials and timeouts set.
     pub(crate) fn cluster_builder(
         &self,
-        nodes: &[String],
+        nodes: &[Endpoint],
     ) -> Result<redis::cluster::ClusterClientBuilder, RedisError> {
         let config = &self.config;
         let infos: Vec<ConnectionInfo> = nodes
             .iter()
             .map(|n| {
-                addr(n, config.tls)?
+                addr(n, config.tls)
                     .into_connection_info()
                     .map_err(|e| self.connect_error(e))
             })
@@ -307,7 +318,7 @@ impl RuntimeProbe {
     }
 }
 
-/// What happened to a request [`Link::run_tracked`] sent.
+/// What happened to a request [`Link::run`] sent.
 #[derive(Default)]
 pub(crate) struct Sent {
     /// The connection the request was last sent on. Kept by the caller, it keeps that connection open
@@ -326,7 +337,7 @@ pub(crate) struct Link {
     connecting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
     /// Whether the Cluster client may resend a request by itself. redis-rs's Cluster connection resends
-    /// a request whose node connection failed, out of [`Link::run_tracked`]'s sight: a release resent
+    /// a request whose node connection failed, out of [`Link::run`]'s sight: a release resent
     /// that way cannot be told from one that found nothing (`Sent::resent` stays false).
     resends: bool,
 }
@@ -341,7 +352,7 @@ impl Link {
         }
     }
 
-    /// A link whose requests are sent again only by [`run_tracked`](Self::run_tracked), which records
+    /// A link whose requests are sent again only by [`run`](Self::run), which records
     /// it in [`Sent::resent`] (for releases, whose resend makes "not held" ambiguous).
     pub(crate) fn without_resends() -> Self {
         Self {
@@ -396,32 +407,18 @@ impl Link {
         }
     }
 
-    /// [`run_tracked`](Self::run_tracked) for a caller that needs neither the connection nor whether
-    /// the request was sent twice.
-    pub(crate) async fn run<T, F, Fut>(
-        &self,
-        target: &Target,
-        what: &'static str,
-        timeout: Duration,
-        request: F,
-    ) -> Result<T, RedisError>
-    where
-        F: FnMut(Conn) -> Fut,
-        Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
-    {
-        self.run_tracked(target, what, timeout, request, &mut Sent::default())
-            .await
-    }
-
     /// Runs `request` on the current connection within `timeout`, replacing the connection when the
     /// request leaves it in an unknown state. A connection found broken (not one that timed out) is
-    /// typically one that sat idle while the server restarted or failed over: the request is tried once
-    /// more on a fresh connection, and `sent.resent` says so (the first attempt may have run). Every
-    /// request distlock sends is safe to repeat for the same owner (acquire grants again, release and
-    /// renew are owner-guarded, reads are reads), but a repeated release cannot tell "my first attempt
-    /// deleted it" from "it was gone": the caller reads `sent.resent` for that. `sent.conn` is set
-    /// before each attempt is sent, so it is right even if this future is dropped.
-    pub(crate) async fn run_tracked<T, F, Fut>(
+    /// typically one that sat idle while the server restarted or failed over: the request is tried again
+    /// on a fresh connection as [`RedisConfig::retry`] says (once by default), and `sent.resent` says so
+    /// (the first attempt may have run). Every request distlock sends is safe to repeat for the same
+    /// owner (acquire grants again, release and renew are owner-guarded, reads are reads), but a
+    /// repeated release cannot tell "my first attempt deleted it" from "it was gone": the caller reads
+    /// `sent.resent` for that. `sent.conn` is set before each attempt is sent, so it is right even if
+    /// this future is dropped. What is retried is decided by [`RedisError::is_retryable`] (typed
+    /// error kinds): a request that timed out, or that the server refused (`WRONGTYPE`, `NOPERM`, …),
+    /// fails at once.
+    pub(crate) async fn run<T, F, Fut>(
         &self,
         target: &Target,
         what: &'static str,
@@ -433,49 +430,68 @@ impl Link {
         F: FnMut(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
     {
-        let mut retried = false;
+        let mut retries = target.config().retry.start(None);
         loop {
-            let (generation, conn) = self.get(target).await?;
-            sent.conn = Some(conn.clone());
-            let mut in_flight = InFlight {
-                link: self,
-                generation: Some(generation),
+            let result = self
+                .attempt(target, what, timeout, &mut request, sent)
+                .await;
+            let Err(e) = &result else {
+                return result;
             };
-            let outcome = tokio::time::timeout(timeout, request(conn)).await;
-            in_flight.generation = None;
-            let result = match outcome {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(source)) => Err(RedisError::Request {
-                    what,
-                    target: target.shown.clone(),
-                    source,
-                }),
-                Err(_) => Err(RedisError::Timeout {
-                    what,
-                    target: target.shown.clone(),
-                    after: timeout,
-                }),
-            };
-            if let Err(e) = &result {
-                if e.breaks_connection() {
-                    tracing::debug!(error = %e, "replacing the Redis connection");
-                    self.invalidate(generation);
-                    if !retried && e.is_broken_connection() {
-                        retried = true;
-                        sent.resent = true;
-                        continue;
-                    }
-                }
-                // A Cluster redirect on a link without resends (redis-rs follows redirects itself on
-                // the others): the node did not run the request, and the client refreshes its slot map
-                // on it; one more try is not a resend.
-                if !retried && !self.resends && e.is_redirect() {
-                    retried = true;
-                    continue;
-                }
+            // On a link without resends, redis-rs does not follow a Cluster redirect itself: the node
+            // did not run the request, and the client refreshes its slot map on it; another try is
+            // not a resend.
+            if e.is_retryable(self.resends) && retries.wait().await {
+                sent.resent |= e.is_broken_connection();
+                tracing::debug!(error = %e, what, "retrying a Redis request on a fresh connection");
+                continue;
             }
             return result;
         }
+    }
+
+    /// One attempt of [`run`](Self::run): the connection is replaced if the request left it in an
+    /// unknown state.
+    async fn attempt<T, F, Fut>(
+        &self,
+        target: &Target,
+        what: &'static str,
+        timeout: Duration,
+        request: &mut F,
+        sent: &mut Sent,
+    ) -> Result<T, RedisError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
+    {
+        let (generation, conn) = self.get(target).await?;
+        sent.conn = Some(conn.clone());
+        let mut in_flight = InFlight {
+            link: self,
+            generation: Some(generation),
+        };
+        let outcome = tokio::time::timeout(timeout, request(conn)).await;
+        in_flight.generation = None;
+        let result = match outcome {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(RedisError::Request {
+                what,
+                target: target.shown.clone(),
+                source,
+            }),
+            Err(_) => Err(RedisError::Timeout {
+                what,
+                target: target.shown.clone(),
+                after: timeout,
+            }),
+        };
+        if let Err(e) = &result {
+            if e.breaks_connection() {
+                tracing::debug!(error = %e, "replacing the Redis connection");
+                self.invalidate(generation);
+            }
+        }
+        result
     }
 }
 

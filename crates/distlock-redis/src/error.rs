@@ -9,7 +9,7 @@ use distlock_core::{Error, ErrorKind};
 pub(crate) const BACKEND: &str = "redis";
 
 /// Everything that can go wrong in the Redis backend.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum RedisError {
     /// A bad URL or option.
     Config(String),
@@ -74,10 +74,17 @@ impl RedisError {
         }
     }
 
-    /// Whether the connection the request used should be replaced: its state is unknown (a reply may
-    /// still be on its way and would be taken for the next request's).
+    /// Whether the request may be sent again ([`Link::run`](crate::conn::Link::run)): its connection
+    /// broke under it (see [`is_broken_connection`](Self::is_broken_connection)), or, on a link whose
+    /// client does not follow redirects itself, a Cluster node redirected it without running it. A
+    /// timeout (the request may still run) and every refusal by the server (`WRONGTYPE`, `NOPERM`,
+    /// `NOAUTH`, …) are not retried.
+    pub(crate) fn is_retryable(&self, follows_redirects: bool) -> bool {
+        self.is_broken_connection() || (!follows_redirects && self.is_redirect())
+    }
+
     /// The connection failed at once (reset, closed, refused): unlike a timeout, the request did not
-    /// linger and a fresh connection may well succeed.
+    /// linger, and a fresh connection may well succeed.
     pub(crate) fn is_broken_connection(&self) -> bool {
         match self {
             RedisError::Request { source, .. } => {
@@ -90,11 +97,19 @@ impl RedisError {
     /// A Cluster `MOVED` or `ASK`: the node refused the request without running it.
     pub(crate) fn is_redirect(&self) -> bool {
         match self {
-            RedisError::Request { source, .. } => matches!(code(source), Some("MOVED" | "ASK")),
+            RedisError::Request { source, .. } => matches!(
+                source.kind(),
+                redis::ErrorKind::Server(
+                    redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask
+                )
+            ),
             _ => false,
         }
     }
 
+    /// Whether the connection the request used should be replaced: its state is unknown (a reply may
+    /// still be on its way and would be taken for the next request's), or it points at a server that
+    /// is no longer the master.
     pub(crate) fn breaks_connection(&self) -> bool {
         match self {
             RedisError::Timeout { .. } => true,
@@ -103,76 +118,91 @@ impl RedisError {
                     || source.is_connection_dropped()
                     || source.is_timeout()
                     || source.is_unrecoverable_error()
-                    || matches!(code(source), Some("READONLY" | "MASTERDOWN"))
+                    || matches!(
+                        source.kind(),
+                        redis::ErrorKind::Server(
+                            redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
+                        )
+                    )
             }
             _ => false,
         }
     }
 }
 
-/// The server's error code (`WRONGTYPE`, `NOAUTH`, …), if the error is a server reply.
+/// The server's error code (`WRONGTYPE`, `NOAUTH`, …) when the error is a server reply. Codes redis-rs
+/// has no [`redis::ServerErrorKind`] for (`WRONGTYPE`, `NOAUTH`, `WRONGPASS`) are compared as the
+/// code, the reply's first word, which Redis documents as the error's kind; never the message.
 fn code(e: &redis::RedisError) -> Option<&str> {
     e.code()
 }
 
-fn mentions(e: &redis::RedisError, what: &str) -> bool {
-    code(e) == Some(what) || e.to_string().contains(what)
-}
-
 fn classify(e: &redis::RedisError) -> ErrorKind {
-    if mentions(e, "WRONGTYPE") {
+    use redis::ServerErrorKind as Server;
+    if code(e) == Some("WRONGTYPE") {
         return ErrorKind::Protocol;
     }
-    if matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
-        || ["NOAUTH", "WRONGPASS", "NOPERM"]
-            .iter()
-            .any(|c| mentions(e, c))
+    if matches!(
+        e.kind(),
+        redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::Server(Server::NoPerm)
+    ) || matches!(code(e), Some("NOAUTH" | "WRONGPASS"))
     {
         return ErrorKind::PermissionDenied;
     }
     if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal() {
         return ErrorKind::Unavailable;
     }
-    if matches!(
-        code(e),
-        Some(
-            "READONLY"
-                | "MASTERDOWN"
-                | "LOADING"
-                | "TRYAGAIN"
-                | "CLUSTERDOWN"
-                | "BUSY"
-                | "MOVED"
-                | "ASK"
+    match e.kind() {
+        redis::ErrorKind::Server(
+            Server::ReadOnly
+            | Server::MasterDown
+            | Server::BusyLoading
+            | Server::TryAgain
+            | Server::ClusterDown
+            | Server::Moved
+            | Server::Ask,
         )
-    ) || matches!(
-        e.kind(),
-        redis::ErrorKind::MasterNameNotFoundBySentinel
-            | redis::ErrorKind::NoValidReplicasFoundBySentinel
-            | redis::ErrorKind::ClusterConnectionNotFound
-    ) {
-        return ErrorKind::Unavailable;
+        | redis::ErrorKind::MasterNameNotFoundBySentinel
+        | redis::ErrorKind::NoValidReplicasFoundBySentinel
+        | redis::ErrorKind::ClusterConnectionNotFound => ErrorKind::Unavailable,
+        _ if code(e) == Some("BUSY") => ErrorKind::Unavailable,
+        redis::ErrorKind::InvalidClientConfig => ErrorKind::InvalidConfig,
+        _ => ErrorKind::Protocol,
     }
-    if matches!(e.kind(), redis::ErrorKind::InvalidClientConfig) {
-        return ErrorKind::InvalidConfig;
-    }
-    ErrorKind::Protocol
 }
 
-/// Whether the error came from the TLS layer (a certificate not trusted, a failed handshake).
+/// The I/O error under a redis-rs error, if any. redis-rs keeps it behind an
+/// `Arc<dyn Error + Send + Sync>` and exposes only that `Arc` as the source.
+fn io_error(e: &redis::RedisError) -> Option<&std::io::Error> {
+    let source = std::error::Error::source(e)?;
+    source
+        .downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>()
+        .and_then(|inner| inner.downcast_ref::<std::io::Error>())
+        .or_else(|| source.downcast_ref::<std::io::Error>())
+}
+
+/// Whether the error came from the TLS layer (a certificate not trusted, a failed handshake, a server
+/// that does not speak TLS): tokio-rustls hands rustls' error up inside an I/O error.
 fn is_tls_failure(e: &redis::RedisError) -> bool {
-    let text = e.to_string();
-    ["certificate", "handshake", "TLS", "tls"]
-        .iter()
-        .any(|w| text.contains(w))
+    #[cfg(feature = "tls")]
+    {
+        io_error(e)
+            .and_then(std::io::Error::get_ref)
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = io_error(e);
+        false
+    }
 }
 
 fn advice(e: &redis::RedisError) -> &'static str {
     match classify(e) {
         ErrorKind::Unavailable if is_tls_failure(e) => {
-            " (the TLS handshake failed: the server's certificate must be signed by a CA in the system roots or in the file of rediss://…?ca=/path/ca.pem, and name the host of the URL; a server without TLS on that port fails this way too)"
+            " (the TLS handshake failed: the server's certificate must be signed by a CA in the system roots or in the file of rediss://…?ca=/path/ca.pem, and name the host of the URL)"
         }
-        ErrorKind::Protocol if mentions(e, "WRONGTYPE") => {
+        ErrorKind::Protocol if code(e) == Some("WRONGTYPE") => {
             " (the lock's key holds another type: something other than a lock — a string someone SET? — uses this name; distlock keeps a hash there, as Redisson does; pick another name or delete the key)"
         }
         ErrorKind::PermissionDenied => {
@@ -240,5 +270,100 @@ impl From<RedisError> for Error {
             _ => Error::new(kind, message),
         };
         error.with_backend(BACKEND)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(source: redis::RedisError) -> RedisError {
+        RedisError::Request {
+            what: "acquire",
+            target: "127.0.0.1:6379".into(),
+            source,
+        }
+    }
+
+    fn server(code: &str) -> RedisError {
+        request(redis::make_extension_error(
+            code.to_string(),
+            Some("refused".into()),
+        ))
+    }
+
+    fn io(kind: std::io::ErrorKind) -> RedisError {
+        request(std::io::Error::from(kind).into())
+    }
+
+    #[test]
+    fn refusals_by_the_server_are_not_retried() {
+        let no_perm: redis::RedisError = (
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+            "no permission",
+        )
+            .into();
+        for e in [
+            server("WRONGTYPE"),
+            server("NOAUTH"),
+            server("WRONGPASS"),
+            request(no_perm),
+        ] {
+            assert!(!e.is_retryable(false), "{e}");
+            assert!(!e.is_retryable(true), "{e}");
+        }
+        assert_eq!(server("WRONGTYPE").kind(), ErrorKind::Protocol);
+        assert_eq!(server("WRONGPASS").kind(), ErrorKind::PermissionDenied);
+    }
+
+    #[test]
+    fn a_broken_connection_is_retried_a_timeout_is_not() {
+        for kind in [
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::UnexpectedEof,
+        ] {
+            let e = io(kind);
+            assert!(e.is_retryable(true), "{e}");
+            assert!(e.breaks_connection(), "{e}");
+        }
+        let timed_out = io(std::io::ErrorKind::TimedOut);
+        assert!(!timed_out.is_retryable(true), "{timed_out}");
+        assert!(timed_out.breaks_connection(), "{timed_out}");
+        let elapsed = RedisError::Timeout {
+            what: "acquire",
+            target: "127.0.0.1:6379".into(),
+            after: Duration::from_secs(1),
+        };
+        assert!(!elapsed.is_retryable(true) && elapsed.breaks_connection());
+    }
+
+    #[test]
+    fn a_redirect_is_retried_only_where_redis_rs_does_not_follow_it() {
+        let moved: redis::RedisError = (
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved),
+            "moved",
+            "3999 127.0.0.1:7001".to_string(),
+        )
+            .into();
+        let e = request(moved);
+        assert!(e.is_retryable(false));
+        assert!(!e.is_retryable(true));
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_tls_failure_is_told_by_its_type_not_its_text() {
+        let tls = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        assert!(is_tls_failure(&tls.into()));
+        // The same words without a rustls error under them are not a TLS failure.
+        let words = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "TLS handshake: certificate unknown",
+        );
+        assert!(!is_tls_failure(&words.into()));
     }
 }

@@ -28,17 +28,23 @@
 //! ```
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
+mod acquire;
 mod backend;
 mod config;
 mod conn;
 mod error;
+mod inspect;
 pub mod layout;
 mod pubsub;
+mod release;
+mod renew;
+mod rpc;
+mod undo;
 
 pub use backend::{RedisAcquisition, RedisBackend, RedisLease};
 pub use config::{
-    RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IO_TIMEOUT, DEFAULT_PORT,
-    DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
+    RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
 };
 
 /// Connects as the URL says: `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`.

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use distlock_core::retry::Backoff;
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use redis::cluster_async::ClusterConnection;
@@ -135,7 +136,8 @@ impl Hub {
         }
     }
 
-    /// Whether the hub holds a pub/sub connection now.
+    /// Whether the hub holds a pub/sub connection now (for the `testing` hook).
+    #[cfg(feature = "testing")]
     pub(crate) fn is_connected(&self) -> bool {
         self.shared
             .connected
@@ -332,11 +334,10 @@ impl PubConn {
     }
 }
 
-fn jittered(d: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |t| t.subsec_nanos());
-    d.mul_f64(0.5 + f64::from(nanos % 1000) / 1000.0)
+/// The pause between reconnects while the server is unreachable: 25–50 ms at first, doubling up to
+/// 1–2 s; back to the start once connected.
+fn reconnect_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(2))
 }
 
 /// Handles one command while connected; `false` when the connection is broken.
@@ -388,8 +389,8 @@ fn refuse(cmd: Cmd, error: &RedisError) {
 }
 
 async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
-    let io = target.config().io_timeout;
-    let mut backoff = Duration::from_millis(50);
+    let io = target.config().request_timeout;
+    let mut backoff = reconnect_backoff();
     // Connect only once someone waits (the loop's first step).
     let mut first = None;
     loop {
@@ -408,7 +409,7 @@ async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedRe
                 if let Some(cmd) = first.take() {
                     refuse(cmd, &e);
                 }
-                let pause = tokio::time::sleep(jittered(backoff));
+                let pause = tokio::time::sleep(backoff.next_delay());
                 tokio::pin!(pause);
                 loop {
                     tokio::select! {
@@ -419,7 +420,6 @@ async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedRe
                         },
                     }
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
         };
@@ -429,12 +429,12 @@ async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedRe
                 Ok(Ok(())) => {}
                 _ => {
                     tracing::warn!("redis pub/sub resubscribe failed; reconnecting");
-                    tokio::time::sleep(jittered(backoff)).await;
+                    tokio::time::sleep(backoff.next_delay()).await;
                     continue;
                 }
             }
         }
-        backoff = Duration::from_millis(50);
+        backoff.reset();
         shared
             .connected
             .store(true, std::sync::atomic::Ordering::Relaxed);

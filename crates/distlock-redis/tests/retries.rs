@@ -9,6 +9,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use distlock_core::raw::{AcquireRequest, Attempt, Backend, Released};
+use distlock_core::retry::RetryPolicy;
+use distlock_core::url::Endpoint;
 use distlock_core::{ErrorKind, Locks};
 use distlock_redis::{RedisBackend, RedisConfig};
 use distlock_testkit::proxy::Proxy;
@@ -18,8 +20,12 @@ fn unique(case: &str) -> String {
     format!("retries/{case}/{}", uuid::Uuid::new_v4().simple())
 }
 
+fn endpoint(addr: SocketAddr) -> Endpoint {
+    Endpoint::new(addr.ip().to_string(), addr.port())
+}
+
 async fn backend_at(addr: SocketAddr, io: Duration) -> RedisBackend {
-    let config = RedisConfig::new(addr.to_string()).with_timeouts(io, Duration::from_secs(3));
+    let config = RedisConfig::new(endpoint(addr)).with_request_timeout(io);
     RedisBackend::from_config(config).await.expect("connect")
 }
 
@@ -368,7 +374,7 @@ fn master_and_replica() -> (RedisServer, RedisServer) {
 async fn renewal_does_not_queue_behind_an_acquire_in_wait_fault() {
     let (master, mut replica) = master_and_replica();
     let config =
-        RedisConfig::new(master.addr().to_string()).with_wait_replicas(1, Duration::from_secs(25));
+        RedisConfig::new(endpoint(master.addr())).with_wait_replicas(1, Duration::from_secs(25));
     let backend = RedisBackend::from_config(config).await.expect("connect");
     let locks = Locks::new(backend);
     let held = unique("held");
@@ -469,7 +475,7 @@ async fn deleted_or_overwritten_key_is_lost_at_the_next_renewal_fault() {
 async fn undo_of_an_acquire_dropped_in_wait_is_not_lost_fault() {
     let (master, mut replica) = master_and_replica();
     let wait_timeout = Duration::from_secs(15);
-    let config = RedisConfig::new(master.addr().to_string()).with_wait_replicas(1, wait_timeout);
+    let config = RedisConfig::new(endpoint(master.addr())).with_wait_replicas(1, wait_timeout);
     let backend = RedisBackend::from_config(config).await.expect("connect");
     let locks = Locks::new(backend);
     let name = unique("undo-in-wait");
@@ -553,8 +559,7 @@ fn cluster_node_behind_a_proxy() -> (RedisServer, Proxy) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_lost_release_reply_is_not_not_held_fault() {
     let (node, proxy) = cluster_node_behind_a_proxy();
-    let config = RedisConfig::cluster(vec![proxy.addr().to_string()])
-        .with_timeouts(Duration::from_secs(5), Duration::from_secs(3));
+    let config = RedisConfig::cluster(vec![endpoint(proxy.addr())]);
     let backend = RedisBackend::from_config(config).await.expect("connect");
     warm_up(&backend).await;
 
@@ -584,10 +589,7 @@ async fn late_undo_does_not_delete_the_same_owners_next_hold_fault() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_late_undo_does_not_delete_the_same_owners_next_hold_fault() {
     let (node, proxy) = cluster_node_behind_a_proxy();
-    let cluster = |io| {
-        RedisConfig::cluster(vec![proxy.addr().to_string()])
-            .with_timeouts(io, Duration::from_secs(3))
-    };
+    let cluster = |io| RedisConfig::cluster(vec![endpoint(proxy.addr())]).with_request_timeout(io);
     let backend = RedisBackend::from_config(cluster(Duration::from_secs(1)))
         .await
         .expect("connect");
@@ -717,8 +719,9 @@ async fn late_release_does_not_delete_the_same_owners_next_hold_fault() {
 async fn undo_after_the_server_stalled_with_the_acquire_buffered_fault() {
     let mut server = RedisServer::start_or_panic();
     let proxy = Proxy::start_or_panic(server.addr());
-    let config = RedisConfig::new(proxy.addr().to_string())
-        .with_timeouts(Duration::from_secs(1), Duration::from_secs(1));
+    let config = RedisConfig::new(endpoint(proxy.addr()))
+        .with_request_timeout(Duration::from_secs(1))
+        .with_connect_timeout(Duration::from_secs(1));
     let backend = RedisBackend::from_config(config).await.expect("connect");
     warm_up(&backend).await;
     let locks = Locks::new(backend);
@@ -736,4 +739,113 @@ async fn undo_after_the_server_stalled_with_the_acquire_buffered_fault() {
     let resumed = Instant::now();
     // The buffered acquire runs now; the undo must follow within a few seconds.
     assert_the_acquire_ran_and_was_undone(&server, &name, resumed, Duration::from_secs(8)).await;
+}
+
+/// Script calls the server received since the last `CONFIG RESETSTAT`: run (`calls`, failed ones
+/// included) plus refused before running (`rejected_calls`, e.g. by an ACL).
+fn script_calls(server: &RedisServer) -> i64 {
+    let info = server.command(&["INFO", "commandstats"]).unwrap();
+    let info = info.as_str().expect("INFO is text").to_string();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .flat_map(|l| {
+            l.split_once(':')
+                .map(|(_, v)| v.split(','))
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|field| field.split_once('='))
+        .filter(|(k, _)| *k == "calls" || *k == "rejected_calls")
+        .map(|(_, v)| v.parse::<i64>().unwrap())
+        .sum()
+}
+
+/// One raw try of `name` (no abandon, which would send an undo): the error, and the script calls the
+/// server received for it.
+async fn one_try_fails(
+    server: &RedisServer,
+    backend: &RedisBackend,
+    name: &str,
+) -> (ErrorKind, i64) {
+    let request = AcquireRequest::new(name, "owner-a:1", Duration::from_secs(30));
+    let mut acquisition = backend.begin(&request).unwrap();
+    server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+    let err = match backend.try_acquire(&mut acquisition, &request).await {
+        Ok(_) => panic!("the try of {name} must fail"),
+        Err(e) => e,
+    };
+    (err.kind(), script_calls(server))
+}
+
+/// A request the server refuses is not retried: `WRONGTYPE` (the name holds a string) and `NOPERM`
+/// (the user may not run scripts) fail at once, with the request sent exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_is_sent_once_fault() {
+    let server = RedisServer::start_or_panic();
+    let backend = backend_at(server.addr(), Duration::from_secs(5)).await;
+    warm_up(&backend).await;
+    let name = unique("wrongtype");
+    server.command(&["SET", &name, "a string"]).unwrap();
+    let started = Instant::now();
+    assert_eq!(
+        one_try_fails(&server, &backend, &name).await,
+        (ErrorKind::Protocol, 1)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let user = format!("noscripts{}", uuid::Uuid::new_v4().simple());
+    let reply = server
+        .command(&[
+            "ACL", "SETUSER", &user, "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval",
+        ])
+        .unwrap();
+    assert!(!reply.is_error(), "{reply}");
+    let config = RedisConfig::new(endpoint(server.addr())).with_credentials(user.as_str(), "pw");
+    let limited = RedisBackend::from_config(config).await.expect("connect");
+    assert_eq!(
+        one_try_fails(&server, &limited, &unique("noperm")).await,
+        (ErrorKind::PermissionDenied, 1)
+    );
+}
+
+/// A connection closed under an idle backend is found broken by the next request, which is sent
+/// again on a fresh connection (once, by default) and succeeds; with `RetryPolicy::NEVER` the same
+/// request fails `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_is_retried_as_the_policy_says_fault() {
+    let server = RedisServer::start_or_panic();
+    let retrying = backend_at(server.addr(), Duration::from_secs(5)).await;
+    let never = RedisBackend::from_config(
+        RedisConfig::new(endpoint(server.addr())).with_retry(RetryPolicy::NEVER),
+    )
+    .await
+    .expect("connect");
+    assert_eq!(retrying.config().retry, distlock_redis::DEFAULT_RETRY);
+    assert_eq!(distlock_redis::DEFAULT_RETRY.max_retries, 1);
+    let kill = server
+        .command(&["CLIENT", "KILL", "TYPE", "normal"])
+        .unwrap();
+    assert_eq!(kill.as_int(), Some(2), "{kill}: both backends' connections");
+
+    let locks = Locks::new(retrying);
+    let guard = locks
+        .lock(&unique("retried"))
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect("retried on a fresh connection")
+        .expect("free");
+    guard.release().await.unwrap();
+
+    let err = Locks::new(never)
+        .lock(&unique("never"))
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("the broken connection is not retried");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }

@@ -11,7 +11,7 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// |---|---|
 /// | `memory` | `memory://[namespace]`: a process-global store per namespace |
 /// | `file` | `file:///dir`: flock(2) lock files in `dir` (created if missing) |
-/// | `redis`, `rediss` | `redis://[user:pass@]host:port[/db][?wait_replicas=1&wait_timeout=200ms]`: Redisson-compatible layout |
+/// | `redis`, `rediss` | `redis://[user:pass@]host:port[/db][?wait_replicas=1&wait_timeout=200ms&request_timeout=5s&connect_timeout=3s]`, `rediss://…?ca=/path/ca.pem`: Redisson-compatible layout |
 /// | `redis+sentinel` | `redis+sentinel://[user:pass@]h:p,h:p/<master name>[/db]`: the master re-resolved on every reconnect |
 /// | `redis+cluster` | `redis+cluster://[user:pass@]h:p,h:p`: slot-aware, sharded pub/sub |
 /// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s]`: Go-compatible `concurrency.Mutex` layout |

@@ -1,0 +1,221 @@
+//! Acquire: the acquire script (with `WAIT` on the durable connection), and waiting for a release on
+//! the lock's channel.
+
+use std::fmt;
+use std::time::Duration;
+
+use distlock_core::raw::{AcquireRequest, Attempt, Grant};
+use distlock_core::{FencingToken, Result};
+use redis::Value;
+
+use crate::backend::RedisLease;
+use crate::conn::Sent;
+use crate::error::RedisError;
+use crate::layout;
+use crate::pubsub::Subscription;
+use crate::rpc::{int, millis, pttl, request_error, server_error};
+use crate::RedisBackend;
+
+/// How long a waiter sleeps when the holder's key has no expiry (not made by distlock or Redisson),
+/// so no pttl bounds the wait: it still wakes on every release message.
+const NO_EXPIRY_RECHECK: Duration = Duration::from_secs(5);
+
+/// An acquire under way: the channel subscription, once the first wait made it.
+pub struct RedisAcquisition {
+    pub(crate) subscription: Option<Subscription>,
+    /// Whether a grant may exist that the core has not seen (a try was sent and no busy reply came
+    /// back), so `abandon` knows whether to undo.
+    pub(crate) maybe_granted: bool,
+    /// Where the last try went: the undo goes on the same connection, so that it runs after the try
+    /// even when the try is still on its way (see [`undo`](crate::undo)).
+    pub(crate) sent: Sent,
+}
+
+impl RedisAcquisition {
+    pub(crate) fn new() -> Self {
+        Self {
+            subscription: None,
+            maybe_granted: false,
+            sent: Sent::default(),
+        }
+    }
+}
+
+impl fmt::Debug for RedisAcquisition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisAcquisition")
+            .field("subscription", &self.subscription)
+            .field("maybe_granted", &self.maybe_granted)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The acquire script's reply.
+enum Outcome {
+    Granted { token: u64, pttl: Option<Duration> },
+    Busy { pttl: Option<Duration> },
+}
+
+fn parse_acquire(v: &Value) -> std::result::Result<Outcome, RedisError> {
+    let bad = || RedisError::Reply {
+        what: "the acquire script",
+        detail: format!("{v:?}"),
+    };
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let [granted, token, ttl] = items.as_slice() else {
+        return Err(bad());
+    };
+    let (granted, token, ttl) = (
+        int(granted).ok_or_else(bad)?,
+        int(token).ok_or_else(bad)?,
+        int(ttl).ok_or_else(bad)?,
+    );
+    if granted == 1 {
+        Ok(Outcome::Granted {
+            token: u64::try_from(token).map_err(|_| bad())?,
+            pttl: pttl(ttl),
+        })
+    } else {
+        Ok(Outcome::Busy { pttl: pttl(ttl) })
+    }
+}
+
+impl RedisBackend {
+    /// `Backend::try_acquire`: waits for a pending undo of this owner (see [`crate::undo`]), then runs
+    /// the acquire script once.
+    pub(crate) async fn try_acquire_once(
+        &self,
+        acquisition: &mut RedisAcquisition,
+        request: &AcquireRequest,
+    ) -> Result<Attempt<RedisLease>> {
+        if let Some(sub) = acquisition.subscription.as_mut() {
+            // Messages from now on count: one arriving during this try makes the next wait return.
+            sub.mark_seen();
+        }
+        self.after_pending_undo(request)
+            .await
+            .map_err(|e| e.into_core(Some(&request.name)))?;
+        acquisition.maybe_granted = true;
+        acquisition.sent = Sent::default();
+        let outcome = self
+            .acquire_once(request, &mut acquisition.sent)
+            .await
+            .map_err(|e| e.into_core(Some(&request.name)))?;
+        match outcome {
+            Outcome::Granted { token, pttl } => Ok(Attempt::Acquired(
+                Grant::new(RedisLease {
+                    lease: request.lease,
+                })
+                .with_token(FencingToken::new(token))
+                .with_ttl(pttl.unwrap_or(request.lease).min(request.lease)),
+            )),
+            Outcome::Busy { pttl } => {
+                acquisition.maybe_granted = false;
+                acquisition.sent = Sent::default();
+                Ok(Attempt::Busy { retry_after: pttl })
+            }
+        }
+    }
+
+    /// `sent` records the connection the try went on (for `abandon`), also if this future is dropped.
+    async fn acquire_once(
+        &self,
+        request: &AcquireRequest,
+        sent: &mut Sent,
+    ) -> std::result::Result<Outcome, RedisError> {
+        let name = &request.name;
+        let mut invocation = self.inner.scripts.acquire.prepare_invoke();
+        invocation
+            .key(layout::lock_key(name))
+            .key(layout::token_key(name))
+            .arg(millis(request.lease))
+            .arg(&request.owner);
+        let Some((gate, link)) = &self.inner.durable else {
+            let value = self
+                .script(&self.inner.link, "acquire", invocation, sent)
+                .await?;
+            return parse_acquire(&value);
+        };
+        let _one_at_a_time = gate.lock().await;
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&invocation).add_command(self.wait_cmd());
+        let timeout = self.request_timeout() + self.config().wait_timeout;
+        let values = self
+            .pipeline(link, "acquire + WAIT", timeout, pipe, sent)
+            .await?;
+        let [reply, waited] = values.as_slice() else {
+            return Err(RedisError::Reply {
+                what: "acquire + WAIT",
+                detail: format!("{values:?}"),
+            });
+        };
+        if let Some(e) = server_error(reply) {
+            return Err(request_error("acquire", &self.inner.target, e));
+        }
+        let outcome = parse_acquire(reply)?;
+        if let Outcome::Granted { .. } = outcome {
+            let required = self.config().wait_replicas;
+            let confirmed = match waited {
+                Value::Int(n) => u32::try_from(*n).unwrap_or(0),
+                other => {
+                    if let Some(e) = server_error(other) {
+                        tracing::warn!(error = %e, "WAIT failed");
+                    }
+                    0
+                }
+            };
+            if confirmed < required {
+                // Undo on the same connection, so the delete is ordered after the grant.
+                match &sent.conn {
+                    Some(conn) => {
+                        self.undo_on(conn.clone(), name, &request.owner, self.undo_bound())
+                            .await?;
+                    }
+                    None => {
+                        self.release_on(link, name, &request.owner, &mut Sent::default())
+                            .await?;
+                    }
+                }
+                return Err(RedisError::Replicas {
+                    confirmed,
+                    required,
+                });
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// `Backend::wait`: the first wait subscribes to the lock's channel and returns once the server
+    /// confirmed it (the core tries again, and no release after that is missed); later waits sleep until
+    /// a message on the channel or `retry_after` (the holder's pttl), whichever is first.
+    pub(crate) async fn wait_for_release(
+        &self,
+        acquisition: &mut RedisAcquisition,
+        request: &AcquireRequest,
+        retry_after: Option<Duration>,
+    ) {
+        if acquisition.subscription.is_none() {
+            let sub = self.inner.hub.register(layout::channel(&request.name));
+            let confirmed = sub.confirm().await;
+            acquisition.subscription = Some(sub);
+            match confirmed {
+                Ok(()) => return,
+                Err(e) => {
+                    // The hub wakes this waiter once it is connected again; until then the pttl bounds
+                    // the wait.
+                    tracing::debug!(error = %e, lock = %request.name, "cannot subscribe yet");
+                }
+            }
+        }
+        let Some(sub) = acquisition.subscription.as_mut() else {
+            return;
+        };
+        let limit = retry_after.unwrap_or(NO_EXPIRY_RECHECK);
+        tokio::select! {
+            _ = sub.changed() => {}
+            _ = tokio::time::sleep(limit) => {}
+        }
+    }
+}

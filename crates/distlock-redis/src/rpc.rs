@@ -1,0 +1,147 @@
+//! Scripts and pipelines on a [`Link`], and reading their replies.
+
+use std::time::Duration;
+
+use distlock_core::retry::RetryPolicy;
+use redis::{Pipeline, Value};
+
+use crate::conn::{Conn, Link, Sent, Target};
+use crate::error::RedisError;
+use crate::RedisBackend;
+
+/// After a `NOSCRIPT` (a restarted server, a failover) the scripts are loaded and the request is sent
+/// once more, at once: the load is what the retry waited for.
+const NOSCRIPT_RELOAD: RetryPolicy = RetryPolicy::new(1, Duration::ZERO, Duration::ZERO);
+
+/// `d` in whole milliseconds, at least 1 (`PEXPIRE 0` would delete the key).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// A `PTTL` reply: `None` for "no expiry" (-1) and "no key" (-2).
+pub(crate) fn pttl(ms: i64) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+pub(crate) fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+pub(crate) fn server_error(v: &Value) -> Option<redis::RedisError> {
+    match v {
+        Value::ServerError(e) => Some(e.clone().into()),
+        _ => None,
+    }
+}
+
+pub(crate) fn request_error(
+    what: &'static str,
+    target: &Target,
+    source: redis::RedisError,
+) -> RedisError {
+    RedisError::Request {
+        what,
+        target: target.shown.clone(),
+        source,
+    }
+}
+
+/// Whether the server had not seen a script: a standalone server answers `NOSCRIPT` in the pipeline's
+/// values; a Cluster pipeline fails as a whole with it.
+fn is_noscript(result: &Result<Vec<Value>, RedisError>) -> bool {
+    let noscript = redis::ErrorKind::Server(redis::ServerErrorKind::NoScript);
+    match result {
+        Ok(values) => values
+            .iter()
+            .any(|v| server_error(v).is_some_and(|e| e.kind() == noscript)),
+        Err(RedisError::Request { source, .. }) => source.kind() == noscript,
+        Err(_) => false,
+    }
+}
+
+impl RedisBackend {
+    /// `WAIT wait_replicas wait_timeout`.
+    pub(crate) fn wait_cmd(&self) -> redis::Cmd {
+        let config = self.config();
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(config.wait_replicas)
+            .arg(millis(config.wait_timeout));
+        cmd
+    }
+
+    /// Runs a pipeline (with replies as values, errors included), recording where it went in `sent`;
+    /// loads the scripts and sends it again if the server had not seen one (`NOSCRIPT`).
+    pub(crate) async fn pipeline(
+        &self,
+        link: &Link,
+        what: &'static str,
+        timeout: Duration,
+        mut pipe: Pipeline,
+        sent: &mut Sent,
+    ) -> Result<Vec<Value>, RedisError> {
+        let target = &self.inner.target;
+        pipe.ignore_errors();
+        let mut reloads = NOSCRIPT_RELOAD.start(None);
+        loop {
+            let result = link
+                .run(
+                    target,
+                    what,
+                    timeout,
+                    |mut c: Conn| {
+                        let p = pipe.clone();
+                        async move { p.query_async::<Vec<Value>>(&mut c).await }
+                    },
+                    sent,
+                )
+                .await;
+            if !is_noscript(&result) || !reloads.wait().await {
+                return result;
+            }
+            self.load_scripts(link).await?;
+        }
+    }
+
+    /// One `SCRIPT LOAD` command per script, not a pipeline: a keyless pipeline goes to one arbitrary
+    /// Cluster node, while the command is routed to every node.
+    async fn load_scripts(&self, link: &Link) -> Result<(), RedisError> {
+        let scripts = &self.inner.scripts;
+        link.run(
+            &self.inner.target,
+            "SCRIPT LOAD",
+            self.request_timeout(),
+            |mut c: Conn| async move {
+                for script in [&scripts.acquire, &scripts.release, &scripts.renew] {
+                    script.load_async(&mut c).await?;
+                }
+                Ok(())
+            },
+            &mut Sent::default(),
+        )
+        .await
+    }
+
+    /// One script call, `EVALSHA` with redis-rs's `EVAL` fallback, recording where it went in `sent`.
+    pub(crate) async fn script(
+        &self,
+        link: &Link,
+        what: &'static str,
+        invocation: redis::ScriptInvocation<'_>,
+        sent: &mut Sent,
+    ) -> Result<Value, RedisError> {
+        let invocation = &invocation;
+        link.run(
+            &self.inner.target,
+            what,
+            self.request_timeout(),
+            |mut c: Conn| async move { invocation.invoke_async::<Value>(&mut c).await },
+            sent,
+        )
+        .await
+    }
+}
