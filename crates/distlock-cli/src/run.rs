@@ -19,7 +19,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         .with_lease(args.lease)
         .validate()
         .map_err(|e| Failure::new(Code::Usage, format!("invalid --lease: {}", e.message())))?;
-    distlock::name::validate(&args.name)?;
+    distlock_core::name::validate(&args.name)?;
     let Some((program, program_args)) = args.command.split_first() else {
         return Err(Failure::new(
             Code::Usage,
@@ -252,7 +252,7 @@ async fn supervise(
                         child.terminate_tree();
                         format!(
                             "sent SIGTERM to the command and everything it started, SIGKILL in {} to whatever is still running",
-                            distlock::duration::format(grace)
+                            distlock_core::duration::format(grace)
                         )
                     }
                     OnLost::Kill => {

@@ -9,14 +9,14 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use distlock::raw::LockInfo;
+use distlock::LockInfo;
 
 use crate::cli::{self, StatusArgs};
 use crate::exit::{Code, Failure};
 
 /// Runs `distlock status`; `Ok` is the exit code (0: the service could tell, held or free).
 pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
-    distlock::name::validate(&args.name)?;
+    distlock_core::name::validate(&args.name)?;
     let url = cli::lock_url(args.url.as_deref())?;
     let locks = distlock::connect(&url).await?;
     let info = locks.inspect(&args.name).await?;
@@ -63,11 +63,14 @@ pub fn render(name: &str, backend: &str, info: &LockInfo, now: SystemTime) -> St
                     line("since", &text);
                 }
                 if let Ok(held) = now.duration_since(since) {
-                    line("held_for", &distlock::duration::format(held));
+                    line("held_for", &distlock_core::duration::format(held));
                 }
             }
             if let Some(remaining) = holder.remaining_lease {
-                line("remaining_lease", &distlock::duration::format(remaining));
+                line(
+                    "remaining_lease",
+                    &distlock_core::duration::format(remaining),
+                );
             }
         }
     }
@@ -126,8 +129,8 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 mod tests {
     use std::time::Duration;
 
-    use distlock::raw::HolderInfo;
     use distlock::FencingToken;
+    use distlock::HolderInfo;
 
     use super::*;
 

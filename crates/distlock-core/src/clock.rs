@@ -1,5 +1,8 @@
 //! The clock validity deadlines are computed on.
 //!
+//! For backend crates: a backend that computes a validity deadline itself (etcd's session expiry) uses
+//! the same clock as the core.
+//!
 //! `CLOCK_BOOTTIME` keeps counting while the machine is suspended (`CLOCK_MONOTONIC`, behind
 //! `std::time::Instant`, does not), so a deadline is never believed to be further away than it is after
 //! a suspend. Both keep counting through SIGSTOP.

@@ -1,4 +1,7 @@
 //! Durations as users write them: `500ms`, `10s`, `2m`, `1h`.
+//!
+//! For the `distlock` CLI (its `--lease`/`--wait` flags) and backends' messages, so a duration reads
+//! the same everywhere; the URL grammar's `?lease=` parses with it too.
 
 use std::time::Duration;
 

@@ -1,27 +1,39 @@
 //! The core of distlock: [`Locks`], [`Lock`], [`LockGuard`], [`LockState`], [`FencingToken`], the
 //! watchdog, [`Error`]/[`ErrorKind`], [`Capabilities`], the [`raw::Backend`] trait backends implement, and
-//! the in-memory reference backend.
+//! the in-memory reference backend ([`MemoryBackend`]).
 //!
-//! Users depend on the `distlock` facade, which re-exports this crate; backend crates depend on it
-//! directly. Semantics live here, once: reentrancy per [`Lock`] with the same token, the local FIFO of
-//! same-name waiters inside one [`Locks`], validity deadlines on the boot clock, the three states, the
-//! watchdog that renews in batches, and undoing cancelled acquires.
+//! Users depend on the `distlock` facade, which re-exports the user-facing part of this crate by name;
+//! backend crates depend on this crate directly. Semantics live here, once: reentrancy per [`Lock`] with
+//! the same token, the local FIFO of same-name waiters inside one [`Locks`], validity deadlines on the
+//! boot clock, the three states, the watchdog that renews in batches, and undoing cancelled acquires.
+//!
+//! What is where:
+//!
+//! * at the root: the user API (what the facade re-exports);
+//! * [`raw`]: the interface for backend authors (the [`raw::Backend`] trait and its request and reply
+//!   types); [`url`] (the URL grammar a backend's `from_url` parses), [`retry`] (the one retry and
+//!   backoff policy) and [`clock`] (the boot clock deadlines are on) are for backend crates too;
+//! * [`duration`] and [`name`]: the duration syntax (`500ms`, `2m`) and the lock-name rules, for the
+//!   `distlock` CLI and backends' messages.
+//!
+//! Cargo feature `testing` (off by default; the testkit turns it on): fault-injection hooks on
+//! [`MemoryBackend`] (`freeze`, `delay_renewals`, …) and `memory://…?freeze_after=`.
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
-pub mod capabilities;
+mod capabilities;
 pub mod clock;
 pub mod duration;
-pub mod error;
+mod error;
 mod guard;
 mod locks;
-pub mod memory;
+mod memory;
 pub mod name;
-pub mod options;
+mod options;
 pub mod raw;
 pub mod retry;
-pub mod state;
+mod state;
 mod sync;
-pub mod token;
+mod token;
 pub mod url;
 mod watchdog;
 
@@ -29,6 +41,8 @@ pub use capabilities::{Capabilities, Fencing, LockKinds};
 pub use error::{Error, ErrorKind, Result};
 pub use guard::LockGuard;
 pub use locks::{AcquireOptions, Lock, Locks};
+pub use memory::MemoryBackend;
 pub use options::{LockOptions, Wait};
+pub use raw::{HolderInfo, LockInfo};
 pub use state::LockState;
 pub use token::FencingToken;

@@ -19,14 +19,14 @@ use crate::sync::lock;
 use crate::watchdog::Watchdog;
 
 /// The longest caller-supplied owner id accepted, in bytes.
-pub const MAX_OWNER_BYTES: usize = 256;
+pub(crate) const MAX_OWNER_BYTES: usize = 256;
 
 /// A handle on one lock service: cheap to clone, shares connections, hands out [`Lock`]s.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> distlock_core::Result<()> {
-/// use distlock_core::{Locks, memory::MemoryBackend};
+/// use distlock_core::{Locks, MemoryBackend};
 ///
 /// let locks = Locks::new(MemoryBackend::new());
 /// let lock = locks.lock("orders/42")?;

@@ -1,19 +1,4 @@
-//! The in-memory backend: the reference implementation of every semantic, TTLs included, inside one
-//! process. `memory://name` is a process-global store per namespace; [`MemoryBackend::new`] a private
-//! one.
-//!
-//! A handle can be cut off from the store ([`MemoryBackend::freeze`], or `memory://ns?freeze_after=2s`),
-//! as on a partition: every request of that handle (and its clones) then fails with
-//! [`ErrorKind::Unavailable`] while leases keep expiring in the store, so its guards go to Jeopardy and
-//! then Lost at their deadline, and other handles can take the lock over. That is how the loss path is
-//! tested without a server.
-//!
-//! The timing of replies is also a test facility: [`MemoryBackend::delay_renewals`] holds back the
-//! replies of the next renewals (the store has applied them; the reply is late, as over a slow network),
-//! [`MemoryBackend::cap_ttl`] makes the store grant less than asked (as etcd caps a lock's lease by its
-//! session's remaining time and ZooKeeper clamps a session timeout), and
-//! [`MemoryBackend::renewal_requests`] counts the renewals that reached the store, so a test knows one is
-//! under way. [`MemoryBackend::delay_releases`] makes the next releases reach the store late.
+//! The in-memory backend, [`MemoryBackend`].
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,7 +19,20 @@ use crate::sync::lock;
 use crate::token::FencingToken;
 use crate::url::LockUrl;
 
-/// The in-memory backend. Clones share the store and the link to it (a freeze cuts them all).
+/// The in-memory backend: the reference implementation of every semantic, TTLs included, inside one
+/// process. `memory://name` is a process-global store per namespace ([`MemoryBackend::namespace`]);
+/// [`MemoryBackend::new`] a private one. Clones share the store and the link to it.
+///
+/// With cargo feature `testing` (off by default; the testkit enables it), a handle can be cut off from
+/// the store (`freeze`, or `memory://ns?freeze_after=2s`), as on a partition: every request of that
+/// handle (and its clones) then fails with [`ErrorKind::Unavailable`] while leases keep expiring in the
+/// store, so its guards go to Jeopardy and then Lost at their deadline, and other handles
+/// (`another_client`) can take the lock over. That is how the loss path is tested without a server.
+/// The timing of replies is a test facility too: `delay_renewals` holds back the replies of the next
+/// renewals (the store has applied them; the reply is late, as over a slow network), `cap_ttl` makes
+/// the store grant less than asked (as etcd caps a lock's lease by its session's remaining time and
+/// ZooKeeper clamps a session timeout), `renewal_requests` counts the renewals that reached the store,
+/// and `delay_releases` makes the next releases reach the store late.
 #[derive(Clone)]
 pub struct MemoryBackend {
     store: Arc<Store>,
@@ -156,11 +154,15 @@ impl MemoryBackend {
         }
     }
 
-    /// `memory://[namespace][?freeze_after=DURATION]`. `freeze_after` freezes the server side that long
-    /// after the backend is made: a fault-injection knob for testing the loss path (of `distlock run`,
-    /// say) in another process.
+    /// `memory://[namespace]`. With cargo feature `testing`, also `?freeze_after=DURATION`: freezes the
+    /// server side that long after the backend is made, a fault-injection knob for testing the loss path
+    /// (of `distlock run`, say) in another process. (`lease` is read by the facade's `connect`.)
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        url.reject_unknown_query(&["freeze_after", "lease"])?;
+        #[cfg(feature = "testing")]
+        const KNOWN: &[&str] = &["freeze_after", "lease"];
+        #[cfg(not(feature = "testing"))]
+        const KNOWN: &[&str] = &["lease"];
+        url.reject_unknown_query(KNOWN)?;
         if url.hosts().len() > 1 || !url.path().trim_matches('/').is_empty() {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
@@ -169,6 +171,7 @@ impl MemoryBackend {
         }
         let backend = Self::namespace(url.hosts().first().map_or("", String::as_str));
         // Each URL connection is a client of its own, as with a server.
+        #[cfg(feature = "testing")]
         if let Some(after) = url.query_duration("freeze_after")? {
             backend.freeze_after(after);
         }
@@ -176,6 +179,7 @@ impl MemoryBackend {
     }
 
     /// Another handle on the same store with a link of its own: what a second client would have.
+    #[cfg(feature = "testing")]
     pub fn another_client(&self) -> Self {
         Self {
             store: self.store.clone(),
@@ -186,22 +190,26 @@ impl MemoryBackend {
 
     /// Cuts this handle (and its clones) off the store: every request fails as on a partition, while
     /// leases keep expiring in the store.
+    #[cfg(feature = "testing")]
     pub fn freeze(&self) {
         self.link.frozen.store(true, Ordering::SeqCst);
     }
 
     /// Cuts this handle off `after` from now.
+    #[cfg(feature = "testing")]
     pub fn freeze_after(&self, after: Duration) {
         *lock(&self.link.freeze_at) = Some(clock::now().saturating_add(after));
     }
 
     /// Ends a freeze.
+    #[cfg(feature = "testing")]
     pub fn unfreeze(&self) {
         self.link.frozen.store(false, Ordering::SeqCst);
         *lock(&self.link.freeze_at) = None;
     }
 
     /// Whether this handle is cut off.
+    #[cfg(feature = "testing")]
     pub fn is_frozen(&self) -> bool {
         self.link.is_frozen()
     }
@@ -209,6 +217,7 @@ impl MemoryBackend {
     /// Holds back the replies of this handle's next `renew` calls (a watchdog batch or an `extend`), one
     /// delay per call in order: the store applies each renewal at once, and its reply comes that much
     /// later, as over a slow network. Calls after the queue is used up are answered at once.
+    #[cfg(feature = "testing")]
     pub fn delay_renewals(&self, delays: impl IntoIterator<Item = Duration>) {
         lock(&self.link.renewal_delays).extend(delays);
     }
@@ -216,6 +225,7 @@ impl MemoryBackend {
     /// Holds back this handle's next `release` calls, one delay per call in order: each reaches the store
     /// that much later, as over a slow network (so a release can be under way when its runtime is
     /// dropped). Calls after the queue is used up reach the store at once.
+    #[cfg(feature = "testing")]
     pub fn delay_releases(&self, delays: impl IntoIterator<Item = Duration>) {
         lock(&self.link.release_delays).extend(delays);
     }
@@ -223,11 +233,13 @@ impl MemoryBackend {
     /// Makes the store grant this handle at most `cap` on acquires and renewals, whatever it asks (as
     /// etcd caps a lock's lease by its session's remaining time, and ZooKeeper clamps a session timeout).
     /// `None` lifts the cap.
+    #[cfg(feature = "testing")]
     pub fn cap_ttl(&self, cap: Option<Duration>) {
         *lock(&self.link.ttl_cap) = cap;
     }
 
     /// How many `renew` calls of this handle have reached the store (renewals under way included).
+    #[cfg(feature = "testing")]
     pub fn renewal_requests(&self) -> u64 {
         self.link.renewal_requests.load(Ordering::SeqCst)
     }

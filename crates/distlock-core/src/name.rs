@@ -1,4 +1,7 @@
 //! Lock names.
+//!
+//! For the `distlock` CLI, which checks a name before it connects; [`crate::Locks::lock`] applies the same
+//! rules.
 
 use crate::error::{Error, ErrorKind, Result};
 

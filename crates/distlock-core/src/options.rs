@@ -6,10 +6,10 @@ use crate::duration;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The default lease: Redisson's watchdog timeout.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The shortest lease accepted. Renewals run every third of the lease, so shorter leases would spend
 /// more time renewing than holding.
-pub const MIN_LEASE: Duration = Duration::from_millis(100);
+pub(crate) const MIN_LEASE: Duration = Duration::from_millis(100);
 
 /// How long an acquire may wait for a lock held elsewhere.
 #[non_exhaustive]

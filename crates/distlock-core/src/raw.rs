@@ -1,5 +1,7 @@
-//! The trait backends implement. Users never see it: they use [`Locks`](crate::Locks), [`Lock`] and
-//! [`LockGuard`], whose semantics (reentrancy, the local FIFO, validity deadlines, the three states,
+//! The interface for backend authors: the [`Backend`] trait that [`Locks::new`](crate::Locks::new) takes,
+//! and the request and reply types it exchanges with the core. A backend crate depends on
+//! `distlock-core` and implements it. Users never call it: they use [`Locks`](crate::Locks), [`Lock`]
+//! and [`LockGuard`], whose semantics (reentrancy, the local FIFO, validity deadlines, the three states,
 //! the watchdog, undoing cancelled acquires) are computed here in the core, once, for every backend.
 //!
 //! A backend only talks to its engine:
@@ -230,7 +232,8 @@ pub trait Backend: Send + Sync + 'static {
     /// What this backend promises.
     fn capabilities(&self) -> Capabilities;
 
-    /// Backend-specific name rules beyond [`crate::name::validate`] (which the core has already run).
+    /// Backend-specific name rules beyond the shared ones (non-empty UTF-8, at most 1024 bytes, no NUL),
+    /// which the core has already checked with `distlock_core::name::validate`.
     fn validate_name(&self, _name: &str) -> Result<()> {
         Ok(())
     }

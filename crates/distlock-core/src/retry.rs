@@ -1,6 +1,8 @@
 //! The one retry and backoff policy every backend uses: what is retried is the caller's call (a
 //! classifier), how often and how long to wait is this module's.
 //!
+//! For backend crates.
+//!
 //! Two shapes, for the two kinds of loop a backend has:
 //!
 //! * **A request retried under a deadline** ([`RetryPolicy`], [`Retries`], [`retry`]): a bounded number
@@ -99,8 +101,11 @@ impl Backoff {
     }
 }
 
-/// How often a failed request is tried again and how long to wait in between. Which failures are
-/// worth another attempt is the caller's to say; see [`retry`] and [`Retries`].
+/// How often a failed request is tried again and how long to wait in between: up to `max_retries`
+/// further attempts, after jittered delays from `initial_backoff` doubling up to `max_backoff`, never
+/// past the request's deadline. Every network backend's config takes one (`with_retry`); which
+/// failures are worth another attempt is the backend's call (a refusal is never retried). Backends run
+/// it with `retry` or [`start`](Self::start).
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {

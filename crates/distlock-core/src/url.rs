@@ -1,5 +1,7 @@
 //! The URL grammar every backend shares, parsed by hand because host lists are comma-separated
 //! (`redis+sentinel://h:p,h:p/mymaster`), which `url::Url` does not accept.
+//!
+//! For backend crates (`from_url`) and the facade's `connect`; users pass URLs as strings.
 
 use std::fmt;
 use std::path::PathBuf;

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use distlock_core::memory::MemoryBackend;
 use distlock_core::url::LockUrl;
+use distlock_core::MemoryBackend;
 use distlock_core::{ErrorKind, LockGuard, LockState, Locks};
 
 fn two_clients() -> (MemoryBackend, Locks, Locks) {

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use distlock_core::memory::MemoryBackend;
+use distlock_core::MemoryBackend;
 use distlock_core::{LockGuard, LockState, Locks};
 use tokio::time::Instant;
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use distlock_core::memory::MemoryBackend;
+use distlock_core::MemoryBackend;
 use distlock_core::{LockState, Locks};
 use tokio::runtime::Runtime;
 

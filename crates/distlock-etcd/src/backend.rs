@@ -192,7 +192,9 @@ impl EtcdBackend {
         LockOptions::default().with_lease(self.default_lease())
     }
 
-    /// The session lease ids of this backend (for tests and status): `(ttl, lease id)`.
+    /// The session lease ids of this backend (a test hook, with the `testing` feature): `(ttl, lease
+    /// id)`.
+    #[cfg(feature = "testing")]
     pub async fn session_leases(&self) -> Vec<(Duration, i64)> {
         self.inner
             .sessions

@@ -37,12 +37,10 @@ pub mod rpc;
 mod session;
 mod tasks;
 
-pub use acquire::EtcdAcquisition;
 pub use backend::EtcdBackend;
 pub use config::{
     EtcdConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TTL,
 };
-pub use lease::EtcdLease;
 
 /// `etcd://…` / `etcds://…`: the entry point the facade's `connect` uses. See [`EtcdConfig::from_url`].
 pub async fn connect(url: &distlock_core::url::LockUrl) -> distlock_core::Result<EtcdBackend> {

@@ -134,6 +134,38 @@ impl FileConfig {
         Ok(Self::new(path))
     }
 
+    /// Checks what the fields allow but the backend cannot honour: an empty directory, a first poll delay
+    /// of zero, a poll cap below the first delay. Fails with
+    /// [`ErrorKind::InvalidConfig`](distlock_core::ErrorKind::InvalidConfig);
+    /// [`FileBackend::from_config`](crate::FileBackend::from_config) calls it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock_file::FileConfig;
+    ///
+    /// assert!(FileConfig::new("/var/lock/myapp").validate().is_ok());
+    /// assert!(FileConfig::new("").validate().is_err());
+    /// let mut config = FileConfig::new("/var/lock/myapp");
+    /// config.poll_max = Duration::ZERO;
+    /// assert!(config.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<()> {
+        let problem = if self.dir.as_os_str().is_empty() {
+            "the lock directory must not be empty; pass a directory such as /var/lock/myapp"
+                .to_string()
+        } else if self.poll_initial.is_zero() {
+            "the fallback poll's first delay (poll_initial) must not be 0".to_string()
+        } else if self.poll_max < self.poll_initial {
+            format!(
+                "the fallback poll's cap (poll_max, {:?}) must not be below its first delay (poll_initial, {:?})",
+                self.poll_max, self.poll_initial
+            )
+        } else {
+            return Ok(());
+        };
+        Err(FileError::Config(problem).into_core(None))
+    }
+
     /// Sets [`sync`](Self::sync).
     pub fn with_sync(mut self, sync: bool) -> Self {
         self.sync = sync;

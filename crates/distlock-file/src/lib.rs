@@ -50,11 +50,15 @@
 //! ```
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
+mod acquire;
 mod backend;
 mod config;
 mod error;
+mod held;
+mod inspect;
 pub mod layout;
 mod notify;
+mod open;
 
-pub use backend::{FileAcquisition, FileBackend, FileLease};
+pub use backend::FileBackend;
 pub use config::{FileConfig, DEFAULT_POLL_INITIAL, DEFAULT_POLL_MAX};

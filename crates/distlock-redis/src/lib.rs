@@ -41,7 +41,7 @@ mod renew;
 mod rpc;
 mod undo;
 
-pub use backend::{RedisAcquisition, RedisBackend, RedisLease};
+pub use backend::RedisBackend;
 pub use config::{
     RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,

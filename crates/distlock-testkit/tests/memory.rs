@@ -1,8 +1,8 @@
 //! The conformance suite on the in-memory reference backend: each client is its own handle (with its own
 //! link, which a cut freezes) on one private store.
 
-use distlock_core::memory::MemoryBackend;
 use distlock_core::Locks;
+use distlock_core::MemoryBackend;
 use distlock_testkit::conformance::{Client, Provider};
 use std::time::Duration;
 

@@ -9,7 +9,7 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 ///
 /// | scheme | form |
 /// |---|---|
-/// | `memory` | `memory://[namespace]`: a process-global store per namespace |
+/// | `memory` | `memory://[namespace]`: a process-global store per namespace (with cargo feature `testing`, `?freeze_after=DURATION` cuts the connection off that long after it is made, as on a partition) |
 /// | `file` | `file:///dir`: flock(2) lock files in `dir` (created if missing) |
 /// | `redis`, `rediss` | `redis://[user:pass@]host:port[/db][?wait_replicas=1&wait_timeout=200ms&request_timeout=5s&connect_timeout=3s]`, `rediss://…?ca=/path/ca.pem`: Redisson-compatible layout |
 /// | `redis+sentinel` | `redis+sentinel://[user:pass@]h:p,h:p/<master name>[/db]`: the master re-resolved on every reconnect |
@@ -40,7 +40,7 @@ pub async fn connect(url: &str) -> Result<Locks> {
     defaults.validate()?;
     match parsed.scheme() {
         "memory" => Ok(Locks::with_defaults(
-            distlock_core::memory::MemoryBackend::from_url(&parsed)?,
+            distlock_core::MemoryBackend::from_url(&parsed)?,
             defaults,
         )),
         "file" => file(&parsed, defaults),

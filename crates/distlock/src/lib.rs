@@ -22,24 +22,64 @@
 //! # }
 //! ```
 //!
-//! Backends compiled in, by cargo feature: `memory` (always), `file` (default), `redis`, `etcd`. The
-//! others (Redlock, ZooKeeper, PostgreSQL, MySQL) are being built; their URL schemes are recognised and
-//! fail with [`ErrorKind::Unsupported`] until they land.
+//! ## What is where
+//!
+//! * **Connecting.** [`connect`] takes a URL (`file:///dir`, `redis://…`, `etcd://…`, `memory://`)
+//!   and returns [`Locks`], a cheap-to-clone handle on one lock service. To build one from a backend
+//!   configured in code, [`Locks::new`] takes a backend value: [`memory::MemoryBackend`],
+//!   `file::FileBackend`, `redis::RedisBackend`, `etcd::EtcdBackend`.
+//! * **Locking.** [`Locks::lock`] gives a [`Lock`] (one owner of one name); [`Lock::acquire`],
+//!   [`Lock::try_acquire`] and [`Lock::options`] ([`AcquireOptions`]: wait limit, lease, max hold)
+//!   return a [`LockGuard`]: its [`FencingToken`], its [`LockState`] and the [`LockGuard::lost`]
+//!   signal, `extend` and `release`. Defaults for every lock of a [`Locks`] are [`LockOptions`] (with
+//!   [`Wait`]).
+//! * **Looking.** [`Locks::inspect`] returns a [`LockInfo`] (with [`HolderInfo`]) without taking the
+//!   lock; [`Locks::capabilities`] says what the backend promises ([`Capabilities`], [`Fencing`],
+//!   [`LockKinds`]).
+//! * **Errors.** Every call returns [`Result`]; an [`Error`] has an [`ErrorKind`] to match on.
+//! * **Backends**, one module each, compiled in by cargo feature: [`memory`] (always), `file`
+//!   (default), `redis`, `etcd`. Each module holds the backend type, its config and the description of
+//!   its on-server layout. Network configs take [`Endpoint`]s and a [`RetryPolicy`]. The others
+//!   (Redlock, ZooKeeper, PostgreSQL, MySQL) are being built; their URL schemes are recognised and fail
+//!   with [`ErrorKind::Unsupported`] until they land.
+//! * **For backend authors:** [`raw`], the trait a backend implements and the types it exchanges
+//!   with the core. Users never call it.
+//!
+//! Cargo feature `testing` (off by default; for tests only) adds fault-injection hooks: `freeze`,
+//! `delay_renewals` and friends on [`memory::MemoryBackend`], `memory://…?freeze_after=`, and the test
+//! hooks of the Redis and etcd backends.
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
 mod connect;
 
 pub use connect::{connect, default_file_dir};
-pub use distlock_core::*;
+pub use distlock_core::retry::RetryPolicy;
+pub use distlock_core::url::Endpoint;
+pub use distlock_core::{
+    AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock,
+    LockGuard, LockInfo, LockKinds, LockOptions, LockState, Locks, Result, Wait,
+};
 
-/// The embedded file backend.
+pub use distlock_core::raw;
+
+/// The in-memory backend (`memory://`), always compiled: the reference implementation of every
+/// semantic inside one process, for tests and examples.
+pub mod memory {
+    pub use distlock_core::MemoryBackend;
+}
+
+/// The embedded file backend (`file:///dir`, cargo feature `file`, on by default).
 #[cfg(feature = "file")]
+#[doc(inline)]
 pub use distlock_file as file;
 
-/// The Redis backend (standalone, Sentinel, Cluster).
+/// The Redis backend (`redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`; cargo feature
+/// `redis`).
 #[cfg(feature = "redis")]
+#[doc(inline)]
 pub use distlock_redis as redis;
 
-/// The etcd backend.
+/// The etcd backend (`etcd://`, `etcds://`; cargo feature `etcd`).
 #[cfg(feature = "etcd")]
+#[doc(inline)]
 pub use distlock_etcd as etcd;

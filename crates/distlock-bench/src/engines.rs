@@ -10,11 +10,13 @@ use distlock::etcd::rpc::pb::etcdserverpb::{LeaseGrantRequest, PutRequest, Range
 use distlock::etcd::rpc::pb::v3lockpb::{LockRequest, UnlockRequest};
 use distlock::etcd::rpc::Client as EtcdClient;
 use distlock::etcd::EtcdConfig;
-use distlock::url::LockUrl;
+use distlock::redis::{RedisConfig, Topology};
 use distlock::{ErrorKind, Lock, LockGuard};
+use distlock_core::url::LockUrl;
+use redis::IntoConnectionInfo as _;
 
-use super::harness::Cycler;
-use crate::exit::{Code, Failure};
+use crate::error::Error;
+use crate::harness::Cycler;
 
 /// distlock's own cycle: `acquire` (waiting as asked) and `release`.
 #[derive(Debug)]
@@ -25,7 +27,7 @@ pub struct Distlock {
 impl Cycler for Distlock {
     type Held = LockGuard;
 
-    async fn acquire(&self, wait: Duration) -> Result<Option<LockGuard>, Failure> {
+    async fn acquire(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
         match self.lock.options().wait(wait).acquire().await {
             Ok(guard) => Ok(Some(guard)),
             Err(e) if e.kind() == ErrorKind::Timeout => Ok(None),
@@ -33,8 +35,8 @@ impl Cycler for Distlock {
         }
     }
 
-    async fn release(&self, guard: LockGuard) -> Result<(), Failure> {
-        guard.release().await.map_err(Failure::from)
+    async fn release(&self, guard: LockGuard) -> Result<(), Error> {
+        guard.release().await.map_err(Error::from)
     }
 }
 
@@ -49,7 +51,7 @@ pub enum Engine {
         dir: PathBuf,
         sync: bool,
     },
-    Redis(Box<redis::ConnectionInfo>),
+    Redis(Box<RedisServer>),
     Etcd {
         config: Box<EtcdConfig>,
     },
@@ -60,7 +62,7 @@ pub enum Engine {
 }
 
 impl Engine {
-    pub fn from_url(url: &str) -> Result<Engine, Failure> {
+    pub fn from_url(url: &str) -> Result<Engine, Error> {
         let parsed = LockUrl::parse(url)?;
         let unmeasured = |why: &str| Engine::Unmeasured {
             reason: format!("{}://: {why}", parsed.scheme()),
@@ -74,10 +76,13 @@ impl Engine {
                     sync: config.sync,
                 }
             }
-            "redis" => match parsed.hosts() {
-                [host] => Engine::Redis(Box::new(redis_info(&parsed, host)?)),
-                _ => unmeasured("the baselines need exactly one host"),
-            },
+            "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
+                let config = RedisConfig::from_url(&parsed)?;
+                match RedisServer::new(&config)? {
+                    Some(server) => Engine::Redis(Box::new(server)),
+                    None => unmeasured("the baselines need exactly one host"),
+                }
+            }
             "etcd" | "etcds" => Engine::Etcd {
                 config: Box::new(EtcdConfig::from_url(&parsed)?),
             },
@@ -86,57 +91,88 @@ impl Engine {
     }
 }
 
-fn with_port(host: &str, default: u16) -> String {
-    // `[::1]` alone has a colon but no port.
-    let has_port = match host.rsplit_once(':') {
-        Some((_, port)) => !host.ends_with(']') && port.parse::<u16>().is_ok(),
-        None => false,
-    };
-    if has_port {
-        host.to_string()
-    } else {
-        format!("{host}:{default}")
-    }
+/// The one Redis server of a standalone URL, as the backend's own [`RedisConfig`] reads it
+/// (address, credentials, database, TLS and its CA file, connect timeout), for plain redis-rs
+/// connections: the round trip and the bare loops.
+// The Redis backend keeps its redis-rs connection setup private (and is being rewritten), so the
+// few lines that turn a config into a client are here; they follow its `conn.rs`.
+#[derive(Debug, Clone)]
+pub struct RedisServer {
+    client: redis::Client,
+    connect_timeout: Duration,
 }
 
-fn redis_info(url: &LockUrl, host: &str) -> Result<redis::ConnectionInfo, Failure> {
-    use redis::IntoConnectionInfo;
-    let host_port = with_port(host, 6379);
-    let (name, port) = host_port
-        .rsplit_once(':')
-        .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_string(), p.parse().ok()?)))
-        .ok_or_else(|| Failure::new(Code::Usage, format!("invalid Redis host {host:?}")))?;
-    let db = match url.path().trim_matches('/') {
-        "" => 0,
-        db => db
-            .parse::<i64>()
-            .map_err(|_| Failure::new(Code::Usage, format!("invalid Redis database {db:?}")))?,
-    };
-    let mut settings = redis::RedisConnectionInfo::default().set_db(db);
-    if let Some(user) = url.username() {
-        settings = settings.set_username(user);
-    }
-    if let Some(password) = url.password() {
-        settings = settings.set_password(password);
-    }
-    let info = redis::ConnectionAddr::Tcp(name, port)
-        .into_connection_info()
+impl RedisServer {
+    /// `None` for Sentinel and Cluster: the baselines talk to one server.
+    pub fn new(config: &RedisConfig) -> Result<Option<Self>, Error> {
+        let Topology::Standalone { addr } = &config.topology else {
+            return Ok(None);
+        };
+        let (host, port) = (addr.host().to_string(), addr.port());
+        let addr = if config.tls {
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            redis::ConnectionAddr::Tcp(host, port)
+        };
+        let mut settings = redis::RedisConnectionInfo::default().set_db(config.db);
+        if let Some(username) = &config.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = &config.password {
+            settings = settings.set_password(password);
+        }
+        let info = addr
+            .into_connection_info()
+            .map_err(redis_failure)?
+            .set_redis_settings(settings);
+        let client = match config.ca_file.as_ref().filter(|_| config.tls) {
+            None => redis::Client::open(info),
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|e| {
+                    Error::usage(format!(
+                        "redis baseline: cannot read the TLS CA file {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                let certificates = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                };
+                redis::Client::build_with_tls(info, certificates)
+            }
+        }
         .map_err(redis_failure)?;
-    Ok(info.set_redis_settings(settings))
+        Ok(Some(Self {
+            client,
+            connect_timeout: config.connect_timeout,
+        }))
+    }
+
+    /// A new multiplexed connection. Only the connect is bounded: the bare loops are plain redis-rs
+    /// clients, as in the peers' measurements, with no per-request timer.
+    pub async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, Error> {
+        let config =
+            redis::AsyncConnectionConfig::new().set_connection_timeout(Some(self.connect_timeout));
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(redis_failure)
+    }
+
+    /// The server's database (for the tests).
+    #[cfg(test)]
+    fn db(&self) -> i64 {
+        self.client.get_connection_info().redis_settings().db()
+    }
 }
 
-pub fn redis_failure(e: redis::RedisError) -> Failure {
-    Failure::new(Code::Unavailable, format!("redis baseline: {e}"))
-}
-
-pub async fn redis_connect(
-    info: &redis::ConnectionInfo,
-) -> Result<redis::aio::MultiplexedConnection, Failure> {
-    let client = redis::Client::open(info.clone()).map_err(redis_failure)?;
-    client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(redis_failure)
+pub fn redis_failure(e: redis::RedisError) -> Error {
+    Error::unavailable(format!("redis baseline: {e}"))
 }
 
 /// One `PING` on a multiplexed redis-rs connection: the engine's round trip.
@@ -148,7 +184,7 @@ pub struct RedisPing {
 impl Cycler for RedisPing {
     type Held = ();
 
-    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Failure> {
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         let mut conn = self.conn.clone();
         let _: String = redis::cmd("PING")
             .query_async(&mut conn)
@@ -157,7 +193,7 @@ impl Cycler for RedisPing {
         Ok(Some(()))
     }
 
-    async fn release(&self, (): ()) -> Result<(), Failure> {
+    async fn release(&self, (): ()) -> Result<(), Error> {
         Ok(())
     }
 }
@@ -194,7 +230,7 @@ impl RedisBare {
 impl Cycler for RedisBare {
     type Held = String;
 
-    async fn acquire(&self, _wait: Duration) -> Result<Option<String>, Failure> {
+    async fn acquire(&self, _wait: Duration) -> Result<Option<String>, Error> {
         let token = format!(
             "{}:{}",
             std::process::id(),
@@ -213,14 +249,14 @@ impl Cycler for RedisBare {
         match set {
             Some(_) => Ok(Some(token)),
             // The loop never waits: its key is its own, so "busy" means someone else uses it.
-            None => Err(Failure::new(
-                Code::Unavailable,
-                format!("redis baseline: key {:?} is held by someone else", self.key),
-            )),
+            None => Err(Error::unavailable(format!(
+                "redis baseline: key {:?} is held by someone else",
+                self.key
+            ))),
         }
     }
 
-    async fn release(&self, token: String) -> Result<(), Failure> {
+    async fn release(&self, token: String) -> Result<(), Error> {
         let mut conn = self.conn.clone();
         let deleted: i64 = self
             .script
@@ -232,19 +268,16 @@ impl Cycler for RedisBare {
         if deleted == 1 {
             Ok(())
         } else {
-            Err(Failure::new(
-                Code::Unavailable,
-                format!("redis baseline: key {:?} was not ours at release", self.key),
-            ))
+            Err(Error::unavailable(format!(
+                "redis baseline: key {:?} was not ours at release",
+                self.key
+            )))
         }
     }
 }
 
-pub fn etcd_failure(e: distlock::etcd::rpc::Status) -> Failure {
-    Failure::new(
-        Code::Unavailable,
-        format!("etcd baseline: {:?}: {}", e.code(), e.message()),
-    )
+pub fn etcd_failure(e: distlock::etcd::rpc::Status) -> Error {
+    Error::unavailable(format!("etcd baseline: {:?}: {}", e.code(), e.message()))
 }
 
 /// The etcd lease every peer lock hangs on (like `etcdctl lock`'s session); as in baseline.md,
@@ -253,7 +286,7 @@ const ETCD_LEASE_SECS: i64 = 30;
 
 /// A raw gRPC client of the engine (distlock-etcd's own: the same channel, TLS and auth as the
 /// backend, without its retries).
-pub async fn etcd_connect(config: &EtcdConfig) -> Result<EtcdClient, Failure> {
+pub async fn etcd_connect(config: &EtcdConfig) -> Result<EtcdClient, Error> {
     Ok(EtcdClient::connect(config).await?)
 }
 
@@ -267,7 +300,7 @@ pub struct EtcdPut {
 impl Cycler for EtcdPut {
     type Held = ();
 
-    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Failure> {
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         self.client
             .put(PutRequest {
                 key: self.key.as_bytes().to_vec(),
@@ -279,7 +312,7 @@ impl Cycler for EtcdPut {
         Ok(Some(()))
     }
 
-    async fn release(&self, (): ()) -> Result<(), Failure> {
+    async fn release(&self, (): ()) -> Result<(), Error> {
         Ok(())
     }
 }
@@ -294,7 +327,7 @@ pub struct EtcdRange {
 impl Cycler for EtcdRange {
     type Held = ();
 
-    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Failure> {
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         self.client
             .range(RangeRequest {
                 key: self.key.as_bytes().to_vec(),
@@ -305,7 +338,7 @@ impl Cycler for EtcdRange {
         Ok(Some(()))
     }
 
-    async fn release(&self, (): ()) -> Result<(), Failure> {
+    async fn release(&self, (): ()) -> Result<(), Error> {
         Ok(())
     }
 }
@@ -320,7 +353,7 @@ pub struct EtcdLockRpc {
 }
 
 impl EtcdLockRpc {
-    pub async fn new(client: EtcdClient, name: String) -> Result<Self, Failure> {
+    pub async fn new(client: EtcdClient, name: String) -> Result<Self, Error> {
         let lease = client
             .lease_grant(LeaseGrantRequest {
                 ttl: ETCD_LEASE_SECS,
@@ -352,7 +385,7 @@ pub async fn etcd_revoke(leases: Vec<(EtcdClient, i64)>) {
 impl Cycler for EtcdLockRpc {
     type Held = Vec<u8>;
 
-    async fn acquire(&self, wait: Duration) -> Result<Option<Vec<u8>>, Failure> {
+    async fn acquire(&self, wait: Duration) -> Result<Option<Vec<u8>>, Error> {
         let request = LockRequest {
             name: self.name.as_bytes().to_vec(),
             lease: self.lease,
@@ -363,7 +396,7 @@ impl Cycler for EtcdLockRpc {
         }
     }
 
-    async fn release(&self, key: Vec<u8>) -> Result<(), Failure> {
+    async fn release(&self, key: Vec<u8>) -> Result<(), Error> {
         self.client
             .unlock(UnlockRequest { key })
             .await
@@ -383,7 +416,7 @@ pub struct FlockFloor {
 }
 
 impl FlockFloor {
-    pub fn new(path: PathBuf, sync: bool) -> Result<Self, Failure> {
+    pub fn new(path: PathBuf, sync: bool) -> Result<Self, Error> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -391,10 +424,10 @@ impl FlockFloor {
             .truncate(false)
             .open(&path)
             .map_err(|e| {
-                Failure::new(
-                    Code::Unavailable,
-                    format!("flock baseline: cannot open {}: {e}", path.display()),
-                )
+                Error::unavailable(format!(
+                    "flock baseline: cannot open {}: {e}",
+                    path.display()
+                ))
             })?;
         Ok(Self { file, path, sync })
     }
@@ -409,13 +442,10 @@ impl Drop for FlockFloor {
 impl Cycler for FlockFloor {
     type Held = ();
 
-    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Failure> {
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         use rustix::fs::{flock, FlockOperation};
         let failed = |e: &dyn std::fmt::Display| {
-            Failure::new(
-                Code::Unavailable,
-                format!("flock baseline on {}: {e}", self.path.display()),
-            )
+            Error::unavailable(format!("flock baseline on {}: {e}", self.path.display()))
         };
         flock(&self.file, FlockOperation::NonBlockingLockExclusive).map_err(|e| failed(&e))?;
         if self.sync {
@@ -425,13 +455,10 @@ impl Cycler for FlockFloor {
         Ok(Some(()))
     }
 
-    async fn release(&self, (): ()) -> Result<(), Failure> {
+    async fn release(&self, (): ()) -> Result<(), Error> {
         use rustix::fs::{flock, FlockOperation};
         flock(&self.file, FlockOperation::Unlock).map_err(|e| {
-            Failure::new(
-                Code::Unavailable,
-                format!("flock baseline on {}: {e}", self.path.display()),
-            )
+            Error::unavailable(format!("flock baseline on {}: {e}", self.path.display()))
         })
     }
 }
@@ -443,20 +470,39 @@ mod tests {
     #[test]
     fn engines_from_urls() {
         assert!(matches!(Engine::from_url("memory://"), Ok(Engine::Memory)));
-        let Ok(Engine::Redis(info)) = Engine::from_url("redis://u:p@127.0.0.1:6390/2?lease=5s")
+        let Ok(Engine::Redis(server)) = Engine::from_url("redis://u:p@127.0.0.1:6390/2?lease=5s")
         else {
             panic!("redis")
         };
-        assert_eq!(info.redis_settings().db(), 2);
+        assert_eq!(server.db(), 2);
+        let info = server.client.get_connection_info();
         assert_eq!(info.redis_settings().password(), Some("p"));
-        let Ok(Engine::Etcd { config }) = Engine::from_url("etcd://127.0.0.1,h:2391") else {
+        assert_eq!(info.redis_settings().username(), Some("u"));
+        assert!(matches!(
+            info.addr(),
+            redis::ConnectionAddr::Tcp(host, 6390) if host == "127.0.0.1"
+        ));
+        let Ok(Engine::Redis(server)) = Engine::from_url("rediss://[::1]") else {
+            panic!("rediss")
+        };
+        assert!(matches!(
+            server.client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls { host, port: 6379, .. } if host == "::1"
+        ));
+        let Ok(Engine::Etcd { config }) = Engine::from_url("etcd://127.0.0.1,h:2391,[::1]") else {
             panic!("etcd")
         };
-        assert_eq!(config.endpoints, ["127.0.0.1:2379", "h:2391"]);
+        assert_eq!(config.endpoints, ["127.0.0.1:2379", "h:2391", "[::1]:2379"]);
         assert!(matches!(
             Engine::from_url("redis+cluster://a:1,b:2"),
             Ok(Engine::Unmeasured { .. })
         ));
-        assert_eq!(with_port("[::1]", 1), "[::1]:1");
+        // The backend's own URL rules apply: one host for redis://, a numeric database.
+        for bad in ["redis://a:1,b:2", "redis://h/x", "redis://h:99999"] {
+            assert!(
+                matches!(Engine::from_url(bad), Err(Error::Lock(_))),
+                "{bad}"
+            );
+        }
     }
 }

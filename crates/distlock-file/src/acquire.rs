@@ -1,0 +1,249 @@
+//! Acquiring: one try (open, `flock` without blocking, mint the token, make it durable) and the wait
+//! between tries (inotify, or the fallback poll).
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use distlock_core::raw::{AcquireRequest, Attempt, Grant};
+use distlock_core::retry::Backoff;
+use distlock_core::{FencingToken, Result};
+
+use crate::config::FileConfig;
+use crate::error::FileError;
+use crate::held::{loss_signal, FileLease, HeldFile};
+use crate::notify::{Notifier, Shared, Subscription};
+use crate::open::OpenFile;
+
+/// How many times one try starts over because the lock file was deleted or replaced under it.
+const MAX_ROUNDS: usize = 8;
+
+/// One acquire under way: the open lock file (kept between tries), its watch, and the poll's backoff.
+#[derive(Debug)]
+pub struct FileAcquisition {
+    path: PathBuf,
+    file: Option<OpenFile>,
+    watch: Option<Subscription>,
+    watch_failed: bool,
+    backoff: Backoff,
+}
+
+/// One try (inline: microseconds). Owns what it needs; its outcome goes back into the acquisition.
+struct TryJob {
+    path: PathBuf,
+    dir: PathBuf,
+    owner: String,
+    file: Option<OpenFile>,
+    watch: Option<Subscription>,
+    watcher: Option<Arc<Shared>>,
+    watch_failed: bool,
+}
+
+enum TryOutcome {
+    Acquired {
+        held: HeldFile,
+        first_token: bool,
+        watch: Option<Subscription>,
+    },
+    Busy {
+        file: OpenFile,
+        watch: Option<Subscription>,
+        watch_failed: bool,
+    },
+}
+
+impl TryJob {
+    fn run(mut self) -> Result<TryOutcome, FileError> {
+        for _ in 0..MAX_ROUNDS {
+            let mut file = match self.file.take() {
+                Some(file) => file,
+                None => {
+                    // A new file: a watch of the old one is useless.
+                    self.watch = None;
+                    OpenFile::open(&self.path, &self.dir)?
+                }
+            };
+            let locked = file.try_lock(&self.path)?;
+            let fresh_watch = self.watch.is_none() && self.subscribe();
+            // The watch follows the path, the lock the descriptor: both must be on the same file.
+            if !file.is_current(&self.path)? {
+                tracing::debug!(path = %self.path.display(), "lock file replaced under a try; reopening");
+                self.watch = None;
+                continue;
+            }
+            if locked {
+                let (held, first_token) = HeldFile::take(file, &self.path, &self.owner)?;
+                return Ok(TryOutcome::Acquired {
+                    held,
+                    first_token,
+                    watch: self.watch,
+                });
+            }
+            if fresh_watch {
+                // Busy before the watch existed: a release in between raised no event, so look again.
+                self.file = Some(file);
+                continue;
+            }
+            return Ok(TryOutcome::Busy {
+                file,
+                watch: self.watch,
+                watch_failed: self.watch_failed,
+            });
+        }
+        Err(FileError::Replaced { path: self.path })
+    }
+
+    /// Adds the watch; `true` if one was added now.
+    fn subscribe(&mut self) -> bool {
+        if self.watch_failed {
+            return false;
+        }
+        let Some(watcher) = &self.watcher else {
+            return false;
+        };
+        match watcher.subscribe(&self.path) {
+            Ok(watch) => {
+                self.watch = Some(watch);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot watch the lock file; waiting by polling only");
+                self.watch_failed = true;
+                false
+            }
+        }
+    }
+}
+
+impl FileAcquisition {
+    /// An acquire of the lock file at `path`; nothing is opened yet.
+    pub(crate) fn new(path: PathBuf, config: &FileConfig) -> Self {
+        Self {
+            path,
+            file: None,
+            watch: None,
+            watch_failed: false,
+            backoff: Backoff::new(config.poll_initial, config.poll_max),
+        }
+    }
+
+    /// One try. `watcher` gives the inotify instance to watch the file with (none if notification is
+    /// off); it is not asked again once a watch failed.
+    ///
+    /// # Cancel safety
+    /// The only await is the `fdatasync` on the blocking pool, which finishes even if this future is
+    /// dropped; the locked file is then dropped with its result, which clears the record and unlocks.
+    pub(crate) async fn try_once(
+        &mut self,
+        config: &FileConfig,
+        watcher: impl FnOnce() -> Option<Arc<Shared>>,
+        notifier: &Arc<Notifier>,
+        request: &AcquireRequest,
+    ) -> Result<Attempt<FileLease>> {
+        let job = TryJob {
+            path: self.path.clone(),
+            dir: config.dir.clone(),
+            owner: request.owner.clone(),
+            file: self.file.take(),
+            watch: self.watch.take(),
+            watcher: if self.watch_failed { None } else { watcher() },
+            watch_failed: self.watch_failed,
+        };
+        let outcome = job.run().map_err(|e| e.into_core(Some(&request.name)))?;
+        match outcome {
+            TryOutcome::Acquired {
+                mut held,
+                first_token,
+                watch,
+            } => {
+                if config.sync {
+                    let dir = config.dir.clone();
+                    held = blocking(move || held.sync(&dir, first_token))
+                        .await
+                        .and_then(|r| r)
+                        .map_err(|e| e.into_core(Some(&request.name)))?;
+                }
+                grant(held, watch, notifier, request).map(Attempt::Acquired)
+            }
+            TryOutcome::Busy {
+                file,
+                watch,
+                watch_failed,
+            } => {
+                self.file = Some(file);
+                self.watch = watch;
+                self.watch_failed = watch_failed;
+                Ok(Attempt::Busy { retry_after: None })
+            }
+        }
+    }
+
+    /// Waits for an inotify event on the lock file or the fallback timer, whichever is first.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits. Events that arrive meanwhile are kept for the next wait.
+    pub(crate) async fn wait(&mut self) {
+        // The poll's delay doubles after every wait (up to `poll_max`) and starts over after an event.
+        let delay = self.backoff.next_delay();
+        let event = match self.watch.as_mut() {
+            Some(watch) => tokio::select! {
+                alive = watch.changed() => Some(alive),
+                () = tokio::time::sleep(delay) => None,
+            },
+            None => {
+                tokio::time::sleep(delay).await;
+                None
+            }
+        };
+        match event {
+            Some(true) => self.backoff.reset(),
+            // The watch is gone (the file was deleted, or the reader stopped): the next try reopens
+            // the path and watches it again.
+            Some(false) => self.watch = None,
+            None => {}
+        }
+    }
+}
+
+/// The grant of a held (and, if configured, synced) lock file: its token, a duplicate of its descriptor
+/// for `inheritable_descriptor`, and the loss signal if the file is watched.
+fn grant(
+    held: HeldFile,
+    watch: Option<Subscription>,
+    notifier: &Arc<Notifier>,
+    request: &AcquireRequest,
+) -> Result<Grant<FileLease>> {
+    let (path, token) = (held.path.clone(), held.token);
+    let (dev, ino) = (held.file.dev, held.file.ino);
+    // A duplicate shares the open file description and so the `flock`: whoever inherits it keeps the
+    // lock held (`dup` with close-on-exec, like the original).
+    let descriptor = held
+        .file
+        .file
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| FileError::io("dup", &path, e).into_core(Some(&request.name)))?;
+    tracing::debug!(lock = %request.name, token, "file lock acquired");
+    let mut grant = Grant::new(FileLease::new(held))
+        .with_token(FencingToken::new(token))
+        .with_descriptor(descriptor);
+    if let Some(watch) = watch {
+        grant = grant.with_loss(loss_signal(watch, notifier.clone(), path, dev, ino));
+    }
+    Ok(grant)
+}
+
+/// Runs slow file work (`fdatasync`) on tokio's blocking pool (inline when there is no runtime). If the
+/// caller's future is dropped, the work still finishes and its result is dropped, which undoes it (see
+/// [`HeldFile`]'s `Drop`).
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, FileError> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => runtime
+            .spawn_blocking(work)
+            .await
+            .map_err(|e| FileError::Task(e.to_string())),
+        Err(_) => Ok(work()),
+    }
+}

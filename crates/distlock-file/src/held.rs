@@ -1,0 +1,263 @@
+//! Holding a lock file: the token minted on it, the release, the lease the core keeps, and the signal
+//! that fires if the file is deleted or replaced while held.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use distlock_core::raw::{LossSignal, Released};
+use distlock_core::FencingToken;
+
+use crate::error::FileError;
+use crate::layout::Record;
+use crate::notify::{Notifier, Subscription};
+use crate::open::{read_content, same_file, sync_dir, write_record, OpenFile};
+
+/// A lock file this process holds, with the token it wrote. Dropped without [`release`](Self::release)
+/// (a try whose future was dropped, a lease dropped unreleased), it clears the holder from the record
+/// and unlocks.
+#[derive(Debug)]
+pub(crate) struct HeldFile {
+    pub(crate) file: OpenFile,
+    pub(crate) path: PathBuf,
+    pub(crate) token: u64,
+    owner: String,
+    /// The length of the record this hold wrote.
+    len: usize,
+    /// Whether `Drop` must still clear the record.
+    armed: bool,
+}
+
+impl HeldFile {
+    /// Mints the next token on a locked file: reads the last one and writes it + 1 with the holder
+    /// record. Returns the held file and whether this was the file's first token. Not yet durable: see
+    /// [`sync`](Self::sync).
+    pub(crate) fn take(
+        file: OpenFile,
+        path: &Path,
+        owner: &str,
+    ) -> Result<(Self, bool), FileError> {
+        let content = read_content(&file.file, path)?;
+        let last = Record::parse(&content).map_err(|detail| FileError::Corrupt {
+            path: path.to_path_buf(),
+            detail,
+        })?;
+        let token = last
+            .token
+            .checked_add(1)
+            .ok_or_else(|| FileError::TokenOverflow {
+                path: path.to_path_buf(),
+            })?;
+        let mut record = Record::released(token);
+        record.owner = Some(owner.to_string());
+        record.pid = Some(std::process::id());
+        record.host = Some(host_name().to_string());
+        record.since_ms = Some(now_ms());
+        let len = write_record(&file.file, path, &record, content.len())?;
+        let held = HeldFile {
+            file,
+            path: path.to_path_buf(),
+            token,
+            owner: owner.to_string(),
+            len,
+            armed: true,
+        };
+        Ok((held, last.token == 0))
+    }
+
+    /// Makes the new token durable; the grant is reported only after this, so a token never repeats
+    /// after a crash. For a file's first token the directory entry is synced too. On failure the held
+    /// file is dropped, which unlocks it.
+    pub(crate) fn sync(self, dir: &Path, first_token: bool) -> Result<Self, FileError> {
+        self.file
+            .file
+            .sync_data()
+            .map_err(|e| FileError::io("sync", &self.path, e))?;
+        if first_token {
+            sync_dir(dir)?;
+        }
+        Ok(self)
+    }
+
+    /// Releases the lock: `Released` if the file and its record were still this hold's, `NotHeld` if the
+    /// lock file was deleted or replaced, or its record names another holder. Unlocks either way.
+    pub(crate) fn release(mut self, owner: &str) -> Released {
+        self.armed = false;
+        match self.check(owner) {
+            Ok(()) => {
+                if let Err(e) = write_record(
+                    &self.file.file,
+                    &self.path,
+                    &Record::released(self.token),
+                    self.len,
+                ) {
+                    // The record only feeds `status`, which tests the lock itself.
+                    tracing::warn!(path = %self.path.display(), error = %e, "cannot clear the holder record");
+                }
+                Released::Released
+            }
+            Err(reason) => {
+                tracing::warn!(path = %self.path.display(), %reason, "released a lock file that was no longer this owner's");
+                Released::NotHeld
+            }
+        }
+        // `self.file` unlocks and closes as it drops.
+    }
+
+    /// Whether this hold still owns the lock file: same file at the path, record naming this owner and
+    /// token. An unreadable record does not disprove it (we hold the `flock`); rewriting it repairs it.
+    fn check(&self, owner: &str) -> Result<(), String> {
+        match self.file.is_current(&self.path) {
+            Ok(true) => {}
+            Ok(false) => return Err("the lock file was deleted or replaced while held".into()),
+            Err(e) => tracing::debug!(error = %e, "cannot stat the lock file at release"),
+        }
+        let record = read_content(&self.file.file, &self.path)
+            .ok()
+            .and_then(|c| Record::parse(&c).ok());
+        match record {
+            Some(r) if r.owner.as_deref() != Some(owner) || r.token != self.token => Err(format!(
+                "the record names owner {:?} with token {}, not this hold ({owner:?}, token {})",
+                r.owner.unwrap_or_default(),
+                r.token,
+                self.token
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for HeldFile {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = write_record(
+                &self.file.file,
+                &self.path,
+                &Record::released(self.token),
+                self.len,
+            ) {
+                tracing::debug!(error = %e, "cannot clear the holder record of a dropped lock");
+            }
+            tracing::debug!(path = %self.path.display(), owner = %self.owner, "unreleased lock file dropped; unlocking");
+        }
+    }
+}
+
+/// The backend's record of a held lock: the locked file, until it is released.
+pub struct FileLease {
+    held: Mutex<Option<HeldFile>>,
+    path: PathBuf,
+    token: u64,
+}
+
+impl fmt::Debug for FileLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileLease")
+            .field("path", &self.path)
+            .field("token", &self.token)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
+impl FileLease {
+    /// The lease of a lock file this process now holds.
+    pub(crate) fn new(held: HeldFile) -> Self {
+        Self {
+            path: held.path.clone(),
+            token: held.token,
+            held: Mutex::new(Some(held)),
+        }
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The fencing token of this hold.
+    pub fn token(&self) -> FencingToken {
+        FencingToken::new(self.token)
+    }
+
+    pub(crate) fn take(&self) -> Option<HeldFile> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+}
+
+/// Fires if the held lock file is deleted or replaced (then another process can lock a new file of the
+/// same name, with a counter that starts over).
+///
+/// The inotify reader runs on a runtime; if that runtime is dropped while the lock is held (a `Locks`
+/// used from several runtimes), the watch ends and a new one is taken on the runtime this signal is
+/// polled on now, checking the file in between so a deletion in the gap is not missed. Without inotify
+/// the file is checked every second.
+pub(crate) fn loss_signal(
+    mut watch: Subscription,
+    notifier: Arc<Notifier>,
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+) -> LossSignal {
+    let deleted = move |path: &Path| {
+        format!(
+            "the lock file {} was deleted or replaced while held; another process can now lock a new file of that name",
+            path.display()
+        )
+    };
+    Box::pin(async move {
+        loop {
+            let alive = watch.changed().await;
+            if alive {
+                match same_file(&path, dev, ino) {
+                    Ok(true) => continue,
+                    Ok(false) => return deleted(&path),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot check the lock file");
+                        continue;
+                    }
+                }
+            }
+            // The reader stopped: watch again, then look, so nothing between the two is missed.
+            loop {
+                let renewed = notifier
+                    .instance()
+                    .and_then(|shared| shared.subscribe(&path).ok());
+                match same_file(&path, dev, ino) {
+                    Ok(false) => return deleted(&path),
+                    Ok(true) => {}
+                    Err(e) => tracing::debug!(error = %e, "cannot check the lock file"),
+                }
+                if let Some(renewed) = renewed {
+                    watch = renewed;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    })
+}
+
+fn host_name() -> &'static str {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(|| {
+        rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned()
+    })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
