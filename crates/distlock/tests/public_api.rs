@@ -223,6 +223,13 @@ impl Walker {
         self.lookup(&krate, &path, last)
     }
 
+    /// `first` names a crate outside the listed ones (not `crate`/`self`/`super`, not in scope).
+    fn is_external(&self, krate: &str, at: &[String], first: &str) -> bool {
+        !matches!(first, "crate" | "self" | "super")
+            && !self.crates.contains_key(first)
+            && self.lookup(krate, at, first).is_none()
+    }
+
     fn resolve_from(&self, krate: &str, path: Vec<String>, rest: &[String]) -> Option<Target> {
         let mut segments = vec!["crate".to_string()];
         segments.extend(path);
@@ -327,6 +334,11 @@ impl Walker {
                 let mut cfgs = cfgs.to_vec();
                 cfgs.extend(cfg_attrs(item_attrs(&item)));
                 self.describe(&k, &item, &full, &cfgs);
+            }
+            // A re-export of another crate's item (`pub use tonic::Code`): part of the surface, listed
+            // by its origin; its own items are that crate's API, not ours.
+            None if self.is_external(krate, at, &segments[0]) => {
+                self.emit(cfgs, &full, &format!("= {}", segments.join("::")));
             }
             None => panic!("cannot resolve pub use {} in {krate}", segments.join("::")),
         }
