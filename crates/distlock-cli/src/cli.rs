@@ -34,7 +34,7 @@ pub enum Command {
     Status(StatusArgs),
     /// Measure a lock service: uncontended cycles, many names, one contended name, beside the
     /// engine's own round trip and a bare-client baseline.
-    #[command(long_about = crate::bench::ABOUT)]
+    #[command(long_about = distlock_bench::ABOUT)]
     Bench(BenchArgs),
 }
 
@@ -103,45 +103,14 @@ pub struct StatusArgs {
     pub name: String,
 }
 
-/// `distlock bench`.
+/// `distlock bench`: the flags are [`distlock_bench::Options`].
 #[derive(Debug, Args)]
 #[command(after_help = exit::help_table())]
 pub struct BenchArgs {
     #[arg(long, value_name = "URL", help = URL_HELP)]
     pub url: Option<String>,
-    /// How long each measurement runs, after a short warm-up.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "5s")]
-    pub duration: Duration,
-    /// Concurrent tasks of the `many` (default 16) and `contended` (default 8) workloads.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub tasks: Option<u16>,
-    /// How long the contended workload holds the lock each time (a thread sleep, as the peers'
-    /// benchmarks do).
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1ms")]
-    pub hold: Duration,
-    /// Which workload to run.
-    #[arg(long, value_enum, value_name = "WORKLOAD", default_value_t = Workload::All)]
-    pub workload: Workload,
-    /// Print one JSON object on stdout instead of the report.
-    #[arg(long)]
-    pub json: bool,
-    /// Only measure the engine's round trip and the bare-client baselines, not distlock (for
-    /// comparing engines, or a build whose backend for the URL is not ready).
-    #[arg(long, hide = true)]
-    pub baseline_only: bool,
-}
-
-/// The workloads of `distlock bench` (DESIGN §8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Workload {
-    /// One task, one name: acquire + release cycles.
-    Uncontended,
-    /// Many tasks, each on its own name (one shared connection, then one per task).
-    Many,
-    /// Many tasks on one name, holding it briefly: handoff latency and fairness.
-    Contended,
-    /// All three.
-    All,
+    #[command(flatten)]
+    pub options: distlock_bench::Options,
 }
 
 /// What `run` does with the command when the lock is lost.

@@ -139,6 +139,17 @@ impl From<distlock::Error> for Failure {
     }
 }
 
+impl From<distlock_bench::Error> for Failure {
+    fn from(error: distlock_bench::Error) -> Self {
+        match error {
+            distlock_bench::Error::Lock(error) => error.into(),
+            distlock_bench::Error::Usage(message) => Failure::new(Code::Usage, message),
+            // Unavailable, and any kind added later: the benchmark could not run.
+            other => Failure::new(Code::Unavailable, other.to_string()),
+        }
+    }
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&one_line(&self.message))

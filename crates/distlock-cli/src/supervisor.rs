@@ -225,14 +225,13 @@ impl Supervisor {
                 };
             }
         }
-        let me = std::process::id() as libc::pid_t;
         let inherited = self.inherited;
         let give_terminal = self.terminal.is_some();
         let tty = self.tty_fd();
         let mut cmd = std::process::Command::new(&command[0]);
         cmd.args(&command[1..]).process_group(0);
-        // SAFETY: between fork and exec only async-signal-safe calls (signal, prctl, getppid,
-        // tcsetpgrp, getpid): no allocation, no locks.
+        // SAFETY: between fork and exec only async-signal-safe calls (tcsetpgrp, getpid, signal): no
+        // allocation, no locks.
         unsafe {
             cmd.pre_exec(move || {
                 if give_terminal {
@@ -243,15 +242,11 @@ impl Supervisor {
                 for (signo, disposition) in IGNORED.iter().zip(inherited) {
                     libc::signal(*signo, disposition);
                 }
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::getppid() != me {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                }
                 Ok(())
             });
         }
+        // The supervisor is single-threaded: its forking thread lives as long as it does.
+        distlock_process::die_with_parent(&mut cmd);
         let child = match cmd.spawn() {
             Ok(child) => child,
             Err(e) => {

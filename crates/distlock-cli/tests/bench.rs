@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 use distlock_testkit::etcd::EtcdServer;
 use distlock_testkit::redis::RedisServer;
+use distlock_testkit::tls::TestCa;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
@@ -244,6 +245,25 @@ fn redis_report_has_ratios_and_the_bare_loop() {
     );
     assert_eq!(r["many"]["baselines"].as_array().map(Vec::len), Some(2));
     assert!(!r["targets"].as_array().expect("targets").is_empty());
+}
+
+/// The baselines connect as the Redis backend does, from its own config: TLS, trusting only the
+/// URL's CA (before, `rediss://` was not measured at all).
+#[test]
+fn rediss_report_has_the_round_trip_and_the_bare_loop_over_tls() {
+    let ca = TestCa::new_or_panic();
+    let server = RedisServer::builder().tls(&ca).start_or_panic();
+    let url = format!(
+        "{}?ca={}",
+        server.tls_url().expect("TLS listener"),
+        ca.ca_cert().display()
+    );
+    let r = bench_json(&url, "200ms");
+    check_report(&r, "redis", true);
+    assert!(r["round_trip"]["reference"]["label"]
+        .as_str()
+        .is_some_and(|l| l.contains("PING")));
+    assert_eq!(r["many"]["baselines"].as_array().map(Vec::len), Some(2));
 }
 
 #[test]

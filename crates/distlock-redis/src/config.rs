@@ -333,6 +333,12 @@ impl RedisConfig {
         if self.ca_file.is_some() && !self.tls {
             return config("a CA file (ca_file, ?ca=) needs TLS (rediss://)");
         }
+        // The builder raises them to 10 ms and the URL refuses 0; the public fields take anything.
+        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return config(
+                "request_timeout and connect_timeout must not be 0: every request or connect would time out at once",
+            );
+        }
         if self.ca_file.is_some() && matches!(self.topology, Topology::Sentinel { .. }) {
             return unsupported(
                 "a CA file (ca_file) is not supported with Sentinel yet; use a CA in the system roots",
@@ -419,4 +425,24 @@ fn cluster(url: &LockUrl, segments: &[&str]) -> Result<RedisConfig> {
         ));
     }
     Ok(RedisConfig::cluster(nodes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock_core::ErrorKind;
+
+    #[test]
+    fn zero_timeouts_set_on_the_fields_are_refused() {
+        let base = RedisConfig::new(Endpoint::new("127.0.0.1", DEFAULT_PORT));
+        assert!(base.validate().is_ok());
+        let mut request = base.clone();
+        request.request_timeout = Duration::ZERO;
+        let mut connect = base;
+        connect.connect_timeout = Duration::ZERO;
+        for config in [request, connect] {
+            let err = config.validate().expect_err("a zero timeout");
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+        }
+    }
 }

@@ -16,6 +16,7 @@ use redis::{
     RedisConnectionInfo,
 };
 
+use distlock_core::retry::RetryPolicy;
 use distlock_core::url::Endpoint;
 
 use crate::config::{RedisConfig, Topology};
@@ -318,6 +319,12 @@ impl RuntimeProbe {
     }
 }
 
+/// How often [`Link::run`] follows a Cluster redirect on a link whose client does not (`MOVED`,
+/// `ASK`): after 5–10 ms (the client refreshes its slot map meanwhile), at most 3 times, whatever
+/// [`RedisConfig::retry`] says.
+const REDIRECTS: RetryPolicy =
+    RetryPolicy::new(3, Duration::from_millis(10), Duration::from_millis(40));
+
 /// What happened to a request [`Link::run`] sent.
 #[derive(Default)]
 pub(crate) struct Sent {
@@ -431,6 +438,7 @@ impl Link {
         Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
     {
         let mut retries = target.config().retry.start(None);
+        let mut redirects = REDIRECTS.start(None);
         loop {
             let result = self
                 .attempt(target, what, timeout, &mut request, sent)
@@ -439,8 +447,16 @@ impl Link {
                 return result;
             };
             // On a link without resends, redis-rs does not follow a Cluster redirect itself: the node
-            // did not run the request, and the client refreshes its slot map on it; another try is
-            // not a resend.
+            // did not run the request, and the client refreshes its slot map on it. Following it is
+            // not a resend, so it is not the retry policy's to refuse (redis-rs follows redirects on
+            // the other links whatever the policy).
+            if !self.resends && e.is_redirect() {
+                if redirects.wait().await {
+                    tracing::debug!(error = %e, what, "following a Cluster redirect");
+                    continue;
+                }
+                return result;
+            }
             if e.is_retryable(self.resends) && retries.wait().await {
                 sent.resent |= e.is_broken_connection();
                 tracing::debug!(error = %e, what, "retrying a Redis request on a fresh connection");

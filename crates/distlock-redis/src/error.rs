@@ -197,6 +197,11 @@ fn is_tls_failure(e: &redis::RedisError) -> bool {
     }
 }
 
+/// What a user needs, said when the server refuses one: the ACL rules every command distlock sends (the
+/// scripts' commands included: Redis checks each `redis.call` against the caller's ACL). The lock names
+/// are the caller's, so the keys are `~*`; the channels all start with `redisson_lock__channel:`.
+const PERMISSION_ADVICE: &str = " (check the user and password in the URL, redis://user:password@host:port, and the user's ACL: it needs the rules ~* &redisson_lock__channel:* +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hgetall +get +pubsub|numsub; plus +select with a /db, +wait with wait_replicas, and in Cluster +spublish +ssubscribe +sunsubscribe +cluster|slots)";
+
 fn advice(e: &redis::RedisError) -> &'static str {
     match classify(e) {
         ErrorKind::Unavailable if is_tls_failure(e) => {
@@ -205,9 +210,7 @@ fn advice(e: &redis::RedisError) -> &'static str {
         ErrorKind::Protocol if code(e) == Some("WRONGTYPE") => {
             " (the lock's key holds another type: something other than a lock — a string someone SET? — uses this name; distlock keeps a hash there, as Redisson does; pick another name or delete the key)"
         }
-        ErrorKind::PermissionDenied => {
-            " (check the user and password in the URL, redis://user:password@host:port, and the user's ACL: it needs EVALSHA, EVAL, SCRIPT, PUBLISH, SUBSCRIBE, PTTL, HGET, GET)"
-        }
+        ErrorKind::PermissionDenied => PERMISSION_ADVICE,
         ErrorKind::Unavailable => {
             " (check that the server runs at that address, that this host can reach it, and for Sentinel that the Sentinels know the master's name)"
         }

@@ -250,6 +250,97 @@ async fn wrong_password_is_permission_denied() {
     assert!(!format!("{ok:?}").contains("s3cret"));
 }
 
+/// The ACL rules the `PermissionDenied` advice names for a standalone server (no `/db`, no
+/// `wait_replicas`).
+const ADVISED_RULES: &str = "~* &redisson_lock__channel:* +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hgetall +get +pubsub|numsub";
+
+/// Creates `user` with password `pw` and exactly `rules` (nothing from the defaults).
+fn acl_user(server: &RedisServer, user: &str, rules: &str) {
+    let mut args = vec!["ACL", "SETUSER", user, "reset", "on", ">pw"];
+    args.extend(rules.split_whitespace());
+    let reply = server.command(&args).unwrap();
+    assert!(!reply.is_error(), "{reply}");
+}
+
+/// Commands the server refused `user` since the start (`ACL LOG`), as `reason object` lines.
+fn refused(server: &RedisServer, user: &str) -> Vec<String> {
+    let RespValue::Array(entries) = server.command(&["ACL", "LOG"]).unwrap() else {
+        panic!("ACL LOG is not an array");
+    };
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let RespValue::Array(fields) = entry else {
+                return None;
+            };
+            let field = |name: &str| {
+                fields
+                    .chunks(2)
+                    .find(|kv| kv[0].as_str() == Some(name))
+                    .and_then(|kv| kv[1].as_str().map(str::to_string))
+            };
+            (field("username").as_deref() == Some(user))
+                .then(|| format!("{:?} {:?}", field("reason"), field("object")))
+        })
+        .collect()
+}
+
+/// A user the server refuses is told which ACL rules distlock needs, and a user with exactly those
+/// rules can acquire, renew, wait (subscribe and unsubscribe), inspect and release, with nothing
+/// refused on the way: commands inside the scripts count too (Redis checks every `redis.call`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_acl_the_advice_names_is_enough() {
+    let server = RedisServer::start_or_panic();
+    let port = server.port();
+    acl_user(&server, "bare", "~* &* -@all");
+    let err = RedisBackend::connect(
+        &LockUrl::parse(&format!("redis://bare:pw@127.0.0.1:{port}")).unwrap(),
+    )
+    .await
+    .expect_err("a user without any command is refused");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(
+        err.to_string().contains(ADVISED_RULES),
+        "the advice does not name the rules distlock needs: {err}"
+    );
+
+    acl_user(&server, "advised", ADVISED_RULES);
+    let url = format!("redis://advised:pw@127.0.0.1:{port}");
+    let (holder, waiter) = (locks(&url).await, locks(&url).await);
+    let name = unique("acl");
+    let lease = Duration::from_secs(1);
+    let guard = holder
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire with the advised ACL");
+    let waiting = {
+        let lock = waiter.lock(&name).unwrap();
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    // Renewed past its lease (a renewal every third of it) while the other waits.
+    tokio::time::sleep(lease * 2).await;
+    assert_eq!(guard.state(), LockState::Held);
+    let info = holder
+        .inspect(&name)
+        .await
+        .expect("inspect with the advised ACL");
+    assert!(info.holder.is_some(), "{info:?}");
+    guard.release().await.expect("release with the advised ACL");
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter is woken")
+        .unwrap()
+        .expect("the waiter acquires with the advised ACL");
+    next.release().await.unwrap();
+    drop(waiter);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(refused(&server, "advised"), Vec::<String>::new());
+}
+
 /// Nothing listening: Unavailable, quickly, naming the address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_port_is_unavailable_fault() {

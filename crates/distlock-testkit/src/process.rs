@@ -9,7 +9,8 @@
 //!   and tests run on short-lived threads, so all spawns go through one dedicated spawner thread that
 //!   lives as long as the test process: when the process dies (even by SIGKILL, when no `Drop` runs) its
 //!   servers die with it. The signal is set in `pre_exec`, which std runs after `uid`/`gid` switches
-//!   (those clear it), and the child exits at once if its parent is already gone.
+//!   (those clear it), and the child exits at once if its parent is already gone. Both pieces are
+//!   `distlock-process`'s, shared with the `distlock run` supervisor.
 //! * A pid record per server (see [`crate::sweep`]) lets the next run kill what escaped both.
 //!
 //! # Identity
@@ -26,7 +27,7 @@ use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
@@ -301,23 +302,9 @@ impl ServerProcess {
         if let Some(uid) = spec.uid {
             cmd.uid(uid);
         }
-        let parent = rustix::process::getpid();
-        // SAFETY: the closure runs in the forked child before exec and only makes raw syscalls
-        // (prctl, getppid) and builds an io::Error from an errno, which does not allocate.
-        unsafe {
-            cmd.pre_exec(move || {
-                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
-                    .map_err(io::Error::from)?;
-                // The parent may have died between fork and prctl; then nobody would kill us.
-                if rustix::process::getppid() != Some(parent) {
-                    return Err(io::Error::from_raw_os_error(
-                        rustix::io::Errno::SRCH.raw_os_error(),
-                    ));
-                }
-                Ok(())
-            });
-        }
-        spawn_on_spawner_thread(cmd).map_err(|e| {
+        // After the uid/gid switch (which clears it), and forked from the process-lifetime thread.
+        distlock_process::die_with_parent(&mut cmd);
+        distlock_process::spawn_on_spawner_thread(cmd).map_err(|e| {
             if e.kind() == io::ErrorKind::NotFound {
                 spec.missing()
             } else {
@@ -623,36 +610,4 @@ fn is_executable(path: &Path) -> bool {
     fs::metadata(path)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
-}
-
-type SpawnJob = (Command, mpsc::Sender<io::Result<Child>>);
-
-/// Spawns `cmd` from the process-lifetime spawner thread, so `PR_SET_PDEATHSIG` fires when the test
-/// *process* dies rather than when the (short-lived) test thread that asked for the server ends.
-fn spawn_on_spawner_thread(cmd: Command) -> io::Result<Child> {
-    static SPAWNER: OnceLock<io::Result<mpsc::Sender<SpawnJob>>> = OnceLock::new();
-    let spawner = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnJob>();
-        std::thread::Builder::new()
-            .name("distlock-testkit-spawner".to_owned())
-            .spawn(move || {
-                // Never returns while the process lives: the sender sits in a static.
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-            })
-            .map(|_| tx)
-    });
-    let tx = spawner.as_ref().map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("starting the testkit spawner thread: {e}"),
-        )
-    })?;
-    let (reply_tx, reply_rx) = mpsc::channel();
-    tx.send((cmd, reply_tx))
-        .map_err(|_| io::Error::other("the testkit spawner thread is gone"))?;
-    reply_rx
-        .recv()
-        .map_err(|_| io::Error::other("the testkit spawner thread is gone"))?
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use super::stats::Recorder;
-use crate::exit::{Code, Failure};
+use crate::error::Error;
+use crate::stats::Recorder;
 
 /// One way to take and give back a lock.
 pub trait Cycler: Send + Sync + 'static {
@@ -19,9 +19,9 @@ pub trait Cycler: Send + Sync + 'static {
     fn acquire(
         &self,
         wait: Duration,
-    ) -> impl Future<Output = Result<Option<Self::Held>, Failure>> + Send;
+    ) -> impl Future<Output = Result<Option<Self::Held>, Error>> + Send;
 
-    fn release(&self, held: Self::Held) -> impl Future<Output = Result<(), Failure>> + Send;
+    fn release(&self, held: Self::Held) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// How long an uncontended acquire may wait before the run is declared broken (someone else holds
@@ -40,8 +40,8 @@ pub struct Starter {
 
 impl Starter {
     /// Reports this task ready and returns the start instant, once every task is ready.
-    pub async fn ready(mut self) -> Result<Instant, Failure> {
-        let stopped = || Failure::new(Code::Unavailable, "internal error: the benchmark stopped");
+    pub async fn ready(mut self) -> Result<Instant, Error> {
+        let stopped = || Error::unavailable("internal error: the benchmark stopped");
         self.ready.send(()).await.map_err(|_| stopped())?;
         let start = *self
             .go
@@ -55,11 +55,11 @@ impl Starter {
 /// Spawns `n` tasks, starts them together once all have warmed up (a barrier, as in the peers'
 /// measurements), and collects their results; the first failure ends the run (the other tasks are
 /// aborted when the set is dropped).
-pub async fn run_tasks<T, F, Fut>(n: usize, mut body: F) -> Result<(Instant, Vec<T>), Failure>
+pub async fn run_tasks<T, F, Fut>(n: usize, mut body: F) -> Result<(Instant, Vec<T>), Error>
 where
     T: Send + 'static,
     F: FnMut(usize, Starter) -> Fut,
-    Fut: Future<Output = Result<T, Failure>> + Send + 'static,
+    Fut: Future<Output = Result<T, Error>> + Send + 'static,
 {
     let (ready_tx, mut ready_rx) = mpsc::channel(n.max(1));
     let (go_tx, go_rx) = watch::channel(None);
@@ -93,19 +93,15 @@ where
     Ok((start, results.into_iter().flatten().collect()))
 }
 
-type Joined<T> = Result<(usize, Result<T, Failure>), tokio::task::JoinError>;
+type Joined<T> = Result<(usize, Result<T, Error>), tokio::task::JoinError>;
 
-fn joined_failure<T>(joined: Option<Joined<T>>) -> Failure {
+fn joined_failure<T>(joined: Option<Joined<T>>) -> Error {
     match joined {
         Some(Ok((_, Err(failure)))) => failure,
-        Some(Err(e)) => Failure::new(
-            Code::Unavailable,
-            format!("internal error: a benchmark task failed: {e}"),
-        ),
-        Some(Ok((_, Ok(_)))) | None => Failure::new(
-            Code::Unavailable,
-            "internal error: a benchmark task ended early",
-        ),
+        Some(Err(e)) => Error::unavailable(format!("internal error: a benchmark task failed: {e}")),
+        Some(Ok((_, Ok(_)))) | None => {
+            Error::unavailable("internal error: a benchmark task ended early")
+        }
     }
 }
 
@@ -140,15 +136,14 @@ pub async fn run_cycles<C: Cycler>(
     clients: Vec<C>,
     warmup: usize,
     duration: Duration,
-) -> Result<Cycles, Failure> {
+) -> Result<Cycles, Error> {
     let tasks = clients.len();
     let mut clients: Vec<Option<C>> = clients.into_iter().map(Some).collect();
     let (start, results) = run_tasks(tasks, |i, starter| {
         let client = clients[i].take();
         async move {
-            let client = client.ok_or_else(|| {
-                Failure::new(Code::Unavailable, "internal error: no client for a task")
-            })?;
+            let client =
+                client.ok_or_else(|| Error::unavailable("internal error: no client for a task"))?;
             let warm_until = Instant::now() + duration / 10;
             for _ in 0..warmup {
                 if Instant::now() >= warm_until {
@@ -189,16 +184,13 @@ pub async fn run_cycles<C: Cycler>(
     })
 }
 
-async fn cycle<C: Cycler>(client: &C) -> Result<(), Failure> {
+async fn cycle<C: Cycler>(client: &C) -> Result<(), Error> {
     match client.acquire(UNCONTENDED_WAIT).await? {
         Some(held) => client.release(held).await,
-        None => Err(Failure::new(
-            Code::Unavailable,
-            format!(
-                "an uncontended acquire waited {}s: is another process using the benchmark's names?",
-                UNCONTENDED_WAIT.as_secs()
-            ),
-        )),
+        None => Err(Error::unavailable(format!(
+            "an uncontended acquire waited {}s: is another process using the benchmark's names?",
+            UNCONTENDED_WAIT.as_secs()
+        ))),
     }
 }
 
@@ -246,15 +238,14 @@ pub async fn run_contended<C: Cycler>(
     clients: Vec<C>,
     hold: Duration,
     duration: Duration,
-) -> Result<Contended, Failure> {
+) -> Result<Contended, Error> {
     let tasks = clients.len();
     let mut clients: Vec<Option<C>> = clients.into_iter().map(Some).collect();
     let (start, results) = run_tasks(tasks, |task, starter| {
         let client = clients[task].take();
         async move {
-            let client = client.ok_or_else(|| {
-                Failure::new(Code::Unavailable, "internal error: no client for a task")
-            })?;
+            let client =
+                client.ok_or_else(|| Error::unavailable("internal error: no client for a task"))?;
             let start = starter.ready().await?;
             let deadline = start + duration;
             let mut events = Vec::new();

@@ -4,8 +4,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::harness::{Contended, Cycles};
-use super::stats::{fmt_count, fmt_us, round2, Latency};
+use crate::harness::{Contended, Cycles};
+use crate::stats::{fmt_count, fmt_us, round2, Latency};
 
 /// The whole run.
 #[derive(Debug, Serialize)]
@@ -32,6 +32,16 @@ pub struct RoundTrip {
     pub others: Vec<Probe>,
     /// Why there is no reference: "no engine round trip" (memory, file) or what was not measured.
     pub note: Option<String>,
+}
+
+impl Report {
+    /// The report as one pretty-printed JSON object, with a final newline.
+    pub fn to_json(&self) -> Result<String, crate::Error> {
+        let mut json = serde_json::to_string_pretty(self)
+            .map_err(|e| crate::Error::unavailable(format!("cannot encode the report: {e}")))?;
+        json.push('\n');
+        Ok(json)
+    }
 }
 
 impl RoundTrip {
@@ -280,7 +290,30 @@ pub fn render(report: &Report) -> String {
         fmt_us(report.duration_s * 1e6),
         report.runtime_workers
     );
-    let rtt = &report.round_trip;
+    render_round_trip(o, &report.round_trip);
+    let has_rtt = report.round_trip.reference.is_some();
+    if let Some(a) = &report.uncontended {
+        render_uncontended(o, a, has_rtt);
+    }
+    if let Some(b) = &report.many {
+        render_many(o, b, has_rtt);
+    }
+    if let Some(c) = &report.contended {
+        let _ = writeln!(
+            o,
+            "\n(c) contended: {} tasks, one name, hold {} (thread sleep)",
+            c.tasks,
+            fmt_us(c.hold_us)
+        );
+        for f in c.distlock.iter().chain(&c.baselines) {
+            contended(o, f);
+        }
+    }
+    render_targets(o, &report.targets);
+    out
+}
+
+fn render_round_trip(o: &mut String, rtt: &RoundTrip) {
     match &rtt.reference {
         Some(probe) => {
             let _ = writeln!(
@@ -308,80 +341,69 @@ pub fn render(report: &Report) -> String {
             );
         }
     }
-    let has_rtt = rtt.reference.is_some();
+}
 
-    if let Some(a) = &report.uncontended {
-        let _ = writeln!(o, "\n(a) uncontended: 1 task, one name, acquire + release");
-        cycle_table(o, a.distlock.iter().chain(&a.baselines), has_rtt);
-        if let (Some(d), Some(b)) = (&a.distlock, a.baselines.first()) {
-            if b.latency.mean_us > 0.0 {
-                let _ = writeln!(
-                    o,
-                    "  distlock's mean cycle = {:.2}× {}'s",
-                    d.latency.mean_us / b.latency.mean_us,
-                    b.label
-                );
-            }
-        }
-        for f in a.distlock.iter().chain(&a.baselines) {
-            histogram(o, &format!("{} cycle", f.label), &f.latency);
-        }
-    }
-
-    if let Some(b) = &report.many {
-        let _ = writeln!(
-            o,
-            "\n(b) many names: {} tasks, each on its own name",
-            b.tasks
-        );
-        cycle_table(
-            o,
-            b.shared.iter().chain(&b.per_task).chain(&b.baselines),
-            has_rtt,
-        );
-        if let Some(base) = b.baselines.first().filter(|f| f.cycles_per_s > 0.0) {
-            for f in b.shared.iter().chain(&b.per_task) {
-                let _ = writeln!(
-                    o,
-                    "  {}: {:.2}× {}'s cycles/s",
-                    f.label,
-                    f.cycles_per_s / base.cycles_per_s,
-                    base.label
-                );
-            }
-        }
-        for f in b.shared.iter().chain(&b.per_task) {
-            histogram(o, &format!("{} cycle", f.label), &f.latency);
-        }
-    }
-
-    if let Some(c) = &report.contended {
-        let _ = writeln!(
-            o,
-            "\n(c) contended: {} tasks, one name, hold {} (thread sleep)",
-            c.tasks,
-            fmt_us(c.hold_us)
-        );
-        for f in c.distlock.iter().chain(&c.baselines) {
-            contended(o, f);
-        }
-    }
-
-    if !report.targets.is_empty() {
-        let _ = writeln!(o, "\ntargets (from the issues; measured, never asserted):");
-        for t in &report.targets {
+fn render_uncontended(o: &mut String, a: &Uncontended, has_rtt: bool) {
+    let _ = writeln!(o, "\n(a) uncontended: 1 task, one name, acquire + release");
+    cycle_table(o, a.distlock.iter().chain(&a.baselines), has_rtt);
+    if let (Some(d), Some(b)) = (&a.distlock, a.baselines.first()) {
+        if b.latency.mean_us > 0.0 {
             let _ = writeln!(
                 o,
-                "  {:<62} {:>8.2} {} {:<6} {}",
-                t.what,
-                t.value,
-                if t.at_most { "≤" } else { "≥" },
-                t.limit,
-                if t.met { "met" } else { "MISSED" }
+                "  distlock's mean cycle = {:.2}× {}'s",
+                d.latency.mean_us / b.latency.mean_us,
+                b.label
             );
         }
     }
-    out
+    for f in a.distlock.iter().chain(&a.baselines) {
+        histogram(o, &format!("{} cycle", f.label), &f.latency);
+    }
+}
+
+fn render_many(o: &mut String, b: &Many, has_rtt: bool) {
+    let _ = writeln!(
+        o,
+        "\n(b) many names: {} tasks, each on its own name",
+        b.tasks
+    );
+    cycle_table(
+        o,
+        b.shared.iter().chain(&b.per_task).chain(&b.baselines),
+        has_rtt,
+    );
+    if let Some(base) = b.baselines.first().filter(|f| f.cycles_per_s > 0.0) {
+        for f in b.shared.iter().chain(&b.per_task) {
+            let _ = writeln!(
+                o,
+                "  {}: {:.2}× {}'s cycles/s",
+                f.label,
+                f.cycles_per_s / base.cycles_per_s,
+                base.label
+            );
+        }
+    }
+    for f in b.shared.iter().chain(&b.per_task) {
+        histogram(o, &format!("{} cycle", f.label), &f.latency);
+    }
+}
+
+fn render_targets(o: &mut String, targets: &[Target]) {
+    if targets.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "\ntargets (from the issues; measured, never asserted):");
+    for t in targets {
+        let _ = writeln!(
+            o,
+            "  {:<62} {:>8.2} {} {:<6} {}",
+            t.what,
+            t.value,
+            if t.at_most { "≤" } else { "≥" },
+            t.limit,
+            if t.met { "met" } else { "MISSED" }
+        );
+    }
 }
 
 fn cycle_table<'a>(o: &mut String, rows: impl Iterator<Item = &'a CycleFigures>, has_rtt: bool) {

@@ -1,0 +1,291 @@
+//! `distlock bench`: the three workloads of DESIGN §8, in the shapes the peers were measured with
+//! (shared/reference/baseline.md), each beside the engine's own round trip and a bare-client
+//! baseline measured in the same run.
+//!
+//! The measuring is generic over [`distlock::Locks`]; only the baselines know their engine.
+//!
+//! This crate is the library behind the `distlock bench` subcommand of `distlock-cli`: the command
+//! parses [`Options`] (a `clap::Args`), resolves the lock URL, calls [`bench`] and prints the
+//! [`Report`] ([`render`] for people, [`Report::to_json`] for scripts).
+
+mod engines;
+mod error;
+mod harness;
+mod measure;
+mod progress;
+mod report;
+mod stats;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, ValueEnum};
+
+use engines::Engine;
+pub use error::Error;
+use progress::Progress;
+use report::Target;
+pub use report::{render, Report};
+
+/// `distlock bench --help`.
+pub const ABOUT: &str = "\
+Measure a lock service with the workloads of distlock's design (the same shapes as the peer \
+baselines it is compared with):
+
+  uncontended  1 task, one name: acquire + release cycles; p50/p99 latency and cycles/s
+  many         N tasks (default 16), each on its own name: total cycles/s, once with one Locks \
+shared by all tasks (one multiplexed connection) and once with one Locks per task
+  contended    N tasks (default 8) of one process on one name, each holding it --hold (a thread \
+sleep): acquisitions/s, handoff latency (release -> next grant, and to another task) p50/p99, \
+fairness (min/max acquisitions per task) and the share of re-acquisitions by the releasing task
+
+Each run also measures the engine's own round trip and reports every figure as a ratio to it \
+(redis: PING on a multiplexed redis-rs connection; etcd: a put, and a range beside it), and runs a \
+baseline beside distlock (redis: a bare SET NX PX + EVALSHA compare-and-delete loop; etcd: \
+etcd's Lock/Unlock RPCs; file: a bare flock + unlock, the floor). memory:// and file:// have \
+no engine round trip: their figures are absolute.
+
+A progress bar shows on stderr when it is a terminal; the report goes to stdout (--json: one JSON \
+object). Runs on a tokio multi-thread runtime with 2 workers, like the peers' measurements.";
+
+/// Worker threads of the benchmark's runtime: the peers' Rust measurements used 2.
+pub const WORKERS: usize = 2;
+
+const DEFAULT_MANY_TASKS: usize = 16;
+const DEFAULT_CONTENDED_TASKS: usize = 8;
+/// Warm-up cycles before a measurement (baseline.md: 200 for one client, 20 per worker for many).
+const WARMUP_ONE: usize = 200;
+const WARMUP_MANY: usize = 20;
+/// How long the end of the run waits for background releases.
+const CLOSE_LIMIT: Duration = Duration::from_secs(5);
+
+/// The runtime `distlock bench` runs on.
+pub fn runtime_builder() -> tokio::runtime::Builder {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(WORKERS);
+    builder
+}
+
+/// The flags of `distlock bench` (the lock URL aside: the command resolves it).
+#[derive(Debug, Clone, Args)]
+#[non_exhaustive]
+pub struct Options {
+    /// How long each measurement runs, after a short warm-up.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "5s")]
+    pub duration: Duration,
+    /// Concurrent tasks of the `many` (default 16) and `contended` (default 8) workloads.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub tasks: Option<u16>,
+    /// How long the contended workload holds the lock each time (a thread sleep, as the peers'
+    /// benchmarks do).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1ms")]
+    pub hold: Duration,
+    /// Which workload to run.
+    #[arg(long, value_enum, value_name = "WORKLOAD", default_value_t = Workload::All)]
+    pub workload: Workload,
+    /// Print one JSON object on stdout instead of the report.
+    #[arg(long)]
+    pub json: bool,
+    /// Only measure the engine's round trip and the bare-client baselines, not distlock (for
+    /// comparing engines, or a build whose backend for the URL is not ready).
+    #[arg(long, hide = true)]
+    pub baseline_only: bool,
+}
+
+/// The workloads of `distlock bench` (DESIGN §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[non_exhaustive]
+pub enum Workload {
+    /// One task, one name: acquire + release cycles.
+    Uncontended,
+    /// Many tasks, each on its own name (one shared connection, then one per task).
+    Many,
+    /// Many tasks on one name, holding it briefly: handoff latency and fairness.
+    Contended,
+    /// All three.
+    All,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    distlock_core::duration::parse(text).map_err(|e| e.message().to_string())
+}
+
+/// What to run, checked.
+#[derive(Debug)]
+struct Config {
+    url: String,
+    engine: Engine,
+    duration: Duration,
+    hold: Duration,
+    many_tasks: usize,
+    contended_tasks: usize,
+    uncontended: bool,
+    many: bool,
+    contended: bool,
+    /// Prefix of every name and key the run uses, unique to the run.
+    run: String,
+}
+
+/// Runs the benchmark against `url` as `options` ask, drawing a progress bar on stderr when it is a
+/// terminal, and returns the report (`options.json` is for the caller's printing).
+pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
+    if options.duration.is_zero() {
+        return Err(Error::usage("--duration must be more than 0"));
+    }
+    let engine = Engine::from_url(&url)?;
+    let all = options.workload == Workload::All;
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let config = Config {
+        url,
+        engine,
+        duration: options.duration,
+        hold: options.hold,
+        many_tasks: options.tasks.map_or(DEFAULT_MANY_TASKS, usize::from),
+        contended_tasks: options.tasks.map_or(DEFAULT_CONTENDED_TASKS, usize::from),
+        uncontended: all || options.workload == Workload::Uncontended,
+        many: all || options.workload == Workload::Many,
+        contended: all || options.workload == Workload::Contended,
+        run: format!("{}-{nanos:08x}", std::process::id()),
+    };
+    let locks = if options.baseline_only {
+        None
+    } else {
+        Some(distlock::connect(&config.url).await?)
+    };
+
+    let total = count_steps(&config, locks.is_some());
+    let mut runner = Runner {
+        progress: Progress::new(total, config.duration),
+        done: 0,
+        total,
+    };
+    let measured = measure::measure(&config, locks.as_ref(), &mut runner).await;
+    runner.progress.finish();
+    if let Some(locks) = &locks {
+        // Dropped guards of a failed run release in the background; let that reach the server.
+        let _ = tokio::time::timeout(CLOSE_LIMIT, locks.close()).await;
+    }
+    measured
+}
+
+/// How many measurements [`measure::measure`] makes, for the progress bar.
+fn count_steps(config: &Config, with_distlock: bool) -> usize {
+    let d = usize::from(with_distlock);
+    let (rtt, a, b, c) = match config.engine {
+        Engine::Redis(_) => (1, 1, 2, 0),
+        Engine::Etcd { .. } => (2, 1, 1, 1),
+        Engine::File { sync, .. } => (0, 1 + usize::from(sync), 1, 0),
+        Engine::Memory | Engine::Unmeasured { .. } => (0, 0, 0, 0),
+    };
+    rtt + usize::from(config.uncontended) * (d + a)
+        + usize::from(config.many) * (2 * d + b)
+        + usize::from(config.contended) * (d + c)
+}
+
+/// Announces measurements on the progress bar.
+#[derive(Debug)]
+struct Runner {
+    progress: Progress,
+    done: usize,
+    total: usize,
+}
+
+impl Runner {
+    fn step(&mut self, label: &str) {
+        self.progress
+            .step(self.done, self.total.max(self.done + 1), label);
+        self.done += 1;
+    }
+}
+
+/// The targets of issues 3 (Redis) and 4 (etcd), and the fairness ones every backend can meet with
+/// the local FIFO (DESIGN §3), computed from the run.
+fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
+    let mut out = Vec::new();
+    let rtt = report.round_trip.reference.as_ref().map(|p| &p.latency);
+    let others = &report.round_trip.others;
+    let a = report.uncontended.as_ref();
+    let a_distlock = a.and_then(|a| a.distlock.as_ref());
+    let a_base = a.and_then(|a| a.baselines.first());
+    let b = report.many.as_ref();
+    let c = report.contended.as_ref().and_then(|c| c.distlock.as_ref());
+    match engine {
+        Engine::Redis(_) => {
+            if let (Some(d), Some(base)) = (a_distlock, a_base) {
+                if base.latency.mean_us > 0.0 {
+                    out.push(Target::at_most(
+                        "(a) distlock cycle / bare loop cycle (mean)",
+                        d.latency.mean_us / base.latency.mean_us,
+                        1.10,
+                    ));
+                }
+            }
+            if let Some(b) = b {
+                let base = b.baselines.first().filter(|f| f.cycles_per_s > 0.0);
+                for (what, figures) in [
+                    (
+                        "(b) distlock one shared Locks / bare loop, cycles/s",
+                        &b.shared,
+                    ),
+                    (
+                        "(b) distlock one Locks per task / bare loop, cycles/s",
+                        &b.per_task,
+                    ),
+                ] {
+                    if let (Some(f), Some(base)) = (figures, base) {
+                        out.push(Target::at_least(
+                            what,
+                            f.cycles_per_s / base.cycles_per_s,
+                            1.0,
+                        ));
+                    }
+                }
+            }
+            if let (Some(c), Some(rtt)) = (c, rtt) {
+                if rtt.mean_us > 0.0 && c.handoff_to_other.n > 0 {
+                    out.push(Target::at_most(
+                        "(c) handoff to another task p50, in PING round trips",
+                        c.handoff_to_other.p50_us / rtt.mean_us,
+                        4.0,
+                    ));
+                }
+            }
+        }
+        Engine::Etcd { .. } => {
+            if let (Some(d), Some(rtt)) = (a_distlock, rtt) {
+                if rtt.mean_us > 0.0 {
+                    out.push(Target::at_most(
+                        "(a) distlock cycle, in put round trips (mean)",
+                        d.latency.mean_us / rtt.mean_us,
+                        2.2,
+                    ));
+                }
+            }
+            if let (Some(c), Some(put), Some(range)) = (c, rtt, others.first()) {
+                let floor_us = c.mean_hold_us + put.mean_us + range.latency.mean_us;
+                if floor_us > 0.0 {
+                    out.push(Target::at_least(
+                        "(c) acquisitions/s / (1 / (hold + put + range))",
+                        c.acquisitions_per_s * floor_us / 1e6,
+                        0.9,
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+    if let Some(c) = c {
+        out.push(Target::at_most(
+            "(c) share of re-acquisitions by the releasing task",
+            c.same_holder_share,
+            0.20,
+        ));
+        out.push(Target::at_least(
+            "(c) fairness: min/max acquisitions per task",
+            c.fairness_min_max,
+            0.8,
+        ));
+    }
+    out
+}

@@ -1,0 +1,431 @@
+//! The measurements of one run, in order: the engine's round trip, then each workload's distlock
+//! figures beside its engine baselines.
+
+use distlock::etcd::rpc::pb::etcdserverpb::DeleteRangeRequest;
+use distlock::etcd::rpc::Client as EtcdClient;
+use distlock::etcd::EtcdConfig;
+use distlock::Locks;
+
+use crate::engines::{
+    etcd_connect, etcd_revoke, Distlock, Engine, EtcdLockRpc, EtcdPut, EtcdRange, FlockFloor,
+    RedisBare, RedisPing, RedisServer,
+};
+use crate::harness::{run_contended, run_cycles};
+use crate::report::{
+    ContendedFigures, ContendedSection, CycleFigures, Many, Probe, Report, RoundTrip, Uncontended,
+};
+use crate::{targets, Config, Error, Runner, WARMUP_MANY, WARMUP_ONE, WORKERS};
+
+/// Live connections of the engine baselines.
+enum Baseline {
+    None,
+    Redis {
+        server: Box<RedisServer>,
+        conn: redis::aio::MultiplexedConnection,
+    },
+    Etcd {
+        config: Box<EtcdConfig>,
+        client: Box<EtcdClient>,
+    },
+    File {
+        dir: std::path::PathBuf,
+        sync: bool,
+    },
+}
+
+/// What every measurement of a run needs.
+struct Run<'a> {
+    config: &'a Config,
+    locks: Option<&'a Locks>,
+    baseline: &'a Baseline,
+    round_trip: &'a RoundTrip,
+}
+
+/// Measures the engine's round trip and the workloads the config asks for.
+pub(crate) async fn measure(
+    config: &Config,
+    locks: Option<&Locks>,
+    runner: &mut Runner,
+) -> Result<Report, Error> {
+    let (baseline, round_trip) = round_trip(config, runner).await?;
+    let run = Run {
+        config,
+        locks,
+        baseline: &baseline,
+        round_trip: &round_trip,
+    };
+    let uncontended = match config.uncontended {
+        true => Some(run.uncontended(runner).await?),
+        false => None,
+    };
+    let many = match config.many {
+        true => Some(run.many(runner).await?),
+        false => None,
+    };
+    let contended = match config.contended {
+        true => run.contended(runner).await?,
+        false => None,
+    };
+    if let Baseline::Etcd { client, .. } = &baseline {
+        let _ = client
+            .delete_range(DeleteRangeRequest {
+                key: format!("distlock-bench-rtt/{}", config.run).into_bytes(),
+                ..DeleteRangeRequest::default()
+            })
+            .await;
+    }
+
+    let mut report = Report {
+        url: distlock_core::url::redact(&config.url),
+        backend: locks.map_or_else(
+            || config.url.split("://").next().unwrap_or("").to_string(),
+            |l| l.backend_kind().to_string(),
+        ),
+        duration_s: config.duration.as_secs_f64(),
+        runtime_workers: WORKERS,
+        round_trip,
+        uncontended,
+        many,
+        contended,
+        targets: Vec::new(),
+    };
+    report.targets = targets(&report, &config.engine);
+    Ok(report)
+}
+
+impl Run<'_> {
+    /// (a): the baselines first, then distlock.
+    async fn uncontended(&self, runner: &mut Runner) -> Result<Uncontended, Error> {
+        let baselines = self.uncontended_baselines(runner).await?;
+        let distlock = match self.locks {
+            Some(locks) => {
+                runner.step("(a) distlock, uncontended");
+                let lock = locks.lock(&format!("distlock-bench/{}/a", self.config.run))?;
+                let cycles =
+                    run_cycles(vec![Distlock { lock }], WARMUP_ONE, self.config.duration).await?;
+                Some(CycleFigures::new("distlock", &cycles, self.round_trip))
+            }
+            None => None,
+        };
+        Ok(Uncontended {
+            distlock,
+            baselines,
+        })
+    }
+
+    async fn uncontended_baselines(&self, runner: &mut Runner) -> Result<Vec<CycleFigures>, Error> {
+        let (d, run, rtt) = (self.config.duration, &self.config.run, self.round_trip);
+        let mut baselines = Vec::new();
+        match self.baseline {
+            Baseline::Redis { conn, .. } => {
+                runner.step("(a) bare SET NX PX + EVALSHA loop");
+                let bare = RedisBare::new(conn.clone(), format!("distlock-bench-bare/{run}/a"));
+                let cycles = run_cycles(vec![bare], WARMUP_ONE, d).await?;
+                baselines.push(CycleFigures::new(
+                    "bare SET NX PX + EVALSHA (redis-rs)",
+                    &cycles,
+                    rtt,
+                ));
+            }
+            Baseline::Etcd { client, .. } => {
+                runner.step("(a) etcd Lock/Unlock RPC");
+                let peer =
+                    EtcdLockRpc::new((**client).clone(), format!("distlock-bench-peer/{run}/a"))
+                        .await?;
+                let lease = peer.lease();
+                let cycles = run_cycles(vec![peer], WARMUP_ONE, d).await;
+                etcd_revoke(vec![lease]).await;
+                baselines.push(CycleFigures::new("etcd Lock/Unlock RPC", &cycles?, rtt));
+            }
+            Baseline::File { dir, sync } => {
+                // The synced floor first: it is what the backend's default (sync on) compares to.
+                for sync in [*sync, false].into_iter().take(1 + usize::from(*sync)) {
+                    let label = floor_label(sync);
+                    runner.step(&format!("(a) {label}"));
+                    let path = dir.join(format!(".distlock-bench-floor-{run}-a"));
+                    let cycles =
+                        run_cycles(vec![FlockFloor::new(path, sync)?], WARMUP_ONE, d).await?;
+                    baselines.push(CycleFigures::new(label, &cycles, rtt));
+                }
+            }
+            Baseline::None => {}
+        }
+        Ok(baselines)
+    }
+
+    /// (b): distlock with one shared `Locks`, then one per task, then the baselines.
+    async fn many(&self, runner: &mut Runner) -> Result<Many, Error> {
+        let (shared, per_task) = match self.locks {
+            Some(locks) => (
+                Some(self.many_shared(locks, runner).await?),
+                Some(self.many_per_task(runner).await?),
+            ),
+            None => (None, None),
+        };
+        Ok(Many {
+            tasks: self.config.many_tasks,
+            shared,
+            per_task,
+            baselines: self.many_baselines(runner).await?,
+        })
+    }
+
+    async fn many_shared(&self, locks: &Locks, runner: &mut Runner) -> Result<CycleFigures, Error> {
+        runner.step("(b) distlock, one shared Locks");
+        let run = &self.config.run;
+        let clients = (0..self.config.many_tasks)
+            .map(|i| {
+                Ok(Distlock {
+                    lock: locks.lock(&format!("distlock-bench/{run}/b-shared/{i}"))?,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let cycles = run_cycles(clients, WARMUP_MANY, self.config.duration).await?;
+        Ok(CycleFigures::new(
+            "distlock, one shared Locks",
+            &cycles,
+            self.round_trip,
+        ))
+    }
+
+    async fn many_per_task(&self, runner: &mut Runner) -> Result<CycleFigures, Error> {
+        runner.step("(b) distlock, one Locks per task");
+        let (n, run) = (self.config.many_tasks, &self.config.run);
+        let mut own = Vec::with_capacity(n);
+        let mut clients = Vec::with_capacity(n);
+        for i in 0..n {
+            let locks = distlock::connect(&self.config.url).await?;
+            clients.push(Distlock {
+                lock: locks.lock(&format!("distlock-bench/{run}/b-own/{i}"))?,
+            });
+            own.push(locks);
+        }
+        let cycles = run_cycles(clients, WARMUP_MANY, self.config.duration).await;
+        for locks in &own {
+            let _ = tokio::time::timeout(crate::CLOSE_LIMIT, locks.close()).await;
+        }
+        Ok(CycleFigures::new(
+            "distlock, one Locks per task",
+            &cycles?,
+            self.round_trip,
+        ))
+    }
+
+    async fn many_baselines(&self, runner: &mut Runner) -> Result<Vec<CycleFigures>, Error> {
+        let (d, run, rtt) = (self.config.duration, &self.config.run, self.round_trip);
+        let n = self.config.many_tasks;
+        let mut baselines = Vec::new();
+        match self.baseline {
+            Baseline::Redis { server, conn } => {
+                runner.step("(b) bare loop, one connection per task");
+                let mut clients = Vec::with_capacity(n);
+                for i in 0..n {
+                    let key = format!("distlock-bench-bare/{run}/b-own/{i}");
+                    clients.push(RedisBare::new(server.connect().await?, key));
+                }
+                let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
+                baselines.push(CycleFigures::new(
+                    "bare loop, one connection per task",
+                    &cycles,
+                    rtt,
+                ));
+
+                runner.step("(b) bare loop, one shared connection");
+                let clients = (0..n)
+                    .map(|i| {
+                        RedisBare::new(
+                            conn.clone(),
+                            format!("distlock-bench-bare/{run}/b-shared/{i}"),
+                        )
+                    })
+                    .collect();
+                let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
+                baselines.push(CycleFigures::new(
+                    "bare loop, one shared connection",
+                    &cycles,
+                    rtt,
+                ));
+            }
+            Baseline::Etcd {
+                config: etcd_config,
+                ..
+            } => {
+                runner.step("(b) etcd Lock RPC, one client per task");
+                let mut clients = Vec::with_capacity(n);
+                for i in 0..n {
+                    let client = etcd_connect(etcd_config).await?;
+                    let name = format!("distlock-bench-peer/{run}/b/{i}");
+                    clients.push(EtcdLockRpc::new(client, name).await?);
+                }
+                let leases = clients.iter().map(EtcdLockRpc::lease).collect();
+                let cycles = run_cycles(clients, WARMUP_MANY, d).await;
+                etcd_revoke(leases).await;
+                baselines.push(CycleFigures::new(
+                    "etcd Lock RPC, one client per task",
+                    &cycles?,
+                    rtt,
+                ));
+            }
+            Baseline::File { dir, sync } => {
+                let label = format!("{}, one file per task", floor_label(*sync));
+                runner.step(&format!("(b) {label}"));
+                let clients = (0..n)
+                    .map(|i| {
+                        let path = dir.join(format!(".distlock-bench-floor-{run}-b{i}"));
+                        FlockFloor::new(path, *sync)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
+                baselines.push(CycleFigures::new(label, &cycles, rtt));
+            }
+            Baseline::None => {}
+        }
+        Ok(baselines)
+    }
+
+    /// (c): distlock, then the engine's peer where it has one; `None` when there is nothing to show
+    /// (`--baseline-only` where the engine has no contended peer).
+    async fn contended(&self, runner: &mut Runner) -> Result<Option<ContendedSection>, Error> {
+        let (n, d, hold) = (
+            self.config.contended_tasks,
+            self.config.duration,
+            self.config.hold,
+        );
+        let distlock = match self.locks {
+            Some(locks) => {
+                runner.step("(c) distlock, contended");
+                let name = format!("distlock-bench/{}/c", self.config.run);
+                let clients = (0..n)
+                    .map(|_| {
+                        Ok(Distlock {
+                            lock: locks.lock(&name)?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, Error>>()?;
+                let result = run_contended(clients, hold, d).await?;
+                Some(ContendedFigures::new("distlock", &result, self.round_trip))
+            }
+            None => None,
+        };
+        let mut baselines = Vec::new();
+        if let Baseline::Etcd {
+            config: etcd_config,
+            ..
+        } = self.baseline
+        {
+            runner.step("(c) etcd Lock RPC, contended");
+            let name = format!("distlock-bench-peer/{}/c", self.config.run);
+            let mut clients = Vec::with_capacity(n);
+            for _ in 0..n {
+                let client = etcd_connect(etcd_config).await?;
+                clients.push(EtcdLockRpc::new(client, name.clone()).await?);
+            }
+            let leases = clients.iter().map(EtcdLockRpc::lease).collect();
+            let result = run_contended(clients, hold, d).await;
+            etcd_revoke(leases).await;
+            baselines.push(ContendedFigures::new(
+                "etcd Lock RPC, one client per task",
+                &result?,
+                self.round_trip,
+            ));
+        }
+        Ok(
+            (distlock.is_some() || !baselines.is_empty()).then_some(ContendedSection {
+                tasks: n,
+                hold_us: hold.as_secs_f64() * 1e6,
+                distlock,
+                baselines,
+            }),
+        )
+    }
+}
+
+fn floor_label(sync: bool) -> &'static str {
+    if sync {
+        "bare flock + write + fdatasync + unlock"
+    } else {
+        "bare flock + unlock"
+    }
+}
+
+/// Connects the baselines and measures the engine's round trip.
+async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, RoundTrip), Error> {
+    let none = |note: &str| RoundTrip {
+        reference: None,
+        others: Vec::new(),
+        note: Some(note.to_string()),
+    };
+    Ok(match &config.engine {
+        Engine::Memory => (Baseline::None, none("no engine round trip")),
+        Engine::File { dir, sync } => (
+            Baseline::File {
+                dir: dir.clone(),
+                sync: *sync,
+            },
+            none("no engine round trip"),
+        ),
+        Engine::Unmeasured { reason } => (
+            Baseline::None,
+            none(&format!("not measured ({reason}); absolute figures only")),
+        ),
+        Engine::Redis(server) => redis_round_trip(config, server, runner).await?,
+        Engine::Etcd {
+            config: etcd_config,
+        } => etcd_round_trip(config, etcd_config, runner).await?,
+    })
+}
+
+async fn redis_round_trip(
+    config: &Config,
+    server: &RedisServer,
+    runner: &mut Runner,
+) -> Result<(Baseline, RoundTrip), Error> {
+    let conn = server.connect().await?;
+    runner.step("PING round trip");
+    let ping = RedisPing { conn: conn.clone() };
+    let ping = run_cycles(vec![ping], WARMUP_ONE, config.duration).await?;
+    Ok((
+        Baseline::Redis {
+            server: Box::new(server.clone()),
+            conn,
+        },
+        RoundTrip {
+            reference: Some(Probe::new("PING (redis-rs, multiplexed connection)", &ping)),
+            others: Vec::new(),
+            note: None,
+        },
+    ))
+}
+
+async fn etcd_round_trip(
+    config: &Config,
+    etcd_config: &EtcdConfig,
+    runner: &mut Runner,
+) -> Result<(Baseline, RoundTrip), Error> {
+    let d = config.duration;
+    let client = etcd_connect(etcd_config).await?;
+    let key = format!("distlock-bench-rtt/{}", config.run);
+    runner.step("put round trip");
+    let put = EtcdPut {
+        client: client.clone(),
+        key: key.clone(),
+    };
+    let put = run_cycles(vec![put], WARMUP_MANY, d).await?;
+    runner.step("range round trip");
+    let range = EtcdRange {
+        client: client.clone(),
+        key,
+    };
+    let range = run_cycles(vec![range], WARMUP_MANY, d).await?;
+    Ok((
+        Baseline::Etcd {
+            config: Box::new(etcd_config.clone()),
+            client: Box::new(client),
+        },
+        RoundTrip {
+            reference: Some(Probe::new("put (raw gRPC client)", &put)),
+            others: vec![Probe::new("range, linearizable (raw gRPC client)", &range)],
+            note: None,
+        },
+    ))
+}
