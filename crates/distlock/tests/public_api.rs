@@ -334,6 +334,16 @@ impl Walker {
                 cfgs.extend(cfg_attrs(item_attrs(&item)));
                 self.describe(&k, &item, &full, &cfgs);
             }
+            // A re-export from a crate outside the workspace (`pub use tonic::Code`): its API is that
+            // crate's, listed here by path only.
+            None if segments.first().is_some_and(|first| {
+                !matches!(first.as_str(), "crate" | "self" | "super")
+                    && !self.crates.contains_key(first)
+                    && self.lookup(krate, at, first).is_none()
+            }) =>
+            {
+                self.emit(cfgs, &full, &format!("pub use {}", segments.join("::")));
+            }
             None => panic!("cannot resolve pub use {} in {krate}", segments.join("::")),
         }
     }
