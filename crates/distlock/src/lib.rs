@@ -54,7 +54,7 @@ mod connect;
 
 pub use connect::{connect, default_file_dir};
 pub use distlock_core::retry::RetryPolicy;
-pub use distlock_core::url::Endpoint;
+pub use distlock_core::url::{Endpoint, LockUrl};
 pub use distlock_core::{
     AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock,
     LockGuard, LockInfo, LockKinds, LockOptions, LockState, Locks, Result, Wait,
