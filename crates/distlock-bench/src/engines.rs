@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::etcd::rpc::pb::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest};
-use distlock::etcd::rpc::pb::v3lockpb::{LockRequest, UnlockRequest};
-use distlock::etcd::rpc::Client as EtcdClient;
 use distlock::etcd::EtcdConfig;
 use distlock::redis::{RedisConfig, Topology};
 use distlock::{ErrorKind, Lock, LockGuard};
 use distlock_core::url::LockUrl;
+use distlock_etcd::rpc::pb::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest};
+use distlock_etcd::rpc::pb::v3lockpb::{LockRequest, UnlockRequest};
+use distlock_etcd::rpc::Client as EtcdClient;
 use redis::IntoConnectionInfo as _;
 
 use crate::error::Error;
@@ -108,8 +108,9 @@ impl RedisServer {
         let Topology::Standalone { addr } = &config.topology else {
             return Ok(None);
         };
+        let connection = &config.connection;
         let (host, port) = (addr.host().to_string(), addr.port());
-        let addr = if config.tls {
+        let addr = if connection.tls {
             redis::ConnectionAddr::TcpTls {
                 host,
                 port,
@@ -120,17 +121,17 @@ impl RedisServer {
             redis::ConnectionAddr::Tcp(host, port)
         };
         let mut settings = redis::RedisConnectionInfo::default().set_db(config.db);
-        if let Some(username) = &config.username {
+        if let Some(username) = &connection.username {
             settings = settings.set_username(username);
         }
-        if let Some(password) = &config.password {
+        if let Some(password) = &connection.password {
             settings = settings.set_password(password);
         }
         let info = addr
             .into_connection_info()
             .map_err(redis_failure)?
             .set_redis_settings(settings);
-        let client = match config.ca_file.as_ref().filter(|_| config.tls) {
+        let client = match connection.ca_file.as_ref().filter(|_| connection.tls) {
             None => redis::Client::open(info),
             Some(path) => {
                 let pem = std::fs::read(path).map_err(|e| {
@@ -149,7 +150,7 @@ impl RedisServer {
         .map_err(redis_failure)?;
         Ok(Some(Self {
             client,
-            connect_timeout: config.connect_timeout,
+            connect_timeout: connection.connect_timeout,
         }))
     }
 
@@ -276,7 +277,7 @@ impl Cycler for RedisBare {
     }
 }
 
-pub fn etcd_failure(e: distlock::etcd::rpc::Status) -> Error {
+pub fn etcd_failure(e: distlock_etcd::rpc::Status) -> Error {
     Error::unavailable(format!("etcd baseline: {:?}: {}", e.code(), e.message()))
 }
 

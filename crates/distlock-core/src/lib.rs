@@ -12,7 +12,9 @@
 //! * at the root: the user API (what the facade re-exports);
 //! * [`raw`]: the interface for backend authors (the [`raw::Backend`] trait and its request and reply
 //!   types); [`url`] (the URL grammar a backend's `from_url` parses), [`retry`] (the one retry and
-//!   backoff policy) and [`clock`] (the boot clock deadlines are on) are for backend crates too;
+//!   backoff policy), [`connection`] (the credentials, TLS, timeouts and retry policy of every
+//!   network backend's config) and [`clock`] (the boot clock deadlines are on) are for backend
+//!   crates too;
 //! * [`duration`] and [`name`]: the duration syntax (`500ms`, `2m`) and the lock-name rules, for the
 //!   `distlock` CLI and backends' messages.
 //!
@@ -22,6 +24,7 @@
 
 mod capabilities;
 pub mod clock;
+pub mod connection;
 pub mod duration;
 mod error;
 mod guard;

@@ -66,7 +66,13 @@ impl Drop for EtcdAcquisition {
         // Without a create_revision the create may still land: delete (again) after twice the request
         // timeout, as `delete_and_unclaim` does.
         let not_before = self.rev.is_none().then(|| {
-            tokio::time::Instant::now() + backend.inner.config.request_timeout.saturating_mul(2)
+            tokio::time::Instant::now()
+                + backend
+                    .inner
+                    .config
+                    .connection
+                    .request_timeout
+                    .saturating_mul(2)
         });
         // The retrier starts on the current runtime, or on the next one the backend is used on.
         backend.retry_delete(Doomed {
@@ -275,7 +281,7 @@ impl EtcdBackend {
             ..WatchCreateRequest::default()
         };
         let client = self.connection().await?;
-        let timeout = self.inner.config.request_timeout;
+        let timeout = self.inner.config.connection.request_timeout;
         let mut stream = tokio::select! {
             reason = &mut gone => return Err(session_died(reason)),
             opened = tokio::time::timeout(timeout, client.watch(watch)) => match opened {

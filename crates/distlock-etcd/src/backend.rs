@@ -153,7 +153,7 @@ impl EtcdBackend {
         let client = connect_client(&config, "connect").await?;
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
-                held: HeldKeys::new(client.clone(), config.request_timeout),
+                held: HeldKeys::new(client.clone(), config.connection.request_timeout),
                 conn: Mutex::new(Conn::new(client)),
                 reconnecting: tokio::sync::Mutex::new(()),
                 config,
@@ -277,7 +277,7 @@ impl Backend for EtcdBackend {
             if holder.lease != 0 {
                 let client = self.client();
                 if let Ok(Ok(ttl)) = tokio::time::timeout(
-                    self.inner.config.request_timeout,
+                    self.inner.config.connection.request_timeout,
                     client.lease_time_to_live(holder.lease),
                 )
                 .await

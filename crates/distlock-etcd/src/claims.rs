@@ -106,7 +106,13 @@ impl EtcdBackend {
         let deleted = self.delete_once(&doomed).await;
         if doomed.rev.is_none() {
             doomed.not_before = Some(
-                tokio::time::Instant::now() + self.inner.config.request_timeout.saturating_mul(2),
+                tokio::time::Instant::now()
+                    + self
+                        .inner
+                        .config
+                        .connection
+                        .request_timeout
+                        .saturating_mul(2),
             );
             self.retry_delete(doomed);
         } else if deleted {

@@ -3,25 +3,18 @@
 //! being a PEM file with the CA(s) that signed the servers' certificates, trusted **instead of** the
 //! system roots, as `etcdctl --cacert` does).
 
-use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
+use distlock_core::connection::{self, ConnectionOptions};
 use distlock_core::retry::RetryPolicy;
 use distlock_core::url::{Endpoint, LockUrl};
 use distlock_core::Result;
 
 use crate::error::EtcdError;
 
-/// Query parameters an etcd URL may carry. `lease` is read by the facade (the default lease of the
-/// locks it hands out); the rest are ours.
-const KNOWN_QUERY: &[&str] = &[
-    "lease",
-    "session_ttl",
-    "connect_timeout",
-    "request_timeout",
-    "ca",
-];
+/// Query parameters an etcd URL may carry besides [`connection::URL_QUERY`]. `lease` is read by the
+/// facade (the default lease of the locks it hands out); `session_ttl` is ours.
+const KNOWN_QUERY: &[&str] = &["lease", "session_ttl"];
 
 /// The default session TTL: 60 s, as Go's `concurrency.NewSession`.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(60);
@@ -45,60 +38,35 @@ pub const DEFAULT_PORT: u16 = 2379;
 ///     .with_credentials("app", "s3cret")
 ///     .with_session_ttl(Duration::from_secs(10));
 /// assert_eq!(config.endpoints.len(), 2);
-/// assert_eq!(config.retry.max_retries, 5); // 1, and 4 per endpoint beyond the first
+/// assert_eq!(config.connection.retry.max_retries, 5); // 1, and 4 per endpoint beyond the first
 /// assert!(config.validate().is_ok());
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// ```
 #[non_exhaustive]
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
     /// `host:port` of each member (`host`: port 2379; `[v6]:port`); requests fail over between
     /// them. Parsed with [`Endpoint::parse`] by [`validate`](Self::validate).
     pub endpoints: Vec<String>,
-    /// Talk TLS (`etcds://`), verifying the servers against the system roots, or against
-    /// [`ca_file`](Self::ca_file) alone when it is set.
-    pub tls: bool,
-    /// A PEM file with the CA(s) that signed the servers' certificates (`?ca=/path`), trusted
-    /// **instead of** the system roots.
-    pub ca_file: Option<PathBuf>,
-    /// User name for etcd's authentication.
-    pub username: Option<String>,
-    /// Password for etcd's authentication. Never printed.
-    pub password: Option<String>,
+    /// Credentials, TLS, timeouts and retries, set with the `with_*` builders below. On etcd:
+    ///
+    /// * `tls` is `etcds://`; `username` and `password` (etcd's authentication) go together;
+    /// * `connect_timeout` (default [`DEFAULT_CONNECT_TIMEOUT`]) bounds TCP, TLS, authentication
+    ///   and the status call that proves a member answers;
+    /// * `request_timeout` (default [`DEFAULT_REQUEST_TIMEOUT`]) bounds one request, its retries
+    ///   included; a keep-alive round trip is also bounded by a third of its TTL;
+    /// * `retry` retries idempotent requests (every request of the backend: all are
+    ///   compare-guarded) within the request timeout. Default: 1 retry with one endpoint, 4 more per
+    ///   endpoint beyond the first (requests are balanced over the endpoints at random, and one
+    ///   landing on a dead member fails: with one of three members down, ten picks all landing on it
+    ///   is a ~1-in-60 000 event), 50 ms apart, doubling up to 100 ms (jittered).
+    pub connection: ConnectionOptions,
     /// The TTL of the session used by locks that do not ask for a lease of their own; also the
     /// default lease [`EtcdBackend::default_lease`](crate::EtcdBackend::default_lease) reports.
     pub session_ttl: Duration,
-    /// The bound of one connection attempt: TCP, TLS, authentication and the status call that proves a
-    /// member answers (`?connect_timeout=`).
-    pub connect_timeout: Duration,
-    /// The bound of one request, its retries included; a keep-alive round trip is also bounded by a
-    /// third of its TTL (`?request_timeout=`).
-    pub request_timeout: Duration,
-    /// How idempotent requests (every request of the backend: all are compare-guarded) are retried
-    /// within the request timeout. Default: 1 retry with one endpoint, 4 more per endpoint beyond the
-    /// first (requests are balanced over the endpoints at random, and one landing on a dead member
-    /// fails: with one of three members down, ten picks all landing on it is a ~1-in-60 000 event),
-    /// 50 ms apart, doubling up to 100 ms (jittered).
-    pub retry: RetryPolicy,
 }
 
-impl fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
-            .field("tls", &self.tls)
-            .field("ca_file", &self.ca_file)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("session_ttl", &self.session_ttl)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .field("retry", &self.retry)
-            .finish()
-    }
-}
-
-/// The default retry policy for `endpoints` endpoints (see [`EtcdConfig::retry`]).
+/// The default retry policy for `endpoints` endpoints (see [`EtcdConfig::connection`]).
 fn default_retry(endpoints: usize) -> RetryPolicy {
     let retries = 1 + 4 * endpoints.saturating_sub(1);
     RetryPolicy::new(
@@ -117,15 +85,13 @@ impl EtcdConfig {
     {
         let endpoints: Vec<String> = endpoints.into_iter().map(Into::into).collect();
         Self {
-            retry: default_retry(endpoints.len()),
+            connection: ConnectionOptions::new(
+                DEFAULT_CONNECT_TIMEOUT,
+                DEFAULT_REQUEST_TIMEOUT,
+                default_retry(endpoints.len()),
+            ),
             endpoints,
-            tls: false,
-            ca_file: None,
-            username: None,
-            password: None,
             session_ttl: DEFAULT_SESSION_TTL,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 
@@ -140,13 +106,13 @@ impl EtcdConfig {
     ///
     /// let c = EtcdConfig::from_url(&LockUrl::parse("etcd://u:pw@10.0.0.1:2379,10.0.0.2?session_ttl=10s&request_timeout=2s")?)?;
     /// assert_eq!(c.endpoints, ["10.0.0.1:2379", "10.0.0.2:2379"]);
-    /// assert_eq!(c.username.as_deref(), Some("u"));
+    /// assert_eq!(c.connection.username.as_deref(), Some("u"));
     /// assert_eq!(c.session_ttl, std::time::Duration::from_secs(10));
-    /// assert_eq!(c.request_timeout, std::time::Duration::from_secs(2));
+    /// assert_eq!(c.connection.request_timeout, std::time::Duration::from_secs(2));
     ///
     /// let t = EtcdConfig::from_url(&LockUrl::parse("etcds://127.0.0.1:2379?ca=/etc/etcd/ca.pem")?)?;
-    /// assert!(t.tls);
-    /// assert_eq!(t.ca_file.as_deref(), Some(std::path::Path::new("/etc/etcd/ca.pem")));
+    /// assert!(t.connection.tls);
+    /// assert_eq!(t.connection.ca_file, Some("/etc/etcd/ca.pem".into()));
     ///
     /// for bad in ["etcd://", "etcd://h:1/path", "etcd://h:1?bogus=1", "etcd://h:1?session_ttl=1500ms",
     ///             "etcd://u@h:1", "redis://h:1", "etcd://h:1?ca=/ca.pem", "etcd://h:1?timeout=1s",
@@ -171,7 +137,7 @@ impl EtcdConfig {
                 )))
             }
         };
-        url.reject_unknown_query(KNOWN_QUERY)
+        url.reject_unknown_query(&[KNOWN_QUERY, connection::URL_QUERY].concat())
             .map_err(config_error)?;
         let endpoints = url.endpoints(DEFAULT_PORT).map_err(config_error)?;
         if !url.path().trim_matches('/').is_empty() {
@@ -186,47 +152,18 @@ impl EtcdConfig {
                     .into(),
             ));
         }
-        let mut config = Self::new(endpoints.iter().map(Endpoint::to_string)).with_tls(tls);
-        if let (Some(username), Some(password)) = (url.username(), url.password()) {
-            config = config.with_credentials(username, password);
-        }
+        let mut config = Self::new(endpoints.iter().map(Endpoint::to_string));
         if let Some(ttl) = url.query_duration("session_ttl").map_err(config_error)? {
             check_session_ttl(ttl)?;
             config.session_ttl = ttl;
         }
-        if let Some(timeout) = url.query_timeout("connect_timeout").map_err(config_error)? {
-            config.connect_timeout = timeout;
-        }
-        if let Some(timeout) = url.query_timeout("request_timeout").map_err(config_error)? {
-            config.request_timeout = timeout;
-        }
-        config.ca_file = url.ca_file(tls).map_err(config_error)?;
+        config.connection.read_url(url, tls).map_err(config_error)?;
         Ok(config)
     }
 
-    /// Sets the username and password.
-    pub fn with_credentials(
-        mut self,
-        username: impl Into<String>,
-        password: impl Into<String>,
-    ) -> Self {
-        self.username = Some(username.into());
-        self.password = Some(password.into());
-        self
-    }
-
-    /// Sets [`tls`](Self::tls).
-    pub fn with_tls(mut self, tls: bool) -> Self {
-        self.tls = tls;
-        self
-    }
-
-    /// Sets [`ca_file`](Self::ca_file) (trusted instead of the system roots) and turns TLS on.
-    pub fn with_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.ca_file = Some(path.into());
-        self.tls = true;
-        self
-    }
+    // `with_credentials`, `with_tls`, `with_ca_file`, `with_connect_timeout`,
+    // `with_request_timeout`, `with_retry`.
+    distlock_core::connection_builders!(connection);
 
     /// Sets [`session_ttl`](Self::session_ttl); checked (whole seconds, at least 1 s) by
     /// [`validate`](Self::validate).
@@ -235,27 +172,10 @@ impl EtcdConfig {
         self
     }
 
-    /// Sets [`connect_timeout`](Self::connect_timeout).
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets [`request_timeout`](Self::request_timeout).
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// Sets [`retry`](Self::retry).
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
-    }
-
     /// Checks what the builder allows but the backend cannot honour: no endpoint or one that is not
-    /// `host[:port]`, a session TTL that is not whole seconds (at least 1 s), a zero timeout, a
-    /// username without a password (or the reverse). [`EtcdBackend::from_config`](crate::EtcdBackend::from_config)
+    /// `host[:port]`, a session TTL that is not whole seconds (at least 1 s), a zero timeout or a
+    /// CA file without TLS ([`ConnectionOptions::validate`]), a username without a password (or
+    /// the reverse). [`EtcdBackend::from_config`](crate::EtcdBackend::from_config)
     /// calls it.
     pub fn validate(&self) -> Result<()> {
         self.check().map_err(|e| e.into_core(None))
@@ -264,12 +184,10 @@ impl EtcdConfig {
     pub(crate) fn check(&self) -> std::result::Result<(), EtcdError> {
         self.parsed_endpoints()?;
         check_session_ttl(self.session_ttl)?;
-        if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
-            return Err(EtcdError::Config(
-                "the connect and request timeouts must not be 0".into(),
-            ));
-        }
-        if self.username.is_some() != self.password.is_some() {
+        self.connection
+            .validate()
+            .map_err(|e| EtcdError::Config(e.message().to_string()))?;
+        if self.connection.username.is_some() != self.connection.password.is_some() {
             return Err(EtcdError::Config(
                 "etcd authentication needs both a username and a password".into(),
             ));

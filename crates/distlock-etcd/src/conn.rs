@@ -1,6 +1,7 @@
 //! The connection to etcd and the requests on it: made again on the current runtime when the one it
 //! was made on is gone, the sessions (one lease per TTL) and their keep-alive tasks, and idempotent
-//! requests retried within the request timeout per [`EtcdConfig::retry`].
+//! requests retried within the request timeout per the config's
+//! [`connection.retry`](EtcdConfig::connection).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,7 +137,7 @@ impl EtcdBackend {
         let session = Session::grant(
             &client,
             Duration::from_secs(secs),
-            self.inner.config.request_timeout,
+            self.inner.config.connection.request_timeout,
         )
         .await?;
         let runtime = tokio::runtime::Handle::current();
@@ -175,7 +176,8 @@ impl EtcdBackend {
     }
 
     /// Runs an idempotent request within the request timeout, retried per the configured
-    /// [`retry`](EtcdConfig::retry) policy on failures other than a refusal of the credentials.
+    /// [`connection.retry`](EtcdConfig::connection) policy on failures other than a refusal of the
+    /// credentials.
     /// Retrying rides over a connection that broke since the last request, or fails over to another
     /// endpoint: requests are balanced over all endpoints and a dead member's connection fails each
     /// request sent to it, so with several endpoints a few retries are needed to find a live one.
@@ -191,15 +193,15 @@ impl EtcdBackend {
         bounded_retry(
             &self.inner.config,
             action,
-            self.inner.config.request_timeout,
+            self.inner.config.connection.request_timeout,
             request,
         )
         .await
     }
 }
 
-/// Runs `request` until it succeeds, within `timeout` in all, retried per `config.retry` on
-/// failures other than a refusal of the credentials.
+/// Runs `request` until it succeeds, within `timeout` in all, retried per `config.connection.retry`
+/// on failures other than a refusal of the credentials.
 async fn bounded_retry<T, F, Fut>(
     config: &EtcdConfig,
     action: &'static str,
@@ -212,7 +214,7 @@ where
 {
     let deadline = tokio::time::Instant::now() + timeout;
     distlock_core::retry::retry(
-        &config.retry,
+        &config.connection.retry,
         Some(deadline),
         |_| async {
             match tokio::time::timeout_at(deadline, request()).await {
@@ -234,19 +236,25 @@ where
 
 /// Makes the client of `config` and proves within the connect timeout that a member answers (and
 /// the credentials work): authenticates if needed, then one status call, retried per
-/// `config.retry` (requests are balanced over the endpoints, and one may land on a dead member).
+/// `config.connection.retry` (requests are balanced over the endpoints, and one may land on a dead
+/// member).
 /// `action` names the attempt in a timeout error (`connect`, `reconnect`).
 pub(crate) async fn connect_client(
     config: &EtcdConfig,
     action: &'static str,
 ) -> std::result::Result<Client, EtcdError> {
     let client = Client::new(config)?;
-    let proved = bounded_retry(config, action, config.connect_timeout, || async {
-        if client.needs_token() {
-            client.authenticate().await?;
-        }
-        client.status().await
-    })
+    let proved = bounded_retry(
+        config,
+        action,
+        config.connection.connect_timeout,
+        || async {
+            if client.needs_token() {
+                client.authenticate().await?;
+            }
+            client.status().await
+        },
+    )
     .await;
     match proved {
         Ok(_) => Ok(client),

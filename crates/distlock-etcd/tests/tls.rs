@@ -35,7 +35,7 @@ async fn etcds_with_ca_locks() {
     let backend = EtcdBackend::connect(&LockUrl::parse(&tls_url(&server, &ca)).unwrap())
         .await
         .expect("connect over TLS");
-    assert!(backend.config().tls);
+    assert!(backend.config().connection.tls);
     let locks = Locks::new(backend);
     let lock_name = name("lock");
     let guard = locks.lock(&lock_name).unwrap().acquire().await.unwrap();

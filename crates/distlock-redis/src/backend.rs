@@ -165,7 +165,7 @@ impl RedisBackend {
     }
 
     pub(crate) fn request_timeout(&self) -> Duration {
-        self.config().request_timeout
+        self.config().connection.request_timeout
     }
 }
 

@@ -1,24 +1,17 @@
 //! The Redis backend's configuration and its URL forms.
 
-use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
+use distlock_core::connection::{self, ConnectionOptions};
 use distlock_core::retry::RetryPolicy;
 use distlock_core::url::{Endpoint, LockUrl};
 use distlock_core::{Error, Result};
 
 use crate::error::{RedisError, BACKEND};
 
-/// Query parameters a Redis URL may carry. `lease` is read by the facade (`connect`).
-const KNOWN_QUERY: &[&str] = &[
-    "lease",
-    "wait_replicas",
-    "wait_timeout",
-    "ca",
-    "connect_timeout",
-    "request_timeout",
-];
+/// Query parameters a Redis URL may carry besides [`connection::URL_QUERY`]. `lease` is read by the
+/// facade (`connect`).
+const KNOWN_QUERY: &[&str] = &["lease", "wait_replicas", "wait_timeout"];
 
 /// Default port of a Redis server.
 pub const DEFAULT_PORT: u16 = 6379;
@@ -76,70 +69,48 @@ pub enum Topology {
 ///     .with_wait_replicas(1, Duration::from_millis(200));
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// assert_eq!(config.wait_replicas, 1);
+/// assert_eq!(config.connection.request_timeout, Duration::from_secs(2));
 /// config.validate()?;
 /// # Ok::<(), distlock_core::Error>(())
 /// ```
 #[non_exhaustive]
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     /// Where the servers are.
     pub topology: Topology,
-    /// TLS to the servers (`rediss://`); needs the `tls` feature (on by default). The servers'
-    /// certificates are verified against the system roots, or only against [`ca_file`](Self::ca_file).
-    pub tls: bool,
-    /// A PEM file with the CA(s) that signed the servers' certificates (`rediss://…?ca=/path/ca.pem`),
-    /// trusted instead of the system roots; read on every connect.
-    pub ca_file: Option<PathBuf>,
-    /// ACL user name (Redis ≥ 6), for the data nodes (not the Sentinels).
-    pub username: Option<String>,
-    /// Password, for the data nodes (not the Sentinels). Never shown by `Debug`.
-    pub password: Option<String>,
+    /// Credentials, TLS, timeouts and retries, set with the `with_*` builders below. On Redis:
+    ///
+    /// * `tls` (`rediss://`) needs the `tls` feature (on by default); `ca_file` is read on every
+    ///   connect, and not supported with Sentinel yet;
+    /// * `username` is an ACL user (Redis ≥ 6); `password` alone authenticates the `default` user
+    ///   (`requirepass`, [`with_password`](Self::with_password)). Both are for the data nodes, not
+    ///   the Sentinels;
+    /// * `connect_timeout` (default [`DEFAULT_CONNECT_TIMEOUT`]) bounds TCP, TLS, `HELLO`/`AUTH`
+    ///   and asking the Sentinels;
+    /// * `request_timeout` (default [`DEFAULT_REQUEST_TIMEOUT`]) bounds one request round trip; a
+    ///   connection whose request timed out is replaced;
+    /// * `retry` (default [`DEFAULT_RETRY`]) retries a request whose connection broke under it.
+    pub connection: ConnectionOptions,
     /// Database number (not in Cluster).
     pub db: i64,
     /// Replicas that must confirm a grant (`WAIT n`) before it counts; 0 (the default) = no wait.
     pub wait_replicas: u32,
     /// How long `WAIT` may block.
     pub wait_timeout: Duration,
-    /// Bound of one request round trip; a connection whose request timed out is replaced.
-    pub request_timeout: Duration,
-    /// Bound of one connection attempt (TCP, TLS, `HELLO`/`AUTH`, and asking the Sentinels).
-    pub connect_timeout: Duration,
-    /// How a request whose connection broke under it is retried (default [`DEFAULT_RETRY`]).
-    pub retry: RetryPolicy,
-}
-
-impl fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("topology", &self.topology)
-            .field("tls", &self.tls)
-            .field("ca_file", &self.ca_file)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("db", &self.db)
-            .field("wait_replicas", &self.wait_replicas)
-            .field("wait_timeout", &self.wait_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("retry", &self.retry)
-            .finish()
-    }
 }
 
 impl RedisConfig {
     fn with_topology(topology: Topology) -> Self {
         Self {
             topology,
-            tls: false,
-            ca_file: None,
-            username: None,
-            password: None,
+            connection: ConnectionOptions::new(
+                DEFAULT_CONNECT_TIMEOUT,
+                DEFAULT_REQUEST_TIMEOUT,
+                DEFAULT_RETRY,
+            ),
             db: 0,
             wait_replicas: 0,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            retry: DEFAULT_RETRY,
         }
     }
 
@@ -161,36 +132,9 @@ impl RedisConfig {
         Self::with_topology(Topology::Cluster { nodes })
     }
 
-    /// Sets the ACL user and its password (Redis ≥ 6).
-    pub fn with_credentials(
-        mut self,
-        username: impl Into<String>,
-        password: impl Into<String>,
-    ) -> Self {
-        self.username = Some(username.into());
-        self.password = Some(password.into());
-        self
-    }
-
-    /// Sets the password alone (`requirepass`, the `default` user).
-    pub fn with_password(mut self, password: impl Into<String>) -> Self {
-        self.password = Some(password.into());
-        self
-    }
-
-    /// Sets TLS.
-    pub fn with_tls(mut self, tls: bool) -> Self {
-        self.tls = tls;
-        self
-    }
-
-    /// Trusts the CA(s) in this PEM file (instead of the system roots) for the servers' certificates,
-    /// and turns TLS on.
-    pub fn with_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.ca_file = Some(path.into());
-        self.tls = true;
-        self
-    }
+    // `with_credentials` (an ACL user, Redis ≥ 6), `with_password` (`requirepass`), `with_tls`,
+    // `with_ca_file`, `with_connect_timeout`, `with_request_timeout`, `with_retry`.
+    distlock_core::connection_builders!(connection, with_password);
 
     /// Sets the database number.
     pub fn with_db(mut self, db: i64) -> Self {
@@ -202,24 +146,6 @@ impl RedisConfig {
     pub fn with_wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.wait_replicas = replicas;
         self.wait_timeout = timeout;
-        self
-    }
-
-    /// Sets the bound of one request round trip (at least 10 ms).
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout.max(MIN_TIMEOUT);
-        self
-    }
-
-    /// Sets the bound of one connection attempt (at least 10 ms).
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout.max(MIN_TIMEOUT);
-        self
-    }
-
-    /// Sets how a request whose connection broke under it is retried.
-    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
         self
     }
 
@@ -244,13 +170,14 @@ impl RedisConfig {
     /// let c = RedisConfig::from_url(&LockUrl::parse("redis://u:pw@127.0.0.1:7000/3?wait_replicas=1&wait_timeout=200ms&lease=5s&request_timeout=2s")?)?;
     /// assert_eq!(c.topology, Topology::Standalone { addr: Endpoint::new("127.0.0.1", 7000) });
     /// assert_eq!((c.db, c.wait_replicas, c.wait_timeout), (3, 1, Duration::from_millis(200)));
-    /// assert_eq!((c.username.as_deref(), c.password.as_deref()), (Some("u"), Some("pw")));
-    /// assert_eq!(c.request_timeout, Duration::from_secs(2));
+    /// let (u, pw) = (&c.connection.username, &c.connection.password);
+    /// assert_eq!((u.as_deref(), pw.as_deref()), (Some("u"), Some("pw")));
+    /// assert_eq!(c.connection.request_timeout, Duration::from_secs(2));
     ///
     /// let t = RedisConfig::from_url(&LockUrl::parse("rediss://127.0.0.1:6380?ca=/etc/redis/ca.pem&connect_timeout=1s")?)?;
-    /// assert!(t.tls);
-    /// assert_eq!(t.ca_file.as_deref(), Some(std::path::Path::new("/etc/redis/ca.pem")));
-    /// assert_eq!(t.connect_timeout, Duration::from_secs(1));
+    /// assert!(t.connection.tls);
+    /// assert_eq!(t.connection.ca_file, Some("/etc/redis/ca.pem".into()));
+    /// assert_eq!(t.connection.connect_timeout, Duration::from_secs(1));
     ///
     /// let s = RedisConfig::from_url(&LockUrl::parse("redis+sentinel://127.0.0.1:26379,127.0.0.1/mymaster")?)?;
     /// assert_eq!(s.topology, Topology::Sentinel {
@@ -272,7 +199,7 @@ impl RedisConfig {
     }
 
     fn parse_url(url: &LockUrl) -> Result<Self> {
-        url.reject_unknown_query(KNOWN_QUERY)?;
+        url.reject_unknown_query(&[KNOWN_QUERY, connection::URL_QUERY].concat())?;
         let segments: Vec<&str> = url.path().split('/').filter(|s| !s.is_empty()).collect();
         let mut config = match url.scheme() {
             "redis" | "rediss" => standalone(url, &segments)?,
@@ -284,15 +211,14 @@ impl RedisConfig {
                 )))
             }
         };
+        config.connection.read_url(url, url.scheme() == "rediss")?;
         config.apply_query(url)?;
         config.validate()?;
         Ok(config)
     }
 
-    /// The query parameters and credentials every scheme shares.
+    /// The query parameters of Redis's own that every scheme shares.
     fn apply_query(&mut self, url: &LockUrl) -> Result<()> {
-        self.username = url.username().map(str::to_string);
-        self.password = url.password().map(str::to_string);
         if let Some(n) = url.query("wait_replicas") {
             self.wait_replicas = n.parse().map_err(|_| {
                 config_error(format!(
@@ -308,38 +234,29 @@ impl RedisConfig {
             }
             self.wait_timeout = t;
         }
-        if let Some(t) = url.query_timeout("connect_timeout")? {
-            self.connect_timeout = t;
-        }
-        if let Some(t) = url.query_timeout("request_timeout")? {
-            self.request_timeout = t;
-        }
-        self.ca_file = url.ca_file(self.tls)?;
         Ok(())
     }
 
-    /// Checks combinations the builder allows but the backend cannot honour;
+    /// Checks combinations the builder allows but the backend cannot honour (those of
+    /// [`ConnectionOptions::validate`], and Redis's own);
     /// [`RedisBackend::from_config`](crate::RedisBackend::from_config) calls it.
     pub fn validate(&self) -> Result<()> {
+        if self.connection.tls && !cfg!(feature = "tls") {
+            return Err(config_error(
+                "rediss:// needs the `tls` feature of distlock-redis",
+            ));
+        }
+        self.connection
+            .validate()
+            .map_err(|e| e.with_backend(BACKEND))?;
         self.problem().map_err(|e| e.into_core(None))
     }
 
     fn problem(&self) -> std::result::Result<(), RedisError> {
         let config = |m: &str| Err(RedisError::Config(m.to_string()));
         let unsupported = |m: &str| Err(RedisError::Unsupported(m.to_string()));
-        if self.tls && !cfg!(feature = "tls") {
-            return config("rediss:// needs the `tls` feature of distlock-redis");
-        }
-        if self.ca_file.is_some() && !self.tls {
-            return config("a CA file (ca_file, ?ca=) needs TLS (rediss://)");
-        }
-        // The builder raises them to 10 ms and the URL refuses 0; the public fields take anything.
-        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
-            return config(
-                "request_timeout and connect_timeout must not be 0: every request or connect would time out at once",
-            );
-        }
-        if self.ca_file.is_some() && matches!(self.topology, Topology::Sentinel { .. }) {
+        let sentinel = matches!(self.topology, Topology::Sentinel { .. });
+        if self.connection.ca_file.is_some() && sentinel {
             return unsupported(
                 "a CA file (ca_file) is not supported with Sentinel yet; use a CA in the system roots",
             );
@@ -362,9 +279,6 @@ impl RedisConfig {
         }
     }
 }
-
-/// The shortest request or connect bound the builder accepts.
-const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 
 fn config_error(message: impl Into<String>) -> Error {
     RedisError::Config(message.into()).into_core(None)
@@ -396,9 +310,7 @@ fn standalone(url: &LockUrl, segments: &[&str]) -> Result<RedisConfig> {
         [db] => parse_db(db)?,
         _ => return Err(config_error("the URL path is /<db>, a number such as /0")),
     };
-    Ok(RedisConfig::new(addr)
-        .with_tls(scheme == "rediss")
-        .with_db(db))
+    Ok(RedisConfig::new(addr).with_db(db))
 }
 
 /// `redis+sentinel://h:p,h:p/<master>[/db]`.
@@ -437,9 +349,9 @@ mod tests {
         let base = RedisConfig::new(Endpoint::new("127.0.0.1", DEFAULT_PORT));
         assert!(base.validate().is_ok());
         let mut request = base.clone();
-        request.request_timeout = Duration::ZERO;
+        request.connection.request_timeout = Duration::ZERO;
         let mut connect = base;
-        connect.connect_timeout = Duration::ZERO;
+        connect.connection.connect_timeout = Duration::ZERO;
         for config in [request, connect] {
             let err = config.validate().expect_err("a zero timeout");
             assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");

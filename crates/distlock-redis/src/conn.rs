@@ -69,20 +69,25 @@ pub(crate) struct Target {
 
 fn redis_info(config: &RedisConfig) -> RedisConnectionInfo {
     let mut info = RedisConnectionInfo::default().set_db(config.db);
-    if let Some(user) = &config.username {
+    if let Some(user) = &config.connection.username {
         info = info.set_username(user);
     }
-    if let Some(password) = &config.password {
+    if let Some(password) = &config.connection.password {
         info = info.set_password(password);
     }
     info
 }
 
-/// The CA certificates of [`RedisConfig::ca_file`], to trust instead of the system roots; `None`
-/// without a CA file. Read on every connect, so a replaced file is picked up.
+/// The CA certificates of [`connection.ca_file`](RedisConfig::connection), to trust instead of the
+/// system roots; `None` without a CA file. Read on every connect, so a replaced file is picked up.
 #[cfg(feature = "tls")]
 fn certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificates>, RedisError> {
-    let Some(path) = config.ca_file.as_ref().filter(|_| config.tls) else {
+    let Some(path) = config
+        .connection
+        .ca_file
+        .as_ref()
+        .filter(|_| config.connection.tls)
+    else {
         return Ok(None);
     };
     let pem = std::fs::read(path).map_err(|e| {
@@ -160,7 +165,7 @@ impl Target {
         RedisError::Timeout {
             what,
             target: self.shown.clone(),
-            after: self.config.connect_timeout,
+            after: self.config.connection.connect_timeout,
         }
     }
 
@@ -169,7 +174,7 @@ impl Target {
         let config = &self.config;
         match &config.topology {
             Topology::Standalone { addr: host } => {
-                let info = addr(host, config.tls)
+                let info = addr(host, config.connection.tls)
                     .into_connection_info()
                     .map_err(|e| self.connect_error(e))?
                     .set_redis_settings(redis_info(config));
@@ -190,7 +195,7 @@ impl Target {
                     .collect::<Result<_, _>>()?;
                 let mut node_info = redis::sentinel::SentinelNodeConnectionInfo::default()
                     .set_redis_connection_info(redis_info(config));
-                if config.tls {
+                if config.connection.tls {
                     node_info = node_info.set_tls_mode(redis::TlsMode::Secure);
                 }
                 let mut sentinel = redis::sentinel::SentinelClient::build(
@@ -200,8 +205,11 @@ impl Target {
                     redis::sentinel::SentinelServerType::Master,
                 )
                 .map_err(|e| self.connect_error(e))?;
-                match tokio::time::timeout(config.connect_timeout, sentinel.async_get_client())
-                    .await
+                match tokio::time::timeout(
+                    config.connection.connect_timeout,
+                    sentinel.async_get_client(),
+                )
+                .await
                 {
                     Ok(Ok(client)) => Ok(client),
                     Ok(Err(e)) => Err(self.connect_error(e)),
@@ -220,15 +228,15 @@ impl Target {
     fn response_timeout(&self) -> Duration {
         let config = &self.config;
         if config.wait_replicas > 0 {
-            config.request_timeout + config.wait_timeout
+            config.connection.request_timeout + config.wait_timeout
         } else {
-            config.request_timeout
+            config.connection.request_timeout
         }
     }
 
     fn connection_config(&self) -> AsyncConnectionConfig {
         AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.config.connect_timeout))
+            .set_connection_timeout(Some(self.config.connection.connect_timeout))
             .set_response_timeout(Some(self.response_timeout()))
     }
 
@@ -241,18 +249,18 @@ impl Target {
         let infos: Vec<ConnectionInfo> = nodes
             .iter()
             .map(|n| {
-                addr(n, config.tls)
+                addr(n, config.connection.tls)
                     .into_connection_info()
                     .map_err(|e| self.connect_error(e))
             })
             .collect::<Result<_, _>>()?;
         let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
-            .connection_timeout(config.connect_timeout)
+            .connection_timeout(config.connection.connect_timeout)
             .response_timeout(self.response_timeout());
-        if let Some(user) = &config.username {
+        if let Some(user) = &config.connection.username {
             builder = builder.username(user);
         }
-        if let Some(password) = &config.password {
+        if let Some(password) = &config.connection.password {
             builder = builder.password(password);
         }
         #[cfg(feature = "tls")]
@@ -273,7 +281,7 @@ impl Target {
                 .build()
                 .map_err(|e| self.connect_error(e))?;
             return match tokio::time::timeout(
-                config.connect_timeout * 2,
+                config.connection.connect_timeout * 2,
                 client.get_async_connection(),
             )
             .await
@@ -285,7 +293,7 @@ impl Target {
         }
         let client = self.client().await?;
         match tokio::time::timeout(
-            config.connect_timeout,
+            config.connection.connect_timeout,
             client.get_multiplexed_async_connection_with_config(&self.connection_config()),
         )
         .await
@@ -321,7 +329,7 @@ impl RuntimeProbe {
 
 /// How often [`Link::run`] follows a Cluster redirect on a link whose client does not (`MOVED`,
 /// `ASK`): after 5–10 ms (the client refreshes its slot map meanwhile), at most 3 times, whatever
-/// [`RedisConfig::retry`] says.
+/// [`connection.retry`](RedisConfig::connection) says.
 const REDIRECTS: RetryPolicy =
     RetryPolicy::new(3, Duration::from_millis(10), Duration::from_millis(40));
 
@@ -417,7 +425,8 @@ impl Link {
     /// Runs `request` on the current connection within `timeout`, replacing the connection when the
     /// request leaves it in an unknown state. A connection found broken (not one that timed out) is
     /// typically one that sat idle while the server restarted or failed over: the request is tried again
-    /// on a fresh connection as [`RedisConfig::retry`] says (once by default), and `sent.resent` says so
+    /// on a fresh connection as [`connection.retry`](RedisConfig::connection) says (once by default),
+    /// and `sent.resent` says so
     /// (the first attempt may have run). Every request distlock sends is safe to repeat for the same
     /// owner (acquire grants again, release and renew are owner-guarded, reads are reads), but a
     /// repeated release cannot tell "my first attempt deleted it" from "it was gone": the caller reads
@@ -437,7 +446,7 @@ impl Link {
         F: FnMut(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
     {
-        let mut retries = target.config().retry.start(None);
+        let mut retries = target.config().connection.retry.start(None);
         let mut redirects = REDIRECTS.start(None);
         loop {
             let result = self

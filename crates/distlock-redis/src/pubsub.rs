@@ -248,7 +248,7 @@ enum Event {
 impl PubConn {
     async fn connect(target: &Target) -> Result<Self, RedisError> {
         let config = target.config();
-        let timeout = config.connect_timeout;
+        let timeout = config.connection.connect_timeout;
         let shown = || target.shown.clone();
         if let crate::config::Topology::Cluster { nodes } = &config.topology {
             let (push_tx, pushes) = mpsc::unbounded_channel();
@@ -389,7 +389,7 @@ fn refuse(cmd: Cmd, error: &RedisError) {
 }
 
 async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
-    let io = target.config().request_timeout;
+    let io = target.config().connection.request_timeout;
     let mut backoff = reconnect_backoff();
     // Connect only once someone waits (the loop's first step).
     let mut first = None;

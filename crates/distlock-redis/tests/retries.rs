@@ -824,7 +824,10 @@ async fn a_dropped_connection_is_retried_as_the_policy_says_fault() {
     )
     .await
     .expect("connect");
-    assert_eq!(retrying.config().retry, distlock_redis::DEFAULT_RETRY);
+    assert_eq!(
+        retrying.config().connection.retry,
+        distlock_redis::DEFAULT_RETRY
+    );
     assert_eq!(distlock_redis::DEFAULT_RETRY.max_retries, 1);
     let kill = server
         .command(&["CLIENT", "KILL", "TYPE", "normal"])

@@ -39,7 +39,8 @@
 //! * **Errors.** Every call returns [`Result`]; an [`Error`] has an [`ErrorKind`] to match on.
 //! * **Backends**, one module each, compiled in by cargo feature: [`memory`] (always), `file`
 //!   (default), `redis`, `etcd`. Each module holds the backend type, its config and the description of
-//!   its on-server layout. Network configs take [`Endpoint`]s and a [`RetryPolicy`]. The others
+//!   its on-server layout. Network configs take [`Endpoint`]s and hold their credentials, TLS,
+//!   timeouts and [`RetryPolicy`] in one [`ConnectionOptions`] (`config.connection`). The others
 //!   (Redlock, ZooKeeper, PostgreSQL, MySQL) are being built; their URL schemes are recognised and fail
 //!   with [`ErrorKind::Unsupported`] until they land.
 //! * **For backend authors:** [`raw`], the trait a backend implements and the types it exchanges
@@ -53,6 +54,7 @@
 mod connect;
 
 pub use connect::{connect, default_file_dir};
+pub use distlock_core::connection::ConnectionOptions;
 pub use distlock_core::retry::RetryPolicy;
 pub use distlock_core::url::{Endpoint, LockUrl};
 pub use distlock_core::{

@@ -103,14 +103,14 @@ impl std::fmt::Debug for Client {
 
 impl Client {
     /// Connects to the members of `config` (endpoints, TLS and CA, credentials, connect timeout):
-    /// authenticates when credentials are set (retried per `config.retry` within the connect
-    /// timeout). The connection itself is made lazily, by the first request.
+    /// authenticates when credentials are set (retried per `config.connection.retry` within the
+    /// connect timeout). The connection itself is made lazily, by the first request.
     pub async fn connect(config: &EtcdConfig) -> distlock_core::Result<Client> {
         let client = Client::new(config).map_err(|e| e.into_core(None))?;
         if client.credentials.is_some() {
-            let deadline = tokio::time::Instant::now() + config.connect_timeout;
+            let deadline = tokio::time::Instant::now() + config.connection.connect_timeout;
             distlock_core::retry::retry(
-                &config.retry,
+                &config.connection.retry,
                 Some(deadline),
                 |_| async {
                     match tokio::time::timeout_at(deadline, client.authenticate()).await {
@@ -136,16 +136,24 @@ impl Client {
     /// tokio runtime: the channel's balancer runs a task on it.
     pub(crate) fn new(config: &EtcdConfig) -> Result<Client, EtcdError> {
         config.check()?;
-        let tls = config.tls.then(|| tls_config(config)).transpose()?;
-        let scheme = if config.tls { "https" } else { "http" };
+        let tls = config
+            .connection
+            .tls
+            .then(|| tls_config(config))
+            .transpose()?;
+        let scheme = if config.connection.tls {
+            "https"
+        } else {
+            "http"
+        };
         let mut endpoints = Vec::new();
         for endpoint in config.parsed_endpoints()? {
             let uri = format!("{scheme}://{endpoint}");
             let mut endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
                 .map_err(|e| EtcdError::Config(format!("bad etcd endpoint {uri}: {e}")))?
-                .connect_timeout(config.connect_timeout)
+                .connect_timeout(config.connection.connect_timeout)
                 .http2_keep_alive_interval(HTTP2_PING_INTERVAL)
-                .keep_alive_timeout(config.request_timeout)
+                .keep_alive_timeout(config.connection.request_timeout)
                 .keep_alive_while_idle(true);
             if let Some(tls) = &tls {
                 endpoint = endpoint
@@ -154,7 +162,7 @@ impl Client {
             }
             endpoints.push(endpoint);
         }
-        let credentials = match (&config.username, &config.password) {
+        let credentials = match (&config.connection.username, &config.connection.password) {
             (Some(username), Some(password)) => Some(Arc::new(Credentials {
                 username: username.clone(),
                 password: password.clone(),
@@ -389,7 +397,7 @@ impl Client {
 /// roots.
 fn tls_config(config: &EtcdConfig) -> Result<ClientTlsConfig, EtcdError> {
     let tls = ClientTlsConfig::new();
-    Ok(match &config.ca_file {
+    Ok(match &config.connection.ca_file {
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| {
                 EtcdError::Config(format!("cannot read the CA file {}: {e}", path.display()))

@@ -10,7 +10,8 @@
 //!
 //! Requests go to the members in turn as tonic's balancer picks them (at random among the ready
 //! ones); a request that lands on a dead member fails with [`tonic::Code::Unavailable`], and the
-//! backend retries its requests (all compare-guarded) per [`EtcdConfig::retry`](crate::EtcdConfig::retry).
+//! backend retries its requests (all compare-guarded) per its config's
+//! [`connection.retry`](crate::EtcdConfig::connection).
 //! The raw [`Client`] does not retry: its caller decides.
 
 mod client;
