@@ -9,8 +9,10 @@
 //! public methods written for it anywhere in its crate. Each line carries the `cfg` it sits under, so a
 //! test hook shows as `[cfg(feature = "testing")]`. Types of those crates that a listed signature names
 //! but no public path reaches (`RetryPolicy::start` returns a `distlock_core::retry::Retries`) are listed
-//! too, under their crate's path: users can hold one and call its methods. What it cannot see: items
-//! made by macros, blanket and auto-trait impls (rustdoc's "Auto Trait Implementations"), and a type
+//! too, under their crate's path: users can hold one and call its methods. Methods a simple
+//! `macro_rules!` of these crates expands inside an `impl` (`distlock_core::connection_builders!`) are
+//! listed as expanded. What it cannot see: other items made by macros, blanket and auto-trait impls
+//! (rustdoc's "Auto Trait Implementations"), and a type
 //! reached only by signature whose name some module also imports from another crate (names are matched,
 //! not resolved).
 //!
@@ -24,6 +26,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+use proc_macro2::{Delimiter, Group, Ident, Spacing, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::{Attribute, ImplItem, Item, TraitItem, UseTree, Visibility};
 
@@ -562,7 +565,7 @@ impl Walker {
                 self.emit(&c, full, &format!("impl {name}"));
                 continue;
             }
-            for ii in &imp.items {
+            for ii in &self.expand_macros(&imp.items, 0) {
                 let (name, text, attrs) = match ii {
                     ImplItem::Fn(f) if is_pub(&f.vis) => {
                         (f.sig.ident.to_string(), signature(&f.sig), &f.attrs)
@@ -585,6 +588,167 @@ impl Walker {
             }
         }
     }
+}
+
+/// Expanding `macro_rules!` invocations inside an `impl` (`distlock_core::connection_builders!(..)`),
+/// for the simple macros these crates export: every `$name:fragment` of an arm's matcher binds one
+/// token tree of the invocation, the rest of the matcher must equal it token for token.
+impl Walker {
+    fn expand_macros(&self, items: &[ImplItem], depth: usize) -> Vec<ImplItem> {
+        assert!(depth < 8, "macro expansion too deep");
+        let mut out = Vec::new();
+        for item in items {
+            match item {
+                ImplItem::Macro(m) => {
+                    let expanded = self.expand(&m.mac);
+                    out.extend(self.expand_macros(&expanded, depth + 1));
+                }
+                other => out.push(other.clone()),
+            }
+        }
+        out
+    }
+
+    /// The items one invocation expands to; panics on a macro it cannot find or match, so the listing
+    /// never silently drops what a macro adds.
+    fn expand(&self, mac: &syn::Macro) -> Vec<ImplItem> {
+        let name = mac
+            .path
+            .segments
+            .last()
+            .map(|s| s.ident.to_string())
+            .unwrap_or_default();
+        let (krate, rules) = self
+            .crates
+            .iter()
+            .flat_map(|(k, c)| c.modules.values().map(move |m| (k, m)))
+            .flat_map(|(k, m)| m.items.iter().map(move |i| (k, i)))
+            .find_map(|(k, item)| match item {
+                Item::Macro(m) if m.ident.as_ref().is_some_and(|i| *i == name) => {
+                    Some((k.clone(), m.mac.tokens.clone()))
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| {
+                panic!("macro {name}! invoked in an impl is not defined in {CRATES:?}")
+            });
+        let input: Vec<TokenTree> = mac.tokens.clone().into_iter().collect();
+        let rules: Vec<TokenTree> = rules.into_iter().collect();
+        for arm in rules.split(|t| matches!(t, TokenTree::Punct(p) if p.as_char() == ';')) {
+            let [TokenTree::Group(matcher), TokenTree::Punct(_), TokenTree::Punct(_), TokenTree::Group(body)] =
+                arm
+            else {
+                continue;
+            };
+            let matcher: Vec<TokenTree> = matcher.stream().into_iter().collect();
+            if let Some(bindings) = bind(&matcher, &input) {
+                let body = unqualify(substitute(body.stream(), &bindings, &krate));
+                let imp: syn::ItemImpl = syn::parse_str(&format!("impl Expanded {{ {body} }}"))
+                    .unwrap_or_else(|e| panic!("{name}!: {e}"));
+                return imp.items;
+            }
+        }
+        panic!("no arm of {name}! matches {}", mac.tokens)
+    }
+}
+
+fn bind(matcher: &[TokenTree], input: &[TokenTree]) -> Option<HashMap<String, TokenTree>> {
+    let mut bindings = HashMap::new();
+    let (mut m, mut i) = (0, 0);
+    while m < matcher.len() {
+        if let (
+            TokenTree::Punct(dollar),
+            Some(TokenTree::Ident(var)),
+            Some(TokenTree::Punct(colon)),
+        ) = (&matcher[m], matcher.get(m + 1), matcher.get(m + 2))
+        {
+            if dollar.as_char() == '$' && colon.as_char() == ':' {
+                bindings.insert(var.to_string(), input.get(i)?.clone());
+                (m, i) = (m + 4, i + 1);
+                continue;
+            }
+        }
+        if matcher[m].to_string() != input.get(i)?.to_string() {
+            return None;
+        }
+        (m, i) = (m + 1, i + 1);
+    }
+    (i == input.len()).then_some(bindings)
+}
+
+/// A macro names types by full path (`::core::time::Duration`, `$crate::retry::RetryPolicy`) so that it
+/// works wherever it is invoked; the listing shows them by name, as the other signatures are written.
+fn unqualify(tokens: TokenStream) -> TokenStream {
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+    let colon =
+        |t: Option<&TokenTree>| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == ':');
+    // The first `:` of a `::` is joined to the second (`x: ::core` has a lone one first).
+    let joint = |t: Option<&TokenTree>| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == ':' && p.spacing() == Spacing::Joint);
+    const KEYWORDS: &[&str] = &["impl", "dyn", "self", "mut", "as", "fn", "pub", "ref"];
+    let keyword = |t: &TokenTree| KEYWORDS.contains(&t.to_string().as_str());
+    let module = |t: &TokenTree| match t {
+        TokenTree::Ident(i) => {
+            i.to_string().starts_with(|c: char| c.is_ascii_lowercase()) && !keyword(t)
+        }
+        _ => false,
+    };
+    let mut out: Vec<TokenTree> = Vec::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        if module(&tokens[i]) && joint(tokens.get(i + 1)) && colon(tokens.get(i + 2)) {
+            // A path's leading `::` goes too; a `::` after a name (`Self::new`) is not leading.
+            let n = out.len();
+            let after_name =
+                n >= 3 && matches!(&out[n - 3], TokenTree::Ident(_) if !keyword(&out[n - 3]));
+            let leading = n >= 2 && joint(out.get(n - 2)) && colon(out.get(n - 1)) && !after_name;
+            if leading {
+                out.truncate(n - 2);
+            }
+            i += 3;
+            continue;
+        }
+        out.push(match &tokens[i] {
+            TokenTree::Group(g) => {
+                TokenTree::Group(Group::new(g.delimiter(), unqualify(g.stream())))
+            }
+            other => other.clone(),
+        });
+        i += 1;
+    }
+    out.into_iter().collect()
+}
+
+/// `$name` → its binding, `$crate` → the macro's crate.
+fn substitute(
+    body: TokenStream,
+    bindings: &HashMap<String, TokenTree>,
+    krate: &str,
+) -> TokenStream {
+    let mut out = Vec::new();
+    let mut tokens = body.into_iter().peekable();
+    while let Some(token) = tokens.next() {
+        match token {
+            TokenTree::Punct(p) if p.as_char() == '$' => match tokens.next() {
+                Some(TokenTree::Ident(var)) if var == "crate" => {
+                    out.push(TokenTree::Ident(Ident::new(krate, var.span())));
+                }
+                Some(TokenTree::Ident(var)) => out.push(
+                    bindings
+                        .get(&var.to_string())
+                        .unwrap_or_else(|| panic!("unbound ${var}"))
+                        .clone(),
+                ),
+                other => panic!("unexpected ${other:?}"),
+            },
+            TokenTree::Group(g) => {
+                let inner = substitute(g.stream(), bindings, krate);
+                let delimiter: Delimiter = g.delimiter();
+                out.push(TokenTree::Group(Group::new(delimiter, inner)));
+            }
+            other => out.push(other),
+        }
+    }
+    out.into_iter().collect()
 }
 
 fn signature(sig: &syn::Signature) -> String {
@@ -760,6 +924,8 @@ fn the_listing_sees_items_hooks_and_not_internals() {
         "distlock::raw::Backend: pub trait Backend: Send + Sync + 'static",
         "distlock::ErrorKind: [non_exhaustive] pub enum ErrorKind",
         "distlock::ErrorKind::Timeout: variant",
+        // Made by `distlock_core::connection_builders!`.
+        "distlock::redis::RedisConfig::with_password: [cfg(feature = \"redis\")] pub fn with_password(self, password: impl Into<String>) -> Self",
         // Reached only through `RetryPolicy::start`'s signature.
         "distlock_core::retry::Retries::next_delay: pub fn next_delay(&mut self) -> Option<Duration>",
     ] {
