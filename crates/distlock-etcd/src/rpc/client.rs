@@ -199,8 +199,16 @@ impl Client {
         Ok(())
     }
 
+    /// The token requests are sent with now (compared, never shown: it is a credential).
+    pub(crate) fn token(&self) -> Option<AsciiMetadataValue> {
+        self.interceptor.current()
+    }
+
     /// Authenticates again unless another request did since `stale` was sent.
-    async fn refresh_token(&self, stale: Option<AsciiMetadataValue>) -> Result<(), Status> {
+    pub(crate) async fn refresh_token(
+        &self,
+        stale: Option<AsciiMetadataValue>,
+    ) -> Result<(), Status> {
         let Some(credentials) = &self.credentials else {
             return Ok(());
         };
