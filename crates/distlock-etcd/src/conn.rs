@@ -200,6 +200,13 @@ impl EtcdBackend {
 
 /// Runs `request` until it succeeds, within `timeout` in all, retried per `config.retry` on
 /// failures other than a refusal of the credentials.
+///
+/// With several endpoints, an attempt that has not answered after a quarter of `timeout` is sent
+/// again *without* being given up (it may still answer first; the first answer wins): a member that
+/// stops answering without closing its connections (paused, overloaded, cut off by a firewall that
+/// drops packets) keeps them "ready" to tonic's balancer, which goes on picking it at random until the
+/// HTTP/2 pings give up on it, and then reconnects to it at once. Without this, every request that
+/// landed there would wait out the whole timeout and fail. Each such extra send counts as a retry.
 async fn bounded_retry<T, F, Fut>(
     config: &EtcdConfig,
     action: &'static str,
@@ -210,26 +217,59 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = std::result::Result<T, tonic::Status>>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    distlock_core::retry::retry(
-        &config.retry,
-        Some(deadline),
-        |_| async {
-            match tokio::time::timeout_at(deadline, request()).await {
-                Ok(Ok(reply)) => Ok(reply),
-                Ok(Err(status)) => {
-                    tracing::debug!(action, error = %status, "etcd request failed");
-                    Err(EtcdError::rpc(action)(status))
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    use tokio::time::{sleep_until, Instant};
+
+    let deadline = Instant::now() + timeout;
+    let mut retries = config.retry.start(Some(deadline));
+    let hedge_after = (config.endpoints.len() > 1).then(|| timeout / 4);
+    let mut in_flight = FuturesUnordered::new();
+    in_flight.push(request());
+    let mut next_send = hedge_after.map(|after| Instant::now() + after);
+    loop {
+        tokio::select! {
+            answer = in_flight.next(), if !in_flight.is_empty() => {
+                let status = match answer {
+                    Some(Ok(reply)) => return Ok(reply),
+                    Some(Err(status)) => status,
+                    None => continue,
+                };
+                tracing::debug!(action, error = %status, "etcd request failed");
+                if !crate::error::retryable(&status) {
+                    return Err(EtcdError::rpc(action)(status));
                 }
-                Err(_) => Err(EtcdError::Timeout {
+                if !in_flight.is_empty() {
+                    // Another send of it is still under way.
+                    continue;
+                }
+                let Some(delay) = retries.next_delay() else {
+                    return Err(EtcdError::rpc(action)(status));
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = sleep_until(deadline) => {}
+                }
+                in_flight.push(request());
+                next_send = hedge_after.map(|after| Instant::now() + after);
+            }
+            _ = sleep_until(next_send.unwrap_or(deadline)), if next_send.is_some() => {
+                // Unanswered so far: send it once more, alongside, if a retry is left.
+                next_send = match retries.next_delay() {
+                    Some(_) => {
+                        in_flight.push(request());
+                        hedge_after.map(|after| Instant::now() + after)
+                    }
+                    None => None,
+                };
+            }
+            _ = sleep_until(deadline) => {
+                return Err(EtcdError::Timeout {
                     action,
                     after: timeout,
-                }),
+                });
             }
-        },
-        |e| matches!(e, EtcdError::Rpc { source, .. } if crate::error::retryable(source)),
-    )
-    .await
+        }
+    }
 }
 
 /// Makes the client of `config` and proves within the connect timeout that a member answers (and
