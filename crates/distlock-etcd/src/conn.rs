@@ -177,7 +177,7 @@ impl EtcdBackend {
     /// Runs an idempotent request within the request timeout, retried per the configured
     /// [`retry`](EtcdConfig::retry) policy on failures other than a refusal of the credentials.
     /// Retrying rides over a connection that broke since the last request, or fails over to another
-    /// endpoint: requests are balanced over all endpoints and a dead member's connection fails each
+    /// endpoint: requests go to the endpoints in turn and a dead member's connection fails each
     /// request sent to it, so with several endpoints a few retries are needed to find a live one.
     pub(crate) async fn idempotent<T, F, Fut>(
         &self,
@@ -204,9 +204,10 @@ impl EtcdBackend {
 /// With several endpoints, an attempt that has not answered after a quarter of `timeout` is sent
 /// again *without* being given up (it may still answer first; the first answer wins): a member that
 /// stops answering without closing its connections (paused, overloaded, cut off by a firewall that
-/// drops packets) keeps them "ready" to tonic's balancer, which goes on picking it at random until the
-/// HTTP/2 pings give up on it, and then reconnects to it at once. Without this, every request that
-/// landed there would wait out the whole timeout and fail. Each such extra send counts as a retry.
+/// drops packets) keeps its connection open, and a request sent there waits until the HTTP/2 pings
+/// give up on it (after which it is reconnected to at once). Without this, every request that landed
+/// there would wait out the whole timeout and fail; the extra send goes to the next member (see
+/// `Client::channel`). Each such extra send counts as a retry.
 async fn bounded_retry<T, F, Fut>(
     config: &EtcdConfig,
     action: &'static str,
@@ -274,7 +275,7 @@ where
 
 /// Makes the client of `config` and proves within the connect timeout that a member answers (and
 /// the credentials work): authenticates if needed, then one status call, retried per
-/// `config.retry` (requests are balanced over the endpoints, and one may land on a dead member).
+/// `config.retry` (requests go to the endpoints in turn, and one may land on a dead member).
 /// `action` names the attempt in a timeout error (`connect`, `reconnect`).
 pub(crate) async fn connect_client(
     config: &EtcdConfig,
