@@ -8,7 +8,9 @@ use std::time::Duration;
 use crate::backend::{EtcdBackend, Inner};
 use crate::config::EtcdConfig;
 use crate::error::EtcdError;
-use crate::rpc::pb::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
+use crate::rpc::pb::etcdserverpb::{
+    LeaseGrantRequest, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
+};
 use crate::rpc::Client;
 use crate::session::Session;
 use crate::tasks::Task;
@@ -133,12 +135,18 @@ impl EtcdBackend {
                 tokio::spawn(async move { retired.revoke().await });
             }
         }
-        let session = Session::grant(
-            &client,
-            Duration::from_secs(secs),
-            self.inner.config.request_timeout,
-        )
-        .await?;
+        // Retried like the other requests: a member that does not answer must not fail the acquire.
+        // Not idempotent, but harmless: a lease granted by a send whose answer lost the race has no
+        // keys and no keep-alives, and expires after its TTL.
+        let ttl = i64::try_from(secs).unwrap_or(i64::MAX);
+        let sent = distlock_core::clock::now();
+        let resp = self
+            .idempotent("lease grant", || {
+                client.lease_grant(LeaseGrantRequest { ttl, id: 0 })
+            })
+            .await?;
+        let session =
+            Session::granted(&client, ttl, resp, sent, self.inner.config.request_timeout)?;
         let runtime = tokio::runtime::Handle::current();
         if let Ok(mut keepers) = self.inner.keepers.lock() {
             keepers.retain(|k| {
