@@ -4,7 +4,7 @@
 set -euo pipefail
 
 # Debian packages the tests use today.
-PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-client protobuf-compiler libprotobuf-dev)
+PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-client)
 
 # The rest of the list in shared/reference/infra.md §9, to move into PACKAGES as the tests that need
 # them land (not installed now: they cost minutes and hundreds of MiB):
@@ -42,9 +42,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# etcd-client (the crate) compiles etcd's protos at build time: protoc plus the well-known types.
-[ -e /usr/include/google/protobuf/descriptor.proto ] || die "google/protobuf/descriptor.proto missing after installing libprotobuf-dev"
-for bin in redis-server redis-cli redis-sentinel etcd etcdctl protoc; do
+# (No protoc: distlock-etcd's gRPC code is generated once and checked in; see crates/distlock-etcd/proto.)
+for bin in redis-server redis-cli redis-sentinel etcd etcdctl; do
     command -v "$bin" >/dev/null || die "$bin not on PATH after installing ${PACKAGES[*]}"
 done
 

@@ -24,7 +24,42 @@ step() {
     fi
 }
 
+# The README's first command, verbatim, on a machine with nothing but a Rust toolchain: built in its
+# own target dir with no protoc on PATH (a dir of links to every other program) and PROTOC unset.
+first_command() {
+    local bin_dir
+    bin_dir=$(mktemp -d)
+    local dir prog
+    local IFS=:
+    for dir in $PATH; do
+        [ -d "$dir" ] || continue
+        for prog in "$dir"/*; do
+            [ -f "$prog" ] && [ -x "$prog" ] || continue
+            [ "${prog##*/}" = protoc ] && continue
+            [ -e "$bin_dir/${prog##*/}" ] || ln -s "$prog" "$bin_dir/${prog##*/}"
+        done
+    done
+    unset IFS
+    local command
+    command=$(grep -m1 '^cargo run -q -p distlock-cli -- run ' README.md) || {
+        echo "first-command: no 'cargo run -q -p distlock-cli -- run' line in README.md" >&2
+        rm -rf "$bin_dir"
+        return 1
+    }
+    echo "first-command: $command"
+    local out status=0
+    out=$(env -u PROTOC PATH="$bin_dir" CARGO_TARGET_DIR=target/first-command bash -c "$command" 2>&1) || status=$?
+    rm -rf "$bin_dir"
+    printf '%s\n' "$out"
+    [ "$status" -eq 0 ] || { echo "first-command: exited $status" >&2; return 1; }
+    case $out in
+        *"I hold nightly-report with token "*) ;;
+        *) echo "first-command: the command's output is missing" >&2; return 1 ;;
+    esac
+}
+
 step fmt cargo fmt --all -- --check
+step first-command first_command
 step tests cargo nextest run --workspace --all-features --no-fail-fast --profile "$profile"
 step doctests cargo test --workspace --doc --all-features
 step examples cargo run -q -p distlock --all-features --example basic
@@ -32,7 +67,7 @@ step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 echo
 if [ "${#failed[@]}" -eq 0 ]; then
-    echo "test.sh: ALL PASSED (fmt, tests, doctests, examples, clippy) in ${SECONDS}s"
+    echo "test.sh: ALL PASSED (fmt, first-command, tests, doctests, examples, clippy) in ${SECONDS}s"
 else
     echo "test.sh: FAILED: ${failed[*]} (after ${SECONDS}s)"
     exit 1

@@ -6,6 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock::etcd::rpc::pb::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest};
+use distlock::etcd::rpc::pb::v3lockpb::{LockRequest, UnlockRequest};
+use distlock::etcd::rpc::Client as EtcdClient;
+use distlock::etcd::EtcdConfig;
 use distlock::redis::{RedisConfig, Topology};
 use distlock::{ErrorKind, Lock, LockGuard};
 use distlock_core::url::LockUrl;
@@ -49,8 +53,7 @@ pub enum Engine {
     },
     Redis(Box<RedisServer>),
     Etcd {
-        endpoints: Vec<String>,
-        credentials: Option<(String, String)>,
+        config: Box<EtcdConfig>,
     },
     /// A scheme whose baselines this command does not measure; the reason says which.
     Unmeasured {
@@ -80,18 +83,9 @@ impl Engine {
                     None => unmeasured("the baselines need exactly one host"),
                 }
             }
-            "etcd" => {
-                let endpoints = match parsed.endpoints(distlock::etcd::DEFAULT_PORT) {
-                    Ok(endpoints) => endpoints,
-                    Err(_) => return Ok(unmeasured("no host")),
-                };
-                Engine::Etcd {
-                    endpoints: endpoints.iter().map(|e| format!("http://{e}")).collect(),
-                    credentials: parsed
-                        .username()
-                        .map(|u| (u.to_string(), parsed.password().unwrap_or("").to_string())),
-                }
-            }
+            "etcd" | "etcds" => Engine::Etcd {
+                config: Box::new(EtcdConfig::from_url(&parsed)?),
+            },
             _ => unmeasured("no engine baseline for this scheme in `distlock bench` yet"),
         })
     }
@@ -282,32 +276,24 @@ impl Cycler for RedisBare {
     }
 }
 
-pub fn etcd_failure(e: etcd_client::Error) -> Error {
-    Error::unavailable(format!("etcd baseline: {e}"))
+pub fn etcd_failure(e: distlock::etcd::rpc::Status) -> Error {
+    Error::unavailable(format!("etcd baseline: {:?}: {}", e.code(), e.message()))
 }
 
 /// The etcd lease every peer lock hangs on (like `etcdctl lock`'s session); as in baseline.md,
 /// one 30 s lease per client, granted up front.
 const ETCD_LEASE_SECS: i64 = 30;
 
-pub async fn etcd_connect(
-    endpoints: &[String],
-    credentials: Option<&(String, String)>,
-) -> Result<etcd_client::Client, Error> {
-    let mut options =
-        etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(5));
-    if let Some((user, password)) = credentials {
-        options = options.with_user(user.clone(), password.clone());
-    }
-    etcd_client::Client::connect(endpoints, Some(options))
-        .await
-        .map_err(etcd_failure)
+/// A raw gRPC client of the engine (distlock-etcd's own: the same channel, TLS and auth as the
+/// backend, without its retries).
+pub async fn etcd_connect(config: &EtcdConfig) -> Result<EtcdClient, Error> {
+    Ok(EtcdClient::connect(config).await?)
 }
 
 /// A put of a small value: etcd's write round trip (one raft commit, fsync by default).
-// No `Debug`: etcd-client's `Client` has none.
+#[derive(Debug)]
 pub struct EtcdPut {
-    pub client: etcd_client::Client,
+    pub client: EtcdClient,
     pub key: String,
 }
 
@@ -315,9 +301,12 @@ impl Cycler for EtcdPut {
     type Held = ();
 
     async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
-        let mut client = self.client.clone();
-        client
-            .put(self.key.as_bytes(), "x", None)
+        self.client
+            .put(PutRequest {
+                key: self.key.as_bytes().to_vec(),
+                value: b"x".to_vec(),
+                ..PutRequest::default()
+            })
             .await
             .map_err(etcd_failure)?;
         Ok(Some(()))
@@ -329,9 +318,9 @@ impl Cycler for EtcdPut {
 }
 
 /// A linearizable range (get) of one key: etcd's read round trip.
-// No `Debug`: etcd-client's `Client` has none.
+#[derive(Debug)]
 pub struct EtcdRange {
-    pub client: etcd_client::Client,
+    pub client: EtcdClient,
     pub key: String,
 }
 
@@ -339,9 +328,11 @@ impl Cycler for EtcdRange {
     type Held = ();
 
     async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
-        let mut client = self.client.clone();
-        client
-            .get(self.key.as_bytes(), None)
+        self.client
+            .range(RangeRequest {
+                key: self.key.as_bytes().to_vec(),
+                ..RangeRequest::default()
+            })
             .await
             .map_err(etcd_failure)?;
         Ok(Some(()))
@@ -352,23 +343,25 @@ impl Cycler for EtcdRange {
     }
 }
 
-/// The peer of baseline.md (`etcd-client`): etcd's server-side `Lock` / `Unlock` RPCs, on a lease
-/// granted up front.
-// No `Debug`: etcd-client's `Client` has none.
+/// The peer of baseline.md (measured there with `etcd-client`): etcd's server-side `Lock` / `Unlock`
+/// RPCs, on a lease granted up front.
+#[derive(Debug)]
 pub struct EtcdLockRpc {
-    client: etcd_client::Client,
+    client: EtcdClient,
     name: String,
     lease: i64,
 }
 
 impl EtcdLockRpc {
-    pub async fn new(client: etcd_client::Client, name: String) -> Result<Self, Error> {
+    pub async fn new(client: EtcdClient, name: String) -> Result<Self, Error> {
         let lease = client
-            .clone()
-            .lease_grant(ETCD_LEASE_SECS, None)
+            .lease_grant(LeaseGrantRequest {
+                ttl: ETCD_LEASE_SECS,
+                id: 0,
+            })
             .await
             .map_err(etcd_failure)?
-            .id();
+            .id;
         Ok(Self {
             client,
             name,
@@ -377,14 +370,14 @@ impl EtcdLockRpc {
     }
 
     /// What [`etcd_revoke`] needs once the client has been used up by a run.
-    pub fn lease(&self) -> (etcd_client::Client, i64) {
+    pub fn lease(&self) -> (EtcdClient, i64) {
         (self.client.clone(), self.lease)
     }
 }
 
 /// Revokes the peer's leases, so nothing of the run is left on the server (best effort).
-pub async fn etcd_revoke(leases: Vec<(etcd_client::Client, i64)>) {
-    for (mut client, lease) in leases {
+pub async fn etcd_revoke(leases: Vec<(EtcdClient, i64)>) {
+    for (client, lease) in leases {
         let _ = client.lease_revoke(lease).await;
     }
 }
@@ -393,17 +386,21 @@ impl Cycler for EtcdLockRpc {
     type Held = Vec<u8>;
 
     async fn acquire(&self, wait: Duration) -> Result<Option<Vec<u8>>, Error> {
-        let mut client = self.client.clone();
-        let options = etcd_client::LockOptions::new().with_lease(self.lease);
-        match tokio::time::timeout(wait, client.lock(self.name.as_bytes(), Some(options))).await {
-            Ok(locked) => Ok(Some(locked.map_err(etcd_failure)?.key().to_vec())),
+        let request = LockRequest {
+            name: self.name.as_bytes().to_vec(),
+            lease: self.lease,
+        };
+        match tokio::time::timeout(wait, self.client.lock(request)).await {
+            Ok(locked) => Ok(Some(locked.map_err(etcd_failure)?.key)),
             Err(_) => Ok(None),
         }
     }
 
     async fn release(&self, key: Vec<u8>) -> Result<(), Error> {
-        let mut client = self.client.clone();
-        client.unlock(key).await.map_err(etcd_failure)?;
+        self.client
+            .unlock(UnlockRequest { key })
+            .await
+            .map_err(etcd_failure)?;
         Ok(())
     }
 }
@@ -492,18 +489,10 @@ mod tests {
             server.client.get_connection_info().addr(),
             redis::ConnectionAddr::TcpTls { host, port: 6379, .. } if host == "::1"
         ));
-        let Ok(Engine::Etcd { endpoints, .. }) = Engine::from_url("etcd://127.0.0.1,h:2391,[::1]")
-        else {
+        let Ok(Engine::Etcd { config }) = Engine::from_url("etcd://127.0.0.1,h:2391,[::1]") else {
             panic!("etcd")
         };
-        assert_eq!(
-            endpoints,
-            [
-                "http://127.0.0.1:2379",
-                "http://h:2391",
-                "http://[::1]:2379"
-            ]
-        );
+        assert_eq!(config.endpoints, ["127.0.0.1:2379", "h:2391", "[::1]:2379"]);
         assert!(matches!(
             Engine::from_url("redis+cluster://a:1,b:2"),
             Ok(Engine::Unmeasured { .. })

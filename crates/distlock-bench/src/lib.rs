@@ -41,7 +41,7 @@ fairness (min/max acquisitions per task) and the share of re-acquisitions by the
 Each run also measures the engine's own round trip and reports every figure as a ratio to it \
 (redis: PING on a multiplexed redis-rs connection; etcd: a put, and a range beside it), and runs a \
 baseline beside distlock (redis: a bare SET NX PX + EVALSHA compare-and-delete loop; etcd: \
-etcd-client's Lock/Unlock RPCs; file: a bare flock + unlock, the floor). memory:// and file:// have \
+etcd's Lock/Unlock RPCs; file: a bare flock + unlock, the floor). memory:// and file:// have \
 no engine round trip: their figures are absolute.
 
 A progress bar shows on stderr when it is a terminal; the report goes to stdout (--json: one JSON \

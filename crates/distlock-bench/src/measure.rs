@@ -1,6 +1,9 @@
 //! The measurements of one run, in order: the engine's round trip, then each workload's distlock
 //! figures beside its engine baselines.
 
+use distlock::etcd::rpc::pb::etcdserverpb::DeleteRangeRequest;
+use distlock::etcd::rpc::Client as EtcdClient;
+use distlock::etcd::EtcdConfig;
 use distlock::Locks;
 
 use crate::engines::{
@@ -21,9 +24,8 @@ enum Baseline {
         conn: redis::aio::MultiplexedConnection,
     },
     Etcd {
-        endpoints: Vec<String>,
-        credentials: Option<(String, String)>,
-        client: Box<etcd_client::Client>,
+        config: Box<EtcdConfig>,
+        client: Box<EtcdClient>,
     },
     File {
         dir: std::path::PathBuf,
@@ -66,8 +68,10 @@ pub(crate) async fn measure(
     };
     if let Baseline::Etcd { client, .. } = &baseline {
         let _ = client
-            .clone()
-            .delete(format!("distlock-bench-rtt/{}", config.run), None)
+            .delete_range(DeleteRangeRequest {
+                key: format!("distlock-bench-rtt/{}", config.run).into_bytes(),
+                ..DeleteRangeRequest::default()
+            })
             .await;
     }
 
@@ -124,18 +128,14 @@ impl Run<'_> {
                 ));
             }
             Baseline::Etcd { client, .. } => {
-                runner.step("(a) etcd-client Lock/Unlock RPC");
+                runner.step("(a) etcd Lock/Unlock RPC");
                 let peer =
                     EtcdLockRpc::new((**client).clone(), format!("distlock-bench-peer/{run}/a"))
                         .await?;
                 let lease = peer.lease();
                 let cycles = run_cycles(vec![peer], WARMUP_ONE, d).await;
                 etcd_revoke(vec![lease]).await;
-                baselines.push(CycleFigures::new(
-                    "etcd-client Lock/Unlock RPC",
-                    &cycles?,
-                    rtt,
-                ));
+                baselines.push(CycleFigures::new("etcd Lock/Unlock RPC", &cycles?, rtt));
             }
             Baseline::File { dir, sync } => {
                 // The synced floor first: it is what the backend's default (sync on) compares to.
@@ -247,14 +247,13 @@ impl Run<'_> {
                 ));
             }
             Baseline::Etcd {
-                endpoints,
-                credentials,
+                config: etcd_config,
                 ..
             } => {
-                runner.step("(b) etcd-client Lock RPC, one client per task");
+                runner.step("(b) etcd Lock RPC, one client per task");
                 let mut clients = Vec::with_capacity(n);
                 for i in 0..n {
-                    let client = etcd_connect(endpoints, credentials.as_ref()).await?;
+                    let client = etcd_connect(etcd_config).await?;
                     let name = format!("distlock-bench-peer/{run}/b/{i}");
                     clients.push(EtcdLockRpc::new(client, name).await?);
                 }
@@ -262,7 +261,7 @@ impl Run<'_> {
                 let cycles = run_cycles(clients, WARMUP_MANY, d).await;
                 etcd_revoke(leases).await;
                 baselines.push(CycleFigures::new(
-                    "etcd-client Lock RPC, one client per task",
+                    "etcd Lock RPC, one client per task",
                     &cycles?,
                     rtt,
                 ));
@@ -310,23 +309,22 @@ impl Run<'_> {
         };
         let mut baselines = Vec::new();
         if let Baseline::Etcd {
-            endpoints,
-            credentials,
+            config: etcd_config,
             ..
         } = self.baseline
         {
-            runner.step("(c) etcd-client Lock RPC, contended");
+            runner.step("(c) etcd Lock RPC, contended");
             let name = format!("distlock-bench-peer/{}/c", self.config.run);
             let mut clients = Vec::with_capacity(n);
             for _ in 0..n {
-                let client = etcd_connect(endpoints, credentials.as_ref()).await?;
+                let client = etcd_connect(etcd_config).await?;
                 clients.push(EtcdLockRpc::new(client, name.clone()).await?);
             }
             let leases = clients.iter().map(EtcdLockRpc::lease).collect();
             let result = run_contended(clients, hold, d).await;
             etcd_revoke(leases).await;
             baselines.push(ContendedFigures::new(
-                "etcd-client Lock RPC, one client per task",
+                "etcd Lock RPC, one client per task",
                 &result?,
                 self.round_trip,
             ));
@@ -372,9 +370,8 @@ async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, R
         ),
         Engine::Redis(server) => redis_round_trip(config, server, runner).await?,
         Engine::Etcd {
-            endpoints,
-            credentials,
-        } => etcd_round_trip(config, endpoints, credentials, runner).await?,
+            config: etcd_config,
+        } => etcd_round_trip(config, etcd_config, runner).await?,
     })
 }
 
@@ -402,12 +399,11 @@ async fn redis_round_trip(
 
 async fn etcd_round_trip(
     config: &Config,
-    endpoints: &[String],
-    credentials: &Option<(String, String)>,
+    etcd_config: &EtcdConfig,
     runner: &mut Runner,
 ) -> Result<(Baseline, RoundTrip), Error> {
     let d = config.duration;
-    let client = etcd_connect(endpoints, credentials.as_ref()).await?;
+    let client = etcd_connect(etcd_config).await?;
     let key = format!("distlock-bench-rtt/{}", config.run);
     runner.step("put round trip");
     let put = EtcdPut {
@@ -423,13 +419,12 @@ async fn etcd_round_trip(
     let range = run_cycles(vec![range], WARMUP_MANY, d).await?;
     Ok((
         Baseline::Etcd {
-            endpoints: endpoints.to_vec(),
-            credentials: credentials.clone(),
+            config: Box::new(etcd_config.clone()),
             client: Box::new(client),
         },
         RoundTrip {
-            reference: Some(Probe::new("put (etcd-client)", &put)),
-            others: vec![Probe::new("range, linearizable (etcd-client)", &range)],
+            reference: Some(Probe::new("put (raw gRPC client)", &put)),
+            others: vec![Probe::new("range, linearizable (raw gRPC client)", &range)],
             note: None,
         },
     ))

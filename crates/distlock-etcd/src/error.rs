@@ -1,9 +1,15 @@
 //! The etcd backend's errors, mapped once into [`distlock_core::Error`] (tagged backend `"etcd"`).
+//!
+//! What a failure means is read from its typed form: the gRPC [`Code`] etcd answered with (etcd sends
+//! no error details beyond the code and a message), the request it answered, and, for a connection
+//! that failed in the TLS layer, the [`rustls::Error`] in its source chain. The one case where etcd's
+//! code alone is ambiguous is isolated in [`anonymous_request_refused`].
 
 use std::fmt;
 use std::time::Duration;
 
 use distlock_core::{Error, ErrorKind};
+use tonic::{Code, Status};
 
 /// The backend's short name, for errors and logs.
 pub(crate) const BACKEND: &str = "etcd";
@@ -14,14 +20,11 @@ pub(crate) enum EtcdError {
     /// A bad URL or option.
     Config(String),
     /// No endpoint answered at connect time.
-    Connect {
-        endpoints: String,
-        source: etcd_client::Error,
-    },
+    Connect { endpoints: String, source: Status },
     /// A request failed; `action` says which ("acquire txn", "keep-alive", …).
     Rpc {
         action: &'static str,
-        source: etcd_client::Error,
+        source: Status,
     },
     /// A request got no answer in time.
     Timeout {
@@ -35,7 +38,7 @@ pub(crate) enum EtcdError {
 }
 
 impl EtcdError {
-    pub(crate) fn rpc(action: &'static str) -> impl FnOnce(etcd_client::Error) -> EtcdError {
+    pub(crate) fn rpc(action: &'static str) -> impl FnOnce(Status) -> EtcdError {
         move |source| EtcdError::Rpc { action, source }
     }
 
@@ -47,79 +50,59 @@ impl EtcdError {
             None => error,
         }
     }
+
+    /// Whether the request failed because the lease it names does not exist (revoked or expired):
+    /// etcd's only `NotFound` on a KV or lease request is "requested lease not found".
+    pub(crate) fn is_lease_not_found(&self) -> bool {
+        matches!(self, EtcdError::Rpc { source, .. } if source.code() == Code::NotFound)
+    }
 }
 
-/// The kind of a failed request: auth problems are not temporary, everything else is.
-pub(crate) fn kind_of(source: &etcd_client::Error) -> ErrorKind {
-    rpc_kind(source)
+/// Whether a failed request is worth another attempt: anything but a refusal of the credentials
+/// (another attempt is refused the same way).
+pub(crate) fn retryable(status: &Status) -> bool {
+    rpc_kind(status) != ErrorKind::PermissionDenied
 }
 
-fn rpc_kind(source: &etcd_client::Error) -> ErrorKind {
-    use tonic_code::Code;
-    // etcd answers a wrong user or password, and a request without one while auth is on, with
-    // InvalidArgument ("etcdserver: authentication failed, invalid user ID or password",
-    // "etcdserver: user name is empty").
-    let text = source.to_string();
-    if [
-        "authentication failed",
-        "user name is empty",
-        "invalid auth token",
-    ]
-    .iter()
-    .any(|w| text.contains(w))
-    {
+/// The kind of a failed request, from its gRPC code.
+fn rpc_kind(status: &Status) -> ErrorKind {
+    if anonymous_request_refused(status) {
         return ErrorKind::PermissionDenied;
     }
-    match source {
-        etcd_client::Error::GRpcStatus(status) => match tonic_code::of(status) {
-            Code::Unauthenticated | Code::PermissionDenied => ErrorKind::PermissionDenied,
-            Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
-                ErrorKind::Protocol
-            }
-            Code::Other => ErrorKind::Unavailable,
-        },
-        etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
-            ErrorKind::InvalidConfig
-        }
+    match status.code() {
+        Code::Unauthenticated | Code::PermissionDenied => ErrorKind::PermissionDenied,
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => ErrorKind::Protocol,
         _ => ErrorKind::Unavailable,
     }
 }
 
-/// gRPC codes without naming tonic (it is not a direct dependency): read from the status's text form.
-mod tonic_code {
-    pub(super) enum Code {
-        Unauthenticated,
-        PermissionDenied,
-        InvalidArgument,
-        FailedPrecondition,
-        OutOfRange,
-        Other,
-    }
-
-    pub(super) fn of(status: &impl std::fmt::Debug) -> Code {
-        let text = format!("{status:?}");
-        if text.contains("Unauthenticated") {
-            Code::Unauthenticated
-        } else if text.contains("PermissionDenied") {
-            Code::PermissionDenied
-        } else if text.contains("InvalidArgument") {
-            Code::InvalidArgument
-        } else if text.contains("FailedPrecondition") {
-            Code::FailedPrecondition
-        } else if text.contains("OutOfRange") {
-            Code::OutOfRange
-        } else {
-            Code::Other
-        }
-    }
+/// Whether etcd refused a request sent without a token while authentication is on ("etcdserver: user
+/// name is empty"). etcd sends it under `InvalidArgument`, the code it also uses for malformed
+/// requests, and with no error details, so its fixed message (etcd's `rpctypes.ErrGRPCUserEmpty`) is
+/// the only way to tell it apart.
+fn anonymous_request_refused(status: &Status) -> bool {
+    status.code() == Code::InvalidArgument && status.message() == "etcdserver: user name is empty"
 }
 
-/// Whether a connect failed in the TLS layer (an untrusted certificate, a failed handshake).
-fn is_tls_failure(source: &etcd_client::Error) -> bool {
-    let text = format!("{source:?}");
-    ["certificate", "Certificate", "handshake", "tls:"]
-        .iter()
-        .any(|w| text.contains(w))
+/// Whether a connect failed in the TLS layer (an untrusted certificate, a failed handshake): a
+/// [`rustls::Error`] somewhere in the source chain (tokio-rustls hands it up inside an `io::Error`).
+fn is_tls_failure(status: &Status) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = next {
+        if error.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                return true;
+            }
+        }
+        next = error.source();
+    }
+    false
 }
 
 impl fmt::Display for EtcdError {
@@ -128,13 +111,17 @@ impl fmt::Display for EtcdError {
             EtcdError::Config(message) => f.write_str(message),
             EtcdError::Connect { endpoints, source } if is_tls_failure(source) => write!(
                 f,
-                "cannot reach etcd at {endpoints}: {source} (the TLS handshake failed: the server's certificate must be signed by a CA in the system roots or in the file of etcds://…?ca=/path/ca.pem, and name the host of the URL; a server that wants a client certificate fails this way too)"
+                "cannot reach etcd at {endpoints}: {} (the TLS handshake failed: the server's certificate must be signed by the CA of etcds://…?ca=/path/ca.pem, or by one in the system roots when no CA file is given, and name the host of the URL; a server that wants a client certificate fails this way too)",
+                describe(source)
             ),
             EtcdError::Connect { endpoints, source } => write!(
                 f,
-                "cannot reach etcd at {endpoints}: {source} (is etcd running there? `etcdctl --endpoints {endpoints} endpoint health` checks)"
+                "cannot reach etcd at {endpoints}: {} (is etcd running there? `etcdctl --endpoints {endpoints} endpoint health` checks)",
+                describe(source)
             ),
-            EtcdError::Rpc { action, source } => write!(f, "etcd {action} failed: {source}"),
+            EtcdError::Rpc { action, source } => {
+                write!(f, "etcd {action} failed: {}", describe(source))
+            }
             EtcdError::Timeout { action, after } => {
                 write!(f, "etcd {action} got no answer within {after:?}")
             }
@@ -144,13 +131,30 @@ impl fmt::Display for EtcdError {
     }
 }
 
+/// A status as one line: its code, its message, and the innermost cause of a transport failure.
+fn describe(status: &Status) -> String {
+    let mut text = format!("{:?}: {}", status.code(), status.message());
+    let mut cause = std::error::Error::source(status);
+    let mut innermost = None;
+    while let Some(error) = cause {
+        innermost = Some(error);
+        cause = error.source();
+    }
+    if let Some(error) = innermost {
+        let shown = error.to_string();
+        if !text.contains(&shown) {
+            text.push_str(&format!(" ({shown})"));
+        }
+    }
+    text
+}
+
 impl From<EtcdError> for Error {
     fn from(error: EtcdError) -> Self {
         let kind = match &error {
             EtcdError::Config(_) => ErrorKind::InvalidConfig,
             EtcdError::Connect { source, .. } => match rpc_kind(source) {
                 ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
-                ErrorKind::InvalidConfig => ErrorKind::InvalidConfig,
                 _ => ErrorKind::Unavailable,
             },
             EtcdError::Rpc { source, .. } => rpc_kind(source),

@@ -17,13 +17,17 @@
 //! registration or renewal starts it again on the current one.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
+use distlock_core::retry::Backoff;
+
+use crate::rpc::pb::etcdserverpb::watch_create_request::FilterType;
+use crate::rpc::pb::etcdserverpb::{RangeRequest, WatchCreateRequest, WatchResponse};
+use crate::rpc::pb::mvccpb::event::EventType;
+use crate::rpc::{Client, WatchStream};
+use crate::tasks::Task;
 use tokio::sync::{mpsc, watch};
-use tokio::task::AbortHandle;
 
 /// The loss channel of one held lock: the first reason sent wins.
 pub(crate) type LossSender = Arc<watch::Sender<Option<String>>>;
@@ -61,22 +65,22 @@ enum Command {
     Reopen,
 }
 
-struct Task {
+struct Watcher {
     commands: mpsc::UnboundedSender<Command>,
-    /// False once the task's future was dropped (aborted, or its runtime shut down).
-    alive: Arc<AtomicBool>,
-    abort: AbortHandle,
+    task: Task,
 }
 
 struct State {
     /// The backend's connection, replaced when its runtime is dropped.
     client: Client,
+    /// The bound of one request (opening the stream, re-reading a key).
+    request_timeout: Duration,
     next_id: i64,
     entries: HashMap<i64, Entry>,
     /// Watch ids handed out whose entry moved to a new id (its watch was cancelled by the server and
     /// made again: etcd does not take a cancelled id back on the same stream), old → new.
     moved: HashMap<i64, i64>,
-    task: Option<Task>,
+    task: Option<Watcher>,
     /// The task will wake by itself no later than the due time of any entry without a watch (a timer
     /// for the earliest one is armed, or a wake is queued). Entries are due in the order they come, so
     /// a new one then needs no wake: a busy acquire/release loop does not wake the task per grant.
@@ -92,26 +96,18 @@ impl Drop for HeldKeys {
     fn drop(&mut self) {
         if let Ok(state) = self.state.lock() {
             if let Some(task) = &state.task {
-                task.abort.abort();
+                task.task.abort();
             }
         }
     }
 }
 
-/// Flips `alive` to false when the task's future is dropped, however that happens.
-pub(crate) struct AliveFlag(pub(crate) Arc<AtomicBool>);
-
-impl Drop for AliveFlag {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
-}
-
 impl HeldKeys {
-    pub(crate) fn new(client: Client) -> HeldKeys {
+    pub(crate) fn new(client: Client, request_timeout: Duration) -> HeldKeys {
         HeldKeys {
             state: Arc::new(Mutex::new(State {
                 client,
+                request_timeout,
                 next_id: 0,
                 entries: HashMap::new(),
                 moved: HashMap::new(),
@@ -192,7 +188,7 @@ impl HeldKeys {
         if state
             .task
             .as_ref()
-            .is_some_and(|t| t.alive.load(Ordering::Acquire) && !t.commands.is_closed())
+            .is_some_and(|t| t.task.is_alive() && !t.commands.is_closed())
         {
             return false;
         }
@@ -200,19 +196,10 @@ impl HeldKeys {
             return false;
         };
         let (commands, rx) = mpsc::unbounded_channel();
-        let alive = Arc::new(AtomicBool::new(true));
-        let flag = AliveFlag(alive.clone());
         let shared = Arc::downgrade(&self.state);
-        let abort = runtime
-            .spawn(async move {
-                let _flag = flag;
-                run(shared, rx).await;
-            })
-            .abort_handle();
-        state.task = Some(Task {
+        state.task = Some(Watcher {
             commands,
-            alive,
-            abort,
+            task: Task::spawn(&runtime, run(shared, rx)),
         });
         state.armed = true;
         true
@@ -224,21 +211,25 @@ impl HeldKeys {
 /// acquire/release loop) cost the server no watch at all.
 const WATCH_DELAY: Duration = Duration::from_millis(100);
 
-fn options(id: i64, from: i64) -> WatchOptions {
-    WatchOptions::new()
-        .with_watch_id(id)
-        .with_start_revision(from)
-        .with_filters([WatchFilterType::NoPut])
+/// The watch of one held key: deletes only, from revision `from`, under the client-chosen id `id`.
+fn options(key: &str, id: i64, from: i64) -> WatchCreateRequest {
+    WatchCreateRequest {
+        key: key.as_bytes().to_vec(),
+        start_revision: from,
+        filters: vec![FilterType::Noput as i32],
+        watch_id: id,
+        ..WatchCreateRequest::default()
+    }
 }
 
 type Shared = std::sync::Weak<Mutex<State>>;
 
+/// The connection to create watches on, the request timeout, and the entries to watch.
+type Taken = (Client, Duration, Vec<(i64, Entry)>);
+
 /// Marks the entries without a watch that `pick` chooses as created, and returns them with the
 /// connection to create their watches on.
-fn take_entries(
-    shared: &Shared,
-    pick: impl Fn(&Entry) -> bool,
-) -> Option<(Client, Vec<(i64, Entry)>)> {
+fn take_entries(shared: &Shared, pick: impl Fn(&Entry) -> bool) -> Option<Taken> {
     let state = shared.upgrade()?;
     let mut state = state.lock().ok()?;
     let mut taken = Vec::new();
@@ -248,7 +239,7 @@ fn take_entries(
             taken.push((*id, entry.clone()));
         }
     }
-    Some((state.client.clone(), taken))
+    Some((state.client.clone(), state.request_timeout, taken))
 }
 
 /// The earliest due time of an entry without a watch; records that a timer for it is armed.
@@ -266,7 +257,7 @@ fn next_due(shared: &Shared) -> Option<tokio::time::Instant> {
 }
 
 async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     loop {
         // (Re)open: every entry is watched at once, from its start revision.
         if let Some(state) = shared.upgrade() {
@@ -276,52 +267,29 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                 }
             }
         }
-        let Some((client, entries)) = take_entries(&shared, |_| true) else {
+        let Some((client, request_timeout, entries)) = take_entries(&shared, |_| true) else {
             return;
         };
         let Some(((first_id, first), rest)) = entries.split_first() else {
-            // Nothing held: wait for a key, whose `watch` sends a wake (checked under the lock it
-            // inserts under, so none is missed).
-            let idle = match shared.upgrade() {
-                Some(state) => match state.lock() {
-                    Ok(mut s) if s.entries.is_empty() => {
-                        s.armed = false;
-                        true
-                    }
-                    Ok(_) => false,
-                    Err(_) => return,
-                },
-                None => return,
-            };
-            if !idle {
+            if wait_for_a_key(&shared, &mut commands).await {
                 continue;
             }
-            match commands.recv().await {
-                // A new key: its watch is due `WATCH_DELAY` after its grant, so a hold shorter than
-                // that opens no stream at all (it is gone from `entries` by then).
-                Some(_) => {
-                    tokio::time::sleep(WATCH_DELAY).await;
-                    continue;
-                }
-                None => return,
-            }
+            return;
         };
-        let mut watch_client = client.watch_client();
         let opened = tokio::time::timeout(
-            Duration::from_secs(5),
-            watch_client.watch(first.key.clone(), Some(options(*first_id, first.from))),
+            request_timeout,
+            client.watch(options(&first.key, *first_id, first.from)),
         )
         .await;
         let mut stream = match opened {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "etcd: opening the held-keys watch failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
             Err(_) => {
-                tokio::time::sleep(backoff).await;
+                tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
         };
@@ -329,7 +297,7 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut broken = false;
         for (id, entry) in rest {
             if stream
-                .watch(entry.key.clone(), Some(options(*id, entry.from)))
+                .watch(options(&entry.key, *id, entry.from))
                 .await
                 .is_err()
             {
@@ -353,9 +321,9 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                 },
                 _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
                     let now = tokio::time::Instant::now();
-                    let Some((_, taken)) = take_entries(&shared, |e| e.due <= now) else { return };
+                    let Some((_, _, taken)) = take_entries(&shared, |e| e.due <= now) else { return };
                     for (id, entry) in taken {
-                        if stream.watch(entry.key, Some(options(id, entry.from))).await.is_err() {
+                        if stream.watch(options(&entry.key, id, entry.from)).await.is_err() {
                             broken = true;
                             break;
                         }
@@ -364,8 +332,8 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                 },
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {
-                        backoff = Duration::from_millis(100);
-                        if handle(&shared, &client, &mut stream, &mut active, resp).await.is_err() {
+                        backoff.reset();
+                        if handle(&shared, &client, request_timeout, &mut stream, &mut active, resp).await.is_err() {
                             broken = true;
                         }
                     }
@@ -374,9 +342,34 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
             }
         }
         tracing::debug!("etcd: the held-keys watch stream broke; reopening it");
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
+}
+
+/// Nothing held: waits for a key, whose `watch` sends a wake (checked under the lock it inserts
+/// under, so none is missed). False when the task is to end (the backend is gone).
+async fn wait_for_a_key(shared: &Shared, commands: &mut mpsc::UnboundedReceiver<Command>) -> bool {
+    let idle = match shared.upgrade() {
+        Some(state) => match state.lock() {
+            Ok(mut s) if s.entries.is_empty() => {
+                s.armed = false;
+                true
+            }
+            Ok(_) => false,
+            Err(_) => return false,
+        },
+        None => return false,
+    };
+    if !idle {
+        return true;
+    }
+    // A new key: its watch is due `WATCH_DELAY` after its grant, so a hold shorter than that opens
+    // no stream at all (it is gone from `entries` by then).
+    if commands.recv().await.is_none() {
+        return false;
+    }
+    tokio::time::sleep(WATCH_DELAY).await;
+    true
 }
 
 fn entry_of(shared: &Shared, id: i64) -> Option<Entry> {
@@ -403,15 +396,16 @@ fn lose(shared: &Shared, id: i64, reason: String) {
 async fn handle(
     shared: &Shared,
     client: &Client,
+    request_timeout: Duration,
     stream: &mut WatchStream,
     active: &mut HashSet<i64>,
     resp: WatchResponse,
-) -> Result<(), etcd_client::Error> {
-    let id = resp.watch_id();
+) -> Result<(), tonic::Status> {
+    let id = resp.watch_id;
     if resp
-        .events()
+        .events
         .iter()
-        .any(|e| e.event_type() == EventType::Delete)
+        .any(|e| e.r#type == EventType::Delete as i32)
     {
         if let Some(entry) = entry_of(shared, id) {
             lose(
@@ -428,31 +422,38 @@ async fn handle(
         }
         return Ok(());
     }
-    if !resp.canceled() {
+    if !resp.canceled {
         return Ok(());
     }
     // Cancelled by the server (its start revision was compacted, or a cancel we sent): if the key is
     // still held, read it, and watch again from that read.
     active.remove(&id);
-    if resp.compact_revision() > 0 {
+    if resp.compact_revision > 0 {
         // The server keeps the compacted watch (and its id) on the stream until told to drop it.
         stream.cancel(id).await?;
     }
     let Some(entry) = entry_of(shared, id) else {
         return Ok(());
     };
-    let mut kv = client.kv_client();
-    let read = tokio::time::timeout(Duration::from_secs(5), kv.get(entry.key.clone(), None)).await;
+    let own = RangeRequest {
+        key: entry.key.as_bytes().to_vec(),
+        ..RangeRequest::default()
+    };
+    let read = tokio::time::timeout(request_timeout, client.range(own)).await;
     let read = match read {
         Ok(Ok(read)) => read,
         // Unknown: reopen the stream, which retries the watch from its start revision.
         Ok(Err(e)) => return Err(e),
-        Err(_) => return Err(etcd_client::Error::WatchError("re-read timed out".into())),
+        Err(_) => {
+            return Err(tonic::Status::deadline_exceeded(
+                "re-reading a held key timed out",
+            ))
+        }
     };
     let alive = read
-        .kvs()
+        .kvs
         .first()
-        .is_some_and(|kv| kv.create_revision() == entry.rev);
+        .is_some_and(|kv| kv.create_revision == entry.rev);
     if !alive {
         lose(
             shared,
@@ -464,7 +465,7 @@ async fn handle(
         );
         return Ok(());
     }
-    let from = read.header().map_or(entry.from, |h| h.revision() + 1);
+    let from = read.header.as_ref().map_or(entry.from, |h| h.revision + 1);
     // Watched again under a new id: etcd keeps a cancelled (compacted) watch's id reserved on its
     // stream until the client cancels it, and refuses a new watch with it ("duplicate watch ID",
     // answered under id -1), which would leave the key unwatched for good.
@@ -486,7 +487,7 @@ async fn handle(
         s.moved.insert(id, new_id);
         new_id
     };
-    stream.watch(entry.key, Some(options(new_id, from))).await?;
+    stream.watch(options(&entry.key, new_id, from)).await?;
     active.insert(new_id);
     Ok(())
 }

@@ -38,8 +38,10 @@
 //! assert_eq!(layout::key("x", 0x1a), "x/1a"); // no padding, as Go's %x
 //! ```
 
-use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+use crate::rpc::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use crate::rpc::pb::etcdserverpb::range_request::{SortOrder, SortTarget};
+use crate::rpc::pb::etcdserverpb::{
+    request_op, Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
 
 /// The prefix every key of lock `name` lives under: `name/`.
@@ -69,117 +71,188 @@ pub fn slot_key(name: &str, lease: i64, slot: usize) -> String {
     }
 }
 
+/// The end of the key range of every key starting with `prefix` (etcd's `WithPrefix`): the prefix with
+/// its last byte below 0xff incremented and what follows dropped; `\0` (every key) if there is none.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// A read of every key under `prefix`, sorted by create_revision.
+fn prefix_range(prefix: &str, order: SortOrder) -> RangeRequest {
+    RangeRequest {
+        key: prefix.as_bytes().to_vec(),
+        range_end: prefix_end(prefix.as_bytes()),
+        sort_order: order as i32,
+        sort_target: SortTarget::Create as i32,
+        ..RangeRequest::default()
+    }
+}
+
+fn range_op(range: RangeRequest) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestRange(range)),
+    }
+}
+
+fn delete_op(key: &str) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestDeleteRange(
+            DeleteRangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..DeleteRangeRequest::default()
+            },
+        )),
+    }
+}
+
+fn put_op(key: &str, value: &str, lease: i64) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestPut(PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+            lease,
+            ..PutRequest::default()
+        })),
+    }
+}
+
+/// `key`'s `target` equals `value`.
+fn equal(key: &str, target: CompareTarget, value: TargetUnion) -> Compare {
+    Compare {
+        result: CompareResult::Equal as i32,
+        target: target as i32,
+        key: key.as_bytes().to_vec(),
+        range_end: Vec::new(),
+        target_union: Some(value),
+    }
+}
+
+/// `key`'s create_revision is `rev` (0: the key does not exist).
+fn created_at(key: &str, rev: i64) -> Compare {
+    equal(key, CompareTarget::Create, TargetUnion::CreateRevision(rev))
+}
+
 /// The oldest key under the prefix: the holder.
-fn holder_get(prefix: &str) -> TxnOp {
-    TxnOp::get(
-        prefix,
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1),
-        ),
-    )
+fn holder_get(prefix: &str) -> RequestOp {
+    range_op(RangeRequest {
+        limit: 1,
+        ..prefix_range(prefix, SortOrder::Ascend)
+    })
 }
 
 /// The newest key created before `rev` under the prefix: the predecessor to watch.
-fn predecessor_get(prefix: &str, rev: i64) -> TxnOp {
-    TxnOp::get(
-        prefix,
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_max_create_revision(rev - 1)
-                .with_limit(1),
-        ),
-    )
+fn predecessor_get(prefix: &str, rev: i64) -> RequestOp {
+    range_op(predecessor(prefix, rev))
 }
 
 /// The first try, one round trip (Go's `tryAcquire` plus the predecessor read): if `key` is absent,
 /// create it on `lease` with `value`; then read the holder, and the two newest keys under the prefix
 /// (the own key, just created, and the one before it: the predecessor). If the key was there already (a
 /// retry after a lost reply), read it instead: responses `[put | get own, get holder, get newest two]`.
-pub fn create_txn(key: &str, prefix: &str, lease: i64, value: &str) -> Txn {
-    let newest_two = TxnOp::get(
-        prefix,
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(2),
-        ),
-    );
-    Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-        .and_then([
-            TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
+pub fn create_txn(key: &str, prefix: &str, lease: i64, value: &str) -> TxnRequest {
+    let newest_two = RangeRequest {
+        limit: 2,
+        ..prefix_range(prefix, SortOrder::Descend)
+    };
+    let own = RangeRequest {
+        key: key.as_bytes().to_vec(),
+        ..RangeRequest::default()
+    };
+    TxnRequest {
+        compare: vec![created_at(key, 0)],
+        success: vec![
+            put_op(key, value, lease),
             holder_get(prefix),
-            newest_two,
-        ])
-        .or_else([TxnOp::get(key, None), holder_get(prefix)])
+            range_op(newest_two),
+        ],
+        failure: vec![range_op(own), holder_get(prefix)],
+    }
 }
 
 /// A later try, once queued: if the own key still has `rev` (the session lease is alive and nobody
 /// deleted it — etcd issue 11456), read the holder and the predecessor.
-pub fn check_txn(key: &str, prefix: &str, rev: i64) -> Txn {
-    Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, rev)])
-        .and_then([holder_get(prefix), predecessor_get(prefix, rev)])
+pub fn check_txn(key: &str, prefix: &str, rev: i64) -> TxnRequest {
+    TxnRequest {
+        compare: vec![created_at(key, rev)],
+        success: vec![holder_get(prefix), predecessor_get(prefix, rev)],
+        failure: Vec::new(),
+    }
 }
 
 /// The predecessor read alone, for the first try that found itself queued.
-pub fn predecessor(prefix: &str, rev: i64) -> (String, GetOptions) {
-    (
-        prefix.to_string(),
-        GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(rev - 1)
-            .with_limit(1),
-    )
+pub fn predecessor(prefix: &str, rev: i64) -> RangeRequest {
+    RangeRequest {
+        limit: 1,
+        max_create_revision: rev - 1,
+        ..prefix_range(prefix, SortOrder::Descend)
+    }
 }
 
 /// Release: delete the own key only if its create_revision is still `rev` (etcd issue 22082).
-pub fn release_txn(key: &str, rev: i64) -> Txn {
-    Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, rev)])
-        .and_then([TxnOp::delete(key, None::<DeleteOptions>)])
+pub fn release_txn(key: &str, rev: i64) -> TxnRequest {
+    TxnRequest {
+        compare: vec![created_at(key, rev)],
+        success: vec![delete_op(key)],
+        failure: Vec::new(),
+    }
 }
 
 /// Undo of a try whose reply was lost: delete the key only if it hangs on our lease *and* holds our
 /// owner id (the key name carries the lease id, but another writer given the same lease could have
 /// created it: its key is left alone).
-pub fn undo_txn(key: &str, lease: i64, owner: &str) -> Txn {
-    Txn::new()
-        .when([
-            Compare::lease(key, CompareOp::Equal, lease),
-            Compare::value(key, CompareOp::Equal, owner),
-        ])
-        .and_then([TxnOp::delete(key, None::<DeleteOptions>)])
+pub fn undo_txn(key: &str, lease: i64, owner: &str) -> TxnRequest {
+    TxnRequest {
+        compare: vec![
+            equal(key, CompareTarget::Lease, TargetUnion::Lease(lease)),
+            equal(
+                key,
+                CompareTarget::Value,
+                TargetUnion::Value(owner.as_bytes().to_vec()),
+            ),
+        ],
+        success: vec![delete_op(key)],
+        failure: Vec::new(),
+    }
 }
 
 /// All keys under the prefix, oldest first, for `status`.
-pub fn all_keys(name: &str) -> (String, GetOptions) {
-    (
-        prefix(name),
-        GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend),
-    )
+pub fn all_keys(name: &str) -> RangeRequest {
+    prefix_range(&prefix(name), SortOrder::Ascend)
 }
 
 /// A fenced write into etcd itself: put `key = value` only while `lock_key` still has the holder's
 /// create_revision `token`, so a superseded holder's write is refused by the server. Commit it with
-/// `client.txn(...)`; `succeeded()` is false when the lock was no longer held.
+/// [`EtcdBackend::client`](crate::EtcdBackend::client)`().txn(...)`; `succeeded` is false when the
+/// lock was no longer held.
 ///
 /// ```
 /// let txn = distlock_etcd::layout::fenced_put("orders/42/7b", 1234, "orders/42/state", "paid");
-/// # let _ = txn;
+/// assert_eq!(txn.compare.len(), 1);
 /// ```
-pub fn fenced_put(lock_key: &str, token: u64, key: &str, value: &str) -> Txn {
+pub fn fenced_put(lock_key: &str, token: u64, key: &str, value: &str) -> TxnRequest {
     let rev = i64::try_from(token).unwrap_or(i64::MAX);
-    Txn::new()
-        .when([Compare::create_revision(lock_key, CompareOp::Equal, rev)])
-        .and_then([TxnOp::put(key, value, None)])
+    TxnRequest {
+        compare: vec![created_at(lock_key, rev)],
+        success: vec![put_op(key, value, 0)],
+        failure: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_is_the_next_prefix() {
+        assert_eq!(prefix_end(b"a/"), b"a0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
+    }
 }

@@ -1,5 +1,6 @@
 //! The etcd v3 backend of distlock: `etcd://h:p,h:p` (`etcds://` for TLS) in a URL, [`EtcdBackend`] in
-//! code. Built on the `etcd-client` crate.
+//! code. Talks to etcd with its own gRPC client ([`rpc`]: tonic, and code generated once from etcd's
+//! protos and checked in, so building needs no `protoc`).
 //!
 //! * **Layout compatible with etcd's Go `concurrency.Mutex` and `etcdctl lock NAME`** (see [`layout`]):
 //!   key `NAME/<session lease id in hex>`, the holder is the oldest key under `NAME/`, waiters queue in
@@ -23,15 +24,23 @@
 //!   an error (19597); a cancelled acquire deletes its queued key.
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
+mod acquire;
 mod backend;
+mod claims;
 mod config;
+mod conn;
 mod error;
 mod held;
 pub mod layout;
+mod lease;
+pub mod rpc;
 mod session;
+mod tasks;
 
 pub use backend::EtcdBackend;
-pub use config::{EtcdConfig, DEFAULT_PORT, DEFAULT_SESSION_TTL, DEFAULT_TIMEOUT};
+pub use config::{
+    EtcdConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TTL,
+};
 
 /// `etcd://…` / `etcds://…`: the entry point the facade's `connect` uses. See [`EtcdConfig::from_url`].
 pub async fn connect(url: &distlock_core::url::LockUrl) -> distlock_core::Result<EtcdBackend> {

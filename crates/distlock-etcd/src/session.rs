@@ -14,8 +14,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::rpc::pb::etcdserverpb::LeaseGrantRequest;
+use crate::rpc::{Client, KeepAliveStream};
 use distlock_core::clock::{self, Instant};
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use distlock_core::retry::Backoff;
 use tokio::sync::watch;
 
 use crate::error::EtcdError;
@@ -47,7 +49,7 @@ pub(crate) struct Session {
     client: Mutex<Client>,
     timeout: Duration,
     confirmed: Mutex<Confirmed>,
-    stream: tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
+    stream: tokio::sync::Mutex<Option<KeepAliveStream>>,
     gone: watch::Sender<Option<String>>,
 }
 
@@ -70,24 +72,23 @@ impl Session {
     ) -> Result<Arc<Session>, EtcdError> {
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         let sent = clock::now();
-        let mut lease = client.lease_client();
-        let resp = tokio::time::timeout(timeout, lease.grant(secs, None))
+        let grant = client.lease_grant(LeaseGrantRequest { ttl: secs, id: 0 });
+        let resp = tokio::time::timeout(timeout, grant)
             .await
             .map_err(|_| EtcdError::Timeout {
                 action: "lease grant",
                 after: timeout,
             })?
             .map_err(EtcdError::rpc("lease grant"))?;
-        if !resp.error().is_empty() || resp.ttl() <= 0 {
+        if !resp.error.is_empty() || resp.ttl <= 0 {
             return Err(EtcdError::Protocol(format!(
                 "lease grant of {secs}s answered ttl {} error {:?}",
-                resp.ttl(),
-                resp.error()
+                resp.ttl, resp.error
             )));
         }
-        let granted = Duration::from_secs(resp.ttl().unsigned_abs());
+        let granted = Duration::from_secs(resp.ttl.unsigned_abs());
         let session = Arc::new(Session {
-            id: resp.id(),
+            id: resp.id,
             granted,
             client: Mutex::new(client.clone()),
             timeout,
@@ -120,7 +121,10 @@ impl Session {
     /// Runs the session's own keep-alives until it is gone (or the task is aborted with the backend).
     pub(crate) async fn keep_alive_loop(self: Arc<Self>) {
         let interval = (self.granted / 3).max(Duration::from_millis(100));
+        // A failed keep-alive is retried four times per interval (jittered), so that a few failures in
+        // a row still leave the lease confirmed well within its TTL.
         let retry = (interval / 4).max(Duration::from_millis(50));
+        let mut backoff = Backoff::new(retry, retry);
         let mut next = interval;
         loop {
             tokio::time::sleep(next).await;
@@ -129,7 +133,7 @@ impl Session {
                 Err(KeepAlive::Gone(_)) => return,
                 Err(KeepAlive::Failed(e)) => {
                     tracing::debug!(lease = %format_args!("{:x}", self.id), error = %e, "etcd keep-alive failed; retrying");
-                    next = retry;
+                    next = backoff.next_delay();
                 }
             }
         }
@@ -147,24 +151,18 @@ impl Session {
             .timeout
             .min((self.granted / 3).max(Duration::from_millis(300)));
         let round_trip = async {
-            match stream.as_mut() {
+            let reply = match stream.as_mut() {
+                // Opening the stream sends the first keep-alive; its reply says whether the lease lives.
                 None => {
-                    // Opening the stream sends a keep-alive and fails with "lease not found" for a
-                    // lease that is gone; its TTL is the lease's full TTL, the one granted.
-                    let opened = self.client().lease_client().keep_alive(self.id).await?;
+                    let (opened, first) = self.client().lease_keep_alive(self.id).await?;
                     *stream = Some(opened);
-                    Ok(Some(self.granted))
+                    Some(first)
                 }
-                Some((keeper, replies)) => {
-                    keeper.keep_alive().await?;
-                    Ok(replies
-                        .message()
-                        .await?
-                        .map(|r| Duration::from_secs(r.ttl().max(0).unsigned_abs())))
-                }
-            }
+                Some(open) => open.keep_alive().await?,
+            };
+            Ok(reply.map(|r| Duration::from_secs(r.ttl.max(0).unsigned_abs())))
         };
-        let outcome: Result<Option<Duration>, etcd_client::Error> =
+        let outcome: Result<Option<Duration>, tonic::Status> =
             match tokio::time::timeout(bound, round_trip).await {
                 Ok(outcome) => outcome,
                 Err(_) => {
@@ -183,6 +181,7 @@ impl Session {
                 Ok(ttl)
             }
             Ok(Some(_)) => {
+                *stream = None;
                 Err(self.mark_gone("the session lease expired or was revoked on the server"))
             }
             Ok(None) => {
@@ -190,10 +189,6 @@ impl Session {
                 Err(KeepAlive::Failed(EtcdError::Protocol(
                     "the keep-alive stream closed".into(),
                 )))
-            }
-            Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("not found") => {
-                *stream = None;
-                Err(self.mark_gone("the session lease expired or was revoked on the server"))
             }
             Err(e) => {
                 *stream = None;
@@ -253,8 +248,8 @@ impl Session {
 
     /// Revokes the lease (best effort), ending every key on it.
     pub(crate) async fn revoke(&self) {
-        let mut lease = self.client().lease_client();
-        if let Err(e) = tokio::time::timeout(self.timeout, lease.revoke(self.id)).await {
+        let client = self.client();
+        if let Err(e) = tokio::time::timeout(self.timeout, client.lease_revoke(self.id)).await {
             tracing::debug!(error = %e, "etcd lease revoke timed out");
         }
     }

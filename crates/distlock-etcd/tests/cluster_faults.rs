@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::{keys, wait_keys};
 use distlock_core::url::LockUrl;
 use distlock_core::{ErrorKind, LockGuard, LockState, Locks};
+use distlock_etcd::rpc::pb::etcdserverpb::{TxnRequest, TxnResponse};
 use distlock_etcd::{layout, EtcdBackend};
 use distlock_testkit::etcd::{etcdctl, EtcdCluster};
 use distlock_testkit::proxy::Proxy;
@@ -60,11 +61,11 @@ fn leader(cluster: &EtcdCluster) -> usize {
     panic!("no leader in: {out}");
 }
 
-/// Commits a fenced write through the backend's raw client. etcd-client spreads requests over the
-/// endpoints at random and one sent to the dead member fails, so the caller retries (the txn is
+/// Commits a fenced write through the backend's raw client. Requests are balanced over the
+/// endpoints and one sent to the dead member fails, so the caller retries (the txn is
 /// compare-guarded, hence idempotent).
-async fn fenced_txn(backend: &EtcdBackend, txn: etcd_client::Txn) -> etcd_client::TxnResponse {
-    let mut client = backend.client().clone();
+async fn fenced_txn(backend: &EtcdBackend, txn: TxnRequest) -> TxnResponse {
+    let client = backend.client();
     let mut last = None;
     for _ in 0..20 {
         match client.txn(txn.clone()).await {
@@ -195,7 +196,7 @@ async fn fault_cluster_leader_kill9_keeps_the_hold_and_hands_on_after_release() 
     let own_key = keys(&survivors, &prefix)[0].key.clone();
     let writer = backend(&url).await;
     let fenced = fenced_txn(&writer, layout::fenced_put(&own_key, token_b, &marker, "b")).await;
-    assert!(fenced.succeeded(), "B's fenced write was refused");
+    assert!(fenced.succeeded, "B's fenced write was refused");
     guard_b.release().await.unwrap();
     let (guard_c, _) = tokio::time::timeout(SLACK * 2, waiting_c)
         .await
@@ -211,7 +212,7 @@ async fn fault_cluster_leader_kill9_keeps_the_hold_and_hands_on_after_release() 
     )
     .await;
     assert!(
-        !stale.succeeded(),
+        !stale.succeeded,
         "a superseded holder's fenced write went through"
     );
     guard_c.release().await.unwrap();

@@ -248,7 +248,7 @@ async fn fault_server_kill9_and_restart_locks_keep_working() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_failure_is_unavailable_naming_the_endpoints() {
     let port = distlock_testkit::ports::reserve().unwrap();
-    let url = format!("etcd://127.0.0.1:{}?timeout=1s", port.port());
+    let url = format!("etcd://127.0.0.1:{}?connect_timeout=1s", port.port());
     let err = EtcdBackend::connect(&LockUrl::parse(&url).unwrap())
         .await
         .expect_err("nothing listens there");
@@ -310,7 +310,6 @@ async fn stale_release_of_a_reused_session_key_leaves_the_newer_hold() {
     // The first hold's release, retried late (as after a lost reply): refused by the revision compare.
     let stale = backend
         .client()
-        .clone()
         .txn(distlock_etcd::layout::release_txn(
             &first_key[0].0,
             i64::try_from(first_rev).unwrap(),
@@ -318,7 +317,7 @@ async fn stale_release_of_a_reused_session_key_leaves_the_newer_hold() {
         .await
         .unwrap();
     assert!(
-        !stale.succeeded(),
+        !stale.succeeded,
         "a stale release deleted the newer hold's key"
     );
     assert_eq!(create_revision(&server, &format!("{name}/")), second_key);

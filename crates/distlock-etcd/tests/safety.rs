@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use common::{keys, wait_keys};
 use distlock_core::url::LockUrl;
 use distlock_core::{LockState, Locks};
-use distlock_etcd::EtcdBackend;
+use distlock_etcd::rpc::pb::etcdserverpb::{CompactionRequest, PutRequest};
+use distlock_etcd::rpc::Client;
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use distlock_testkit::etcd::EtcdServer;
 use distlock_testkit::proxy::Proxy;
 
@@ -143,7 +145,7 @@ async fn a_key_on_the_own_lease_written_by_another_owner_is_not_adopted() {
 async fn fault_failed_release_is_retried_and_its_key_never_adopted() {
     let server = EtcdServer::start_or_panic();
     let proxy = Proxy::start_or_panic(server.addr());
-    let backend = backend(&format!("etcd://{}?timeout=1s", proxy.addr())).await;
+    let backend = backend(&format!("etcd://{}?request_timeout=1s", proxy.addr())).await;
     let locks = Locks::with_defaults(backend.clone(), backend.default_options());
     let name = common::name("failed_release");
     let prefix = format!("{name}/");
@@ -359,7 +361,7 @@ fn a_backend_keeps_working_on_a_second_runtime_after_the_first_is_dropped() {
 async fn fault_a_delete_while_the_watch_is_disconnected_is_still_reported() {
     let server = EtcdServer::start_or_panic();
     let proxy = Proxy::start_or_panic(server.addr());
-    let backend = backend(&format!("etcd://{}?timeout=1s", proxy.addr())).await;
+    let backend = backend(&format!("etcd://{}?request_timeout=1s", proxy.addr())).await;
     let locks = Locks::with_defaults(backend.clone(), backend.default_options());
     let name = common::name("deleted_offline");
     let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
@@ -390,18 +392,28 @@ async fn fault_a_delete_while_the_watch_is_disconnected_is_still_reported() {
 /// Compacts the store at its current revision, after a few writes, so every watch starting at or
 /// before the revision of a read made before this call is compacted away.
 async fn compact_now(endpoints: &str) {
-    let mut client = etcd_client::Client::connect([endpoints], None)
+    let client = Client::connect(&EtcdConfig::new([endpoints]))
         .await
         .unwrap();
     let mut rev = 0;
     for _ in 0..3 {
         let put = client
-            .put("etcd-test/compact-filler", "x", None)
+            .put(PutRequest {
+                key: b"etcd-test/compact-filler".to_vec(),
+                value: b"x".to_vec(),
+                ..PutRequest::default()
+            })
             .await
             .unwrap();
-        rev = put.header().unwrap().revision();
+        rev = put.header.unwrap().revision;
     }
-    client.compact(rev, None).await.unwrap();
+    client
+        .compact(CompactionRequest {
+            revision: rev,
+            physical: false,
+        })
+        .await
+        .unwrap();
 }
 
 /// The held-keys watch is cut off, the store is compacted past the grants' revisions meanwhile (as
@@ -412,7 +424,7 @@ async fn compact_now(endpoints: &str) {
 async fn fault_a_delete_after_the_watch_start_was_compacted_is_reported() {
     let server = EtcdServer::start_or_panic();
     let proxy = Proxy::start_or_panic(server.addr());
-    let backend = backend(&format!("etcd://{}?timeout=1s", proxy.addr())).await;
+    let backend = backend(&format!("etcd://{}?request_timeout=1s", proxy.addr())).await;
     let locks = Locks::with_defaults(backend.clone(), backend.default_options());
     let names = [common::name("compacted"), common::name("compacted")];
     let mut guards = Vec::new();

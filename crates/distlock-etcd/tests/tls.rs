@@ -79,7 +79,7 @@ async fn etcds_wrong_ca_fails_clearly() {
     let other = TestCa::new_or_panic();
     let server = EtcdServer::builder().tls(&ca).start_or_panic();
     let started = Instant::now();
-    let url = format!("{}&timeout=2s", tls_url(&server, &other));
+    let url = format!("{}&connect_timeout=2s", tls_url(&server, &other));
     let err = EtcdBackend::connect(&LockUrl::parse(&url).unwrap())
         .await
         .expect_err("a foreign CA must not be trusted");
@@ -151,4 +151,51 @@ async fn etcd_user_password_auth() {
             assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
         }
     }
+}
+
+/// Turning auth off and on again drops every token etcd handed out, so the backend's token is then
+/// refused ("invalid auth token", `Unauthenticated`), as an expired one is. The client authenticates
+/// again and the next lock works, on the same backend, without a new connect. (A restart does not do
+/// it: etcd replays the authentications from its log.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_token_refused_by_the_server_is_renewed() {
+    let server = EtcdServer::start_or_panic();
+    server
+        .etcdctl(&["user", "add", "root:pw", "--interactive=false"])
+        .unwrap();
+    server.etcdctl(&["auth", "enable"]).unwrap();
+    let addr = server.addr();
+    let backend = EtcdBackend::connect(&LockUrl::parse(&format!("etcd://root:pw@{addr}")).unwrap())
+        .await
+        .expect("connect with the right password");
+    let locks = Locks::new(backend);
+    let lock_name = name("reauth");
+    let first = locks.lock(&lock_name).unwrap().acquire().await.unwrap();
+    let token = first.token();
+    first.release().await.unwrap();
+    server
+        .etcdctl(&["--user", "root:pw", "auth", "disable"])
+        .unwrap();
+    server.etcdctl(&["auth", "enable"]).unwrap();
+    let guard = locks
+        .lock(&lock_name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the refused token is replaced by a new one");
+    assert!(guard.token() > token);
+    guard.release().await.unwrap();
+    let keys = server
+        .etcdctl(&[
+            "--user",
+            "root:pw",
+            "get",
+            "--prefix",
+            "--keys-only",
+            &format!("{lock_name}/"),
+        ])
+        .unwrap();
+    assert!(keys.trim().is_empty(), "keys left: {keys:?}");
 }

@@ -14,7 +14,7 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// | `redis`, `rediss` | `redis://[user:pass@]host:port[/db][?wait_replicas=1&wait_timeout=200ms&request_timeout=5s&connect_timeout=3s]`, `rediss://…?ca=/path/ca.pem`: Redisson-compatible layout |
 /// | `redis+sentinel` | `redis+sentinel://[user:pass@]h:p,h:p/<master name>[/db]`: the master re-resolved on every reconnect |
 /// | `redis+cluster` | `redis+cluster://[user:pass@]h:p,h:p`: slot-aware, sharded pub/sub |
-/// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s]`: Go-compatible `concurrency.Mutex` layout |
+/// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s&request_timeout=5s&connect_timeout=5s]`, `etcds://…?ca=/path/ca.pem`: Go-compatible `concurrency.Mutex` layout |
 ///
 /// Every URL may carry `?lease=DURATION` (default 30 s; for etcd the session TTL), the lease of the
 /// locks it hands out. `redlock`, `zk`, `postgres` and `mysql` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A

@@ -1,0 +1,259 @@
+//! The connection to etcd and the requests on it: made again on the current runtime when the one it
+//! was made on is gone, the sessions (one lease per TTL) and their keep-alive tasks, and idempotent
+//! requests retried within the request timeout per [`EtcdConfig::retry`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{EtcdBackend, Inner};
+use crate::config::EtcdConfig;
+use crate::error::EtcdError;
+use crate::rpc::pb::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
+use crate::rpc::Client;
+use crate::session::Session;
+use crate::tasks::Task;
+
+/// The connection and the task that tells whether the runtime it was made on still runs (none when
+/// it was made outside a runtime).
+pub(crate) struct Conn {
+    pub(crate) client: Client,
+    pub(crate) sentinel: Option<Task>,
+}
+
+impl Conn {
+    pub(crate) fn new(client: Client) -> Conn {
+        Conn {
+            client,
+            sentinel: runtime_sentinel(),
+        }
+    }
+
+    /// Whether the connection's runtime (and so its channel's tasks) still runs.
+    fn is_alive(&self) -> bool {
+        self.sentinel.as_ref().is_none_or(Task::is_alive)
+    }
+}
+
+/// A task on the current runtime that does nothing: it is alive as long as the runtime a connection
+/// was made on (and so the connection's own tasks) still runs.
+fn runtime_sentinel() -> Option<Task> {
+    tokio::runtime::Handle::try_current()
+        .ok()
+        .map(|runtime| Task::spawn(&runtime, std::future::pending::<()>()))
+}
+
+/// A session's keep-alive task (not alive once it is gone with its runtime).
+pub(crate) struct Keeper {
+    pub(crate) session: Arc<Session>,
+    pub(crate) task: Task,
+}
+
+impl Keeper {
+    pub(crate) fn spawn(runtime: &tokio::runtime::Handle, session: Arc<Session>) -> Keeper {
+        let task = Task::spawn(runtime, session.clone().keep_alive_loop());
+        Keeper { session, task }
+    }
+}
+
+impl EtcdBackend {
+    /// The connection, made again on the current runtime if the runtime it was made on is gone (its
+    /// channel's tasks went with it); sessions, keep-alive tasks and the held-keys watch move to it.
+    pub(crate) async fn connection(&self) -> std::result::Result<Client, EtcdError> {
+        let live = |inner: &Inner| match inner.conn.lock() {
+            Ok(conn) if conn.is_alive() => Some(conn.client.clone()),
+            _ => None,
+        };
+        if let Some(client) = live(&self.inner) {
+            return Ok(client);
+        }
+        let _serial = self.inner.reconnecting.lock().await;
+        if let Some(client) = live(&self.inner) {
+            return Ok(client);
+        }
+        let client = connect_client(&self.inner.config, "reconnect").await?;
+        if let Ok(mut conn) = self.inner.conn.lock() {
+            if let Some(old) = conn.sentinel.take() {
+                old.abort();
+            }
+            *conn = Conn::new(client.clone());
+        }
+        tracing::debug!(
+            "etcd: the connection's runtime was dropped; reconnected on the current one"
+        );
+        for session in self.inner.sessions.lock().await.values() {
+            session.use_client(&client).await;
+        }
+        self.inner.held.use_client(&client);
+        self.ensure_background();
+        Ok(client)
+    }
+
+    /// Starts again, on the current runtime, the background tasks whose runtime was dropped: session
+    /// keep-alives, the held-keys watch, the retry of failed deletes.
+    pub(crate) fn ensure_background(&self) {
+        self.ensure_keepers();
+        self.inner.held.keep_running();
+        self.ensure_retrier();
+    }
+
+    /// Starts again, on the current runtime, the keep-alive tasks whose runtime was dropped.
+    pub(crate) fn ensure_keepers(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if let Ok(mut keepers) = self.inner.keepers.lock() {
+            for keeper in keepers.iter_mut() {
+                if !keeper.task.is_alive() && keeper.session.gone_reason().is_none() {
+                    *keeper = Keeper::spawn(&runtime, keeper.session.clone());
+                }
+            }
+        }
+    }
+
+    /// The session for a lock of `lease`: TTL = the lease rounded up to whole seconds.
+    pub(crate) async fn session_for(
+        &self,
+        lease: Duration,
+    ) -> std::result::Result<Arc<Session>, EtcdError> {
+        let secs = lease.as_secs() + u64::from(lease.subsec_nanos() > 0);
+        let secs = secs.max(1);
+        let client = self.connection().await?;
+        let mut sessions = self.inner.sessions.lock().await;
+        if let Some(s) = sessions.get(&secs) {
+            if s.gone_reason().is_none() && !s.remaining().is_zero() {
+                self.ensure_background();
+                return Ok(s.clone());
+            }
+            // Known gone, or not confirmed within its TTL (keep-alives failed that long): the server
+            // has expired it or will before long, so a key put on it now would be born dead. Retire it
+            // (revoking it in case it lives on, so its keys go) and grant a new one.
+            if s.gone_reason().is_none() {
+                let _ = s.mark_gone("the session lease was not confirmed within its TTL");
+                let retired = s.clone();
+                tokio::spawn(async move { retired.revoke().await });
+            }
+        }
+        let session = Session::grant(
+            &client,
+            Duration::from_secs(secs),
+            self.inner.config.request_timeout,
+        )
+        .await?;
+        let runtime = tokio::runtime::Handle::current();
+        if let Ok(mut keepers) = self.inner.keepers.lock() {
+            keepers.retain(|k| {
+                let live = k.session.gone_reason().is_none();
+                if !live {
+                    k.task.abort();
+                }
+                live
+            });
+            keepers.push(Keeper::spawn(&runtime, session.clone()));
+        }
+        sessions.insert(secs, session.clone());
+        Ok(session)
+    }
+
+    pub(crate) async fn txn(
+        &self,
+        action: &'static str,
+        txn: TxnRequest,
+    ) -> std::result::Result<TxnResponse, EtcdError> {
+        let client = self.connection().await?;
+        // Every txn here is compare-guarded, so repeating one is harmless.
+        self.idempotent(action, || client.txn(txn.clone())).await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        action: &'static str,
+        range: RangeRequest,
+    ) -> std::result::Result<RangeResponse, EtcdError> {
+        let client = self.connection().await?;
+        self.idempotent(action, || client.range(range.clone()))
+            .await
+    }
+
+    /// Runs an idempotent request within the request timeout, retried per the configured
+    /// [`retry`](EtcdConfig::retry) policy on failures other than a refusal of the credentials.
+    /// Retrying rides over a connection that broke since the last request, or fails over to another
+    /// endpoint: requests are balanced over all endpoints and a dead member's connection fails each
+    /// request sent to it, so with several endpoints a few retries are needed to find a live one.
+    pub(crate) async fn idempotent<T, F, Fut>(
+        &self,
+        action: &'static str,
+        request: F,
+    ) -> std::result::Result<T, EtcdError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, tonic::Status>>,
+    {
+        bounded_retry(
+            &self.inner.config,
+            action,
+            self.inner.config.request_timeout,
+            request,
+        )
+        .await
+    }
+}
+
+/// Runs `request` until it succeeds, within `timeout` in all, retried per `config.retry` on
+/// failures other than a refusal of the credentials.
+async fn bounded_retry<T, F, Fut>(
+    config: &EtcdConfig,
+    action: &'static str,
+    timeout: Duration,
+    request: F,
+) -> std::result::Result<T, EtcdError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, tonic::Status>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    distlock_core::retry::retry(
+        &config.retry,
+        Some(deadline),
+        |_| async {
+            match tokio::time::timeout_at(deadline, request()).await {
+                Ok(Ok(reply)) => Ok(reply),
+                Ok(Err(status)) => {
+                    tracing::debug!(action, error = %status, "etcd request failed");
+                    Err(EtcdError::rpc(action)(status))
+                }
+                Err(_) => Err(EtcdError::Timeout {
+                    action,
+                    after: timeout,
+                }),
+            }
+        },
+        |e| matches!(e, EtcdError::Rpc { source, .. } if crate::error::retryable(source)),
+    )
+    .await
+}
+
+/// Makes the client of `config` and proves within the connect timeout that a member answers (and
+/// the credentials work): authenticates if needed, then one status call, retried per
+/// `config.retry` (requests are balanced over the endpoints, and one may land on a dead member).
+/// `action` names the attempt in a timeout error (`connect`, `reconnect`).
+pub(crate) async fn connect_client(
+    config: &EtcdConfig,
+    action: &'static str,
+) -> std::result::Result<Client, EtcdError> {
+    let client = Client::new(config)?;
+    let proved = bounded_retry(config, action, config.connect_timeout, || async {
+        if client.needs_token() {
+            client.authenticate().await?;
+        }
+        client.status().await
+    })
+    .await;
+    match proved {
+        Ok(_) => Ok(client),
+        Err(EtcdError::Rpc { source, .. }) => Err(EtcdError::Connect {
+            endpoints: config.endpoints.join(","),
+            source,
+        }),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,390 @@
+//! Holding: the grant (TTL capped by the session's confirmed lease, loss signal from the session and
+//! the held-keys watch), renewals (one keep-alive per session), the client-side expiry of a lock whose
+//! own lease is shorter than its session's, and the release. See [`crate::backend`] for the whole
+//! picture.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use distlock_core::clock::{self, Instant};
+use distlock_core::raw::{Grant, LossSignal, Released, Renewal, RenewalId, Renewed};
+use distlock_core::retry::RetryPolicy;
+use distlock_core::{FencingToken, Result};
+use tokio::sync::{watch, Notify};
+
+use crate::acquire::Position;
+use crate::backend::{EtcdBackend, Inner};
+use crate::claims::Doomed;
+use crate::error::BACKEND;
+use crate::held::{report_loss, LossSender};
+use crate::layout;
+use crate::session::{KeepAlive, Session};
+use crate::tasks::Task;
+
+/// A held lock: its key, create_revision (the token) and session, and the client-side expiry of the
+/// lock's own lease.
+pub struct EtcdLease {
+    pub(crate) key: String,
+    pub(crate) rev: i64,
+    pub(crate) session: Arc<Session>,
+    pub(crate) clock: Arc<Mutex<LeaseClock>>,
+    pub(crate) wake: Arc<Notify>,
+    /// The lock's loss channel (the expiry timer and the held-keys watch report on it).
+    pub(crate) lost: LossSender,
+    /// The local claim on `key`, passed on only once the key is known deleted.
+    pub(crate) claim: u64,
+    /// The held-keys watch id.
+    pub(crate) watch_id: i64,
+    /// For the delete of a lease dropped without a release (the core's release task ran on a runtime
+    /// that was dropped).
+    pub(crate) backend: Weak<Inner>,
+    /// A failed release already handed the key to the retried deletes (with its owner): the drop must
+    /// not hand it again.
+    pub(crate) handed_off: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for EtcdLease {
+    fn drop(&mut self) {
+        let released = self.clock.lock().map(|c| c.released).unwrap_or(false);
+        if released || self.handed_off.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let Some(inner) = self.backend.upgrade() else {
+            return;
+        };
+        let backend = EtcdBackend { inner };
+        backend.inner.held.unwatch(self.watch_id);
+        // By create_revision, so a newer key of the name is never touched; a key already deleted (a
+        // failed release retried, an undo) just passes. The retrier starts on the current runtime, or
+        // on the next one the backend is used on.
+        backend.retry_delete(Doomed {
+            key: self.key.clone(),
+            rev: Some(self.rev),
+            owner: String::new(),
+            session: self.session.clone(),
+            claim: self.claim,
+            not_before: None,
+        });
+    }
+}
+
+impl std::fmt::Debug for EtcdLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLease")
+            .field("key", &self.key)
+            .field("create_revision", &self.rev)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdLease {
+    /// The lock key, `NAME/<lease hex>`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The key's create_revision: the fencing token.
+    pub fn create_revision(&self) -> i64 {
+        self.rev
+    }
+
+    /// The session lease id.
+    pub fn lease_id(&self) -> i64 {
+        self.session.id
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct LeaseClock {
+    expires: Instant,
+    /// The timer deleted the key: no renewal may report it held again.
+    expired: bool,
+    released: bool,
+    /// The expiry timer task runs (see `arm_expiry`); false again if its runtime went away with it.
+    timer: Option<Task>,
+}
+
+impl EtcdBackend {
+    pub(crate) fn grant(&self, found: Position, claim: u64, lease: Duration) -> Grant<EtcdLease> {
+        let Position {
+            session,
+            key,
+            rev,
+            alive_at: read_rev,
+            ..
+        } = found;
+        let ttl = lease.min(session.remaining());
+        let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
+        let lost_rx = lost.subscribe();
+        let clock = Arc::new(Mutex::new(LeaseClock {
+            expires: clock::now().saturating_add(lease),
+            expired: false,
+            released: false,
+            timer: None,
+        }));
+        let wake = Arc::new(Notify::new());
+        let gone = session.gone();
+        let loss: LossSignal = Box::pin(async move {
+            let mut lost_rx = lost_rx;
+            let own = async move {
+                let reason = match lost_rx.wait_for(Option::is_some).await {
+                    Ok(r) => r.clone(),
+                    Err(_) => None,
+                };
+                match reason {
+                    Some(reason) => reason,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                reason = gone => reason,
+                reason = own => reason,
+            }
+        });
+        let token = FencingToken::new(rev.unsigned_abs());
+        // From the revision the grant was read at + 1: the key existed then, so any delete the watch
+        // sees is of this very key.
+        let watch_id = self
+            .inner
+            .held
+            .watch(key.clone(), rev, read_rev + 1, lost.clone());
+        let held = EtcdLease {
+            key,
+            rev,
+            session,
+            clock,
+            wake,
+            lost,
+            claim,
+            watch_id,
+            backend: Arc::downgrade(&self.inner),
+            handed_off: std::sync::atomic::AtomicBool::new(false),
+        };
+        self.arm_expiry(&held, lease);
+        Grant::new(held)
+            .with_token(token)
+            .with_ttl(ttl)
+            .with_loss(loss)
+    }
+
+    /// Starts the lock's expiry timer once its lease (`ttl`) is shorter than its session's TTL: only
+    /// then can the session, kept alive for the process's other locks and waiters, outlive the lock and
+    /// keep its key (a short lease at the grant, or a renewal capped by `max_hold`). With equal TTLs the
+    /// session's own expiry frees the key, and no task is spent per lock. A timer whose runtime went
+    /// away with it is started again on the current one.
+    pub(crate) fn arm_expiry(&self, held: &EtcdLease, ttl: Duration) {
+        if ttl >= held.session.granted {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(mut clock) = held.clock.lock() else {
+            return;
+        };
+        if clock.timer.as_ref().is_some_and(Task::is_alive) {
+            return;
+        }
+        // Spawned under the lock: the timer reads the clock first thing, after it is recorded.
+        clock.timer = Some(Task::spawn(
+            &runtime,
+            expiry_timer(
+                self.clone(),
+                held.key.clone(),
+                held.rev,
+                held.clock.clone(),
+                held.wake.clone(),
+                held.lost.clone(),
+            ),
+        ));
+    }
+
+    /// Deletes a held key by key + create_revision, with a few retries (the expiry timer's delete; the
+    /// key's claim stays with its lease until the release).
+    pub(crate) async fn delete_own(&self, key: &str, rev: i64) {
+        let policy = RetryPolicy::new(3, Duration::from_millis(50), Duration::from_millis(800));
+        let deleted = distlock_core::retry::retry(
+            &policy,
+            None,
+            |_| self.txn("expiry delete", layout::release_txn(key, rev)),
+            |_| true,
+        )
+        .await;
+        if let Err(e) = deleted {
+            tracing::warn!(%key, error = %e, "etcd: could not delete an expired lock key; the release retries it");
+        }
+    }
+
+    /// What one renewal's session keep-alive (`None`: none was sent for it) means for its lock.
+    fn renewal_outcome(
+        &self,
+        entry: &Renewal<'_, EtcdLease>,
+        keep_alive: Option<&std::result::Result<Duration, KeepAlive>>,
+    ) -> Result<Renewed> {
+        match keep_alive {
+            Some(Ok(ttl)) => {
+                // A loss the backend found (its key deleted) is also this renewal's answer: the
+                // grant's loss signal may have no listener any more (the core's watcher ran on a
+                // runtime since dropped), and a live session alone does not keep the lock.
+                let found = entry.lease.lost.borrow().clone();
+                if let Some(reason) = found {
+                    return Ok(Renewed::Gone { reason });
+                }
+                let mut clock = match entry.lease.clock.lock() {
+                    Ok(c) => c,
+                    Err(_) => {
+                        return Ok(Renewed::Gone {
+                            reason: "internal error: a poisoned lease clock".into(),
+                        })
+                    }
+                };
+                if clock.expired {
+                    return Ok(Renewed::Gone {
+                        reason:
+                            "the lock's own lease ran out before this renewal; its key was deleted"
+                                .into(),
+                    });
+                }
+                clock.expires = clock::now().saturating_add(entry.ttl);
+                let armed = clock.timer.as_ref().is_some_and(Task::is_alive);
+                drop(clock);
+                if armed {
+                    entry.lease.wake.notify_one();
+                } else {
+                    self.arm_expiry(entry.lease, entry.ttl);
+                }
+                Ok(Renewed::Extended {
+                    ttl: entry.ttl.min(*ttl),
+                })
+            }
+            Some(Err(KeepAlive::Gone(reason))) => Ok(Renewed::Gone {
+                reason: reason.clone(),
+            }),
+            Some(Err(KeepAlive::Failed(e))) => Err(distlock_core::Error::new(
+                distlock_core::ErrorKind::Unavailable,
+                e.to_string(),
+            )
+            .with_backend(BACKEND)
+            .with_lock(entry.name)),
+            None => Err(distlock_core::Error::new(
+                distlock_core::ErrorKind::Protocol,
+                "internal error: a renewal without its session",
+            )),
+        }
+    }
+
+    pub(crate) async fn renew_batch(
+        &self,
+        batch: &[Renewal<'_, EtcdLease>],
+    ) -> Vec<(RenewalId, Result<Renewed>)> {
+        // A connection whose runtime was dropped is made again first (a failure shows in the
+        // keep-alives below).
+        if let Err(e) = self.connection().await {
+            tracing::debug!(error = %e, "etcd: reconnecting for a renewal failed");
+        }
+        // One keep-alive round trip per distinct session, concurrently.
+        let mut sessions: Vec<Arc<Session>> = Vec::new();
+        for entry in batch {
+            if !sessions.iter().any(|s| s.id == entry.lease.session.id) {
+                sessions.push(entry.lease.session.clone());
+            }
+        }
+        let outcomes =
+            futures_util::future::join_all(sessions.iter().map(|s| s.keep_alive())).await;
+        // Renewals run on the runtime the core's watchdog is on now: the keep-alive tasks and the
+        // held-keys watch move there if their runtime is gone.
+        self.ensure_background();
+        let by_id: HashMap<i64, &std::result::Result<Duration, KeepAlive>> =
+            sessions.iter().map(|s| s.id).zip(outcomes.iter()).collect();
+        batch
+            .iter()
+            .map(|entry| {
+                let keep_alive = by_id.get(&entry.lease.session.id).copied();
+                (entry.id, self.renewal_outcome(entry, keep_alive))
+            })
+            .collect()
+    }
+
+    pub(crate) async fn release_lease(
+        &self,
+        lease: &EtcdLease,
+        name: &str,
+        owner: &str,
+    ) -> Result<Released> {
+        self.inner.held.unwatch(lease.watch_id);
+        let resp = match self
+            .txn("release", layout::release_txn(&lease.key, lease.rev))
+            .await
+        {
+            Ok(resp) => resp,
+            Err(e) => {
+                // The key may still be there, on a session this process keeps alive: delete it in the
+                // background until that works, and keep its claim meanwhile, so the next local owner
+                // of the name neither adopts it nor gets the lock before it is gone.
+                lease
+                    .handed_off
+                    .store(true, std::sync::atomic::Ordering::Release);
+                self.delete_later(Doomed {
+                    key: lease.key.clone(),
+                    rev: Some(lease.rev),
+                    owner: owner.to_string(),
+                    session: lease.session.clone(),
+                    claim: lease.claim,
+                    not_before: None,
+                });
+                return Err(e.into_core(Some(name)));
+            }
+        };
+        self.unclaim(&lease.key, lease.claim);
+        // Only now stop the expiry timer: if the release failed, the timer still deletes the key
+        // when the lease runs out.
+        if let Ok(mut c) = lease.clock.lock() {
+            c.released = true;
+        }
+        lease.wake.notify_one();
+        Ok(if resp.succeeded {
+            Released::Released
+        } else {
+            Released::NotHeld
+        })
+    }
+}
+
+/// Deletes a held lock's key when its own lease runs out without a renewal (see the module docs).
+async fn expiry_timer(
+    backend: EtcdBackend,
+    key: String,
+    rev: i64,
+    clock: Arc<Mutex<LeaseClock>>,
+    wake: Arc<Notify>,
+    lost: LossSender,
+) {
+    loop {
+        let left = match clock.lock() {
+            Ok(c) if c.released => return,
+            Ok(c) => c.expires.saturating_duration_since(clock::now()),
+            Err(_) => return,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(left) => {}
+            _ = wake.notified() => {}
+        }
+        match clock.lock() {
+            Ok(c) if c.released => return,
+            Ok(mut c) if clock::now() >= c.expires => {
+                c.expired = true;
+                break;
+            }
+            Ok(_) => {}
+            Err(_) => return,
+        }
+    }
+    report_loss(
+        &lost,
+        "the lock's lease ran out without a renewal (max_hold reached or renewals failed); its key was deleted"
+            .into(),
+    );
+    backend.delete_own(&key, rev).await;
+}
