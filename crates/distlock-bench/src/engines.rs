@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::etcd::rpc::pb::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest};
-use distlock::etcd::rpc::pb::v3lockpb::{LockRequest, UnlockRequest};
-use distlock::etcd::rpc::Client as EtcdClient;
+use distlock_etcd::rpc::pb::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest};
+use distlock_etcd::rpc::pb::v3lockpb::{LockRequest, UnlockRequest};
+use distlock_etcd::rpc::Client as EtcdClient;
 use distlock::etcd::EtcdConfig;
 use distlock::redis::{RedisConfig, Topology};
 use distlock::{ErrorKind, Lock, LockGuard};
@@ -276,7 +276,7 @@ impl Cycler for RedisBare {
     }
 }
 
-pub fn etcd_failure(e: distlock::etcd::rpc::Status) -> Error {
+pub fn etcd_failure(e: distlock_etcd::rpc::Status) -> Error {
     Error::unavailable(format!("etcd baseline: {:?}: {}", e.code(), e.message()))
 }
 

@@ -1,8 +1,8 @@
 //! The measurements of one run, in order: the engine's round trip, then each workload's distlock
 //! figures beside its engine baselines.
 
-use distlock::etcd::rpc::pb::etcdserverpb::DeleteRangeRequest;
-use distlock::etcd::rpc::Client as EtcdClient;
+use distlock_etcd::rpc::pb::etcdserverpb::DeleteRangeRequest;
+use distlock_etcd::rpc::Client as EtcdClient;
 use distlock::etcd::EtcdConfig;
 use distlock::Locks;
 

@@ -41,13 +41,17 @@ use tokio::time::Instant;
 /// `d` jittered uniformly in `[d/2, d]`.
 pub fn jitter(d: Duration) -> Duration {
     let half = d / 2;
-    let spread = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+    // In u128: a spread of u64::MAX nanoseconds or more (about 584 years, `Duration::MAX`) must not
+    // overflow `spread + 1`.
+    let spread = half.as_nanos();
     if spread == 0 {
         return d;
     }
     // A fresh RandomState is seeded per process and per call: enough spread for backoff, no RNG crate.
     let random = RandomState::new().hash_one(std::time::Instant::now());
-    half + Duration::from_nanos(random % (spread + 1))
+    // Below 2^64 (the random number is a u64), so the conversion cannot fail; `half + offset <= d`.
+    let offset = u64::try_from(u128::from(random) % (spread + 1)).unwrap_or(u64::MAX);
+    half.saturating_add(Duration::from_nanos(offset)).min(d)
 }
 
 /// A jittered exponential delay: starts at `initial`, doubles after every [`next_delay`](Self::next_delay)
@@ -167,7 +171,11 @@ impl Retries {
         }
         let delay = self.backoff.next_delay();
         if let Some(deadline) = self.deadline {
-            if Instant::now() + delay >= deadline {
+            // A delay too large to add to now ends after any deadline.
+            if Instant::now()
+                .checked_add(delay)
+                .is_none_or(|end| end >= deadline)
+            {
                 return None;
             }
         }
@@ -299,6 +307,46 @@ mod tests {
         assert!(Instant::now() < deadline, "slept past the deadline");
         // Delays of 20–40 ms fit two to five times into 100 ms.
         assert!((2..=6).contains(&calls), "{calls} attempts");
+    }
+
+    #[test]
+    fn jitter_of_huge_durations_does_not_overflow() {
+        for d in [
+            Duration::MAX,
+            Duration::from_nanos(u64::MAX) * 2,
+            Duration::from_secs(u64::MAX / 2),
+        ] {
+            let j = jitter(d);
+            assert!(j >= d / 2 && j <= d, "{j:?} for {d:?}");
+        }
+        for ns in [1u64, 2, 3] {
+            let d = Duration::from_nanos(ns);
+            let j = jitter(d);
+            assert!(j >= d / 2 && j <= d, "{j:?} for {d:?}");
+        }
+    }
+
+    #[test]
+    fn a_backoff_of_huge_durations_saturates() {
+        let mut b = Backoff::new(Duration::MAX, Duration::MAX);
+        for _ in 0..3 {
+            assert!(b.next_delay() >= Duration::MAX / 2);
+        }
+        let mut b = Backoff::new(Duration::from_secs(u64::MAX / 4), Duration::MAX);
+        for _ in 0..4 {
+            b.next_delay();
+        }
+        assert_eq!(b.nominal(), Duration::MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_huge_backoff_under_a_deadline_gives_up_instead_of_overflowing() {
+        let policy = RetryPolicy::new(3, Duration::MAX, Duration::MAX);
+        let mut retries = policy.start(Some(Instant::now() + Duration::from_secs(1)));
+        assert_eq!(retries.next_delay(), None);
+        // Without a deadline the delay is given as is (tokio's sleep caps a far-off wake-up itself).
+        let mut retries = policy.start(None);
+        assert!(retries.next_delay().is_some_and(|d| d >= Duration::MAX / 2));
     }
 
     #[test]

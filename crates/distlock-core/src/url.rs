@@ -111,10 +111,10 @@ impl LockUrl {
         }
         for host in &hosts {
             if let Some((_, port)) = host.rsplit_once(':') {
-                if !host.ends_with(']') && port.parse::<u16>().is_err() {
+                if !host.ends_with(']') && parse_port(port).is_none() {
                     return Err(invalid(
                         text,
-                        format_args!("port {port:?} is not a number from 0 to 65535"),
+                        format_args!("port {port:?} is not a number from 1 to 65535"),
                     ));
                 }
             }
@@ -322,23 +322,28 @@ impl Endpoint {
                 format!("{text:?} is not host[:port] (an IPv6 address goes in brackets: [::1]:{default_port})"),
             )
         };
-        let port = |p: &str| p.parse::<u16>().map_err(|_| bad());
         let (host, port) = if let Some(rest) = text.strip_prefix('[') {
             let (host, after) = rest.split_once(']').ok_or_else(bad)?;
+            // Brackets hold an IPv6 address (with a `%zone` if link-local), nothing else.
+            let address = host.split_once('%').map_or(host, |(address, _)| address);
+            if address.parse::<std::net::Ipv6Addr>().is_err() || !plain_host(host) {
+                return Err(bad());
+            }
             match after.strip_prefix(':') {
-                Some(p) => (host, port(p)?),
+                Some(p) => (host, parse_port(p).ok_or_else(bad)?),
                 None if after.is_empty() => (host, default_port),
                 None => return Err(bad()),
             }
         } else {
-            match text.rsplit_once(':') {
-                Some((host, p)) => (host, port(p)?),
+            let (host, port) = match text.rsplit_once(':') {
+                Some((host, p)) => (host, parse_port(p).ok_or_else(bad)?),
                 None => (text, default_port),
+            };
+            if host.contains(':') || !plain_host(host) {
+                return Err(bad());
             }
+            (host, port)
         };
-        if host.is_empty() || (!text.starts_with('[') && host.contains(':')) {
-            return Err(bad());
-        }
         Ok(Self::new(host, port))
     }
 
@@ -361,6 +366,26 @@ impl fmt::Display for Endpoint {
             write!(f, "{}:{}", self.host, self.port)
         }
     }
+}
+
+/// A port as written in `host:port`: digits only (no sign), 1 to 65535 (port 0 names no server).
+fn parse_port(text: &str) -> Option<u16> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<u16>().ok().filter(|&p| p != 0)
+}
+
+/// A host that cannot be mistaken for more than a host: not empty, and none of whitespace, control
+/// characters or the URL delimiters (`@` of a user, `/` of a path, `,` of a host list, `?`, `#`,
+/// brackets), which mean the text was not one `host[:port]`.
+fn plain_host(host: &str) -> bool {
+    !host.is_empty()
+        && !host.chars().any(|c| {
+            c.is_whitespace()
+                || c.is_control()
+                || matches!(c, '@' | '/' | ',' | '?' | '#' | '[' | ']')
+        })
 }
 
 fn non_empty(s: &str) -> Option<String> {
@@ -388,4 +413,63 @@ pub fn percent_decode(s: &str) -> String {
 
 fn hex(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_forms_that_name_a_server() {
+        for (text, host, port) in [
+            ("h", "h", 1),
+            ("h:65535", "h", 65535),
+            ("10.0.0.1:80", "10.0.0.1", 80),
+            ("[::1]", "::1", 1),
+            ("[::1]:7", "::1", 7),
+            ("[fe80::1%eth0]:7", "fe80::1%eth0", 7),
+            ("[2001:db8::ffff:1.2.3.4]:7", "2001:db8::ffff:1.2.3.4", 7),
+        ] {
+            let e = Endpoint::parse(text, 1).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!((e.host(), e.port()), (host, port), "{text}");
+            assert_eq!(Endpoint::parse(&e.to_string(), 1).ok(), Some(e), "{text}");
+        }
+    }
+
+    #[test]
+    fn endpoint_forms_that_cannot_name_a_server_are_refused() {
+        for bad in [
+            "h:0",
+            "h:65536",
+            "h:+80",
+            " h:80",
+            "h :80",
+            "h\t:80",
+            "user@h:80",
+            "h/x:80",
+            "a,b:80",
+            "h?x:80",
+            "h#x",
+            "h]:80",
+            "[h]:80",
+            "[1.2.3.4]:80",
+            "[::1]:0",
+            "[:: 1]:80",
+        ] {
+            assert!(Endpoint::parse(bad, 1).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn lock_url_agrees_with_endpoint_on_ports() {
+        for bad in ["redis://h:0", "redis://h:+80", "redis://[::1]:0"] {
+            assert!(
+                LockUrl::parse(bad).is_err()
+                    || LockUrl::parse(bad).and_then(|u| u.endpoints(1)).is_err(),
+                "{bad} was accepted"
+            );
+        }
+        let url = LockUrl::parse("redis://h:65535,[::1]:1").unwrap();
+        assert_eq!(url.endpoints(1).unwrap().len(), 2);
+    }
 }

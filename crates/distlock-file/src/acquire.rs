@@ -183,7 +183,10 @@ impl FileAcquisition {
     /// # Cancel safety
     /// Cancel safe: it only waits. Events that arrive meanwhile are kept for the next wait.
     pub(crate) async fn wait(&mut self) {
-        // The poll's delay doubles after every wait (up to `poll_max`) and starts over after an event.
+        // The poll's delay doubles after every wait the timer ends (up to `poll_max`) and starts over
+        // after an event. A lost watch ends the wait at once, before any poll: it leaves the delay as it
+        // was (the backoff is restored), so it does not stretch the next poll with no time passed.
+        let before = self.backoff.clone();
         let delay = self.backoff.next_delay();
         let event = match self.watch.as_mut() {
             Some(watch) => tokio::select! {
@@ -199,7 +202,10 @@ impl FileAcquisition {
             Some(true) => self.backoff.reset(),
             // The watch is gone (the file was deleted, or the reader stopped): the next try reopens
             // the path and watches it again.
-            Some(false) => self.watch = None,
+            Some(false) => {
+                self.watch = None;
+                self.backoff = before;
+            }
             None => {}
         }
     }
@@ -245,5 +251,79 @@ async fn blocking<T: Send + 'static>(
             .await
             .map_err(|e| FileError::Task(e.to_string())),
         Err(_) => Ok(work()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::time::Duration;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A watch made on a runtime that is then dropped, the reader having run (`yield_now`) or not.
+    fn orphaned_watch(notifier: &Notifier, path: &Path, reader_ran: bool) -> Subscription {
+        let first = runtime();
+        let watch = first.block_on(async {
+            let watch = notifier.instance().unwrap().subscribe(path).unwrap();
+            if reader_ran {
+                tokio::task::yield_now().await;
+            }
+            watch
+        });
+        drop(first);
+        watch
+    }
+
+    /// A watch that ends (its reader stopped, or the file went) makes the wait return at once, without
+    /// sleeping; the fallback poll must not grow then, or every lost watch would stretch the next
+    /// poll without any time having passed.
+    #[test]
+    fn a_lost_watch_does_not_grow_the_poll() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = FileConfig::new(dir.path());
+        let path = dir.path().join("x.lock");
+        std::fs::write(&path, b"").unwrap();
+        let notifier = Notifier::default();
+        let mut acquisition = FileAcquisition::new(path.clone(), &config);
+        acquisition.watch = Some(orphaned_watch(&notifier, &path, true));
+        runtime()
+            .block_on(async {
+                tokio::time::timeout(Duration::from_millis(10), acquisition.wait()).await
+            })
+            .expect("a lost watch ends the wait at once");
+        assert!(acquisition.watch.is_none());
+        assert_eq!(acquisition.backoff.nominal(), config.poll_initial);
+    }
+
+    /// The runtime that ran the inotify reader is dropped before the reader was ever polled (a
+    /// `block_on` that acquired without yielding): the watches it served must end, and the next
+    /// runtime must get a live instance, or waiters are woken by the poll only and a held file's
+    /// deletion is never reported.
+    #[test]
+    fn watches_end_when_the_runtime_goes_before_the_reader_ran() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.lock");
+        std::fs::write(&path, b"").unwrap();
+        let notifier = Notifier::default();
+        let mut orphan = orphaned_watch(&notifier, &path, false);
+        runtime().block_on(async {
+            let ended = tokio::time::timeout(Duration::from_millis(200), orphan.changed()).await;
+            assert_eq!(ended, Ok(false), "the orphaned watch did not end");
+            let mut fresh = notifier.instance().unwrap().subscribe(&path).unwrap();
+            drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
+            let woken = tokio::time::timeout(Duration::from_secs(2), fresh.changed()).await;
+            assert_eq!(
+                woken,
+                Ok(true),
+                "a close on the next runtime raised no event"
+            );
+        });
     }
 }

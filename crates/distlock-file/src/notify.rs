@@ -123,7 +123,10 @@ impl Notifier {
                 return None;
             }
         };
-        runtime.spawn(read_events(afd, Arc::downgrade(&shared), stop_rx));
+        // The reader's future owns the `OnExit`, so the instance is marked stopped even if the runtime
+        // is dropped before the reader ever ran (a `block_on` that acquired without yielding).
+        let on_exit = OnExit(Arc::downgrade(&shared));
+        runtime.spawn(read_events(afd, on_exit, stop_rx));
         *current = Some(shared.clone());
         Some(shared)
     }
@@ -259,12 +262,8 @@ impl Drop for OnExit {
     }
 }
 
-async fn read_events(
-    afd: AsyncFd<SharedFd>,
-    shared: Weak<Shared>,
-    mut stop: oneshot::Receiver<()>,
-) {
-    let _on_exit = OnExit(shared.clone());
+async fn read_events(afd: AsyncFd<SharedFd>, on_exit: OnExit, mut stop: oneshot::Receiver<()>) {
+    let shared = on_exit.0.clone();
     let mut buf = vec![MaybeUninit::<u8>::uninit(); 8192];
     let mut events = Vec::new();
     loop {

@@ -580,8 +580,19 @@ async fn a_killed_holder_process_frees_the_lock_and_wakes_the_waiter() {
 /// lock file must still make it Lost. The loss signal's watcher went down with the first runtime.
 #[test]
 fn deleting_a_lock_file_held_from_a_dropped_runtime_makes_the_guard_lost() {
+    held_from_a_dropped_runtime(true);
+}
+
+/// The same without `sync`: the acquire never yields, so the first runtime is dropped before its
+/// inotify reader ever ran.
+#[test]
+fn deleting_a_lock_file_held_from_a_dropped_runtime_without_sync_makes_the_guard_lost() {
+    held_from_a_dropped_runtime(false);
+}
+
+fn held_from_a_dropped_runtime(sync: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let backend = FileBackend::new(dir.path()).unwrap();
+    let backend = FileBackend::from_config(FileConfig::new(dir.path()).with_sync(sync)).unwrap();
     let path = backend.lock_file("orphaned");
     let locks = Locks::new(backend);
     let first = tokio::runtime::Builder::new_current_thread()

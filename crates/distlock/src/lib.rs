@@ -54,7 +54,7 @@ mod connect;
 
 pub use connect::{connect, default_file_dir};
 pub use distlock_core::retry::RetryPolicy;
-pub use distlock_core::url::Endpoint;
+pub use distlock_core::url::{Endpoint, LockUrl};
 pub use distlock_core::{
     AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock,
     LockGuard, LockInfo, LockKinds, LockOptions, LockState, Locks, Result, Wait,
@@ -68,18 +68,32 @@ pub mod memory {
     pub use distlock_core::MemoryBackend;
 }
 
-/// The embedded file backend (`file:///dir`, cargo feature `file`, on by default).
+/// The embedded file backend (`file:///dir`, cargo feature `file`, on by default). The whole story is
+/// in the [`distlock_file`] crate's docs.
 #[cfg(feature = "file")]
-#[doc(inline)]
-pub use distlock_file as file;
+pub mod file {
+    pub use distlock_file::{
+        layout, FileBackend, FileConfig, DEFAULT_POLL_INITIAL, DEFAULT_POLL_MAX,
+    };
+}
 
 /// The Redis backend (`redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`; cargo feature
-/// `redis`).
+/// `redis`). The whole story is in the [`distlock_redis`] crate's docs.
 #[cfg(feature = "redis")]
-#[doc(inline)]
-pub use distlock_redis as redis;
+pub mod redis {
+    pub use distlock_redis::{
+        layout, RedisBackend, RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT,
+        DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
+    };
+}
 
-/// The etcd backend (`etcd://`, `etcds://`; cargo feature `etcd`).
+/// The etcd backend (`etcd://`, `etcds://`; cargo feature `etcd`). The whole story is in the
+/// [`distlock_etcd`] crate's docs. Its gRPC client (`distlock_etcd::rpc`) is not re-exported here: it
+/// serves the backend, its tests and the bench, and is not a general etcd client.
 #[cfg(feature = "etcd")]
-#[doc(inline)]
-pub use distlock_etcd as etcd;
+pub mod etcd {
+    pub use distlock_etcd::{
+        layout, EtcdBackend, EtcdConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT,
+        DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TTL,
+    };
+}

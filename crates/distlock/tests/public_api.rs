@@ -7,8 +7,12 @@
 //! backend crates, through their own re-exports), and for each struct, enum, trait, function, constant
 //! and type alias it lists the item, its public fields or variants, its derives, the trait impls and
 //! public methods written for it anywhere in its crate. Each line carries the `cfg` it sits under, so a
-//! test hook shows as `[cfg(feature = "testing")]`. What it cannot see: items made by macros, blanket
-//! and auto-trait impls (rustdoc's "Auto Trait Implementations").
+//! test hook shows as `[cfg(feature = "testing")]`. Types of those crates that a listed signature names
+//! but no public path reaches (`RetryPolicy::start` returns a `distlock_core::retry::Retries`) are listed
+//! too, under their crate's path: users can hold one and call its methods. What it cannot see: items
+//! made by macros, blanket and auto-trait impls (rustdoc's "Auto Trait Implementations"), and a type
+//! reached only by signature whose name some module also imports from another crate (names are matched,
+//! not resolved).
 //!
 //! After an intended change of the API, regenerate the snapshot and review its diff:
 //!
@@ -104,6 +108,8 @@ fn add_items(krate: &mut Crate, path: Vec<String>, items: Vec<Item>, dir: PathBu
 struct Walker {
     crates: HashMap<String, Crate>,
     lines: BTreeSet<String>,
+    /// The types and traits described so far, by crate and name.
+    described: BTreeSet<(String, String)>,
 }
 
 /// Where a name leads: a module (to list) or an item (to describe).
@@ -328,6 +334,16 @@ impl Walker {
                 cfgs.extend(cfg_attrs(item_attrs(&item)));
                 self.describe(&k, &item, &full, &cfgs);
             }
+            // A re-export from a crate outside the workspace (`pub use tonic::Code`): its API is that
+            // crate's, listed here by path only.
+            None if segments.first().is_some_and(|first| {
+                !matches!(first.as_str(), "crate" | "self" | "super")
+                    && !self.crates.contains_key(first)
+                    && self.lookup(krate, at, first).is_none()
+            }) =>
+            {
+                self.emit(cfgs, &full, &format!("pub use {}", segments.join("::")));
+            }
             None => panic!("cannot resolve pub use {} in {krate}", segments.join("::")),
         }
     }
@@ -343,8 +359,93 @@ impl Walker {
         self.lines.insert(format!("{path}: {prefix}{what}"));
     }
 
+    /// The public types and traits of the re-exported crates that a listed line names (a method's
+    /// return type, a field's type) but the walk did not reach by a path: users can hold one (say
+    /// `RetryPolicy::start`'s `Retries`) and call its methods, so they are listed too, under the path of
+    /// their crate, until nothing new is named.
+    fn describe_reachable(&mut self) {
+        loop {
+            let named: BTreeSet<String> = self
+                .lines
+                .iter()
+                .filter_map(|line| line.split_once(": ").map(|(_, what)| what))
+                .flat_map(|what| {
+                    what.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .map(str::to_string)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let foreign = self.foreign_names();
+            let mut found = Vec::new();
+            for (krate_name, krate) in &self.crates {
+                if krate_name == "distlock" {
+                    continue;
+                }
+                for (path, module) in &krate.modules {
+                    for item in &module.items {
+                        let ident = match item {
+                            Item::Struct(i) if is_pub(&i.vis) => i.ident.to_string(),
+                            Item::Enum(i) if is_pub(&i.vis) => i.ident.to_string(),
+                            Item::Trait(i) if is_pub(&i.vis) => i.ident.to_string(),
+                            _ => continue,
+                        };
+                        let key = (krate_name.clone(), ident.clone());
+                        if named.contains(&ident)
+                            && !foreign.contains(&ident)
+                            && !self.described.contains(&key)
+                        {
+                            let mut full = vec![krate_name.clone()];
+                            full.extend(path.iter().cloned());
+                            full.push(ident);
+                            found.push((key, full.join("::"), item.clone()));
+                        }
+                    }
+                }
+            }
+            if found.is_empty() {
+                return;
+            }
+            for ((krate, _), full, item) in found {
+                let cfgs = cfg_attrs(item_attrs(&item));
+                self.describe(&krate, &item, &full, &cfgs);
+            }
+        }
+    }
+
+    /// Names some module imports from outside these crates (`use tokio::time::Instant`): a signature
+    /// naming one may mean that type, so [`describe_reachable`](Self::describe_reachable) does not take
+    /// it for a type of these crates of the same name (a type so named is not followed: the price of
+    /// matching by name).
+    fn foreign_names(&self) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for krate in self.crates.values() {
+            for module in krate.modules.values() {
+                for item in &module.items {
+                    let Item::Use(u) = item else { continue };
+                    leaves(&u.tree, &mut Vec::new(), &mut |segments, rename| {
+                        let first = segments.first().map(String::as_str).unwrap_or_default();
+                        let ours = matches!(first, "crate" | "self" | "super")
+                            || self.crates.contains_key(first);
+                        if !ours {
+                            if let Some(name) = rename.or_else(|| segments.last().cloned()) {
+                                names.insert(name);
+                            }
+                        }
+                    });
+                }
+            }
+        }
+        names
+    }
+
     /// One item and what hangs off it (fields, variants, trait items, impls).
     fn describe(&mut self, krate: &str, item: &Item, full: &str, cfgs: &[String]) {
+        if let Some(name) = match item {
+            Item::Struct(_) | Item::Enum(_) | Item::Trait(_) => item_name(item),
+            _ => None,
+        } {
+            self.described.insert((krate.to_string(), name));
+        }
         match item {
             Item::Struct(s) => {
                 let generics = tidy(&s.generics.to_token_stream().to_string());
@@ -611,8 +712,10 @@ fn listing() -> String {
     let mut walker = Walker {
         crates,
         lines: BTreeSet::new(),
+        described: BTreeSet::new(),
     };
     walker.walk_module("distlock", &[], "distlock", &[]);
+    walker.describe_reachable();
     let mut out = String::new();
     for line in &walker.lines {
         out.push_str(line);
@@ -657,6 +760,8 @@ fn the_listing_sees_items_hooks_and_not_internals() {
         "distlock::raw::Backend: pub trait Backend: Send + Sync + 'static",
         "distlock::ErrorKind: [non_exhaustive] pub enum ErrorKind",
         "distlock::ErrorKind::Timeout: variant",
+        // Reached only through `RetryPolicy::start`'s signature.
+        "distlock_core::retry::Retries::next_delay: pub fn next_delay(&mut self) -> Option<Duration>",
     ] {
         assert!(
             listing.lines().any(|l| l == expected),
