@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_etcd::rpc::pb::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest};
-use distlock_etcd::rpc::pb::v3lockpb::{LockRequest, UnlockRequest};
-use distlock_etcd::rpc::Client as EtcdClient;
 use distlock::etcd::EtcdConfig;
 use distlock::redis::{RedisConfig, Topology};
 use distlock::{ErrorKind, Lock, LockGuard};
 use distlock_core::url::LockUrl;
+use distlock_etcd::rpc::pb::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest};
+use distlock_etcd::rpc::pb::v3lockpb::{LockRequest, UnlockRequest};
+use distlock_etcd::rpc::Client as EtcdClient;
 use redis::IntoConnectionInfo as _;
 
 use crate::error::Error;

@@ -1,10 +1,10 @@
 //! The measurements of one run, in order: the engine's round trip, then each workload's distlock
 //! figures beside its engine baselines.
 
-use distlock_etcd::rpc::pb::etcdserverpb::DeleteRangeRequest;
-use distlock_etcd::rpc::Client as EtcdClient;
 use distlock::etcd::EtcdConfig;
 use distlock::Locks;
+use distlock_etcd::rpc::pb::etcdserverpb::DeleteRangeRequest;
+use distlock_etcd::rpc::Client as EtcdClient;
 
 use crate::engines::{
     etcd_connect, etcd_revoke, Distlock, Engine, EtcdLockRpc, EtcdPut, EtcdRange, FlockFloor,
