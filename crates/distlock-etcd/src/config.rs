@@ -57,9 +57,10 @@ pub struct EtcdConfig {
     ///   included; a keep-alive round trip is also bounded by a third of its TTL;
     /// * `retry` retries idempotent requests (every request of the backend: all are
     ///   compare-guarded) within the request timeout. Default: 1 retry with one endpoint, 4 more per
-    ///   endpoint beyond the first (requests are balanced over the endpoints at random, and one
-    ///   landing on a dead member fails: with one of three members down, ten picks all landing on it
-    ///   is a ~1-in-60 000 event), 50 ms apart, doubling up to 100 ms (jittered).
+    ///   endpoint beyond the first (requests go to the endpoints in turn, and one landing on a dead
+    ///   member fails: the retry goes to the next; with several endpoints a request unanswered after
+    ///   a quarter of the request timeout is also sent again, to the next member, alongside), 50 ms
+    ///   apart, doubling up to 100 ms (jittered).
     pub connection: ConnectionOptions,
     /// The TTL of the session used by locks that do not ask for a lease of their own; also the
     /// default lease [`EtcdBackend::default_lease`](crate::EtcdBackend::default_lease) reports.

@@ -9,7 +9,9 @@ use std::time::Duration;
 use crate::backend::{EtcdBackend, Inner};
 use crate::config::EtcdConfig;
 use crate::error::EtcdError;
-use crate::rpc::pb::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
+use crate::rpc::pb::etcdserverpb::{
+    LeaseGrantRequest, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
+};
 use crate::rpc::Client;
 use crate::session::Session;
 use crate::tasks::Task;
@@ -134,12 +136,23 @@ impl EtcdBackend {
                 tokio::spawn(async move { retired.revoke().await });
             }
         }
-        let session = Session::grant(
+        // Retried like the other requests: a member that does not answer must not fail the acquire.
+        // Not idempotent, but harmless: a lease granted by a send whose answer lost the race has no
+        // keys and no keep-alives, and expires after its TTL.
+        let ttl = i64::try_from(secs).unwrap_or(i64::MAX);
+        let sent = distlock_core::clock::now();
+        let resp = self
+            .idempotent("lease grant", || {
+                client.lease_grant(LeaseGrantRequest { ttl, id: 0 })
+            })
+            .await?;
+        let session = Session::granted(
             &client,
-            Duration::from_secs(secs),
+            ttl,
+            resp,
+            sent,
             self.inner.config.connection.request_timeout,
-        )
-        .await?;
+        )?;
         let runtime = tokio::runtime::Handle::current();
         if let Ok(mut keepers) = self.inner.keepers.lock() {
             keepers.retain(|k| {
@@ -179,7 +192,7 @@ impl EtcdBackend {
     /// [`connection.retry`](EtcdConfig::connection) policy on failures other than a refusal of the
     /// credentials.
     /// Retrying rides over a connection that broke since the last request, or fails over to another
-    /// endpoint: requests are balanced over all endpoints and a dead member's connection fails each
+    /// endpoint: requests go to the endpoints in turn and a dead member's connection fails each
     /// request sent to it, so with several endpoints a few retries are needed to find a live one.
     pub(crate) async fn idempotent<T, F, Fut>(
         &self,
@@ -202,6 +215,14 @@ impl EtcdBackend {
 
 /// Runs `request` until it succeeds, within `timeout` in all, retried per `config.connection.retry`
 /// on failures other than a refusal of the credentials.
+///
+/// With several endpoints, an attempt that has not answered after a quarter of `timeout` is sent
+/// again *without* being given up (it may still answer first; the first answer wins): a member that
+/// stops answering without closing its connections (paused, overloaded, cut off by a firewall that
+/// drops packets) keeps its connection open, and a request sent there waits until the HTTP/2 pings
+/// give up on it (after which it is reconnected to at once). Without this, every request that landed
+/// there would wait out the whole timeout and fail; the extra send goes to the next member (see
+/// `Client::channel`). Each such extra send counts as a retry.
 async fn bounded_retry<T, F, Fut>(
     config: &EtcdConfig,
     action: &'static str,
@@ -212,31 +233,64 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = std::result::Result<T, tonic::Status>>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    distlock_core::retry::retry(
-        &config.connection.retry,
-        Some(deadline),
-        |_| async {
-            match tokio::time::timeout_at(deadline, request()).await {
-                Ok(Ok(reply)) => Ok(reply),
-                Ok(Err(status)) => {
-                    tracing::debug!(action, error = %status, "etcd request failed");
-                    Err(EtcdError::rpc(action)(status))
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    use tokio::time::{sleep_until, Instant};
+
+    let deadline = Instant::now() + timeout;
+    let mut retries = config.connection.retry.start(Some(deadline));
+    let hedge_after = (config.endpoints.len() > 1).then(|| timeout / 4);
+    let mut in_flight = FuturesUnordered::new();
+    in_flight.push(request());
+    let mut next_send = hedge_after.map(|after| Instant::now() + after);
+    loop {
+        tokio::select! {
+            answer = in_flight.next(), if !in_flight.is_empty() => {
+                let status = match answer {
+                    Some(Ok(reply)) => return Ok(reply),
+                    Some(Err(status)) => status,
+                    None => continue,
+                };
+                tracing::debug!(action, error = %status, "etcd request failed");
+                if !crate::error::retryable(&status) {
+                    return Err(EtcdError::rpc(action)(status));
                 }
-                Err(_) => Err(EtcdError::Timeout {
+                if !in_flight.is_empty() {
+                    // Another send of it is still under way.
+                    continue;
+                }
+                let Some(delay) = retries.next_delay() else {
+                    return Err(EtcdError::rpc(action)(status));
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = sleep_until(deadline) => {}
+                }
+                in_flight.push(request());
+                next_send = hedge_after.map(|after| Instant::now() + after);
+            }
+            _ = sleep_until(next_send.unwrap_or(deadline)), if next_send.is_some() => {
+                // Unanswered so far: send it once more, alongside, if a retry is left.
+                next_send = match retries.next_delay() {
+                    Some(_) => {
+                        in_flight.push(request());
+                        hedge_after.map(|after| Instant::now() + after)
+                    }
+                    None => None,
+                };
+            }
+            _ = sleep_until(deadline) => {
+                return Err(EtcdError::Timeout {
                     action,
                     after: timeout,
-                }),
+                });
             }
-        },
-        |e| matches!(e, EtcdError::Rpc { source, .. } if crate::error::retryable(source)),
-    )
-    .await
+        }
+    }
 }
 
 /// Makes the client of `config` and proves within the connect timeout that a member answers (and
 /// the credentials work): authenticates if needed, then one status call, retried per
-/// `config.connection.retry` (requests are balanced over the endpoints, and one may land on a dead
+/// `config.connection.retry` (requests go to the endpoints in turn, and one may land on a dead
 /// member).
 /// `action` names the attempt in a timeout error (`connect`, `reconnect`).
 pub(crate) async fn connect_client(

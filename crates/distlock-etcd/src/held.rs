@@ -28,6 +28,7 @@ use crate::rpc::pb::mvccpb::event::EventType;
 use crate::rpc::{Client, WatchStream};
 use crate::tasks::Task;
 use tokio::sync::{mpsc, watch};
+use tonic::metadata::AsciiMetadataValue;
 
 /// The loss channel of one held lock: the first reason sent wins.
 pub(crate) type LossSender = Arc<watch::Sender<Option<String>>>;
@@ -258,6 +259,7 @@ fn next_due(shared: &Shared) -> Option<tokio::time::Instant> {
 
 async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    let mut refusals = Refusals::default();
     loop {
         // (Re)open: every entry is watched at once, from its start revision.
         if let Some(state) = shared.upgrade() {
@@ -276,6 +278,8 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
             }
             return;
         };
+        // etcd checks every watch created on the stream against the token it was opened with.
+        let opened_with = client.token();
         let opened = tokio::time::timeout(
             request_timeout,
             client.watch(options(&first.key, *first_id, first.from)),
@@ -294,6 +298,10 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
             }
         };
         let mut active: HashSet<i64> = HashSet::from([*first_id]);
+        // Creates sent on this stream and not confirmed yet: the backoff starts again only once all
+        // are, so a stream whose creates are refused is not reopened at the first delay forever.
+        let mut unconfirmed = entries.len();
+        let mut refused = false;
         let mut broken = false;
         for (id, entry) in rest {
             if stream
@@ -327,14 +335,29 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                             broken = true;
                             break;
                         }
+                        unconfirmed += 1;
                         active.insert(id);
                     }
                 },
                 message = stream.message() => match message {
+                    // A create the server refused (etcd answers it created and cancelled, under id -1):
+                    // which key it was is unknown, so the stream is reopened and every key watched
+                    // again from its start revision.
+                    Ok(Some(resp)) if resp.created && resp.canceled => {
+                        tracing::debug!(reason = %resp.cancel_reason, "etcd: a held-key watch was refused; reopening the stream");
+                        refused = true;
+                        broken = true;
+                    }
                     Ok(Some(resp)) => {
-                        backoff.reset();
-                        if handle(&shared, &client, request_timeout, &mut stream, &mut active, resp).await.is_err() {
-                            broken = true;
+                        if resp.created {
+                            unconfirmed = unconfirmed.saturating_sub(1);
+                            if unconfirmed == 0 {
+                                backoff.reset();
+                            }
+                        }
+                        match handle(&shared, &client, request_timeout, &mut stream, &mut active, resp).await {
+                            Ok(rewatched) => unconfirmed += usize::from(rewatched),
+                            Err(_) => broken = true,
                         }
                     }
                     Ok(None) | Err(_) => broken = true,
@@ -342,7 +365,45 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
             }
         }
         tracing::debug!("etcd: the held-keys watch stream broke; reopening it");
+        if refused {
+            refusals
+                .refused(&client, opened_with, request_timeout)
+                .await;
+        }
         tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// What the held-keys watch did about creates the server refused.
+#[derive(Default)]
+struct Refusals {
+    /// The token the last refusal authenticated again for (or found already replaced).
+    tried: Option<AsciiMetadataValue>,
+}
+
+impl Refusals {
+    /// A create on a stream opened with `opened_with` was refused. The usual cause is that token:
+    /// refused since (expired, or etcd's auth turned off and on) while the requests that noticed it
+    /// authenticated again, or nothing did (the stream's requests are not answered `Unauthenticated`
+    /// but refused one by one). So authenticate again, unless another request did already, and only
+    /// once per token: a refusal on a token obtained for the previous refusal is about something else
+    /// (permissions), which authenticating again would not mend (the stream is reopened with
+    /// backoff meanwhile).
+    async fn refused(
+        &mut self,
+        client: &Client,
+        opened_with: Option<AsciiMetadataValue>,
+        timeout: Duration,
+    ) {
+        if opened_with.is_some() && self.tried == opened_with {
+            tracing::warn!("etcd: the server refuses to watch a held key with a fresh auth token (permissions?); retrying with backoff");
+            return;
+        }
+        match tokio::time::timeout(timeout, client.refresh_token(opened_with)).await {
+            Ok(Ok(())) => self.tried = client.token(),
+            Ok(Err(e)) => tracing::debug!(error = %e, "etcd: authenticating again failed"),
+            Err(_) => tracing::debug!("etcd: authenticating again timed out"),
+        }
     }
 }
 
@@ -400,7 +461,7 @@ async fn handle(
     stream: &mut WatchStream,
     active: &mut HashSet<i64>,
     resp: WatchResponse,
-) -> Result<(), tonic::Status> {
+) -> Result<bool, tonic::Status> {
     let id = resp.watch_id;
     if resp
         .events
@@ -420,10 +481,10 @@ async fn handle(
         if active.remove(&id) {
             stream.cancel(id).await?;
         }
-        return Ok(());
+        return Ok(false);
     }
     if !resp.canceled {
-        return Ok(());
+        return Ok(false);
     }
     // Cancelled by the server (its start revision was compacted, or a cancel we sent): if the key is
     // still held, read it, and watch again from that read.
@@ -433,7 +494,7 @@ async fn handle(
         stream.cancel(id).await?;
     }
     let Some(entry) = entry_of(shared, id) else {
-        return Ok(());
+        return Ok(false);
     };
     let own = RangeRequest {
         key: entry.key.as_bytes().to_vec(),
@@ -463,22 +524,22 @@ async fn handle(
                 entry.key
             ),
         );
-        return Ok(());
+        return Ok(false);
     }
     let from = read.header.as_ref().map_or(entry.from, |h| h.revision + 1);
     // Watched again under a new id: etcd keeps a cancelled (compacted) watch's id reserved on its
     // stream until the client cancels it, and refuses a new watch with it ("duplicate watch ID",
     // answered under id -1), which would leave the key unwatched for good.
     let Some(state) = shared.upgrade() else {
-        return Ok(());
+        return Ok(false);
     };
     let new_id = {
         let Ok(mut s) = state.lock() else {
-            return Ok(());
+            return Ok(false);
         };
         let Some(mut entry) = s.entries.remove(&id) else {
             // Released meanwhile.
-            return Ok(());
+            return Ok(false);
         };
         s.next_id += 1;
         let new_id = s.next_id;
@@ -489,5 +550,5 @@ async fn handle(
     };
     stream.watch(options(&entry.key, new_id, from)).await?;
     active.insert(new_id);
-    Ok(())
+    Ok(true)
 }

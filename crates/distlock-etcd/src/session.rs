@@ -14,7 +14,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::rpc::pb::etcdserverpb::LeaseGrantRequest;
+use crate::rpc::pb::etcdserverpb::LeaseGrantResponse;
 use crate::rpc::{Client, KeepAliveStream};
 use distlock_core::clock::{self, Instant};
 use distlock_core::retry::Backoff;
@@ -64,22 +64,14 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Grants a lease of `ttl` (whole seconds, at least 1) and starts its keep-alive task.
-    pub(crate) async fn grant(
+    /// The session of a lease granted by `resp` (asked for `secs`), whose request was sent at `sent`.
+    pub(crate) fn granted(
         client: &Client,
-        ttl: Duration,
+        secs: i64,
+        resp: LeaseGrantResponse,
+        sent: Instant,
         timeout: Duration,
     ) -> Result<Arc<Session>, EtcdError> {
-        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let sent = clock::now();
-        let grant = client.lease_grant(LeaseGrantRequest { ttl: secs, id: 0 });
-        let resp = tokio::time::timeout(timeout, grant)
-            .await
-            .map_err(|_| EtcdError::Timeout {
-                action: "lease grant",
-                after: timeout,
-            })?
-            .map_err(EtcdError::rpc("lease grant"))?;
         if !resp.error.is_empty() || resp.ttl <= 0 {
             return Err(EtcdError::Protocol(format!(
                 "lease grant of {secs}s answered ttl {} error {:?}",

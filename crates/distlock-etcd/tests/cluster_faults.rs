@@ -393,3 +393,101 @@ async fn fault_cluster_holder_cut_off_goes_jeopardy_then_lost_then_the_lock_is_h
     assert_eq!(guard_b.state(), LockState::Held);
     guard_b.release().await.unwrap();
 }
+
+/// One member of three paused (SIGSTOP: its TCP connections stay open, nothing answers): requests
+/// balanced onto it must not fail or wait the whole request timeout each. Every acquire and release
+/// completes, each well within the request timeout, while it stays paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_cluster_a_paused_member_does_not_fail_requests() {
+    let mut cluster = start_cluster().await;
+    const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+    let backend = backend(&format!("{}?request_timeout=3s", cluster.url())).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    // Connections to every member exist before the pause.
+    for i in 0..6 {
+        let guard = locks
+            .lock(&common::name(&format!("paused-warm-{i}")))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+    let follower = (leader(&cluster) + 1) % cluster.len();
+    cluster.pause(follower).unwrap();
+    let mut failures = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for i in 0..12 {
+        let started = Instant::now();
+        let outcome = async {
+            let guard = locks
+                .lock(&common::name(&format!("paused-{i}")))
+                .unwrap()
+                .try_acquire()
+                .await?
+                .expect("free");
+            guard.release().await
+        }
+        .await;
+        let took = started.elapsed();
+        slowest = slowest.max(took);
+        eprintln!("cycle {i}: {took:?} {outcome:?}");
+        if let Err(e) = outcome {
+            failures.push(e.to_string());
+        }
+    }
+    cluster.resume(follower).unwrap();
+    assert!(
+        failures.is_empty(),
+        "failed while one member of three was paused: {failures:?}"
+    );
+    assert!(
+        slowest < REQUEST_TIMEOUT,
+        "an acquire + release took {slowest:?}: a request waited out the request timeout on the paused member"
+    );
+}
+
+/// As above, for acquires that need a new session (a lease length not used before): the lease grant
+/// is not failed by a paused member either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_cluster_a_paused_member_does_not_fail_session_grants() {
+    let mut cluster = start_cluster().await;
+    let backend = backend(&format!("{}?request_timeout=3s", cluster.url())).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    for i in 0..6 {
+        let guard = locks
+            .lock(&common::name(&format!("paused-grant-warm-{i}")))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+    let follower = (leader(&cluster) + 1) % cluster.len();
+    cluster.pause(follower).unwrap();
+    let mut failures = Vec::new();
+    for i in 0..9 {
+        let started = Instant::now();
+        let outcome = async {
+            let guard = locks
+                .lock(&common::name(&format!("paused-grant-{i}")))
+                .unwrap()
+                .options()
+                .lease(Duration::from_secs(10 + i))
+                .wait(Duration::ZERO)
+                .acquire()
+                .await?;
+            guard.release().await
+        }
+        .await;
+        eprintln!("cycle {i}: {:?} {outcome:?}", started.elapsed());
+        if let Err(e) = outcome {
+            failures.push(e.to_string());
+        }
+    }
+    cluster.resume(follower).unwrap();
+    assert!(
+        failures.is_empty(),
+        "failed while one member of three was paused: {failures:?}"
+    );
+}

@@ -199,3 +199,67 @@ async fn etcd_token_refused_by_the_server_is_renewed() {
         .unwrap();
     assert!(keys.trim().is_empty(), "keys left: {keys:?}");
 }
+
+/// The held-keys watch stream carries the token it was opened with: etcd checks every watch created
+/// on it against that token. Once the token is refused (auth turned off and on, as an expiry does) and
+/// another request has authenticated again, a lock taken afterwards gets its watch refused on the
+/// old stream (etcd answers the create with watch id -1 and a cancel reason). That refusal must not
+/// leave the key unwatched: a delete of it is still reported within a round trip at the default 60 s
+/// session TTL (the keep-alives, not checked against the token, go on confirming the session, so
+/// nothing else would notice before the release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_held_key_whose_watch_was_refused_for_a_stale_token_is_still_lost_when_deleted() {
+    let server = EtcdServer::start_or_panic();
+    server
+        .etcdctl(&["user", "add", "root:pw", "--interactive=false"])
+        .unwrap();
+    server.etcdctl(&["auth", "enable"]).unwrap();
+    let addr = server.addr();
+    let backend = EtcdBackend::connect(&LockUrl::parse(&format!("etcd://root:pw@{addr}")).unwrap())
+        .await
+        .expect("connect with the right password");
+    assert_eq!(backend.default_lease(), Duration::from_secs(60));
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    // A first hold opens the held-keys watch stream with the first token.
+    let first = locks
+        .lock(&name("stale-first"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server
+        .etcdctl(&["--user", "root:pw", "auth", "disable"])
+        .unwrap();
+    server.etcdctl(&["auth", "enable"]).unwrap();
+    // This acquire's request is refused for its token and authenticates again; its key's watch goes
+    // to the stream opened with the old token.
+    let lock_name = name("stale-second");
+    let second = locks
+        .lock(&lock_name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the refused token is replaced by a new one");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let deleted_at = Instant::now();
+    server
+        .etcdctl(&[
+            "--user",
+            "root:pw",
+            "del",
+            "--prefix",
+            &format!("{lock_name}/"),
+        ])
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), second.lost())
+        .await
+        .expect("Lost within a round trip of the delete, not at the release");
+    eprintln!("delete → Lost: {:?}", deleted_at.elapsed());
+    assert!(second.loss_reason().unwrap().contains("deleted"));
+    assert_eq!(first.state(), distlock_core::LockState::Held);
+    first.release().await.unwrap();
+    let _ = second.release().await;
+}

@@ -307,18 +307,28 @@ impl RedisBackend {
 
     /// Sends the undo on a fresh connection until one gets an answer, or `deadline`: the server may
     /// be stalled or unreachable, and an acquire it already received still runs when it is back.
+    /// A resend that got no reply in time may still be on its way on its connection, and would
+    /// delete the same owner's next grant if it landed after the job ended: its connection is settled
+    /// before the next resend (nothing to settle after a broken one).
     async fn resend_undo(&self, name: &str, owner: &str, deadline: Instant) {
         let mut retries = BACKGROUND_UNDO.start(Some(deadline));
         while retries.wait().await {
+            let mut sent = Sent::default();
             match self
-                .release_on(self.release_link(), name, owner, &mut Sent::default())
+                .release_on(self.release_link(), name, owner, &mut sent)
                 .await
             {
                 Ok(_) | Err(RedisError::ReleaseOutcomeUnknown { .. }) => {
                     tracing::debug!(lock = %name, "undid an abandoned acquire in the background");
                     return;
                 }
-                Err(e) => tracing::debug!(lock = %name, error = %e, "the undo failed again"),
+                Err(e) => {
+                    tracing::debug!(lock = %name, error = %e, "the undo failed again");
+                    if let Some(conn) = sent.conn.filter(|_| !e.is_broken_connection()) {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        self.settle(conn, name, left).await;
+                    }
+                }
             }
         }
         tracing::warn!(lock = %name, "could not undo an abandoned acquire; it expires with its lease");
@@ -396,5 +406,80 @@ mod tests {
             "the waiter is woken when the last hold goes"
         );
         assert_eq!(pending.entries.load(Ordering::SeqCst), 0);
+    }
+
+    /// A background resend of an undo is delayed on its way (3 s) and times out at the 1 s request
+    /// bound; the next resend, on a fresh connection, is answered at once. The job must not end (and
+    /// the same owner's next acquire must not go ahead) until the first resend has run: otherwise it
+    /// lands after that acquire's grant and deletes it (the core would call it Held while another
+    /// client takes the lock). A real server behind the testkit's proxy; the private job is driven
+    /// directly, as reaching a timed-out resend through `abandon` needs a mode switch between a
+    /// connect and its first request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn timed_out_resend_cannot_delete_the_same_owners_next_grant_fault() {
+        use distlock_core::raw::{Attempt, Backend};
+        use distlock_core::url::Endpoint;
+        use distlock_testkit::proxy::Proxy;
+        use distlock_testkit::redis::RedisServer;
+
+        let server = RedisServer::start_or_panic();
+        let proxy = Proxy::start_or_panic(server.addr());
+        let config = crate::RedisConfig::new(Endpoint::new("127.0.0.1", proxy.port()))
+            .with_request_timeout(Duration::from_secs(1));
+        let backend = RedisBackend::from_config(config).await.expect("connect");
+        let (name, owner) = ("undo/timed-out-resend", "owner-a:1");
+        let request = AcquireRequest::new(name, owner, Duration::from_secs(30));
+        let exists = || server.command(&["EXISTS", name]).unwrap().as_int() == Some(1);
+        // Loads the release script (a delayed `EVALSHA` must not come back `NOSCRIPT`) and opens the
+        // connection the first resend goes on, so that only the request itself is delayed.
+        backend
+            .release_on(backend.release_link(), name, owner, &mut Sent::default())
+            .await
+            .unwrap();
+
+        let delay = Duration::from_secs(3);
+        proxy.delay(delay).unwrap();
+        let started = Instant::now();
+        let hold = backend.inner.pending.hold(name, owner);
+        let job = backend.spawn_pending(
+            hold,
+            name,
+            owner,
+            vec![Step::Resend],
+            Duration::from_secs(30),
+        );
+        // The first resend goes out after 50–100 ms and is held in the proxy; from now on new traffic
+        // passes at once.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        proxy.pass().unwrap();
+
+        // The same owner acquires again as soon as nothing is pending.
+        let mut acquisition = backend.begin(&request).unwrap();
+        loop {
+            match backend.try_acquire(&mut acquisition, &request).await {
+                Ok(Attempt::Acquired(_)) => break,
+                Ok(Attempt::Busy { .. }) => panic!("the lock is held by someone else"),
+                Ok(other) => panic!("unexpected {other:?}"),
+                Err(e) => {
+                    assert_eq!(e.kind(), distlock_core::ErrorKind::Unavailable, "{e}");
+                    assert!(
+                        started.elapsed() < Duration::from_secs(20),
+                        "never granted: {e}"
+                    );
+                }
+            }
+        }
+        let granted_at = started.elapsed();
+        assert!(
+            granted_at >= delay,
+            "granted after {granted_at:?}, before the delayed resend could land (it can delete the grant)"
+        );
+        // The delayed resend has landed by `delay` and a bit.
+        tokio::time::sleep_until(started + delay + Duration::from_millis(1500)).await;
+        assert!(job.is_finished(), "the job has settled every resend by now");
+        assert!(
+            exists(),
+            "the late resend of the undo deleted the same owner's next grant"
+        );
     }
 }

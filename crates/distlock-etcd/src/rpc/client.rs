@@ -1,6 +1,7 @@
-//! The connection to etcd: a tonic channel balanced over the members, TLS, and the auth token.
+//! The connection to etcd: one tonic channel per member, used in turn, TLS, and the auth token.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -73,7 +74,7 @@ struct Credentials {
     refreshing: tokio::sync::Mutex<()>,
 }
 
-/// The channel every request goes through: the balanced channel plus the token.
+/// The channel every request goes through: the member's channel plus the token.
 type Authorized = InterceptedService<Channel, TokenInterceptor>;
 
 /// A connection to an etcd cluster. Cheap to clone (clones share the channel and the token).
@@ -85,7 +86,9 @@ type Authorized = InterceptedService<Channel, TokenInterceptor>;
 /// [`Code::Unauthenticated`].
 #[derive(Clone)]
 pub struct Client {
-    channel: Channel,
+    /// One lazily connected channel per member, used in turn (see [`Client::channel`]).
+    channels: Arc<[Channel]>,
+    next: Arc<AtomicUsize>,
     interceptor: TokenInterceptor,
     credentials: Option<Arc<Credentials>>,
 }
@@ -133,7 +136,7 @@ impl Client {
     }
 
     /// The client of `config`, without any I/O (the channel connects on the first request). Needs a
-    /// tokio runtime: the channel's balancer runs a task on it.
+    /// tokio runtime: the channels' connections run tasks on it.
     pub(crate) fn new(config: &EtcdConfig) -> Result<Client, EtcdError> {
         config.check()?;
         let tls = config
@@ -171,7 +174,8 @@ impl Client {
             _ => None,
         };
         Ok(Client {
-            channel: Channel::balance_list(endpoints.into_iter()),
+            channels: endpoints.iter().map(|e| e.connect_lazy()).collect(),
+            next: Arc::new(AtomicUsize::new(0)),
             interceptor: TokenInterceptor::default(),
             credentials,
         })
@@ -191,7 +195,7 @@ impl Client {
             name: credentials.username.clone(),
             password: credentials.password.clone(),
         };
-        let reply = AuthClient::new(self.channel.clone())
+        let reply = AuthClient::new(self.channel())
             .authenticate(request)
             .await
             .map_err(|status| match status.code() {
@@ -207,8 +211,16 @@ impl Client {
         Ok(())
     }
 
+    /// The token requests are sent with now (compared, never shown: it is a credential).
+    pub(crate) fn token(&self) -> Option<AsciiMetadataValue> {
+        self.interceptor.current()
+    }
+
     /// Authenticates again unless another request did since `stale` was sent.
-    async fn refresh_token(&self, stale: Option<AsciiMetadataValue>) -> Result<(), Status> {
+    pub(crate) async fn refresh_token(
+        &self,
+        stale: Option<AsciiMetadataValue>,
+    ) -> Result<(), Status> {
         let Some(credentials) = &self.credentials else {
             return Ok(());
         };
@@ -237,7 +249,17 @@ impl Client {
     }
 
     fn authorized(&self) -> Authorized {
-        InterceptedService::new(self.channel.clone(), self.interceptor.clone())
+        InterceptedService::new(self.channel(), self.interceptor.clone())
+    }
+
+    /// The channel of the member whose turn it is. Requests go to the members in turn rather than at
+    /// random (tonic's balancer picks at random among the members whose connection is "ready", and
+    /// a member that stopped answering without closing its connection stays ready): a request sent
+    /// again because the first send got no answer goes to another member.
+    fn channel(&self) -> Channel {
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        // `new` refuses an empty endpoint list, so there is always a channel.
+        self.channels[turn % self.channels.len()].clone()
     }
 
     /// `KV/Range`.

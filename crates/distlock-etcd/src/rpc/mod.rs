@@ -8,10 +8,10 @@
 //! [`EtcdBackend::client`](crate::EtcdBackend::client)), tests, and benchmarks. It is not a general
 //! etcd client: it has the requests distlock needs, nothing for cluster or user management.
 //!
-//! Requests go to the members in turn as tonic's balancer picks them (at random among the ready
-//! ones); a request that lands on a dead member fails with [`tonic::Code::Unavailable`], and the
-//! backend retries its requests (all compare-guarded) per its config's
-//! [`connection.retry`](crate::EtcdConfig::connection).
+//! Requests (and streams) go to the members in turn, one lazily connected channel per member; a
+//! request that lands on a dead member fails with [`tonic::Code::Unavailable`], and the backend
+//! retries its requests (all compare-guarded) per its config's
+//! [`connection.retry`](crate::EtcdConfig::connection), on the next member.
 //! The raw [`Client`] does not retry: its caller decides.
 
 mod client;
