@@ -224,7 +224,7 @@ impl Backend for RedisBackend {
         Ok(())
     }
 
-    /// See [`undo`](crate::undo): the undo goes on the connection the last try went on, then on a
+    /// See the `undo` module: the undo goes on the connection the last try went on, then on a
     /// fresh one, then in the background until the lease has passed; until it is settled, the same
     /// owner's next acquire waits.
     async fn abandon(&self, acquisition: RedisAcquisition, request: &AcquireRequest) {
