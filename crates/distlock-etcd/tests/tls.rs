@@ -107,16 +107,10 @@ async fn etcds_wrong_ca_fails_clearly() {
 /// is `PermissionDenied`, and so is no user at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_user_password_auth() {
-    let server = EtcdServer::start_or_panic();
-    server
-        .etcdctl(&["user", "add", "root:pw", "--interactive=false"])
-        .unwrap();
-    server.etcdctl(&["auth", "enable"]).unwrap();
+    let server = server_with_auth();
     let addr = server.addr();
 
-    let backend = EtcdBackend::connect(&LockUrl::parse(&format!("etcd://root:pw@{addr}")).unwrap())
-        .await
-        .expect("connect with the right password");
+    let backend = connect_as_root(&addr).await;
     let locks = Locks::new(backend);
     let lock_name = name("auth");
     let guard = locks.lock(&lock_name).unwrap().acquire().await.unwrap();
@@ -159,15 +153,9 @@ async fn etcd_user_password_auth() {
 /// it: etcd replays the authentications from its log.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_token_refused_by_the_server_is_renewed() {
-    let server = EtcdServer::start_or_panic();
-    server
-        .etcdctl(&["user", "add", "root:pw", "--interactive=false"])
-        .unwrap();
-    server.etcdctl(&["auth", "enable"]).unwrap();
+    let server = server_with_auth();
     let addr = server.addr();
-    let backend = EtcdBackend::connect(&LockUrl::parse(&format!("etcd://root:pw@{addr}")).unwrap())
-        .await
-        .expect("connect with the right password");
+    let backend = connect_as_root(&addr).await;
     let locks = Locks::new(backend);
     let lock_name = name("reauth");
     let first = locks.lock(&lock_name).unwrap().acquire().await.unwrap();
@@ -209,15 +197,9 @@ async fn etcd_token_refused_by_the_server_is_renewed() {
 /// nothing else would notice before the release).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_held_key_whose_watch_was_refused_for_a_stale_token_is_still_lost_when_deleted() {
-    let server = EtcdServer::start_or_panic();
-    server
-        .etcdctl(&["user", "add", "root:pw", "--interactive=false"])
-        .unwrap();
-    server.etcdctl(&["auth", "enable"]).unwrap();
+    let server = server_with_auth();
     let addr = server.addr();
-    let backend = EtcdBackend::connect(&LockUrl::parse(&format!("etcd://root:pw@{addr}")).unwrap())
-        .await
-        .expect("connect with the right password");
+    let backend = connect_as_root(&addr).await;
     assert_eq!(backend.default_lease(), Duration::from_secs(60));
     let locks = Locks::with_defaults(backend.clone(), backend.default_options());
     // A first hold opens the held-keys watch stream with the first token.
@@ -262,4 +244,21 @@ async fn fault_a_held_key_whose_watch_was_refused_for_a_stale_token_is_still_los
     assert_eq!(first.state(), distlock_core::LockState::Held);
     first.release().await.unwrap();
     let _ = second.release().await;
+}
+
+/// An etcd with user `root` (password `pw`) and authentication on.
+fn server_with_auth() -> EtcdServer {
+    let server = EtcdServer::start_or_panic();
+    server
+        .etcdctl(&["user", "add", "root:pw", "--interactive=false"])
+        .unwrap();
+    server.etcdctl(&["auth", "enable"]).unwrap();
+    server
+}
+
+/// A backend signed in as `root` on `addr`.
+async fn connect_as_root(addr: &std::net::SocketAddr) -> EtcdBackend {
+    EtcdBackend::connect(&LockUrl::parse(&format!("etcd://root:pw@{addr}")).unwrap())
+        .await
+        .expect("connect with the right password")
 }
