@@ -135,12 +135,6 @@ impl RetryPolicy {
     /// No retry at all.
     pub const NEVER: Self = Self::new(0, Duration::ZERO, Duration::ZERO);
 
-    /// The same policy with `max_retries` further attempts.
-    pub const fn with_max_retries(mut self, max_retries: u32) -> Self {
-        self.max_retries = max_retries;
-        self
-    }
-
     /// Starts counting the retries of one request that must be done by `deadline` (if any).
     pub fn start(&self, deadline: Option<Instant>) -> Retries {
         Retries {
@@ -199,19 +193,12 @@ impl Retries {
     pub fn retried(&self) -> u32 {
         self.retried
     }
-
-    /// Time left before the deadline (`None` without one); zero once it has passed.
-    pub fn time_left(&self) -> Option<Duration> {
-        self.deadline
-            .map(|d| d.saturating_duration_since(Instant::now()))
-    }
 }
 
 /// Runs `attempt` (given the attempt's number, from 0) until it succeeds, fails with an error that
 /// `retryable` refuses, or the policy's retries or the deadline run out; returns the last result.
 ///
-/// The attempt is not bounded here: a backend bounds each request with its own request timeout (see
-/// [`Retries::time_left`]).
+/// The attempt is not bounded here: a backend bounds each request with its own request timeout.
 ///
 /// # Cancel safety
 /// Dropping the future drops the attempt in flight; whether that request reached the server is the
