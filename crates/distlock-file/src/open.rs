@@ -122,9 +122,16 @@ impl Drop for OpenFile {
     }
 }
 
+/// Whether `path` still names the inode `dev`/`ino` and that inode is still linked.
+///
+/// The link count matters: `unlink(2)` sends inotify's `ATTRIB` (link count changed) before it drops
+/// the name from the dentry cache, so a holder woken by that event can still find the old inode at the
+/// path for a moment — with its link count already 0. Without this check that holder would take the
+/// deleted file for its own and wait for an event that never comes (`DELETE_SELF` only follows the
+/// last close, which is the holder's own).
 pub(crate) fn same_file(path: &Path, dev: u64, ino: u64) -> Result<bool, FileError> {
     match std::fs::metadata(path) {
-        Ok(meta) => Ok(meta.dev() == dev && meta.ino() == ino),
+        Ok(meta) => Ok(meta.dev() == dev && meta.ino() == ino && meta.nlink() > 0),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(FileError::io("stat", path, e)),
     }
