@@ -2,7 +2,8 @@
 //!
 //! Lines, in this order, each only when the engine knows the value: `name`, `backend`, `state`
 //! (`held` or `free`), then for a held lock `token`, `owner`, `pid`, `host`, `since` (RFC 3339, UTC),
-//! `held_for`, `remaining_lease`; then `last_token` and `waiters`. Control characters in values are
+//! `held_for`, `remaining_lease`; then `last_token`, `waiters` and, for Redlock, one `node: ADDRESS OWNER PTTL`
+//! (or `ADDRESS free`, `ADDRESS error …`) per node. Control characters in values are
 //! escaped so every record stays one line.
 
 use std::fmt::Write as _;
@@ -79,6 +80,18 @@ pub fn render(name: &str, backend: &str, info: &LockInfo, now: SystemTime) -> St
     }
     if let Some(waiters) = info.waiters {
         line("waiters", &waiters.to_string());
+    }
+    // Quorum backends (Redlock): one line per node, `node: ADDR OWNER|free [pttl]` or its error.
+    for node in &info.nodes {
+        let what = match (&node.error, &node.owner) {
+            (Some(error), _) => format!("error {error}"),
+            (None, Some(owner)) => match node.remaining_lease {
+                Some(pttl) => format!("{owner} {}", distlock_core::duration::format(pttl)),
+                None => format!("{owner} no-expiry"),
+            },
+            (None, None) => "free".to_string(),
+        };
+        line("node", &format!("{} {what}", node.address));
     }
     out
 }

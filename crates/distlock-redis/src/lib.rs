@@ -36,6 +36,7 @@ mod error;
 mod inspect;
 pub mod layout;
 mod pubsub;
+pub mod redlock;
 mod release;
 mod renew;
 mod rpc;
@@ -47,7 +48,10 @@ pub use config::{
     DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
 };
 
-/// Connects as the URL says: `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`.
+pub use redlock::{RedlockBackend, RedlockConfig};
+
+/// Connects as the URL says: `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`
+/// (`redlock://` and `redlocks://` with [`RedlockBackend::connect`]).
 pub async fn connect(url: &distlock_core::url::LockUrl) -> distlock_core::Result<RedisBackend> {
     RedisBackend::connect(url).await
 }

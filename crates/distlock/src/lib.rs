@@ -58,7 +58,7 @@ pub use distlock_core::connection::ConnectionOptions;
 pub use distlock_core::retry::RetryPolicy;
 pub use distlock_core::url::{Endpoint, LockUrl};
 pub use distlock_core::{
-    AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock,
+    AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock, NodeInfo,
     LockGuard, LockInfo, LockKinds, LockOptions, LockState, Locks, Result, Wait,
 };
 
@@ -87,6 +87,8 @@ pub mod redis {
         layout, RedisBackend, RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT,
         DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
     };
+    /// Redlock (`redlock://`, `redlocks://`): a quorum over N independent masters, no fencing token.
+    pub use distlock_redis::redlock;
 }
 
 /// The etcd backend (`etcd://`, `etcds://`; cargo feature `etcd`). The whole story is in the
