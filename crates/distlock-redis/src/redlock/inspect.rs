@@ -7,13 +7,13 @@ use redis::Value;
 use crate::redlock::backend::{text, RedlockBackend};
 use crate::redlock::fanout::fan_out;
 use crate::redlock::layout;
-use crate::redlock::node::{is_wrongtype, wrongtype};
-use crate::rpc::{int, pttl};
+use crate::rpc::{int, pttl, server_error};
 
 impl RedlockBackend {
     /// `GET` and `PTTL` of the key on every node at once. The holder is the owner whose key a quorum of
     /// nodes holds, with the Q-th longest of their pttls (how long that quorum lasts unrenewed); a
-    /// name held on fewer nodes shows as free, with the nodes' keys in [`LockInfo::nodes`].
+    /// name held on fewer nodes shows as free, with the nodes' keys in [`LockInfo::nodes`]. A node whose
+    /// key is not a string (a `redis://` lock of the same name) shows a `WRONGTYPE` error saying so.
     pub(crate) async fn inspect_nodes(&self, name: &str) -> Result<LockInfo> {
         let bound = self.config().connection.request_timeout;
         let key = layout::lock_key(name).to_string();
@@ -22,7 +22,7 @@ impl RedlockBackend {
             async move {
                 node.run("Redlock inspect", bound, |mut c| {
                     let mut pipe = redis::pipe();
-                    pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
+                    pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key).ignore_errors();
                     async move { pipe.query_async::<Vec<Value>>(&mut c).await }
                 })
                 .await
@@ -34,11 +34,19 @@ impl RedlockBackend {
         for (node, reply) in self.nodes().iter().zip(replies) {
             let mut shown = NodeInfo::new(node.shown());
             match reply {
-                Some(Ok(values)) => {
-                    shown.owner = values.first().and_then(text);
-                    shown.remaining_lease = values.get(1).and_then(int).and_then(pttl);
-                }
-                Some(Err(e)) if is_wrongtype(&e) => return Err(wrongtype(name, node.shown())),
+                Some(Ok(values)) => match values.first().and_then(server_error) {
+                    Some(e) if e.code() == Some("WRONGTYPE") => {
+                        shown.error = Some(
+                            "WRONGTYPE: the key is not a Redlock string (a redis:// lock, Redisson's hash, or other data uses this name)"
+                                .into(),
+                        );
+                    }
+                    Some(e) => shown.error = Some(e.to_string()),
+                    None => {
+                        shown.owner = values.first().and_then(text);
+                        shown.remaining_lease = values.get(1).and_then(int).and_then(pttl);
+                    }
+                },
                 Some(Err(e)) => shown.error = Some(e.to_string()),
                 None => shown.error = Some("no reply".into()),
             }
