@@ -56,7 +56,10 @@ async fn a_retried_try_votes_yes_on_its_own_key() {
     let request = AcquireRequest::new(unique("retry"), "me:1", Duration::from_secs(5));
     let mut acquisition = backend.begin(&request).unwrap();
     for _ in 0..2 {
-        let attempt = backend.try_acquire(&mut acquisition, &request).await.unwrap();
+        let attempt = backend
+            .try_acquire(&mut acquisition, &request)
+            .await
+            .unwrap();
         assert!(matches!(attempt, Attempt::Acquired(_)), "{attempt:?}");
     }
     let other = AcquireRequest::new(request.name.clone(), "other:1", Duration::from_secs(5));
@@ -68,7 +71,11 @@ async fn a_retried_try_votes_yes_on_its_own_key() {
     let retry_after = retry_after.expect("the holders' pttl");
     assert!(retry_after <= Duration::from_secs(5), "{retry_after:?}");
     backend.abandon(acquisition, &request).await;
-    assert!(nodes.node(0).command(&["GET", &request.name]).unwrap().is_nil());
+    assert!(nodes
+        .node(0)
+        .command(&["GET", &request.name])
+        .unwrap()
+        .is_nil());
 }
 
 /// Renewal: keys gone on 2 of 5 nodes leave a quorum (still Held); gone on 3, no quorum is possible
@@ -79,7 +86,14 @@ async fn renewal_needs_a_quorum_and_is_gone_without_one() {
     let locks = Locks::new(backend(&nodes.url()).await);
     let lease = Duration::from_millis(900);
     let name = unique("renew");
-    let guard = locks.lock(&name).unwrap().options().lease(lease).acquire().await.unwrap();
+    let guard = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
     del_on(&nodes, &[0, 1], &name);
     tokio::time::sleep(lease).await;
     assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
@@ -104,7 +118,12 @@ async fn a_redis_hash_lock_of_the_same_name_is_a_clear_error() {
         let redis = RedisBackend::connect(&LockUrl::parse(&node.url()).unwrap())
             .await
             .unwrap();
-        let guard = Locks::new(redis).lock(&name).unwrap().acquire().await.unwrap();
+        let guard = Locks::new(redis)
+            .lock(&name)
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
         hashes.push(guard);
     }
     let locks = Locks::new(backend(&nodes.url()).await);
@@ -126,7 +145,10 @@ async fn a_redis_hash_lock_of_the_same_name_is_a_clear_error() {
     assert!(info.holder.is_none());
     for node in &info.nodes[..3] {
         let error = node.error.as_deref().unwrap_or_default();
-        assert!(error.contains("WRONGTYPE") && error.contains("redis://"), "{error}");
+        assert!(
+            error.contains("WRONGTYPE") && error.contains("redis://"),
+            "{error}"
+        );
     }
     drop(hashes);
 }
@@ -145,7 +167,9 @@ async fn inspect_shows_every_node() {
     let info = locks.inspect(&name).await.unwrap();
     let holder = info.holder.expect("held on a quorum");
     assert_eq!(holder.owner.as_deref(), Some(guard.owner()));
-    assert!(holder.remaining_lease.is_some_and(|d| d <= Duration::from_secs(30)));
+    assert!(holder
+        .remaining_lease
+        .is_some_and(|d| d <= Duration::from_secs(30)));
     for (i, node) in info.nodes.iter().enumerate() {
         assert_eq!(node.address, nodes.node(i).addr().to_string());
         if i == 4 {

@@ -45,7 +45,11 @@ fn holding(nodes: &RedlockNodes, name: &str) -> Vec<usize> {
 
 /// Client A: reaches every node through a proxy; nodes 3 and 4 refuse it.
 async fn client_on_first_three(nodes: &RedlockNodes) -> (Locks, Vec<Proxy>) {
-    let proxies: Vec<Proxy> = nodes.addrs().into_iter().map(Proxy::start_or_panic).collect();
+    let proxies: Vec<Proxy> = nodes
+        .addrs()
+        .into_iter()
+        .map(Proxy::start_or_panic)
+        .collect();
     let url = url_of(proxies.iter().map(Proxy::addr));
     let a = locks(&url).await;
     for p in &proxies[3..] {
@@ -70,7 +74,12 @@ async fn fault_two_of_five_nodes_killed_still_locks() {
         .expect("free");
     assert_eq!(holding(&nodes, &name), vec![2, 3, 4]);
     assert!(
-        b.lock(&name).unwrap().try_acquire().await.unwrap().is_none(),
+        b.lock(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
         "a second client got the lock on the same three nodes"
     );
     // The watchdog renews on the three (a quorum): still held after several renewal periods.
@@ -208,10 +217,7 @@ async fn fault_key_expired_early_on_one_node_grants_twice() {
         .acquire()
         .await
         .unwrap();
-    let shortened = nodes
-        .node(2)
-        .command(&["PEXPIRE", &name, "1"])
-        .unwrap();
+    let shortened = nodes.node(2).command(&["PEXPIRE", &name, "1"]).unwrap();
     assert_eq!(shortened, RespValue::Int(1));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let guard_b = b
@@ -233,9 +239,16 @@ async fn fault_key_expired_early_on_one_node_grants_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_late_quorum_from_a_paused_client_is_discarded() {
     let nodes = RedlockNodes::start_or_panic(5);
-    let proxies: Vec<Proxy> = nodes.addrs().into_iter().map(Proxy::start_or_panic).collect();
+    let proxies: Vec<Proxy> = nodes
+        .addrs()
+        .into_iter()
+        .map(Proxy::start_or_panic)
+        .collect();
     // A node timeout above the lease, so that the slow grants are waited for and then judged late.
-    let url = format!("{}?node_timeout=3s", url_of(proxies.iter().map(Proxy::addr)));
+    let url = format!(
+        "{}?node_timeout=3s",
+        url_of(proxies.iter().map(Proxy::addr))
+    );
     let a = locks(&url).await;
     let b = locks(&nodes.url()).await;
     let name = unique("late_quorum");

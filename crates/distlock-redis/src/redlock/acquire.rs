@@ -85,11 +85,21 @@ impl RedlockBackend {
         let scripts = self.scripts();
         let (name, owner) = (request.name.clone(), request.owner.clone());
         let mut replies = fan_out(self.nodes(), |node| {
-            let (scripts, name, owner, lease_ms) =
-                (scripts.clone(), name.clone(), owner.clone(), lease_ms.clone());
+            let (scripts, name, owner, lease_ms) = (
+                scripts.clone(),
+                name.clone(),
+                owner.clone(),
+                lease_ms.clone(),
+            );
             async move {
                 let reply = node
-                    .script("Redlock acquire", bound, &scripts.acquire, &name, &[&owner, &lease_ms])
+                    .script(
+                        "Redlock acquire",
+                        bound,
+                        &scripts.acquire,
+                        &name,
+                        &[&owner, &lease_ms],
+                    )
                     .await;
                 (node.shown().to_string(), vote(reply))
             }
@@ -153,7 +163,11 @@ impl RedlockBackend {
     /// An abandoned acquire: compare-and-delete on every node (a try whose reply was lost, or whose
     /// quorum arrived after its validity deadline, may have left keys). On each node the release goes
     /// on the connection the try went on, after it.
-    pub(crate) async fn undo_abandoned(&self, acquisition: RedlockAcquisition, request: &AcquireRequest) {
+    pub(crate) async fn undo_abandoned(
+        &self,
+        acquisition: RedlockAcquisition,
+        request: &AcquireRequest,
+    ) {
         if !acquisition.sent {
             return;
         }

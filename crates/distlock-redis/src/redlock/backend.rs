@@ -174,7 +174,9 @@ impl RedlockBackend {
             match reply.map(|r| r.map(|v| int(&v))) {
                 Some(Ok(Some(1))) => deleted += 1,
                 Some(Ok(Some(0))) => {}
-                Some(Ok(other)) => failures.push(format!("{}: unexpected reply {other:?}", node.shown())),
+                Some(Ok(other)) => {
+                    failures.push(format!("{}: unexpected reply {other:?}", node.shown()))
+                }
                 Some(Err(e)) => failures.push(format!("{}: {e}", node.shown())),
                 None => failures.push(format!("{}: no reply", node.shown())),
             }
@@ -322,7 +324,10 @@ impl Backend for RedlockBackend {
         self.undo_abandoned(acquisition, request).await;
     }
 
-    async fn renew(&self, batch: &[Renewal<'_, RedlockLease>]) -> Vec<(RenewalId, Result<Renewed>)> {
+    async fn renew(
+        &self,
+        batch: &[Renewal<'_, RedlockLease>],
+    ) -> Vec<(RenewalId, Result<Renewed>)> {
         self.renew_batch(batch).await
     }
 

@@ -6,7 +6,9 @@ use distlock_core::connection::{self, ConnectionOptions};
 use distlock_core::url::{Endpoint, LockUrl};
 use distlock_core::{Error, ErrorKind, Result};
 
-use crate::config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY};
+use crate::config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY,
+};
 
 /// The backend's short name, for errors and logs.
 pub(crate) const BACKEND: &str = "redlock";
@@ -91,9 +93,8 @@ impl RedlockConfig {
     /// The per-node bound for a request about a lease of `lease`: [`node_timeout`](Self::node_timeout),
     /// else a tenth of the lease, between 5 ms and 1 s.
     pub fn node_timeout_for(&self, lease: Duration) -> Duration {
-        self.node_timeout.unwrap_or_else(|| {
-            (lease / 10).clamp(Duration::from_millis(5), Duration::from_secs(1))
-        })
+        self.node_timeout
+            .unwrap_or_else(|| (lease / 10).clamp(Duration::from_millis(5), Duration::from_secs(1)))
     }
 
     /// Parses `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=50ms]` (port 6379 by default) or
@@ -150,9 +151,13 @@ impl RedlockConfig {
             return Err(invalid("node_timeout must not be 0"));
         }
         if self.connection.tls && !cfg!(feature = "tls") {
-            return Err(invalid("redlocks:// needs the `tls` feature of distlock-redis"));
+            return Err(invalid(
+                "redlocks:// needs the `tls` feature of distlock-redis",
+            ));
         }
-        self.connection.validate().map_err(|e| e.with_backend(BACKEND))
+        self.connection
+            .validate()
+            .map_err(|e| e.with_backend(BACKEND))
     }
 }
 

@@ -22,7 +22,11 @@ impl RedlockBackend {
             async move {
                 node.run("Redlock inspect", bound, |mut c| {
                     let mut pipe = redis::pipe();
-                    pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key).ignore_errors();
+                    pipe.cmd("GET")
+                        .arg(&key)
+                        .cmd("PTTL")
+                        .arg(&key)
+                        .ignore_errors();
                     async move { pipe.query_async::<Vec<Value>>(&mut c).await }
                 })
                 .await
