@@ -1,6 +1,7 @@
 //! The Redis backend of distlock: standalone (`redis://`, `rediss://`), Sentinel (`redis+sentinel://`)
 //! and Cluster (`redis+cluster://`), on Redisson's `RLock` layout so Java services using Redisson and
-//! Rust services using distlock exclude each other (see [`layout`]).
+//! Rust services using distlock exclude each other (see [`layout`]). Also Redlock (`redlock://`,
+//! `redlocks://`) over N independent masters, on node-redlock's layout: see [`redlock`].
 //!
 //! * **Lock.** A hash at key `NAME`, field = owner, `PEXPIRE` = lease; the watchdog of the core renews it
 //!   every third of the lease (one pipelined round trip per connection, or per Cluster slot).

@@ -31,6 +31,5 @@ mod inspect;
 pub mod layout;
 mod node;
 
-pub use acquire::RedlockAcquisition;
-pub use backend::{RedlockBackend, RedlockLease};
+pub use backend::RedlockBackend;
 pub use config::{RedlockConfig, MIN_NODES};
