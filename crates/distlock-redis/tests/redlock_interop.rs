@@ -176,3 +176,26 @@ async fn distlock_holding_makes_node_redlock_fail() {
         assert!(node.command(&["GET", &name]).unwrap().is_nil());
     }
 }
+
+/// `distlock run` on Redlock: no fencing token, so `DISTLOCK_TOKEN` is unset (even if inherited).
+#[test]
+fn distlock_run_leaves_distlock_token_unset() {
+    let nodes = RedlockNodes::start_or_panic(3);
+    let name = unique("no_token");
+    let out = Command::new(distlock_bin().expect("the distlock binary"))
+        .env("DISTLOCK_TOKEN", "999")
+        .args(["run", "--url", &nodes.url(), &name, "--"])
+        .args([
+            "sh",
+            "-c",
+            r#"test -z "${DISTLOCK_TOKEN+x}" && test -n "$DISTLOCK_NAME""#,
+        ])
+        .output()
+        .expect("run distlock");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,6 +1,7 @@
 //! Acquire: Redlock's five steps, the first three here (the core reads the clock before the try and
 //! checks the validity deadline after it, see [`RedlockBackend`]), retries and undo.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
@@ -11,7 +12,7 @@ use redis::Value;
 use crate::error::RedisError;
 use crate::redlock::backend::{RedlockBackend, RedlockLease};
 use crate::redlock::config::BACKEND;
-use crate::redlock::fanout::fan_out;
+use crate::redlock::fanout::{fan_out, Replies};
 use crate::redlock::node::{is_wrongtype, wrongtype};
 use crate::rpc::{int, millis};
 
@@ -21,12 +22,37 @@ use crate::rpc::{int, millis};
 const FIRST_RETRY: Duration = Duration::from_millis(2);
 const MAX_RETRY: Duration = Duration::from_millis(40);
 
+/// The node requests of the last try that may still be on their way: a try returns once a quorum
+/// granted, and a release (or undo) must not overtake the others. Spawned tasks are not run in the
+/// order they were spawned, so a release task could reach a node before the acquire task that was
+/// started first; the release waits for these (each bounded by the node timeout) before it is sent.
+#[derive(Default)]
+pub(crate) struct Stragglers(tokio::sync::Mutex<Option<Replies<(String, Vote)>>>);
+
+impl Stragglers {
+    /// Waits until every request of the last try has its reply (or its bound ran out).
+    pub(crate) async fn settle(&self, nodes: usize) {
+        let pending = self.0.lock().await.take();
+        if let Some(replies) = pending {
+            replies.all(nodes).await;
+        }
+    }
+}
+
+impl std::fmt::Debug for Stragglers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stragglers")
+    }
+}
+
 /// What an acquire keeps between tries.
 #[derive(Debug)]
 pub struct RedlockAcquisition {
     /// Whether a try was sent: then an abandon must release on every node.
     pub(crate) sent: bool,
     pub(crate) backoff: Backoff,
+    /// The last try's requests still on their way (shared with the lease it granted).
+    pub(crate) stragglers: Arc<Stragglers>,
 }
 
 impl RedlockAcquisition {
@@ -34,12 +60,13 @@ impl RedlockAcquisition {
         Self {
             sent: false,
             backoff: Backoff::new(FIRST_RETRY, MAX_RETRY),
+            stragglers: Arc::new(Stragglers::default()),
         }
     }
 }
 
 /// One node's answer to the acquire script.
-enum Vote {
+pub(crate) enum Vote {
     Granted,
     /// Held by another owner, with the key's pttl (`None`: no expiry).
     Busy(Option<Duration>),
@@ -84,7 +111,11 @@ impl RedlockBackend {
         acquisition.sent = true;
         let scripts = self.scripts();
         let (name, owner) = (request.name.clone(), request.owner.clone());
-        let mut replies = fan_out(self.nodes(), |node| {
+        // Requests of an earlier try still on their way settle first (the failed try released on
+        // every node after them already; this only waits for a try whose future was dropped).
+        acquisition.stragglers.settle(n).await;
+        let mut pending = acquisition.stragglers.0.lock().await;
+        let replies = pending.insert(fan_out(self.nodes(), |node| {
             let (scripts, name, owner, lease_ms) = (
                 scripts.clone(),
                 name.clone(),
@@ -103,7 +134,7 @@ impl RedlockBackend {
                     .await;
                 (node.shown().to_string(), vote(reply))
             }
-        });
+        }));
         let mut tally = Tally::default();
         while let Some((_, (node, vote))) = replies.next().await {
             match vote {
@@ -113,8 +144,10 @@ impl RedlockBackend {
             }
             if tally.granted >= quorum {
                 acquisition.backoff.reset();
+                drop(pending);
                 let grant = Grant::new(RedlockLease {
                     lease: request.lease,
+                    stragglers: acquisition.stragglers.clone(),
                 })
                 .with_ttl(request.lease);
                 return Ok(Attempt::Acquired(grant));
@@ -132,6 +165,8 @@ impl RedlockBackend {
                 Vote::Failed(e) => tally.failed.push((node, e)),
             }
         }
+        *pending = None;
+        drop(pending);
         if tally.granted > 0 {
             if let Err(e) = self.release_everywhere(&request.name, &request.owner).await {
                 tracing::debug!(error = %e, lock = %request.name, "releasing a failed Redlock quorum");
@@ -171,6 +206,7 @@ impl RedlockBackend {
         if !acquisition.sent {
             return;
         }
+        acquisition.stragglers.settle(self.nodes().len()).await;
         if let Err(e) = self.release_everywhere(&request.name, &request.owner).await {
             tracing::warn!(error = %e, lock = %request.name, "undoing an abandoned Redlock acquire; keys left expire after the lease");
         }

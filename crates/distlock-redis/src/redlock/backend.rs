@@ -62,6 +62,8 @@ impl fmt::Debug for RedlockBackend {
 #[derive(Debug)]
 pub struct RedlockLease {
     pub(crate) lease: Duration,
+    /// The granting try's requests still on their way; the release waits for them.
+    pub(crate) stragglers: Arc<crate::redlock::acquire::Stragglers>,
 }
 
 impl RedlockLease {
@@ -331,7 +333,10 @@ impl Backend for RedlockBackend {
         self.renew_batch(batch).await
     }
 
-    async fn release(&self, _lease: &RedlockLease, name: &str, owner: &str) -> Result<Released> {
+    /// Waits for the granting try's requests still on their way (a release must not reach a node
+    /// before its acquire), then compare-and-delete on every node.
+    async fn release(&self, lease: &RedlockLease, name: &str, owner: &str) -> Result<Released> {
+        lease.stragglers.settle(self.nodes().len()).await;
         self.release_everywhere(name, owner).await
     }
 
