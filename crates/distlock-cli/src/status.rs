@@ -178,6 +178,22 @@ mod tests {
     }
 
     #[test]
+    fn redlock_nodes() {
+        let mut info = LockInfo::default();
+        let mut held = distlock::NodeInfo::new("h1:1");
+        held.owner = Some("o".into());
+        held.remaining_lease = Some(Duration::from_millis(2500));
+        let mut down = distlock::NodeInfo::new("h3:3");
+        down.error = Some("refused".into());
+        info.nodes = vec![held, distlock::NodeInfo::new("h2:2"), down];
+        let text = render("x", "redlock", &info, SystemTime::now());
+        assert_eq!(
+            text,
+            "name: x\nbackend: redlock\nstate: free\nnode: h1:1 o 2.5s\nnode: h2:2 free\nnode: h3:3 error refused\n"
+        );
+    }
+
+    #[test]
     fn dates() {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
