@@ -23,18 +23,35 @@ const FIRST_RETRY: Duration = Duration::from_millis(2);
 const MAX_RETRY: Duration = Duration::from_millis(40);
 
 /// The node requests of the last try that may still be on their way: a try returns once a quorum
-/// granted, and a release (or undo) must not overtake the others. Spawned tasks are not run in the
-/// order they were spawned, so a release task could reach a node before the acquire task that was
-/// started first; the release waits for these (each bounded by the node timeout) before it is sent.
+/// granted, and a release (or undo) must not overtake the others, so it waits for them to finish
+/// (each is bounded by the node timeout) before it sends its own. While the try runs they are polled
+/// in its task; once it returns with a quorum, one task finishes the rest (so a `NOSCRIPT` fallback
+/// or a reconnect still goes out at once and every node gets its key), and the release awaits it.
 #[derive(Default)]
-pub(crate) struct Stragglers(tokio::sync::Mutex<Option<Replies<(String, Vote)>>>);
+pub(crate) struct Stragglers(tokio::sync::Mutex<Straggling>);
+
+#[derive(Default)]
+pub(crate) enum Straggling {
+    #[default]
+    None,
+    /// Polled by the try (or left by a try whose future was dropped).
+    Here(Replies<(String, Vote)>),
+    /// Finished by their own task after the try returned.
+    Spawned(tokio::task::JoinHandle<()>),
+}
 
 impl Stragglers {
     /// Waits until every request of the last try has its reply (or its bound ran out).
     pub(crate) async fn settle(&self, nodes: usize) {
-        let pending = self.0.lock().await.take();
-        if let Some(replies) = pending {
-            replies.all(nodes).await;
+        let pending = std::mem::take(&mut *self.0.lock().await);
+        match pending {
+            Straggling::None => {}
+            Straggling::Here(replies) => {
+                replies.all(nodes).await;
+            }
+            Straggling::Spawned(task) => {
+                let _ = task.await;
+            }
         }
     }
 }
@@ -98,7 +115,7 @@ struct Tally {
 
 impl RedlockBackend {
     /// Steps 2 and 3: the acquire script to every node at once, success on a quorum of grants.
-    /// Returns as soon as a quorum granted (the other nodes' replies are read in their tasks) or can no
+    /// Returns as soon as a quorum granted (the other nodes' requests are kept, see [`Stragglers`]) or can no
     /// longer grant; a failed quorum is released on every node before the next try.
     pub(crate) async fn try_acquire_once(
         &self,
@@ -115,7 +132,7 @@ impl RedlockBackend {
         // every node after them already; this only waits for a try whose future was dropped).
         acquisition.stragglers.settle(n).await;
         let mut pending = acquisition.stragglers.0.lock().await;
-        let replies = pending.insert(fan_out(self.nodes(), |node| {
+        *pending = Straggling::Here(fan_out(self.nodes(), |node| {
             let (scripts, name, owner, lease_ms) = (
                 scripts.clone(),
                 name.clone(),
@@ -135,6 +152,13 @@ impl RedlockBackend {
                 (node.shown().to_string(), vote(reply))
             }
         }));
+        let Straggling::Here(replies) = &mut *pending else {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                "internal: the Redlock try lost its requests",
+            )
+            .with_backend(BACKEND));
+        };
         let mut tally = Tally::default();
         while let Some((_, (node, vote))) = replies.next().await {
             match vote {
@@ -144,6 +168,13 @@ impl RedlockBackend {
             }
             if tally.granted >= quorum {
                 acquisition.backoff.reset();
+                if let Straggling::Here(mut rest) = std::mem::take(&mut *pending) {
+                    if rest.outstanding() > 0 {
+                        let task =
+                            tokio::spawn(async move { while rest.next().await.is_some() {} });
+                        *pending = Straggling::Spawned(task);
+                    }
+                }
                 drop(pending);
                 let grant = Grant::new(RedlockLease {
                     lease: request.lease,
@@ -165,7 +196,7 @@ impl RedlockBackend {
                 Vote::Failed(e) => tally.failed.push((node, e)),
             }
         }
-        *pending = None;
+        *pending = Straggling::None;
         drop(pending);
         if tally.granted > 0 {
             if let Err(e) = self.release_everywhere(&request.name, &request.owner).await {

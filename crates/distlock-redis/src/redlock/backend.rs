@@ -3,7 +3,7 @@
 //! # The five steps
 //! 1. The core reads the clock (CLOCK_BOOTTIME) before it calls `try_acquire`: that is `t0`.
 //! 2. The acquire script ([`layout::ACQUIRE`]) goes to every node at once, each on its own connection
-//!    and in its own task, each bounded by the node timeout (far below the lease).
+//!    (polled together in the caller's task, see `fanout`), each bounded by the node timeout (far below the lease).
 //! 3. The try succeeds as soon as a quorum (N/2 + 1) granted; the core then keeps the grant only if it
 //!    arrived before its validity deadline `t0 + lease·0.99 − 2 ms` (lease − elapsed − drift > 0,
 //!    computed once, in the core, for every backend). A grant that arrives later is abandoned, which

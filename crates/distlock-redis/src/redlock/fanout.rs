@@ -1,20 +1,28 @@
-//! Parallel fan-out: one task per node, so a slow node never holds up the others, and a request the
-//! caller stopped waiting for still completes (its reply is read, and the connection stays in order).
+//! Parallel fan-out: one request per node, all sent at once and polled together in the caller's task
+//! (no task per node: on a 2-worker runtime the hand-offs between tasks cost more than the requests).
+//!
+//! A try that returns at a quorum keeps the others in its [`Replies`] (see `acquire::Stragglers`):
+//! each request was sent when first polled, and its reply waits in the connection's driver until the
+//! release (or undo) polls it to the end before it sends its own command, so a release never reaches a
+//! node before that node's acquire. Dropping an unfinished `Replies` drops its requests, which replaces
+//! their connections (a reply no one reads must not be taken for the next request's).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use tokio::task::JoinHandle;
 
 use crate::redlock::node::Node;
 
+type Request<T> = Pin<Box<dyn Future<Output = (usize, T)> + Send + 'static>>;
+
 /// The replies of a fan-out, in the order they arrive, each with its node's index.
 pub(crate) struct Replies<T> {
-    pending: FuturesUnordered<JoinHandle<(usize, T)>>,
+    pending: FuturesUnordered<Request<T>>,
 }
 
-/// Sends `request` to every node at once, each in its own task.
+/// Sends `request` to every node at once (each is sent when the replies are first polled).
 pub(crate) fn fan_out<T, F, Fut>(nodes: &[Arc<Node>], request: F) -> Replies<T>
 where
     T: Send + 'static,
@@ -26,27 +34,19 @@ where
         .enumerate()
         .map(|(i, node)| {
             let reply = request(node.clone());
-            tokio::spawn(async move { (i, reply.await) })
+            Box::pin(async move { (i, reply.await) }) as Request<T>
         })
         .collect();
     Replies { pending }
 }
 
 impl<T: Send + 'static> Replies<T> {
-    /// The next reply; `None` when every node has answered. A task that panicked counts as no reply.
+    /// The next reply; `None` when every node has answered.
     pub(crate) async fn next(&mut self) -> Option<(usize, T)> {
-        loop {
-            match self.pending.next().await? {
-                Ok(reply) => return Some(reply),
-                Err(e) => {
-                    tracing::warn!(error = %e, "a Redlock node request task failed");
-                    continue;
-                }
-            }
-        }
+        self.pending.next().await
     }
 
-    /// Every reply still to come, in node order.
+    /// Every reply still to come, in node order (`None` for nodes that answered before).
     pub(crate) async fn all(mut self, nodes: usize) -> Vec<Option<T>> {
         let mut out: Vec<Option<T>> = (0..nodes).map(|_| None).collect();
         while let Some((i, reply)) = self.next().await {
