@@ -447,10 +447,7 @@ async fn redlock_round_trip(
         },
         RoundTrip {
             reference: Some(Probe::new(
-                format!(
-                    "PING to all {} nodes in parallel (one task each)",
-                    redlock.nodes.len()
-                ),
+                format!("PING to all {} nodes in parallel", redlock.nodes.len()),
                 &ping,
             )),
             others: Vec::new(),

@@ -1,5 +1,6 @@
 //! Parallel fan-out: one request per node, all sent at once and polled together in the caller's task
-//! (no task per node: on a 2-worker runtime the hand-offs between tasks cost more than the requests).
+//! (no task per node: on a 2-worker runtime the hand-offs between tasks cost more than the requests;
+//! see DESIGN §9, Redlock).
 //!
 //! A try that returns at a quorum keeps the others in its [`Replies`] (see `acquire::Stragglers`):
 //! each request was sent when first polled, and its reply waits in the connection's driver until the
