@@ -4,7 +4,7 @@
 set -euo pipefail
 
 # Debian packages the tests use today.
-PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-client)
+PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-client nodejs)
 
 # The rest of the list in shared/reference/infra.md §9, to move into PACKAGES as the tests that need
 # them land (not installed now: they cost minutes and hundreds of MiB):
@@ -43,9 +43,22 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # (No protoc: distlock-etcd's gRPC code is generated once and checked in; see crates/distlock-etcd/proto.)
-for bin in redis-server redis-cli redis-sentinel etcd etcdctl; do
+for bin in redis-server redis-cli redis-sentinel etcd etcdctl node; do
     command -v "$bin" >/dev/null || die "$bin not on PATH after installing ${PACKAGES[*]}"
 done
+
+# node-redlock (npm `redlock` v5 + ioredis) for the Redlock interop tests, pinned by its package-lock.json.
+# nodesource's nodejs package carries npm; Debian's needs the separate npm package.
+if ! command -v npm >/dev/null; then
+    [ "$(id -u)" -eq 0 ] || die "npm not found; run as root, or: sudo apt-get install -y --no-install-recommends npm"
+    log "installing npm"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm
+fi
+NODE_REDLOCK="$(cd "$(dirname "$0")/.." && pwd)/crates/distlock-redis/tests/node-redlock"
+if [ ! -d "$NODE_REDLOCK/node_modules" ]; then
+    log "installing node-redlock (npm ci in $NODE_REDLOCK)"
+    npm ci --prefix "$NODE_REDLOCK" --no-audit --no-fund
+fi
 
 # Rust tooling: the test runner and the two checks scripts/test.sh runs.
 command -v cargo >/dev/null || die "cargo not found; install a Rust toolchain (rustup) first"

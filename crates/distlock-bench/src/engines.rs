@@ -52,6 +52,8 @@ pub enum Engine {
         sync: bool,
     },
     Redis(Box<RedisServer>),
+    /// N independent masters: the round trip is a parallel PING to all, the peer rslock.
+    Redlock(Box<distlock::redis::redlock::RedlockConfig>),
     Etcd {
         config: Box<EtcdConfig>,
     },
@@ -83,6 +85,9 @@ impl Engine {
                     None => unmeasured("the baselines need exactly one host"),
                 }
             }
+            "redlock" | "redlocks" => Engine::Redlock(Box::new(
+                distlock::redis::redlock::RedlockConfig::from_url(&parsed)?,
+            )),
             "etcd" | "etcds" => Engine::Etcd {
                 config: Box::new(EtcdConfig::from_url(&parsed)?),
             },

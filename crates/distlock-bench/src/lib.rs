@@ -13,6 +13,7 @@ mod error;
 mod harness;
 mod measure;
 mod progress;
+mod redlock;
 mod report;
 mod stats;
 
@@ -39,8 +40,9 @@ sleep): acquisitions/s, handoff latency (release -> next grant, and to another t
 fairness (min/max acquisitions per task) and the share of re-acquisitions by the releasing task
 
 Each run also measures the engine's own round trip and reports every figure as a ratio to it \
-(redis: PING on a multiplexed redis-rs connection; etcd: a put, and a range beside it), and runs a \
-baseline beside distlock (redis: a bare SET NX PX + EVALSHA compare-and-delete loop; etcd: \
+(redis: PING on a multiplexed redis-rs connection; redlock: a PING to every node in parallel; etcd: \
+a put, and a range beside it), and runs a baseline beside distlock (redis: a bare SET NX PX + \
+EVALSHA compare-and-delete loop; redlock: the rslock crate on the same nodes; etcd: \
 etcd's Lock/Unlock RPCs; file: a bare flock + unlock, the floor). memory:// and file:// have \
 no engine round trip: their figures are absolute.
 
@@ -174,6 +176,7 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
     let d = usize::from(with_distlock);
     let (rtt, a, b, c) = match config.engine {
         Engine::Redis(_) => (1, 1, 2, 0),
+        Engine::Redlock(_) => (1, 1, 1, 1),
         Engine::Etcd { .. } => (2, 1, 1, 1),
         Engine::File { sync, .. } => (0, 1 + usize::from(sync), 1, 0),
         Engine::Memory | Engine::Unmeasured { .. } => (0, 0, 0, 0),
@@ -252,6 +255,7 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
                 }
             }
         }
+        Engine::Redlock(_) => redlock_targets(report, &mut out),
         Engine::Etcd { .. } => {
             if let (Some(d), Some(rtt)) = (a_distlock, rtt) {
                 if rtt.mean_us > 0.0 {
@@ -288,4 +292,47 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
         ));
     }
     out
+}
+
+/// Issue 12's targets: a cycle within 2.5 parallel PING fan-outs and no slower than rslock; contended
+/// handoff p99 under 50 ms, no wait over 2 s, fairness at least 0.5.
+fn redlock_targets(report: &Report, out: &mut Vec<Target>) {
+    let rtt = report.round_trip.reference.as_ref().map(|p| &p.latency);
+    let a = report.uncontended.as_ref();
+    if let (Some(d), Some(rtt)) = (a.and_then(|a| a.distlock.as_ref()), rtt) {
+        if rtt.mean_us > 0.0 {
+            out.push(Target::at_most(
+                "(a) distlock cycle, in parallel PING fan-outs (mean)",
+                d.latency.mean_us / rtt.mean_us,
+                2.5,
+            ));
+        }
+    }
+    let peer = a.and_then(|a| a.baselines.first());
+    if let (Some(d), Some(peer)) = (a.and_then(|a| a.distlock.as_ref()), peer) {
+        if peer.latency.mean_us > 0.0 {
+            out.push(Target::at_most(
+                "(a) distlock cycle / rslock cycle (mean)",
+                d.latency.mean_us / peer.latency.mean_us,
+                1.0,
+            ));
+        }
+    }
+    if let Some(c) = report.contended.as_ref().and_then(|c| c.distlock.as_ref()) {
+        out.push(Target::at_most(
+            "(c) handoff p99, ms",
+            c.handoff.p99_us / 1000.0,
+            50.0,
+        ));
+        out.push(Target::at_most(
+            "(c) longest wait, ms",
+            c.wait.max_us / 1000.0,
+            2000.0,
+        ));
+        out.push(Target::at_least(
+            "(c) fairness: min/max acquisitions per task (Redlock)",
+            c.fairness_min_max,
+            0.5,
+        ));
+    }
 }

@@ -11,6 +11,7 @@ use crate::engines::{
     RedisBare, RedisPing, RedisServer,
 };
 use crate::harness::{run_contended, run_cycles};
+use crate::redlock::{rslock_uris, RedlockPing, Rslock};
 use crate::report::{
     ContendedFigures, ContendedSection, CycleFigures, Many, Probe, Report, RoundTrip, Uncontended,
 };
@@ -30,6 +31,10 @@ enum Baseline {
     File {
         dir: std::path::PathBuf,
         sync: bool,
+    },
+    /// rslock's node URIs.
+    Redlock {
+        uris: Vec<String>,
     },
 }
 
@@ -136,6 +141,12 @@ impl Run<'_> {
                 let cycles = run_cycles(vec![peer], WARMUP_ONE, d).await;
                 etcd_revoke(vec![lease]).await;
                 baselines.push(CycleFigures::new("etcd Lock/Unlock RPC", &cycles?, rtt));
+            }
+            Baseline::Redlock { uris } => {
+                runner.step("(a) rslock");
+                let peer = Rslock::new(uris, format!("distlock-bench-peer/{run}/a"));
+                let cycles = run_cycles(vec![peer], WARMUP_ONE, d).await?;
+                baselines.push(CycleFigures::new("rslock (same nodes)", &cycles, rtt));
             }
             Baseline::File { dir, sync } => {
                 // The synced floor first: it is what the backend's default (sync on) compares to.
@@ -266,6 +277,18 @@ impl Run<'_> {
                     rtt,
                 ));
             }
+            Baseline::Redlock { uris } => {
+                runner.step("(b) rslock, one LockManager per task");
+                let clients = (0..n)
+                    .map(|i| Rslock::new(uris, format!("distlock-bench-peer/{run}/b/{i}")))
+                    .collect();
+                let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
+                baselines.push(CycleFigures::new(
+                    "rslock, one LockManager per task",
+                    &cycles,
+                    rtt,
+                ));
+            }
             Baseline::File { dir, sync } => {
                 let label = format!("{}, one file per task", floor_label(*sync));
                 runner.step(&format!("(b) {label}"));
@@ -329,6 +352,17 @@ impl Run<'_> {
                 self.round_trip,
             ));
         }
+        if let Baseline::Redlock { uris } = self.baseline {
+            runner.step("(c) rslock, contended");
+            let name = format!("distlock-bench-peer/{}/c", self.config.run);
+            let clients = (0..n).map(|_| Rslock::new(uris, name.clone())).collect();
+            let result = run_contended(clients, hold, d).await?;
+            baselines.push(ContendedFigures::new(
+                "rslock, one LockManager per task",
+                &result,
+                self.round_trip,
+            ));
+        }
         Ok(
             (distlock.is_some() || !baselines.is_empty()).then_some(ContendedSection {
                 tasks: n,
@@ -369,6 +403,7 @@ async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, R
             none(&format!("not measured ({reason}); absolute figures only")),
         ),
         Engine::Redis(server) => redis_round_trip(config, server, runner).await?,
+        Engine::Redlock(redlock) => redlock_round_trip(config, redlock, runner).await?,
         Engine::Etcd {
             config: etcd_config,
         } => etcd_round_trip(config, etcd_config, runner).await?,
@@ -391,6 +426,30 @@ async fn redis_round_trip(
         },
         RoundTrip {
             reference: Some(Probe::new("PING (redis-rs, multiplexed connection)", &ping)),
+            others: Vec::new(),
+            note: None,
+        },
+    ))
+}
+
+async fn redlock_round_trip(
+    config: &Config,
+    redlock: &distlock::redis::redlock::RedlockConfig,
+    runner: &mut Runner,
+) -> Result<(Baseline, RoundTrip), Error> {
+    let backend = distlock::redis::redlock::RedlockBackend::from_config(redlock.clone()).await?;
+    runner.step("parallel PING fan-out round trip");
+    let ping = RedlockPing { backend };
+    let ping = run_cycles(vec![ping], WARMUP_ONE, config.duration).await?;
+    Ok((
+        Baseline::Redlock {
+            uris: rslock_uris(redlock),
+        },
+        RoundTrip {
+            reference: Some(Probe::new(
+                format!("PING to all {} nodes in parallel", redlock.nodes.len()),
+                &ping,
+            )),
             others: Vec::new(),
             note: None,
         },

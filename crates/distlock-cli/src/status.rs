@@ -2,7 +2,8 @@
 //!
 //! Lines, in this order, each only when the engine knows the value: `name`, `backend`, `state`
 //! (`held` or `free`), then for a held lock `token`, `owner`, `pid`, `host`, `since` (RFC 3339, UTC),
-//! `held_for`, `remaining_lease`; then `last_token` and `waiters`. Control characters in values are
+//! `held_for`, `remaining_lease`; then `last_token`, `waiters` and, for Redlock, one `node: ADDRESS OWNER PTTL`
+//! (or `ADDRESS free`, `ADDRESS error …`) per node. Control characters in values are
 //! escaped so every record stays one line.
 
 use std::fmt::Write as _;
@@ -79,6 +80,18 @@ pub fn render(name: &str, backend: &str, info: &LockInfo, now: SystemTime) -> St
     }
     if let Some(waiters) = info.waiters {
         line("waiters", &waiters.to_string());
+    }
+    // Quorum backends (Redlock): one line per node, `node: ADDR OWNER|free [pttl]` or its error.
+    for node in &info.nodes {
+        let what = match (&node.error, &node.owner) {
+            (Some(error), _) => format!("error {error}"),
+            (None, Some(owner)) => match node.remaining_lease {
+                Some(pttl) => format!("{owner} {}", distlock_core::duration::format(pttl)),
+                None => format!("{owner} no-expiry"),
+            },
+            (None, None) => "free".to_string(),
+        };
+        line("node", &format!("{} {what}", node.address));
     }
     out
 }
@@ -161,6 +174,22 @@ mod tests {
             text,
             "name: x\nbackend: memory\nstate: held\ntoken: 5\npid: 42\nsince: 2024-05-01T12:34:56Z\n\
              held_for: 3s\nremaining_lease: 1.5s\nwaiters: 2\n"
+        );
+    }
+
+    #[test]
+    fn redlock_nodes() {
+        let mut info = LockInfo::default();
+        let mut held = distlock::NodeInfo::new("h1:1");
+        held.owner = Some("o".into());
+        held.remaining_lease = Some(Duration::from_millis(2500));
+        let mut down = distlock::NodeInfo::new("h3:3");
+        down.error = Some("refused".into());
+        info.nodes = vec![held, distlock::NodeInfo::new("h2:2"), down];
+        let text = render("x", "redlock", &info, SystemTime::now());
+        assert_eq!(
+            text,
+            "name: x\nbackend: redlock\nstate: free\nnode: h1:1 o 2.5s\nnode: h2:2 free\nnode: h3:3 error refused\n"
         );
     }
 

@@ -46,6 +46,6 @@ pub use guard::LockGuard;
 pub use locks::{AcquireOptions, Lock, Locks};
 pub use memory::MemoryBackend;
 pub use options::{LockOptions, Wait};
-pub use raw::{HolderInfo, LockInfo};
+pub use raw::{HolderInfo, LockInfo, NodeInfo};
 pub use state::LockState;
 pub use token::FencingToken;

@@ -195,6 +195,32 @@ pub struct LockInfo {
     pub waiters: Option<usize>,
     /// The last fencing token minted for this name, where the engine keeps it.
     pub last_token: Option<FencingToken>,
+    /// What each node says, for backends over independent nodes (Redlock); empty for the others.
+    pub nodes: Vec<NodeInfo>,
+}
+
+/// What one node of a quorum backend (Redlock) holds for a lock.
+#[non_exhaustive]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The node's address.
+    pub address: String,
+    /// The owner whose key the node holds, if any.
+    pub owner: Option<String>,
+    /// The key's remaining time-to-live on that node.
+    pub remaining_lease: Option<Duration>,
+    /// Why the node could not be asked, if it could not.
+    pub error: Option<String>,
+}
+
+impl NodeInfo {
+    /// A node that holds nothing for the lock (set the fields to say more).
+    pub fn new(address: impl Into<String>) -> Self {
+        Self {
+            address: address.into(),
+            ..Self::default()
+        }
+    }
 }
 
 /// What is known of a lock's holder; every field is optional because engines record different things.

@@ -1,6 +1,7 @@
 //! The Redis backend of distlock: standalone (`redis://`, `rediss://`), Sentinel (`redis+sentinel://`)
 //! and Cluster (`redis+cluster://`), on Redisson's `RLock` layout so Java services using Redisson and
-//! Rust services using distlock exclude each other (see [`layout`]).
+//! Rust services using distlock exclude each other (see [`layout`]). Also Redlock (`redlock://`,
+//! `redlocks://`) over N independent masters, on node-redlock's layout: see [`redlock`].
 //!
 //! * **Lock.** A hash at key `NAME`, field = owner, `PEXPIRE` = lease; the watchdog of the core renews it
 //!   every third of the lease (one pipelined round trip per connection, or per Cluster slot).
@@ -36,6 +37,7 @@ mod error;
 mod inspect;
 pub mod layout;
 mod pubsub;
+pub mod redlock;
 mod release;
 mod renew;
 mod rpc;
@@ -47,7 +49,10 @@ pub use config::{
     DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
 };
 
-/// Connects as the URL says: `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`.
+pub use redlock::{RedlockBackend, RedlockConfig};
+
+/// Connects as the URL says: `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`
+/// (`redlock://` and `redlocks://` with [`RedlockBackend::connect`]).
 pub async fn connect(url: &distlock_core::url::LockUrl) -> distlock_core::Result<RedisBackend> {
     RedisBackend::connect(url).await
 }

@@ -16,6 +16,7 @@ pub mod holder;
 pub mod ports;
 pub mod process;
 pub mod redis;
+pub mod redlock;
 pub mod sweep;
 
 pub mod cluster;

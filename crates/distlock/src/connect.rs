@@ -14,10 +14,11 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// | `redis`, `rediss` | `redis://[user:pass@]host:port[/db][?wait_replicas=1&wait_timeout=200ms&request_timeout=5s&connect_timeout=3s]`, `rediss://…?ca=/path/ca.pem`: Redisson-compatible layout |
 /// | `redis+sentinel` | `redis+sentinel://[user:pass@]h:p,h:p/<master name>[/db]`: the master re-resolved on every reconnect |
 /// | `redis+cluster` | `redis+cluster://[user:pass@]h:p,h:p`: slot-aware, sharded pub/sub |
+/// | `redlock`, `redlocks` | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=50ms]` (at least 3 independent masters; feature `redis`): node-redlock / redis-py layout, quorum N/2+1, no fencing token |
 /// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s&request_timeout=5s&connect_timeout=5s]`, `etcds://…?ca=/path/ca.pem`: Go-compatible `concurrency.Mutex` layout |
 ///
 /// Every URL may carry `?lease=DURATION` (default 30 s; for etcd the session TTL), the lease of the
-/// locks it hands out. `redlock`, `zk`, `postgres` and `mysql` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
+/// locks it hands out. `zk`, `postgres` and `mysql` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
 /// scheme whose cargo feature is off fails with [`ErrorKind::InvalidConfig`] naming the feature.
 ///
 /// ```
@@ -46,7 +47,8 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "file" => file(&parsed, defaults),
         "etcd" | "etcds" => etcd(&parsed, lease).await,
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis(&parsed, defaults).await,
-        scheme @ ("redlock" | "zk" | "postgres" | "postgresql" | "mysql" | "mariadb") => Err(Error::new(
+        "redlock" | "redlocks" => redlock(&parsed, defaults).await,
+        scheme @ ("zk" | "postgres" | "postgresql" | "mysql" | "mariadb") => Err(Error::new(
             ErrorKind::Unsupported,
             format!(
                 "the {scheme}:// backend is not part of this version of distlock yet; use file:///dir or memory://"
@@ -92,6 +94,18 @@ fn erased<'a, T>(
 async fn redis(url: &LockUrl, defaults: LockOptions) -> Result<Locks> {
     let backend = erased(distlock_redis::connect(url)).await?;
     Ok(Locks::with_defaults(backend, defaults))
+}
+
+/// Redlock lives in the Redis crate and comes with the `redis` feature.
+#[cfg(feature = "redis")]
+async fn redlock(url: &LockUrl, defaults: LockOptions) -> Result<Locks> {
+    let backend = erased(distlock_redis::RedlockBackend::connect(url)).await?;
+    Ok(Locks::with_defaults(backend, defaults))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redlock(url: &LockUrl, defaults: LockOptions) -> Result<Locks> {
+    redis(url, defaults).await
 }
 
 #[cfg(not(feature = "redis"))]

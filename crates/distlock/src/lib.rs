@@ -59,7 +59,7 @@ pub use distlock_core::retry::RetryPolicy;
 pub use distlock_core::url::{Endpoint, LockUrl};
 pub use distlock_core::{
     AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock,
-    LockGuard, LockInfo, LockKinds, LockOptions, LockState, Locks, Result, Wait,
+    LockGuard, LockInfo, LockKinds, LockOptions, LockState, Locks, NodeInfo, Result, Wait,
 };
 
 pub use distlock_core::raw;
@@ -83,6 +83,8 @@ pub mod file {
 /// `redis`). The whole story is in the [`distlock_redis`] crate's docs.
 #[cfg(feature = "redis")]
 pub mod redis {
+    /// Redlock (`redlock://`, `redlocks://`): a quorum over N independent masters, no fencing token.
+    pub use distlock_redis::redlock;
     pub use distlock_redis::{
         layout, RedisBackend, RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT,
         DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,

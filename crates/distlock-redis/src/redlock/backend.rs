@@ -1,0 +1,357 @@
+//! `impl raw::Backend` for Redlock.
+//!
+//! # The five steps
+//! 1. The core reads the clock (CLOCK_BOOTTIME) before it calls `try_acquire`: that is `t0`.
+//! 2. The acquire script ([`layout::ACQUIRE`]) goes to every node at once, each on its own connection
+//!    (polled together in the caller's task, see `fanout`), each bounded by the node timeout (far below the lease).
+//! 3. The try succeeds as soon as a quorum (N/2 + 1) granted; the core then keeps the grant only if it
+//!    arrived before its validity deadline `t0 + lease·0.99 − 2 ms` (lease − elapsed − drift > 0,
+//!    computed once, in the core, for every backend). A grant that arrives later is abandoned, which
+//!    releases it on every node, and the acquire fails with `Unavailable`.
+//! 4. The lock is valid until that deadline; the watchdog renews on a quorum (see `renew`).
+//! 5. A try without a quorum releases on every node at once and the core tries again after
+//!    [`wait`](RedlockBackend::wait): a jittered backoff bounded by the Q-th smallest pttl.
+//!
+//! # Renewals and release
+//! A renewal sends the extend script ([`layout::EXTEND`]) for the whole batch to every node at once:
+//! an entry extended on a quorum is `Extended`; one that enough nodes definitely say is not ours (gone
+//! or someone else's) that a quorum is impossible is `Gone`; anything else is unknown (an error:
+//! Jeopardy, then Lost at the deadline). A release goes to every node, whether or not it answered the
+//! acquire.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_core::raw::{
+    AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
+};
+use distlock_core::url::LockUrl;
+use distlock_core::{Capabilities, Error, ErrorKind, Fencing, Result};
+use redis::Value;
+
+pub use crate::redlock::acquire::RedlockAcquisition;
+use crate::redlock::config::{RedlockConfig, BACKEND};
+use crate::redlock::fanout::fan_out;
+use crate::redlock::layout::Scripts;
+use crate::redlock::node::{node_error, Node};
+use crate::rpc::int;
+
+/// The Redlock backend: N independent Redis masters, a quorum of N/2 + 1. Cheap to clone.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RedlockConfig,
+    nodes: Vec<Arc<Node>>,
+    scripts: Arc<Scripts>,
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What Redlock keeps for a held lock: the lease asked for.
+#[derive(Debug)]
+pub struct RedlockLease {
+    pub(crate) lease: Duration,
+    /// The granting try's requests still on their way; the release waits for them.
+    pub(crate) stragglers: Arc<crate::redlock::acquire::Stragglers>,
+}
+
+impl RedlockLease {
+    /// The lease asked for.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+}
+
+impl RedlockBackend {
+    /// Connects as the URL says (see [`RedlockConfig::from_url`]): the entry point of
+    /// `distlock::connect("redlock://…")`.
+    pub async fn connect(url: &LockUrl) -> Result<Self> {
+        Self::from_config(RedlockConfig::from_url(url)?).await
+    }
+
+    /// A backend over the configured nodes (checked with [`RedlockConfig::validate`]). Pings every
+    /// node at once and fails with `Unavailable` unless a quorum answers (a wrong password anywhere
+    /// fails with `PermissionDenied`); nodes down now are retried on every request.
+    pub async fn from_config(config: RedlockConfig) -> Result<Self> {
+        config.validate()?;
+        let nodes = config.nodes.iter().map(|n| Node::new(n, &config)).collect();
+        let backend = Self {
+            inner: Arc::new(Inner {
+                config,
+                nodes,
+                scripts: Arc::new(Scripts::new()),
+            }),
+        };
+        backend.ping_quorum().await?;
+        Ok(backend)
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &RedlockConfig {
+        &self.inner.config
+    }
+
+    pub(crate) fn nodes(&self) -> &[Arc<Node>] {
+        &self.inner.nodes
+    }
+
+    pub(crate) fn scripts(&self) -> Arc<Scripts> {
+        self.inner.scripts.clone()
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.config().connection.request_timeout
+    }
+
+    /// `PING` on every node at once: the round trip of one Redlock step (what `distlock bench`
+    /// measures as the engine's own). Fails unless a quorum answers.
+    pub async fn ping_quorum(&self) -> Result<()> {
+        let bound = self.config().connection.connect_timeout + self.request_timeout();
+        let replies = fan_out(self.nodes(), |node| async move {
+            node.run("PING", bound, |mut c| async move {
+                redis::cmd("PING").query_async::<String>(&mut c).await
+            })
+            .await
+        })
+        .all(self.nodes().len())
+        .await;
+        let mut answered = 0;
+        let mut failures = Vec::new();
+        for (node, reply) in self.nodes().iter().zip(replies) {
+            match reply {
+                Some(Ok(_)) => answered += 1,
+                Some(Err(e)) => {
+                    let e = node_error(e, None);
+                    if e.kind() == ErrorKind::PermissionDenied {
+                        return Err(e);
+                    }
+                    failures.push(format!("{}: {e}", node.shown()));
+                }
+                None => failures.push(format!("{}: no reply", node.shown())),
+            }
+        }
+        let quorum = self.config().quorum();
+        if answered < quorum {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "Redlock quorum unreachable: {answered} of {} nodes answered PING and a quorum needs {quorum}; {}",
+                    self.nodes().len(),
+                    failures.join("; ")
+                ),
+            )
+            .with_backend(BACKEND));
+        }
+        Ok(())
+    }
+
+    /// The release script on every node at once (bounded by `request_timeout`): how many deleted
+    /// this owner's key, and the errors.
+    pub(crate) async fn release_everywhere(&self, name: &str, owner: &str) -> Result<Released> {
+        let bound = self.request_timeout();
+        let scripts = self.scripts();
+        let (name_owned, owner) = (name.to_string(), owner.to_string());
+        let replies = fan_out(self.nodes(), |node| {
+            let (scripts, name, owner) = (scripts.clone(), name_owned.clone(), owner.clone());
+            async move {
+                node.script("Redlock release", bound, &scripts.release, &name, &[&owner])
+                    .await
+            }
+        })
+        .all(self.nodes().len())
+        .await;
+        let (mut deleted, mut failures) = (0, Vec::new());
+        for (node, reply) in self.nodes().iter().zip(replies) {
+            match reply.map(|r| r.map(|v| int(&v))) {
+                Some(Ok(Some(1))) => deleted += 1,
+                Some(Ok(Some(0))) => {}
+                Some(Ok(other)) => {
+                    failures.push(format!("{}: unexpected reply {other:?}", node.shown()))
+                }
+                Some(Err(e)) => failures.push(format!("{}: {e}", node.shown())),
+                None => failures.push(format!("{}: no reply", node.shown())),
+            }
+        }
+        if !failures.is_empty() {
+            tracing::debug!(lock = name, failures = ?failures, "Redlock release did not reach every node; its keys there expire after the lease");
+        }
+        if deleted > 0 {
+            return Ok(Released::Released);
+        }
+        if failures.is_empty() {
+            return Ok(Released::NotHeld);
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "the Redlock release deleted nothing on the {} nodes that answered; the outcome on the others is unknown (their keys expire after the lease): {}",
+                self.nodes().len() - failures.len(),
+                failures.join("; ")
+            ),
+        )
+        .with_backend(BACKEND)
+        .with_lock(name))
+    }
+
+    /// One renewal batch: the extend script for every entry, on every node at once.
+    async fn renew_batch(
+        &self,
+        batch: &[Renewal<'_, RedlockLease>],
+    ) -> Vec<(RenewalId, Result<Renewed>)> {
+        let Some(shortest) = batch.iter().map(|r| r.ttl).min() else {
+            return Vec::new();
+        };
+        let bound = self.config().node_timeout_for(shortest);
+        let entries: Arc<Vec<(String, String, String)>> = Arc::new(
+            batch
+                .iter()
+                .map(|r| {
+                    (
+                        r.name.to_string(),
+                        r.owner.to_string(),
+                        crate::rpc::millis(r.ttl).to_string(),
+                    )
+                })
+                .collect(),
+        );
+        let scripts = self.scripts();
+        let replies = fan_out(self.nodes(), |node| {
+            let (scripts, entries) = (scripts.clone(), entries.clone());
+            async move {
+                let node = &node;
+                let extend = &scripts.extend;
+                let calls = entries.iter().map(|(name, owner, ttl)| async move {
+                    node.script("Redlock extend", bound, extend, name, &[owner, ttl])
+                        .await
+                });
+                futures_util::future::join_all(calls).await
+            }
+        })
+        .all(self.nodes().len())
+        .await;
+        let (n, quorum) = (self.nodes().len(), self.config().quorum());
+        batch
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let (mut extended, mut not_ours, mut failures) = (0, 0, Vec::new());
+                for (node, reply) in self.nodes().iter().zip(&replies) {
+                    match reply.as_ref().and_then(|all| all.get(i)) {
+                        Some(Ok(v)) if int(v) == Some(1) => extended += 1,
+                        Some(Ok(v)) if int(v) == Some(0) => not_ours += 1,
+                        Some(Ok(v)) => failures.push(format!("{}: unexpected reply {v:?}", node.shown())),
+                        Some(Err(e)) => failures.push(format!("{}: {e}", node.shown())),
+                        None => failures.push(format!("{}: no reply", node.shown())),
+                    }
+                }
+                let outcome = if extended >= quorum {
+                    Ok(Renewed::Extended { ttl: r.ttl })
+                } else if not_ours > n - quorum {
+                    Ok(Renewed::Gone {
+                        reason: format!(
+                            "{not_ours} of {n} Redlock nodes no longer hold this owner's key (expired or taken), so no quorum of {quorum} can"
+                        ),
+                    })
+                } else {
+                    Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "Redlock renewal confirmed by {extended} of {n} nodes, a quorum needs {quorum}; {not_ours} said not ours; {}",
+                            failures.join("; ")
+                        ),
+                    )
+                    .with_backend(BACKEND)
+                    .with_lock(r.name))
+                };
+                (r.id, outcome)
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Backend for RedlockBackend {
+    type Lease = RedlockLease;
+    type Acquisition = RedlockAcquisition;
+
+    fn kind(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// A lease on the server, no fencing token (Redlock mints none that is safe: see GUARANTEES.md),
+    /// waiters poll with jitter.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::mutex()
+            .with_server_ttl(true)
+            .with_fencing(Fencing::None)
+            .with_notify_wait(false)
+            .with_fifo(false)
+            .with_frees_on_process_death(false)
+    }
+
+    fn begin(&self, _request: &AcquireRequest) -> Result<RedlockAcquisition> {
+        Ok(RedlockAcquisition::new())
+    }
+
+    async fn try_acquire(
+        &self,
+        acquisition: &mut RedlockAcquisition,
+        request: &AcquireRequest,
+    ) -> Result<Attempt<RedlockLease>> {
+        self.try_acquire_once(acquisition, request).await
+    }
+
+    async fn wait(
+        &self,
+        acquisition: &mut RedlockAcquisition,
+        _request: &AcquireRequest,
+        retry_after: Option<Duration>,
+    ) -> Result<()> {
+        self.wait_to_retry(acquisition, retry_after).await;
+        Ok(())
+    }
+
+    async fn abandon(&self, acquisition: RedlockAcquisition, request: &AcquireRequest) {
+        self.undo_abandoned(acquisition, request).await;
+    }
+
+    async fn renew(
+        &self,
+        batch: &[Renewal<'_, RedlockLease>],
+    ) -> Vec<(RenewalId, Result<Renewed>)> {
+        self.renew_batch(batch).await
+    }
+
+    /// Waits for the granting try's requests still on their way (a release must not reach a node
+    /// before its acquire), then compare-and-delete on every node.
+    async fn release(&self, lease: &RedlockLease, name: &str, owner: &str) -> Result<Released> {
+        lease.stragglers.settle(self.nodes().len()).await;
+        self.release_everywhere(name, owner).await
+    }
+
+    /// Every node's holder and pttl (in [`LockInfo::nodes`]); the holder shown is the owner on a
+    /// quorum of nodes, with the Q-th longest pttl among them (how long the quorum lasts).
+    async fn inspect(&self, name: &str) -> Result<LockInfo> {
+        self.inspect_nodes(name).await
+    }
+}
+
+/// A `GET` reply as text.
+pub(crate) fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}

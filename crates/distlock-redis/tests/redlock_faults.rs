@@ -1,0 +1,290 @@
+//! Redlock under faults on 5 real `redis-server` processes: nodes killed (the quorum's margin, then its
+//! loss), a node restarted without persistence during a hold (the documented double grant, and the
+//! delayed restart that prevents it), a key expired early on one node (the stand-in for that node's
+//! clock jumping forward: the known violation), and a client whose quorum arrives after its validity
+//! deadline (a paused client: discarded). Test names carry `fault` (nextest's serial group).
+//!
+//! The double-grant cases need a holder whose keys sit on exactly a quorum (3 of 5) of nodes: client A
+//! reaches the nodes through proxies, two of which refuse it (nodes 3 and 4 unreachable for A alone),
+//! as in the scenario of Redis's own analysis and Kleppmann's.
+// Test code: a failed expectation is the test's failure.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use distlock_core::url::LockUrl;
+use distlock_core::{ErrorKind, LockState, Locks};
+use distlock_redis::RedlockBackend;
+use distlock_testkit::proxy::Proxy;
+use distlock_testkit::redis::RespValue;
+use distlock_testkit::redlock::{url_of, RedlockNodes};
+
+async fn locks(url: &str) -> Locks {
+    Locks::new(
+        RedlockBackend::connect(&LockUrl::parse(url).unwrap())
+            .await
+            .expect("connect"),
+    )
+}
+
+fn unique(case: &str) -> String {
+    format!("redlock/{case}/{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Which nodes hold `name` for anyone (`GET` not nil); a dead node counts as not holding it.
+fn holding(nodes: &RedlockNodes, name: &str) -> Vec<usize> {
+    (0..nodes.len())
+        .filter(|&i| {
+            nodes
+                .node(i)
+                .command_timeout(&["GET", name], Duration::from_secs(1))
+                .is_ok_and(|v| !v.is_nil())
+        })
+        .collect()
+}
+
+/// Client A: reaches every node through a proxy; nodes 3 and 4 refuse it.
+async fn client_on_first_three(nodes: &RedlockNodes) -> (Locks, Vec<Proxy>) {
+    let proxies: Vec<Proxy> = nodes
+        .addrs()
+        .into_iter()
+        .map(Proxy::start_or_panic)
+        .collect();
+    let url = url_of(proxies.iter().map(Proxy::addr));
+    let a = locks(&url).await;
+    for p in &proxies[3..] {
+        p.refuse().unwrap();
+    }
+    (a, proxies)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_two_of_five_nodes_killed_still_locks() {
+    let mut nodes = RedlockNodes::start_or_panic(5);
+    let (a, b) = (locks(&nodes.url()).await, locks(&nodes.url()).await);
+    nodes.node_mut(0).kill9().unwrap();
+    nodes.node_mut(1).kill9().unwrap();
+    let name = unique("two_killed");
+    let guard = a
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect("three of five nodes are a quorum")
+        .expect("free");
+    assert_eq!(holding(&nodes, &name), vec![2, 3, 4]);
+    assert!(
+        b.lock(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "a second client got the lock on the same three nodes"
+    );
+    // The watchdog renews on the three (a quorum): still held after several renewal periods.
+    let lease = Duration::from_millis(600);
+    let renewed = a.lock(&unique("two_killed_renew")).unwrap();
+    let held = renewed.options().lease(lease).acquire().await.unwrap();
+    tokio::time::sleep(lease * 3).await;
+    assert_eq!(held.state(), LockState::Held, "{:?}", held.loss_reason());
+    held.release().await.unwrap();
+    guard.release().await.unwrap();
+    assert!(holding(&nodes, &name).is_empty(), "the release left keys");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_three_of_five_nodes_killed_is_unavailable_naming_the_quorum() {
+    let mut nodes = RedlockNodes::start_or_panic(5);
+    let a = locks(&nodes.url()).await;
+    let lease = Duration::from_secs(1);
+    let held_name = unique("held_when_killed");
+    let held = a.lock(&held_name).unwrap();
+    let held = held.options().lease(lease).acquire().await.unwrap();
+    for i in 0..3 {
+        nodes.node_mut(i).kill9().unwrap();
+    }
+    let name = unique("three_killed");
+    let err = a
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("two of five nodes are no quorum");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        err.to_string().contains("quorum needs 3"),
+        "the error does not name the quorum: {err}"
+    );
+    assert_eq!(
+        holding(&nodes, &name),
+        Vec::<usize>::new(),
+        "a failed quorum left keys behind"
+    );
+    // A held lock cannot be renewed on a quorum any more: Lost by its deadline.
+    tokio::time::timeout(lease * 2, held.lost())
+        .await
+        .expect("lost() by the deadline");
+    assert_eq!(held.state(), LockState::Lost);
+    // Connecting with fewer than a quorum of nodes up fails the same way.
+    let err = RedlockBackend::connect(&LockUrl::parse(&nodes.url()).unwrap())
+        .await
+        .expect_err("no quorum to connect to");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("quorum needs 3"), "{err}");
+}
+
+/// The hazard of Redis's own analysis: a node that restarts without persistence forgets the keys it
+/// granted, and its vote can go to a second client while the first still holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_restart_without_persistence_grants_twice() {
+    let mut nodes = RedlockNodes::start_or_panic(5);
+    let (a, _proxies) = client_on_first_three(&nodes).await;
+    let b = locks(&nodes.url()).await;
+    let name = unique("restart_double_grant");
+    let lock_a = a.lock(&name).unwrap();
+    let guard_a = lock_a
+        .options()
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(holding(&nodes, &name), vec![0, 1, 2]);
+    nodes.node_mut(2).kill9().unwrap();
+    nodes.node_mut(2).restart().unwrap();
+    let guard_b = b
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the documented double grant did not show: B was refused");
+    assert_eq!(
+        guard_a.state(),
+        LockState::Held,
+        "A must still believe it holds the lock for the double grant to show"
+    );
+    assert_eq!(guard_b.state(), LockState::Held);
+    drop(guard_b);
+    drop(guard_a);
+}
+
+/// The mitigation: a crashed node stays down longer than the longest lease before it rejoins. A holder
+/// whose quorum shrank below Q cannot renew and is Lost by its deadline, before the node can vote for
+/// anyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_delayed_restart_after_the_lease_prevents_the_double_grant() {
+    let mut nodes = RedlockNodes::start_or_panic(5);
+    let (a, _proxies) = client_on_first_three(&nodes).await;
+    let b = locks(&nodes.url()).await;
+    let name = unique("delayed_restart");
+    let lease = Duration::from_millis(900);
+    let lock_a = a.lock(&name).unwrap();
+    let guard_a = lock_a.options().lease(lease).acquire().await.unwrap();
+    nodes.node_mut(2).kill9().unwrap();
+    // Down for longer than the lease (plus the renewal period): then back, empty.
+    tokio::time::sleep(lease + lease / 2).await;
+    nodes.node_mut(2).restart().unwrap();
+    assert_eq!(
+        guard_a.state(),
+        LockState::Lost,
+        "A kept the lock without a quorum for longer than its lease"
+    );
+    let guard_b = b
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(lease * 4)
+        .acquire()
+        .await
+        .expect("B gets the lock after A lost it");
+    assert_eq!(guard_a.state(), LockState::Lost, "no overlap");
+    guard_b.release().await.unwrap();
+}
+
+/// One node's key expiring early stands in for that node's clock jumping forward (the system clock is
+/// never touched here): the node frees A's key while A holds it, and B's quorum includes that node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_key_expired_early_on_one_node_grants_twice() {
+    let nodes = RedlockNodes::start_or_panic(5);
+    let (a, _proxies) = client_on_first_three(&nodes).await;
+    let b = locks(&nodes.url()).await;
+    let name = unique("clock_jump");
+    let lock_a = a.lock(&name).unwrap();
+    let guard_a = lock_a
+        .options()
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let shortened = nodes.node(2).command(&["PEXPIRE", &name, "1"]).unwrap();
+    assert_eq!(shortened, RespValue::Int(1));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let guard_b = b
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the known violation did not show: B was refused");
+    assert_eq!(guard_a.state(), LockState::Held, "both hold the lock");
+    assert_eq!(guard_b.state(), LockState::Held);
+    drop(guard_b);
+    drop(guard_a);
+}
+
+/// A client whose quorum of grants arrives after the validity deadline (here every reply is delayed
+/// by more than the lease, as for a client paused between sending and reading) discards it: the
+/// acquire fails, the keys it got are released on every node, and another client gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_late_quorum_from_a_paused_client_is_discarded() {
+    let nodes = RedlockNodes::start_or_panic(5);
+    let proxies: Vec<Proxy> = nodes
+        .addrs()
+        .into_iter()
+        .map(Proxy::start_or_panic)
+        .collect();
+    // A node timeout above the lease, so that the slow grants are waited for and then judged late.
+    let url = format!(
+        "{}?node_timeout=3s",
+        url_of(proxies.iter().map(Proxy::addr))
+    );
+    let a = locks(&url).await;
+    let b = locks(&nodes.url()).await;
+    let name = unique("late_quorum");
+    let lease = Duration::from_millis(300);
+    // Load the scripts on every node first (a first EVALSHA costs one more slow round trip).
+    let warm = a.lock(&unique("warm")).unwrap().acquire().await.unwrap();
+    warm.release().await.unwrap();
+    for p in &proxies {
+        p.delay(Duration::from_millis(400)).unwrap();
+    }
+    let err = a
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect_err("a quorum after the validity deadline must not count");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("validity deadline"), "{err}");
+    // The undo (compare-and-delete on every node) goes through the same slow proxies.
+    let started = std::time::Instant::now();
+    while !holding(&nodes, &name).is_empty() {
+        assert!(
+            started.elapsed() < lease,
+            "the late grants were not released before their lease ran out: {:?}",
+            holding(&nodes, &name)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let guard_b = b
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the discarded quorum still blocks the lock");
+    guard_b.release().await.unwrap();
+}
