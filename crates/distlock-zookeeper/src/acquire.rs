@@ -77,20 +77,25 @@ impl ZkBackend {
         };
         let config = self.sessions().config();
         for _ in 0..=MAX_RECREATES {
-            if acq.node.is_none() {
-                self.create_node(&session, acq, &request.owner).await?;
-            }
+            let listed = if acq.node.is_none() {
+                self.create_node(&session, acq, &request.owner).await?
+            } else {
+                None
+            };
             let Some(own) = acq.node.clone() else {
                 continue;
             };
             let client = &session.client;
-            let children = match retried(config, "getChildren", || client.list_children(&acq.path)).await {
-                Ok(children) => children,
-                Err(ZkError::Request {
-                    source: zk::Error::NoNode,
-                    ..
-                }) => Vec::new(),
-                Err(e) => return Err(e),
+            let children = match listed {
+                Some(children) => children,
+                None => match retried(config, "getChildren", || client.list_children(&acq.path)).await {
+                    Ok(children) => children,
+                    Err(ZkError::Request {
+                        source: zk::Error::NoNode,
+                        ..
+                    }) => Vec::new(),
+                    Err(e) => return Err(e),
+                },
             };
             let mut sorted = children;
             layout::sort_children(&mut sorted);
@@ -127,13 +132,15 @@ impl ZkBackend {
     }
 
     /// Creates the own node in protected mode; on a lost reply, looks for it by its prefix before
-    /// creating again. Creates missing parents as containers.
+    /// creating again. Creates missing parents as containers. The children are read in the same round
+    /// trip (sent right behind the create on the session, so they include the new node) and returned
+    /// when that read worked.
     async fn create_node(
         &self,
         session: &Session,
         acq: &mut ZkAcquisition,
         owner: &str,
-    ) -> Result<(), ZkError> {
+    ) -> Result<Option<Vec<String>>, ZkError> {
         let config = self.sessions().config();
         let client = &session.client;
         let prefix = layout::node_prefix(&acq.path, &acq.protection);
@@ -142,11 +149,18 @@ impl ZkBackend {
         let mut retries = config.connection.retry.start(Some(deadline));
         loop {
             acq.create_sent = true;
-            let failure = match once(config, "create", client.create(&prefix, owner.as_bytes(), &options)).await {
+            let create = client.create(&prefix, owner.as_bytes(), &options);
+            let list = client.list_children(&acq.path);
+            let both = async { tokio::join!(create, list) };
+            let (created, listed) = match tokio::time::timeout(config.connection.request_timeout, both).await {
+                Ok((created, listed)) => (created.map_err(|source| ZkError::Request { action: "create", source }), listed.ok()),
+                Err(_) => (Err(ZkError::Timeout { action: "create", after: config.connection.request_timeout }), None),
+            };
+            let failure = match created {
                 Ok((stat, sequence)) => {
                     acq.node = Some(format!("{}{sequence}", layout::node_name_prefix(&acq.protection)));
                     acq.czxid = stat.czxid;
-                    return Ok(());
+                    return Ok(listed);
                 }
                 Err(ZkError::Request {
                     source: zk::Error::NoNode,
@@ -161,7 +175,7 @@ impl ZkBackend {
             };
             // The reply was lost: the node may exist. Curator's findProtectedNodeInForeground.
             if self.find_own(session, acq).await?.is_some() {
-                return Ok(());
+                return Ok(None);
             }
             match retries.next_delay() {
                 Some(delay) => tokio::time::sleep(delay).await,

@@ -29,13 +29,11 @@ mod lease;
 mod request;
 mod session;
 
-pub use acquire::ZkAcquisition;
 pub use backend::ZkBackend;
 pub use config::{
     ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SESSION_TIMEOUT,
 };
-pub use lease::ZkLease;
 
 /// `zk://…`: the entry point the facade's `connect` uses. See [`ZkConfig::from_url`].
 pub async fn connect(url: &distlock_core::url::LockUrl) -> distlock_core::Result<ZkBackend> {
