@@ -146,7 +146,12 @@ fn spawn_member(member: &Member, servers: &str, wait: bool) -> Result<ServerProc
         // An ensemble member serves only once a quorum is up: the ensemble waits for all together.
         Arc::new(|_pid| Probe::Ready)
     };
-    ServerProcess::spawn(spec(&format!("zookeeper{}", member.id), &cfg), dir, Vec::new(), probe)
+    ServerProcess::spawn(
+        spec(&format!("zookeeper{}", member.id), &cfg),
+        dir,
+        Vec::new(),
+        probe,
+    )
 }
 
 /// A standalone ZooKeeper server on a free loopback port, killed on drop.

@@ -88,14 +88,16 @@ impl ZkBackend {
             let client = &session.client;
             let children = match listed {
                 Some(children) => children,
-                None => match retried(config, "getChildren", || client.list_children(&acq.path)).await {
-                    Ok(children) => children,
-                    Err(ZkError::Request {
-                        source: zk::Error::NoNode,
-                        ..
-                    }) => Vec::new(),
-                    Err(e) => return Err(e),
-                },
+                None => {
+                    match retried(config, "getChildren", || client.list_children(&acq.path)).await {
+                        Ok(children) => children,
+                        Err(ZkError::Request {
+                            source: zk::Error::NoNode,
+                            ..
+                        }) => Vec::new(),
+                        Err(e) => return Err(e),
+                    }
+                }
             };
             let mut sorted = children;
             layout::sort_children(&mut sorted);
@@ -120,7 +122,12 @@ impl ZkBackend {
         )))
     }
 
-    fn grant(&self, session: &Arc<Session>, acq: &ZkAcquisition, request: &AcquireRequest) -> Grant<ZkLease> {
+    fn grant(
+        &self,
+        session: &Arc<Session>,
+        acq: &ZkAcquisition,
+        request: &AcquireRequest,
+    ) -> Grant<ZkLease> {
         let node = layout::join(&acq.path, acq.node.as_deref().unwrap_or_default());
         let ttl = request.lease.min(session.timeout);
         let held = ZkLease::new(session.clone(), node.clone(), acq.czxid, ttl);
@@ -128,7 +135,10 @@ impl ZkBackend {
         let loss = lease::loss_signal(session.clone(), node, acq.czxid);
         // czxid is positive (zxids start above 0); a negative one would be a server bug.
         let token = FencingToken::new(u64::try_from(acq.czxid).unwrap_or(0));
-        Grant::new(held).with_token(token).with_ttl(ttl).with_loss(loss)
+        Grant::new(held)
+            .with_token(token)
+            .with_ttl(ttl)
+            .with_loss(loss)
     }
 
     /// Creates the own node in protected mode; on a lost reply, looks for it by its prefix before
@@ -152,13 +162,29 @@ impl ZkBackend {
             let create = client.create(&prefix, owner.as_bytes(), &options);
             let list = client.list_children(&acq.path);
             let both = async { tokio::join!(create, list) };
-            let (created, listed) = match tokio::time::timeout(config.connection.request_timeout, both).await {
-                Ok((created, listed)) => (created.map_err(|source| ZkError::Request { action: "create", source }), listed.ok()),
-                Err(_) => (Err(ZkError::Timeout { action: "create", after: config.connection.request_timeout }), None),
-            };
+            let (created, listed) =
+                match tokio::time::timeout(config.connection.request_timeout, both).await {
+                    Ok((created, listed)) => (
+                        created.map_err(|source| ZkError::Request {
+                            action: "create",
+                            source,
+                        }),
+                        listed.ok(),
+                    ),
+                    Err(_) => (
+                        Err(ZkError::Timeout {
+                            action: "create",
+                            after: config.connection.request_timeout,
+                        }),
+                        None,
+                    ),
+                };
             let failure = match created {
                 Ok((stat, sequence)) => {
-                    acq.node = Some(format!("{}{sequence}", layout::node_name_prefix(&acq.protection)));
+                    acq.node = Some(format!(
+                        "{}{sequence}",
+                        layout::node_name_prefix(&acq.protection)
+                    ));
                     acq.czxid = stat.czxid;
                     return Ok(listed);
                 }
@@ -167,7 +193,10 @@ impl ZkBackend {
                     ..
                 }) => {
                     let parents = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-                    retried(config, "create of the parents", || client.mkdir(&acq.path, &parents)).await?;
+                    retried(config, "create of the parents", || {
+                        client.mkdir(&acq.path, &parents)
+                    })
+                    .await?;
                     continue;
                 }
                 Err(e @ ZkError::Request { .. }) if !is_retryable(&e) => return Err(e),
@@ -185,18 +214,24 @@ impl ZkBackend {
     }
 
     /// Looks for the own node by its protection prefix; records it (and its czxid) when found.
-    async fn find_own(&self, session: &Session, acq: &mut ZkAcquisition) -> Result<Option<String>, ZkError> {
+    async fn find_own(
+        &self,
+        session: &Session,
+        acq: &mut ZkAcquisition,
+    ) -> Result<Option<String>, ZkError> {
         let config = self.sessions().config();
         let client = &session.client;
-        let children = match retried(config, "getChildren", || client.list_children(&acq.path)).await {
-            Ok(children) => children,
-            Err(ZkError::Request {
-                source: zk::Error::NoNode,
-                ..
-            }) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let Some(found) = layout::find_protected(&children, &acq.protection).map(str::to_string) else {
+        let children =
+            match retried(config, "getChildren", || client.list_children(&acq.path)).await {
+                Ok(children) => children,
+                Err(ZkError::Request {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+        let Some(found) = layout::find_protected(&children, &acq.protection).map(str::to_string)
+        else {
             return Ok(None);
         };
         let path = layout::join(&acq.path, &found);
@@ -213,12 +248,19 @@ impl ZkBackend {
     /// Waits until the predecessor is gone (or its watch fires for any reason: the next try checks).
     /// Fails when the session expires or stays disconnected past its timeout.
     pub(crate) async fn wait_zk(&self, acq: &mut ZkAcquisition) -> Result<(), ZkError> {
-        let (Some(session), Some(predecessor)) = (acq.session.clone(), acq.predecessor.take()) else {
+        let (Some(session), Some(predecessor)) = (acq.session.clone(), acq.predecessor.take())
+        else {
             return Ok(());
         };
         let config = self.sessions().config();
         let path = layout::join(&acq.path, &predecessor);
-        let watched = match once(config, "exists (watch)", session.client.check_and_watch_stat(&path)).await {
+        let watched = match once(
+            config,
+            "exists (watch)",
+            session.client.check_and_watch_stat(&path),
+        )
+        .await
+        {
             Ok(watched) => watched,
             Err(ZkError::Request { source, .. }) if session_gone(&source) => {
                 return Err(session_lost(&session))

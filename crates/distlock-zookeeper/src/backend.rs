@@ -87,14 +87,15 @@ impl ZkBackend {
         let session = self.sessions.any().await?;
         let config = self.sessions.config();
         let client = &session.client;
-        let mut children = match retried(config, "getChildren", || client.list_children(&path)).await {
-            Ok(children) => children,
-            Err(ZkError::Request {
-                source: zk::Error::NoNode,
-                ..
-            }) => return Ok(LockInfo::default()),
-            Err(e) => return Err(e),
-        };
+        let mut children =
+            match retried(config, "getChildren", || client.list_children(&path)).await {
+                Ok(children) => children,
+                Err(ZkError::Request {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => return Ok(LockInfo::default()),
+                Err(e) => return Err(e),
+            };
         layout::sort_children(&mut children);
         let Some(first) = children.first() else {
             return Ok(LockInfo::default());

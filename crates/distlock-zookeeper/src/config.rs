@@ -133,10 +133,16 @@ impl ZkConfig {
         if !path.is_empty() && path != "/" {
             config.chroot = Some(path.to_string());
         }
-        if let Some(timeout) = url.query_duration("session_timeout").map_err(config_error)? {
+        if let Some(timeout) = url
+            .query_duration("session_timeout")
+            .map_err(config_error)?
+        {
             config.session_timeout = timeout;
         }
-        config.connection.read_url(url, false).map_err(config_error)?;
+        config
+            .connection
+            .read_url(url, false)
+            .map_err(config_error)?;
         config.check()?;
         Ok(config)
     }
@@ -184,7 +190,8 @@ impl ZkConfig {
             .map_err(|e| ZkError::Config(e.message().to_string()))?;
         if self.connection.tls {
             return Err(ZkError::Unsupported(
-                "TLS to ZooKeeper is not supported by this version of distlock's ZooKeeper backend".into(),
+                "TLS to ZooKeeper is not supported by this version of distlock's ZooKeeper backend"
+                    .into(),
             ));
         }
         if self.connection.username.is_some() != self.connection.password.is_some() {

@@ -222,10 +222,7 @@ mod tests {
         ];
         assert_eq!(find_protected(&c, "bbbb"), Some("_c_bbbb-lock-0000000002"));
         assert_eq!(find_protected(&c, "cccc"), None);
-        assert_eq!(
-            node_prefix("/a/b", "bbbb"),
-            "/a/b/_c_bbbb-lock-"
-        );
+        assert_eq!(node_prefix("/a/b", "bbbb"), "/a/b/_c_bbbb-lock-");
     }
 
     #[test]
@@ -233,7 +230,16 @@ mod tests {
         assert_eq!(lock_path("a").as_deref(), Ok("/a"));
         assert_eq!(lock_path("a/b c").as_deref(), Ok("/a/b c"));
         assert!(lock_path("zookeeperx").is_ok());
-        for bad in ["", "a/", "a//b", "a/..", ".", "zookeeper", "a\u{7f}", "a\u{e000}"] {
+        for bad in [
+            "",
+            "a/",
+            "a//b",
+            "a/..",
+            ".",
+            "zookeeper",
+            "a\u{7f}",
+            "a\u{e000}",
+        ] {
             assert!(lock_path(bad).is_err(), "{bad:?}");
         }
     }

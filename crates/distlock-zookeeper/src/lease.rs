@@ -85,7 +85,11 @@ impl Drop for ZkLease {
 }
 
 /// Deletes a node (any version), retried; a node already gone is fine.
-pub(crate) async fn delete_node(config: &ZkConfig, session: &Session, path: &str) -> Result<Released, ZkError> {
+pub(crate) async fn delete_node(
+    config: &ZkConfig,
+    session: &Session,
+    path: &str,
+) -> Result<Released, ZkError> {
     if session.is_gone() {
         return Ok(Released::NotHeld);
     }
@@ -121,7 +125,9 @@ pub(crate) async fn renew(
             .or_default()
             .push(entry);
     }
-    let rounds = groups.into_values().map(|entries| renew_session(config, entries));
+    let rounds = groups
+        .into_values()
+        .map(|entries| renew_session(config, entries));
     futures_util::future::join_all(rounds)
         .await
         .into_iter()
@@ -141,14 +147,24 @@ async fn renew_session(
         let reason = format!("the ZooKeeper {} expired or closed", session.describe());
         return entries
             .iter()
-            .map(|e| (e.id, Ok(Renewed::Gone { reason: reason.clone() })))
+            .map(|e| {
+                (
+                    e.id,
+                    Ok(Renewed::Gone {
+                        reason: reason.clone(),
+                    }),
+                )
+            })
             .collect();
     }
     let sent_at = Instant::now();
     let client = &session.client;
     // Sent in this order on one session, answered in this order: the reads see the leader's view.
     let sync = client.sync("/");
-    let checks: Vec<_> = entries.iter().map(|e| client.check_stat(&e.lease.node)).collect();
+    let checks: Vec<_> = entries
+        .iter()
+        .map(|e| client.check_stat(&e.lease.node))
+        .collect();
     let round = async { (sync.await, futures_util::future::join_all(checks).await) };
     let bound = config.connection.request_timeout.min(session.timeout);
     let (synced, stats) = match tokio::time::timeout(bound, round).await {
@@ -162,9 +178,12 @@ async fn renew_session(
             return entries
                 .iter()
                 .map(|e| {
-                    let err = distlock_core::Error::new(distlock_core::ErrorKind::Unavailable, message.clone())
-                        .with_backend(BACKEND)
-                        .with_lock(e.name);
+                    let err = distlock_core::Error::new(
+                        distlock_core::ErrorKind::Unavailable,
+                        message.clone(),
+                    )
+                    .with_backend(BACKEND)
+                    .with_lock(e.name);
                     (e.id, Err(err))
                 })
                 .collect();
@@ -175,9 +194,11 @@ async fn renew_session(
         .zip(stats)
         .map(|(entry, stat)| {
             let outcome = match (&synced, &stat) {
-                (Err(source), _) | (Ok(()), Err(source)) if session_gone(source) => Ok(Renewed::Gone {
-                    reason: format!("the ZooKeeper {} expired", session.describe()),
-                }),
+                (Err(source), _) | (Ok(()), Err(source)) if session_gone(source) => {
+                    Ok(Renewed::Gone {
+                        reason: format!("the ZooKeeper {} expired", session.describe()),
+                    })
+                }
                 (Err(source), _) => Err(ZkError::Request {
                     action: "renewal (sync)",
                     source: source.clone(),
@@ -209,7 +230,8 @@ async fn renew_session(
 /// while the client merely reconnects (the core's deadline covers a session that may have expired).
 pub(crate) fn loss_signal(session: Arc<Session>, node: String, czxid: i64) -> LossSignal {
     Box::pin(async move {
-        let mut backoff = distlock_core::retry::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        let mut backoff =
+            distlock_core::retry::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         loop {
             match session.client.check_and_watch_stat(&node).await {
                 Ok((None, _)) => return format!("the lock node {node} was deleted"),

@@ -210,7 +210,7 @@ impl Sessions {
 
 /// ZooKeeper session timeouts are whole milliseconds.
 fn round_to_millis(d: Duration) -> Duration {
-    let millis = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    let millis = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX))
 }
 

@@ -73,11 +73,15 @@ async fn bad_urls_names_and_leases_fail_with_the_right_code_and_leave_nothing() 
     })
     .await
     .unwrap();
-    assert!(stderr.contains("negotiated"), "the refusal says what the server granted: {stderr}");
+    assert!(
+        stderr.contains("negotiated"),
+        "the refusal says what the server granted: {stderr}"
+    );
     // Nothing was created for the refused names and leases.
     let top = raw.list_children("/").await.unwrap();
     assert!(
-        !top.iter().any(|c| c.starts_with("lease-too") || c == "a" || c == "trailing"),
+        !top.iter()
+            .any(|c| c.starts_with("lease-too") || c == "a" || c == "trailing"),
         "{top:?}"
     );
 }
@@ -91,7 +95,9 @@ async fn a_missing_chroot_is_created_and_locks_live_under_it() {
     let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
     assert_eq!(children(&raw, &format!("app/locks/{name}")).await.len(), 1);
     guard.release().await.unwrap();
-    assert!(children(&raw, &format!("app/locks/{name}")).await.is_empty());
+    assert!(children(&raw, &format!("app/locks/{name}"))
+        .await
+        .is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +110,11 @@ async fn digest_credentials_an_acl_refuses_are_permission_denied_and_leave_nothi
         .await
         .unwrap();
     admin
-        .create("/secured", b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()))
+        .create(
+            "/secured",
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()),
+        )
         .await
         .unwrap();
     let addr = server.addr();
@@ -120,14 +130,24 @@ async fn digest_credentials_an_acl_refuses_are_permission_denied_and_leave_nothi
             .expect_err("the ACL refuses these credentials");
         assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{url}: {err}");
     }
-    let (code, stderr) = tokio::task::spawn_blocking(move || run(&format!("zk://admin:wrong@{addr}"), None, "secured/job"))
-        .await
-        .unwrap();
+    let (code, stderr) = tokio::task::spawn_blocking(move || {
+        run(&format!("zk://admin:wrong@{addr}"), None, "secured/job")
+    })
+    .await
+    .unwrap();
     assert_eq!(code, 69, "{stderr}");
-    assert!(admin.list_children("/secured").await.unwrap().is_empty(), "a refused acquire left a node");
+    assert!(
+        admin.list_children("/secured").await.unwrap().is_empty(),
+        "a refused acquire left a node"
+    );
     // (With the right credentials the parent /secured/job is created as a container with the open
     // ACL, as Curator's default ACL provider does; from then on anyone may queue under it.)
     let locks = locks_at(&format!("zk://admin:s3cret@{addr}")).await;
-    let guard = locks.lock("secured/job").unwrap().acquire().await.expect("the right credentials");
+    let guard = locks
+        .lock("secured/job")
+        .unwrap()
+        .acquire()
+        .await
+        .expect("the right credentials");
     guard.release().await.unwrap();
 }

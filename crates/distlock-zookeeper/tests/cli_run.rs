@@ -17,12 +17,19 @@ async fn run_token_is_the_lock_nodes_czxid() {
     let mut run = Run::spawn(&server.url(), "2s", &[], &name, HOLD_SCRIPT);
     let (token, _child) = run.wait_started();
     let nodes = wait_children(&raw, &name, 1).await;
-    assert!(nodes[0].starts_with("_c_") && nodes[0].contains("-lock-"), "{nodes:?}");
+    assert!(
+        nodes[0].starts_with("_c_") && nodes[0].contains("-lock-"),
+        "{nodes:?}"
+    );
     let (data, stat) = raw
         .get_data(&format!("/{name}/{}", nodes[0]))
         .await
         .unwrap();
-    assert_eq!(token, u64::try_from(stat.czxid).unwrap(), "DISTLOCK_TOKEN = cZxid");
+    assert_eq!(
+        token,
+        u64::try_from(stat.czxid).unwrap(),
+        "DISTLOCK_TOKEN = cZxid"
+    );
     assert_ne!(stat.ephemeral_owner, 0, "the lock node is ephemeral");
     assert!(!data.is_empty(), "the node holds the owner id");
     run.signal(Signal::TERM);

@@ -43,26 +43,29 @@ impl Provider for Zk {
             .await
             .expect("warm-up release");
         let (cut, heal) = (proxy.clone(), proxy);
-        Client::new(Locks::with_defaults(backend.clone(), backend.default_options()))
-            .with_cut(move || {
-                let p = cut.clone();
-                Box::pin(async move {
-                    tokio::task::spawn_blocking(move || p.blackhole().expect("blackhole"))
-                        .await
-                        .expect("blackhole task");
-                })
-            })
-            .with_heal(move || {
-                let p = heal.clone();
-                Box::pin(async move {
-                    tokio::task::spawn_blocking(move || {
-                        p.pass().expect("pass");
-                        p.reset().expect("reset");
-                    })
+        Client::new(Locks::with_defaults(
+            backend.clone(),
+            backend.default_options(),
+        ))
+        .with_cut(move || {
+            let p = cut.clone();
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || p.blackhole().expect("blackhole"))
                     .await
-                    .expect("heal task");
-                })
+                    .expect("blackhole task");
             })
+        })
+        .with_heal(move || {
+            let p = heal.clone();
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || {
+                    p.pass().expect("pass");
+                    p.reset().expect("reset");
+                })
+                .await
+                .expect("heal task");
+            })
+        })
     }
 
     fn url(&self) -> Option<String> {

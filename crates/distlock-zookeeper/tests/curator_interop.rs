@@ -47,7 +47,9 @@ async fn curator_holds_then_run_no_wait_exits_75_and_status_names_holder_and_wai
     let mut waiter = Curator::hold(&connect, &name);
     let queue = wait_children(&raw, &name, 2).await;
     assert!(
-        queue.iter().all(|c| c.starts_with("_c_") && c.contains("-lock-")),
+        queue
+            .iter()
+            .all(|c| c.starts_with("_c_") && c.contains("-lock-")),
         "Curator's protected-mode names: {queue:?}"
     );
 
@@ -107,7 +109,11 @@ async fn distlock_holds_then_curator_acquire_200ms_returns_false() {
     .await
     .unwrap();
     assert!(!got, "Curator acquired a lock distlock holds");
-    assert_eq!(children(&raw, &name).await, ours, "Curator's timed-out node was not removed");
+    assert_eq!(
+        children(&raw, &name).await,
+        ours,
+        "Curator's timed-out node was not removed"
+    );
 
     guard.release().await.expect("release");
     let got = tokio::task::spawn_blocking({
@@ -144,7 +150,10 @@ async fn mixed_curator_and_distlock_waiters_are_served_in_creation_order() {
     })
     .await
     .unwrap();
-    assert!(!distlock2.is_finished(), "distlock's waiter went before the earlier Curator waiter");
+    assert!(
+        !distlock2.is_finished(),
+        "distlock's waiter went before the earlier Curator waiter"
+    );
     let mut curator1 = curator1;
     tokio::task::spawn_blocking(move || curator1.release())
         .await
@@ -154,7 +163,11 @@ async fn mixed_curator_and_distlock_waiters_are_served_in_creation_order() {
         .expect("distlock's waiter was not served after Curator's release")
         .unwrap()
         .expect("acquire");
-    assert_eq!(children(&raw, &name).await.len(), 2, "Curator's second waiter still queued");
+    assert_eq!(
+        children(&raw, &name).await.len(),
+        2,
+        "Curator's second waiter still queued"
+    );
     guard2.release().await.expect("release");
     tokio::task::spawn_blocking(move || {
         curator3.wait_acquired();

@@ -45,7 +45,11 @@ async fn fault_holder_sigkilled_session_expiry_hands_on() {
         .acquire()
         .await
         .expect("the lock must pass on when the killed holder's session expires");
-    assert!(killed.elapsed() >= Duration::from_millis(600), "freed inside the session: {:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() >= Duration::from_millis(600),
+        "freed inside the session: {:?}",
+        killed.elapsed()
+    );
     assert!(guard.token().unwrap().get() > token, "czxid must grow");
     guard.release().await.unwrap();
 }
@@ -70,7 +74,9 @@ async fn fault_holder_sigstopped_past_session_timeout_gets_sigterm_and_exits_76(
         .expect("another client acquires once the frozen holder's session expired");
     assert!(guard.token().unwrap().get() > token);
     run.signal(Signal::CONT);
-    let status = run.wait_for_exit(SLACK * 2).expect("distlock must exit after SIGCONT");
+    let status = run
+        .wait_for_exit(SLACK * 2)
+        .expect("distlock must exit after SIGCONT");
     assert_eq!(status.code(), Some(76), "{}", run.stderr());
     assert!(run.path("term").exists(), "the command did not get SIGTERM");
     assert_eq!(guard.state(), LockState::Held);
@@ -99,7 +105,11 @@ async fn fault_leader_killed_held_locks_stay_held_and_queue_order_kept() {
     let mut states = guard.state_changes();
     // Two session timeouts: long enough for every session to have expired had the failover not kept it.
     while killed.elapsed() < Duration::from_secs(12) {
-        assert_ne!(guard.state(), LockState::Lost, "a held lock was lost to a leader failover");
+        assert_ne!(
+            guard.state(),
+            LockState::Lost,
+            "a held lock was lost to a leader failover"
+        );
         let _ = tokio::time::timeout(Duration::from_millis(200), states.changed()).await;
     }
     assert_ne!(guard.state(), LockState::Lost);
@@ -126,11 +136,16 @@ async fn fault_client_cut_is_jeopardy_then_lost_at_the_deadline() {
     let guard = cut.lock(&name).unwrap().acquire().await.unwrap();
     let mut states = guard.state_changes();
     let blackhole = proxy.clone();
-    tokio::task::spawn_blocking(move || blackhole.blackhole().unwrap()).await.unwrap();
+    tokio::task::spawn_blocking(move || blackhole.blackhole().unwrap())
+        .await
+        .unwrap();
     let cut_at = Instant::now();
     let mut seen = Vec::new();
     while guard.state() != LockState::Lost {
-        assert!(cut_at.elapsed() < Duration::from_secs(2) + SLACK, "not Lost after the session timeout: {seen:?}");
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(2) + SLACK,
+            "not Lost after the session timeout: {seen:?}"
+        );
         let _ = tokio::time::timeout(Duration::from_millis(100), states.changed()).await;
         let s = guard.state();
         if seen.last() != Some(&s) {
@@ -138,8 +153,14 @@ async fn fault_client_cut_is_jeopardy_then_lost_at_the_deadline() {
         }
     }
     let lost_after = cut_at.elapsed();
-    assert!(seen.contains(&LockState::Jeopardy), "no Jeopardy before Lost: {seen:?}");
-    assert!(lost_after <= Duration::from_secs(2) + Duration::from_millis(500), "Lost {lost_after:?} after the cut, past the deadline");
+    assert!(
+        seen.contains(&LockState::Jeopardy),
+        "no Jeopardy before Lost: {seen:?}"
+    );
+    assert!(
+        lost_after <= Duration::from_secs(2) + Duration::from_millis(500),
+        "Lost {lost_after:?} after the cut, past the deadline"
+    );
     let taken = other
         .lock(&name)
         .unwrap()
@@ -166,7 +187,9 @@ async fn fault_waiter_whose_session_expires_fails() {
     let waiter = tokio::spawn(async move { lock.acquire().await.map(drop) });
     wait_children(&raw, &name, 2).await;
     let blackhole = proxy.clone();
-    tokio::task::spawn_blocking(move || blackhole.blackhole().unwrap()).await.unwrap();
+    tokio::task::spawn_blocking(move || blackhole.blackhole().unwrap())
+        .await
+        .unwrap();
     guard.release().await.unwrap();
     let result = tokio::time::timeout(Duration::from_secs(2) + SLACK * 2, waiter)
         .await
@@ -191,8 +214,15 @@ async fn fault_waiter_interrupted_mid_wait_leaves_no_node() {
     run.signal(Signal::INT);
     let status = run.wait_for_exit(SLACK).expect("distlock exits on SIGINT");
     assert!(!status.success());
-    assert!(!run.path("token").exists(), "the command ran without the lock");
-    assert_eq!(children(&raw, &name).await.len(), 1, "the interrupted waiter left its node");
+    assert!(
+        !run.path("token").exists(),
+        "the command ran without the lock"
+    );
+    assert_eq!(
+        children(&raw, &name).await.len(),
+        1,
+        "the interrupted waiter left its node"
+    );
     guard.release().await.unwrap();
 }
 
@@ -208,11 +238,16 @@ async fn fault_operator_delete_of_own_node_is_lost_at_once() {
     // Let the grant's watch be set.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let node = children(&raw, &name).await.remove(0);
-    raw.delete(&format!("/{name}/{node}"), None).await.expect("operator delete");
+    raw.delete(&format!("/{name}/{node}"), None)
+        .await
+        .expect("operator delete");
     let deleted = Instant::now();
     tokio::time::timeout(Duration::from_secs(2), guard.lost())
         .await
         .expect("Lost within a round trip of the delete");
     assert!(deleted.elapsed() < Duration::from_secs(2));
-    assert!(guard.release().await.is_err(), "release of a lost lock must report it");
+    assert!(
+        guard.release().await.is_err(),
+        "release of a lost lock must report it"
+    );
 }

@@ -59,8 +59,14 @@ pub async fn wait_children(client: &zk::Client, name: &str, n: usize) -> Vec<Str
 
 /// The jars the Java program needs (Debian's Curator 5 and ZooKeeper 3.8 client).
 const JARS: &[&str] = &[
-    "curator-client", "curator-framework", "curator-recipes", "zookeeper", "zookeeper-jute",
-    "guava", "slf4j-api", "slf4j-nop",
+    "curator-client",
+    "curator-framework",
+    "curator-recipes",
+    "zookeeper",
+    "zookeeper-jute",
+    "guava",
+    "slf4j-api",
+    "slf4j-nop",
 ];
 const CURATOR_HINT: &str = "install them with `apt-get install -y libcurator-recipes-java libcurator-framework-java libcurator-client-java libzookeeper-java libslf4j-java default-jdk-headless` (or run scripts/setup.sh)";
 
@@ -78,21 +84,27 @@ fn compiled() -> &'static Path {
     DIR.get_or_init(|| {
         for jar in JARS {
             let path = format!("/usr/share/java/{jar}.jar");
-            assert!(Path::new(&path).exists(), "{path} is missing: {CURATOR_HINT}");
+            assert!(
+                Path::new(&path).exists(),
+                "{path} is missing: {CURATOR_HINT}"
+            );
         }
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLock.java");
         let text = std::fs::read(&source).expect("CuratorLock.java");
         // Keyed by the source, so the test processes (nextest runs one per test) compile it once.
-        let hash = text
-            .iter()
-            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3));
+        let hash = text.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+        });
         let exe = std::env::current_exe().expect("test binary");
         let deps = exe.parent().expect("deps dir");
         let dir = deps.join(format!("curator-interop-{hash:016x}"));
         if dir.join("CuratorLock.class").exists() {
             return dir;
         }
-        let scratch = deps.join(format!("curator-interop-{hash:016x}.{}", std::process::id()));
+        let scratch = deps.join(format!(
+            "curator-interop-{hash:016x}.{}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&scratch).expect("class dir");
         let out = Command::new("javac")
             .args(["-cp", &classpath(), "-d"])
@@ -124,7 +136,16 @@ impl Curator {
     fn spawn(connect: &str, name: &str, mode: &[&str]) -> Curator {
         let cp = format!("{}:{}", compiled().display(), classpath());
         let mut child = Command::new("java")
-            .args(["-Xms16m", "-Xmx64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &cp, "CuratorLock", connect])
+            .args([
+                "-Xms16m",
+                "-Xmx64m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-cp",
+                &cp,
+                "CuratorLock",
+                connect,
+            ])
             .arg(format!("/{name}"))
             .args(mode)
             .stdin(Stdio::piped())
@@ -134,7 +155,11 @@ impl Curator {
             .unwrap_or_else(|e| panic!("running java ({e}): {CURATOR_HINT}"));
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        Curator { child, stdin, stdout }
+        Curator {
+            child,
+            stdin,
+            stdout,
+        }
     }
 
     /// `acquire()` and hold until [`release`](Self::release).
@@ -158,7 +183,10 @@ impl Curator {
     pub fn next_line(&mut self) -> String {
         loop {
             let mut line = String::new();
-            let n = self.stdout.read_line(&mut line).expect("CuratorLock stdout");
+            let n = self
+                .stdout
+                .read_line(&mut line)
+                .expect("CuratorLock stdout");
             assert!(n > 0, "CuratorLock exited early");
             let line = line.trim().to_string();
             if !line.starts_with('#') {
