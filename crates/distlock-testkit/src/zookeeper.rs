@@ -6,7 +6,9 @@
 //!   serial GC and C1 only (infra.md §5), and `slf4j-simple` so the server logs to stderr (our log file).
 //! * `zoo.cfg`: `tickTime=200` (short timers: the ensemble elects in about a second),
 //!   `minSessionTimeout=400`, `maxSessionTimeout=60000` (without them ZooKeeper silently clamps session
-//!   timeouts to 2..20 ticks), `admin.enableServer=false` (no Jetty on :8080), `4lw.commands.whitelist=*`.
+//!   timeouts to 2..20 ticks), `admin.enableServer=false` (no Jetty on :8080), `4lw.commands.whitelist=*`,
+//!   `forceSync=no` (no fsync per write: the tests never restart a server on its data, and an fsync on
+//!   the shared machine's disk can take longer than the suite's timing bounds allow).
 //! * **Readiness:** `ruok` answers `imok` and `srvr` reports `Mode: standalone|leader|follower` (`ruok`
 //!   alone answers `imok` outside a quorum, infra.md §5), and the client port is listened on by our child.
 //! * A missing `java` or jar fails with the install command; tests never skip.
@@ -103,7 +105,7 @@ fn config(member: &Member, data_dir: &Path, servers: &str) -> String {
     format!(
         "tickTime={TICK_MS}\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
          admin.enableServer=false\n4lw.commands.whitelist=*\nminSessionTimeout={}\nmaxSessionTimeout=60000\n\
-         preAllocSize=1024\n{servers}",
+         preAllocSize=1024\nforceSync=no\n{servers}",
         data_dir.display(),
         member.client.port(),
         MIN_SESSION_TIMEOUT.as_millis(),

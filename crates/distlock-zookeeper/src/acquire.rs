@@ -154,31 +154,15 @@ impl ZkBackend {
         let config = self.sessions().config();
         let client = &session.client;
         let prefix = layout::node_prefix(&acq.path, &acq.protection);
-        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         let deadline = tokio::time::Instant::now() + config.connection.request_timeout;
         let mut retries = config.connection.retry.start(Some(deadline));
+        // After a `NoNode`: the lock path is created in the same round trip as the retried create.
+        let mut parent_missing = false;
+        let mut recreated = 0;
         loop {
             acq.create_sent = true;
-            let create = client.create(&prefix, owner.as_bytes(), &options);
-            let list = client.list_children(&acq.path);
-            let both = async { tokio::join!(create, list) };
-            let (created, listed) =
-                match tokio::time::timeout(config.connection.request_timeout, both).await {
-                    Ok((created, listed)) => (
-                        created.map_err(|source| ZkError::Request {
-                            action: "create",
-                            source,
-                        }),
-                        listed.ok(),
-                    ),
-                    Err(_) => (
-                        Err(ZkError::Timeout {
-                            action: "create",
-                            after: config.connection.request_timeout,
-                        }),
-                        None,
-                    ),
-                };
+            let (parent, created, listed) =
+                send_create(config, client, &acq.path, &prefix, owner, parent_missing).await;
             let failure = match created {
                 Ok((stat, sequence)) => {
                     acq.node = Some(format!(
@@ -192,11 +176,20 @@ impl ZkBackend {
                     source: zk::Error::NoNode,
                     ..
                 }) => {
-                    let parents = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-                    retried(config, "create of the parents", || {
-                        client.mkdir(&acq.path, &parents)
-                    })
-                    .await?;
+                    if let Err(source) = parent {
+                        return Err(ZkError::Request {
+                            action: "create of the lock path",
+                            source,
+                        });
+                    }
+                    recreated += 1;
+                    if recreated > MAX_RECREATES {
+                        return Err(ZkError::SessionLost(format!(
+                            "the lock path {} kept disappearing while this acquire created its node (reaped or deleted by someone else?)",
+                            acq.path
+                        )));
+                    }
+                    parent_missing = true;
                     continue;
                 }
                 Err(e @ ZkError::Request { .. }) if !is_retryable(&e) => return Err(e),
@@ -315,6 +308,82 @@ impl ZkBackend {
     }
 }
 
+/// What one pipelined create answered: the lock path's and its ancestors' creates (sent first when
+/// `with_parents`; `Err` holds the first refusal other than `NodeExists`), the own node's create, and
+/// the children read right behind it.
+type CreateAnswers = (
+    Result<(), zk::Error>,
+    Result<(zk::Stat, zk::CreateSequence), ZkError>,
+    Option<Vec<String>>,
+);
+
+/// Every ancestor of `path` and `path` itself, top down: `/a`, `/a/b`, `/a/b/c`.
+fn ancestors(path: &str) -> Vec<&str> {
+    path.match_indices('/')
+        .skip(1)
+        .map(|(i, _)| &path[..i])
+        .chain(std::iter::once(path))
+        .collect()
+}
+
+/// Sends, in one round trip (the client writes requests in call order, the session answers them in
+/// order): when `with_parents`, a container create of each level of the lock path, top down; the own
+/// node's create; a `getChildren` of the lock path. Bounded by the request timeout.
+async fn send_create(
+    config: &crate::config::ZkConfig,
+    client: &zk::Client,
+    path: &str,
+    prefix: &str,
+    owner: &str,
+    with_parents: bool,
+) -> CreateAnswers {
+    let containers = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let parents: Vec<_> = if with_parents {
+        ancestors(path)
+            .into_iter()
+            .map(|p| client.create(p, b"", &containers))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let create = client.create(prefix, owner.as_bytes(), &options);
+    let list = client.list_children(path);
+    let all = async {
+        let mut parent = Ok(());
+        for answer in futures_util::future::join_all(parents).await {
+            match answer {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => {
+                    if parent.is_ok() {
+                        parent = Err(e);
+                    }
+                }
+            }
+        }
+        let (created, listed) = tokio::join!(create, list);
+        (parent, created, listed)
+    };
+    match tokio::time::timeout(config.connection.request_timeout, all).await {
+        Ok((parent, created, listed)) => (
+            parent,
+            created.map_err(|source| ZkError::Request {
+                action: "create",
+                source,
+            }),
+            listed.ok(),
+        ),
+        Err(_) => (
+            Ok(()),
+            Err(ZkError::Timeout {
+                action: "create",
+                after: config.connection.request_timeout,
+            }),
+            None,
+        ),
+    }
+}
+
 fn is_retryable(e: &ZkError) -> bool {
     match e {
         ZkError::Request { source, .. } => retryable(source),
@@ -345,5 +414,14 @@ pub(crate) async fn session_ends(session: &Session) -> ZkError {
         } else {
             state = watcher.changed().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ancestors_are_listed_top_down() {
+        assert_eq!(super::ancestors("/a"), ["/a"]);
+        assert_eq!(super::ancestors("/a/b/c"), ["/a", "/a/b", "/a/b/c"]);
     }
 }
