@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::ports::{self, PortLease};
 use crate::process::{self, Probe, ReadyProbe, ServerProcess, ServerSpec};
+use crate::proxy::Proxy;
 
 /// The JVM.
 pub const JAVA: &str = "java";
@@ -210,11 +211,25 @@ impl ZkServer {
 pub struct ZkEnsemble {
     members: Vec<Member>,
     processes: Vec<ServerProcess>,
+    /// Member 1's proxies to the other members' quorum ports: (member index, proxy).
+    quorum_proxies: Vec<(usize, Proxy)>,
 }
 
 impl ZkEnsemble {
     /// Starts `n` members and waits until each serves (a leader was elected).
     pub fn start(n: usize) -> Result<ZkEnsemble> {
+        Self::start_inner(n, false)
+    }
+
+    /// Like [`start`](Self::start), but member 1 (index 0) reaches the other members' quorum ports
+    /// through fault proxies of its own, so [`cut_quorum_link`](Self::cut_quorum_link) can cut member 1
+    /// off from the leader while its clients stay connected to it (the other links and the election
+    /// ports stay direct).
+    pub fn start_with_quorum_proxies(n: usize) -> Result<ZkEnsemble> {
+        Self::start_inner(n, true)
+    }
+
+    fn start_inner(n: usize, proxied: bool) -> Result<ZkEnsemble> {
         let mut members = Vec::with_capacity(n);
         for id in 1..=n {
             members.push(Member {
@@ -224,24 +239,47 @@ impl ZkEnsemble {
                 election: ports::reserve()?,
             });
         }
-        let servers: String = members
-            .iter()
-            .map(|m| {
-                format!(
-                    "server.{}=127.0.0.1:{}:{}\n",
-                    m.id,
-                    m.quorum.port(),
-                    m.election.port()
-                )
-            })
-            .collect();
-        let mut processes = Vec::with_capacity(n);
-        for member in &members {
-            processes.push(spawn_member(member, &servers, false)?);
+        let line = |m: &Member, quorum: u16| {
+            format!("server.{}=127.0.0.1:{quorum}:{}\n", m.id, m.election.port())
+        };
+        let servers: String = members.iter().map(|m| line(m, m.quorum.port())).collect();
+        let mut quorum_proxies = Vec::new();
+        let mut first_servers = servers.clone();
+        if proxied {
+            first_servers.clear();
+            for (i, m) in members.iter().enumerate() {
+                if i == 0 {
+                    first_servers.push_str(&line(m, m.quorum.port()));
+                    continue;
+                }
+                let proxy = Proxy::start(m.quorum.addr())?;
+                first_servers.push_str(&line(m, proxy.port()));
+                quorum_proxies.push((i, proxy));
+            }
         }
-        let ensemble = ZkEnsemble { members, processes };
+        let mut processes = Vec::with_capacity(n);
+        for (i, member) in members.iter().enumerate() {
+            let servers = if i == 0 { &first_servers } else { &servers };
+            processes.push(spawn_member(member, servers, false)?);
+        }
+        let ensemble = ZkEnsemble {
+            members,
+            processes,
+            quorum_proxies,
+        };
         ensemble.wait_serving(ENSEMBLE_READY_TIMEOUT)?;
         Ok(ensemble)
+    }
+
+    /// Drops member 1's traffic to member `to`'s quorum port (and back), as a partition between them
+    /// would; only with [`start_with_quorum_proxies`](Self::start_with_quorum_proxies).
+    pub fn cut_quorum_link(&self, to: usize) -> Result<()> {
+        match self.quorum_proxies.iter().find(|(i, _)| *i == to) {
+            Some((_, proxy)) => proxy.blackhole(),
+            None => Err(Error::State(format!(
+                "member 1 has no quorum proxy to member index {to} (start_with_quorum_proxies)"
+            ))),
+        }
     }
 
     /// [`start`](Self::start), panicking with the reason on failure.

@@ -251,3 +251,68 @@ async fn fault_operator_delete_of_own_node_is_lost_at_once() {
         "release of a lost lock must report it"
     );
 }
+
+/// Issue 10's check that a renewal is confirmed by the leader's view: a client on member 1 with a
+/// session timeout (600 ms) shorter than syncLimit × tickTime (5 × 200 ms), member 1 then cut off from
+/// the leader (its quorum link dropped by a proxy) while the client stays connected to it. For up to a
+/// second member 1 would still answer reads from its stale copy, while the leader, hearing no more of
+/// the session, expires it and hands the lock to a client of its own. The renewal's `sync` has to go
+/// through the leader, so it fails: the guard is `Jeopardy`, then `Lost` by its deadline — never `Held`
+/// once the other client holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_follower_cut_from_the_leader_is_never_held_after_the_leader_expired_the_session() {
+    let ensemble = ZkEnsemble::start_with_quorum_proxies(3).expect("ensemble");
+    let leader = ensemble.leader().expect("a leader");
+    assert_ne!(
+        leader, 0,
+        "member 1 was elected; the test needs it as a follower"
+    );
+    let on_follower = locks_at(&format!(
+        "zk://{}?session_timeout=600ms",
+        ensemble.addr(0).unwrap()
+    ))
+    .await;
+    let on_leader = locks_at(&format!("zk://{}", ensemble.addr(leader).unwrap())).await;
+    let name = name("follower_cut");
+    let guard = on_follower.lock(&name).unwrap().acquire().await.unwrap();
+    // Renewals confirmed for a while (several per lease).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(guard.state(), LockState::Held);
+    let mut states = guard.state_changes();
+    let watcher = tokio::spawn(async move {
+        let mut seen = vec![*states.borrow()];
+        while states.changed().await.is_ok() {
+            let s = *states.borrow();
+            seen.push(s);
+            if s == LockState::Lost {
+                break;
+            }
+        }
+        seen
+    });
+    ensemble
+        .cut_quorum_link(leader)
+        .expect("cut member 1 from the leader");
+    let cut_at = Instant::now();
+    let other = on_leader
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the leader expires the cut-off session and hands the lock on");
+    let handed_on = cut_at.elapsed();
+    assert_eq!(
+        guard.state(),
+        LockState::Lost,
+        "the cut-off holder was not Lost when the leader handed the lock on ({handed_on:?} after the cut)"
+    );
+    let seen = tokio::time::timeout(Duration::from_secs(1), watcher)
+        .await
+        .expect("states")
+        .unwrap();
+    assert!(seen.contains(&LockState::Jeopardy), "{seen:?}");
+    eprintln!("follower cut: states {seen:?}; handed on {handed_on:?} after the cut");
+    other.release().await.unwrap();
+}
