@@ -90,6 +90,13 @@ pub(crate) async fn delete_node(
     session: &Session,
     path: &str,
 ) -> Result<Released, ZkError> {
+    if session.runtime_gone() {
+        // Not a definite "not held": the node lives until the server expires the session.
+        return Err(ZkError::SessionLost(format!(
+            "the tokio runtime the ZooKeeper {} ran on is gone, so it cannot delete {path}; the node goes when the server expires the session (within its timeout)",
+            session.describe()
+        )));
+    }
     if session.is_gone() {
         return Ok(Released::NotHeld);
     }

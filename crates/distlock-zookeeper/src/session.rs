@@ -10,6 +10,7 @@
 //!   timeout) make it `Lost` at the latest then, even when the client never hears of the expiry
 //!   (CURATOR-206/604/696: never `Held` after the session could have expired).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,12 @@ use crate::error::ZkError;
 #[derive(Debug)]
 pub(crate) struct Session {
     pub(crate) client: zk::Client,
+    /// False once the tokio runtime the session was connected on is gone: the client's I/O task ran
+    /// there and died with it, so the session answers nothing any more (its nodes go when the server
+    /// expires it).
+    runtime_alive: Arc<AtomicBool>,
+    /// Dropped with the session: ends the sentinel task.
+    _sentinel: tokio::sync::oneshot::Sender<()>,
     /// The timeout the server negotiated.
     pub(crate) timeout: Duration,
 }
@@ -31,7 +38,13 @@ impl Session {
     /// Whether the session is gone for good (expired, closed, refused): its ephemeral nodes are gone
     /// or going, and its client answers nothing any more.
     pub(crate) fn is_gone(&self) -> bool {
-        state_is_terminal(self.client.state())
+        !self.runtime_alive.load(Ordering::Acquire) || state_is_terminal(self.client.state())
+    }
+
+    /// Whether the runtime the session's I/O ran on is gone (the session may still live on the server
+    /// until it expires there).
+    pub(crate) fn runtime_gone(&self) -> bool {
+        !self.runtime_alive.load(Ordering::Acquire)
     }
 
     /// A description of the session for messages.
@@ -172,6 +185,7 @@ impl Sessions {
             Some(chroot) => self.enter_chroot(client, chroot).await?,
         };
         let timeout_negotiated = client.session_timeout();
+        let (runtime_alive, sentinel) = runtime_sentinel();
         tracing::debug!(
             session = client.session_id().0,
             asked = ?timeout,
@@ -180,6 +194,8 @@ impl Sessions {
         );
         Ok(Arc::new(Session {
             client,
+            runtime_alive,
+            _sentinel: sentinel,
             timeout: timeout_negotiated,
         }))
     }
@@ -206,6 +222,26 @@ impl Sessions {
             .chroot(chroot.to_string())
             .map_err(|_| ZkError::Config(format!("the chroot {chroot:?} is not a valid path")))
     }
+}
+
+/// A flag that turns false when the current tokio runtime is dropped: a task on it holds a guard that
+/// clears the flag when the runtime drops the task. The task ends when the returned sender is dropped
+/// (with its session).
+fn runtime_sentinel() -> (Arc<AtomicBool>, tokio::sync::oneshot::Sender<()>) {
+    struct ClearOnDrop(Arc<AtomicBool>);
+    impl Drop for ClearOnDrop {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+    let flag = Arc::new(AtomicBool::new(true));
+    let guard = ClearOnDrop(flag.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _guard = guard;
+        let _ = stopped.await;
+    });
+    (flag, stop)
 }
 
 /// ZooKeeper session timeouts are whole milliseconds.

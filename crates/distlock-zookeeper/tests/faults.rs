@@ -316,3 +316,37 @@ async fn fault_follower_cut_from_the_leader_is_never_held_after_the_leader_expir
     eprintln!("follower cut: states {seen:?}; handed on {handed_on:?} after the cut");
     other.release().await.unwrap();
 }
+
+/// A backend connected on a tokio runtime that is then dropped (its sessions' I/O tasks die with it)
+/// keeps working on the next runtime: the dead sessions are retired and new ones made there.
+#[test]
+fn a_backend_keeps_working_on_a_second_runtime_after_the_first_is_dropped() {
+    let server = ZkServer::start_or_panic();
+    let url = server.url();
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let locks = first.block_on(async {
+        let locks = locks_at(&url).await;
+        let guard = locks.lock("runtimes/a").unwrap().acquire().await.unwrap();
+        guard.release().await.unwrap();
+        locks
+    });
+    drop(first);
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let guard = tokio::time::timeout(
+            Duration::from_secs(10),
+            locks.lock("runtimes/b").unwrap().acquire(),
+        )
+        .await
+        .expect("an acquire on the second runtime")
+        .expect("acquire");
+        guard.release().await.unwrap();
+    });
+}
