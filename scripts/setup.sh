@@ -4,11 +4,12 @@
 set -euo pipefail
 
 # Debian packages the tests use today.
-PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-client nodejs)
+PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-client
+    zookeeper libzookeeper-java libslf4j-java default-jre-headless default-jdk-headless
+    libcurator-client-java libcurator-framework-java libcurator-recipes-java nodejs)
 
 # The rest of the list in shared/reference/infra.md §9, to move into PACKAGES as the tests that need
 # them land (not installed now: they cost minutes and hundreds of MiB):
-#   zookeeper libslf4j-java default-jre-headless
 #   postgresql-15 postgresql-client-15
 #   mariadb-server mariadb-client
 #   faketime libfaketime
@@ -45,6 +46,14 @@ fi
 # (No protoc: distlock-etcd's gRPC code is generated once and checked in; see crates/distlock-etcd/proto.)
 for bin in redis-server redis-cli redis-sentinel etcd etcdctl node; do
     command -v "$bin" >/dev/null || die "$bin not on PATH after installing ${PACKAGES[*]}"
+done
+# ZooKeeper runs as a JVM the testkit starts directly; the Curator interop tests compile a Java
+# program with javac against the Debian jars.
+for bin in java javac; do
+    command -v "$bin" >/dev/null || die "$bin not on PATH after installing ${PACKAGES[*]}"
+done
+for jar in zookeeper slf4j-api slf4j-simple curator-client curator-framework curator-recipes; do
+    [ -f "/usr/share/java/$jar.jar" ] || die "/usr/share/java/$jar.jar missing after installing ${PACKAGES[*]}"
 done
 
 # node-redlock (npm `redlock` v5 + ioredis) for the Redlock interop tests, pinned by its package-lock.json.

@@ -57,6 +57,9 @@ pub enum Engine {
     Etcd {
         config: Box<EtcdConfig>,
     },
+    ZooKeeper {
+        config: Box<distlock::zookeeper::ZkConfig>,
+    },
     /// A scheme whose baselines this command does not measure; the reason says which.
     Unmeasured {
         reason: String,
@@ -90,6 +93,9 @@ impl Engine {
             )),
             "etcd" | "etcds" => Engine::Etcd {
                 config: Box::new(EtcdConfig::from_url(&parsed)?),
+            },
+            "zk" => Engine::ZooKeeper {
+                config: Box::new(distlock::zookeeper::ZkConfig::from_url(&parsed)?),
             },
             _ => unmeasured("no engine baseline for this scheme in `distlock bench` yet"),
         })

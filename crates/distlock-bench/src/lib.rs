@@ -16,6 +16,7 @@ mod progress;
 mod redlock;
 mod report;
 mod stats;
+mod zookeeper;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -178,6 +179,7 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
         Engine::Redis(_) => (1, 1, 2, 0),
         Engine::Redlock(_) => (1, 1, 1, 1),
         Engine::Etcd { .. } => (2, 1, 1, 1),
+        Engine::ZooKeeper { .. } => (3, 0, 0, 0),
         Engine::File { sync, .. } => (0, 1 + usize::from(sync), 1, 0),
         Engine::Memory | Engine::Unmeasured { .. } => (0, 0, 0, 0),
     };
@@ -277,6 +279,7 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
                 }
             }
         }
+        Engine::ZooKeeper { .. } => zookeeper_targets(&mut out, a_distlock, rtt, others, c),
         _ => {}
     }
     if let Some(c) = c {
@@ -334,5 +337,39 @@ fn redlock_targets(report: &Report, out: &mut Vec<Target>) {
             c.fairness_min_max,
             0.5,
         ));
+    }
+
+/// Issue 10's targets: (a) the cycle against create + getChildren + delete (the last two probes are
+/// getChildren and create + delete), (c) the handoff in creates.
+fn zookeeper_targets(
+    out: &mut Vec<Target>,
+    a: Option<&report::CycleFigures>,
+    create: Option<&stats::Latency>,
+    others: &[report::Probe],
+    c: Option<&report::ContendedFigures>,
+) {
+    if let (Some(a), Some(children), Some(create_delete)) = (a, others.first(), others.get(1)) {
+        let floor = children.latency.mean_us + create_delete.latency.mean_us;
+        if floor > 0.0 {
+            out.push(Target::at_most(
+                "(a) distlock cycle / (create + getChildren + delete) (mean)",
+                a.latency.mean_us / floor,
+                1.2,
+            ));
+        }
+    }
+    if let (Some(c), Some(create)) = (c, create) {
+        if create.mean_us > 0.0 && c.handoff_to_other.n > 0 {
+            out.push(Target::at_most(
+                "(c) handoff to another task p50, in creates",
+                c.handoff_to_other.p50_us / create.mean_us,
+                2.5,
+            ));
+            out.push(Target::at_most(
+                "(c) handoff to another task p99, in creates",
+                c.handoff_to_other.p99_us / create.mean_us,
+                10.0,
+            ));
+        }
     }
 }

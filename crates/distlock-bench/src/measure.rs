@@ -407,6 +407,61 @@ async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, R
         Engine::Etcd {
             config: etcd_config,
         } => etcd_round_trip(config, etcd_config, runner).await?,
+        Engine::ZooKeeper { config: zk_config } => (
+            Baseline::None,
+            zookeeper_round_trip(config, zk_config, runner).await?,
+        ),
+    })
+}
+
+/// ZooKeeper's round trips on a plain session: create, getChildren, create + delete. The other
+/// workloads have no bare-client baseline on ZooKeeper.
+async fn zookeeper_round_trip(
+    config: &Config,
+    zk_config: &distlock::zookeeper::ZkConfig,
+    runner: &mut Runner,
+) -> Result<RoundTrip, Error> {
+    use crate::zookeeper::{connect, parent, Create, CreateDelete, GetChildren};
+    let d = config.duration;
+    let client = connect(zk_config).await?;
+    let created = parent(&client, zk_config, &config.run, "create").await?;
+    let listed = parent(&client, zk_config, &config.run, "children").await?;
+    let deleted = parent(&client, zk_config, &config.run, "delete").await?;
+    runner.step("create round trip");
+    let create = Create {
+        client: client.clone(),
+        prefix: format!("{created}/lock-"),
+    };
+    let create = run_cycles(vec![create], WARMUP_MANY, d).await?;
+    runner.step("getChildren round trip");
+    // One child, as an uncontended lock has.
+    Create {
+        client: client.clone(),
+        prefix: format!("{listed}/lock-"),
+    }
+    .acquire_once()
+    .await?;
+    let children = GetChildren {
+        client: client.clone(),
+        parent: listed,
+    };
+    let children = run_cycles(vec![children], WARMUP_MANY, d).await?;
+    runner.step("create + delete round trips");
+    let create_delete = CreateDelete {
+        client,
+        prefix: format!("{deleted}/lock-"),
+    };
+    let create_delete = run_cycles(vec![create_delete], WARMUP_MANY, d).await?;
+    Ok(RoundTrip {
+        reference: Some(Probe::new(
+            "create, ephemeral sequential (zookeeper-client)",
+            &create,
+        )),
+        others: vec![
+            Probe::new("getChildren of a node with one child", &children),
+            Probe::new("create + delete", &create_delete),
+        ],
+        note: None,
     })
 }
 

@@ -25,6 +25,7 @@ pub mod netcut;
 pub mod proxy;
 pub mod sentinel;
 pub mod tls;
+pub mod zookeeper;
 
 pub mod conformance;
 

@@ -16,9 +16,10 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// | `redis+cluster` | `redis+cluster://[user:pass@]h:p,h:p`: slot-aware, sharded pub/sub |
 /// | `redlock`, `redlocks` | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=50ms]` (at least 3 independent masters; feature `redis`): node-redlock / redis-py layout, quorum N/2+1, no fencing token |
 /// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s&request_timeout=5s&connect_timeout=5s]`, `etcds://…?ca=/path/ca.pem`: Go-compatible `concurrency.Mutex` layout |
+/// | `zk` | `zk://[user:pass@]h:p,h:p[/chroot][?session_timeout=60s&request_timeout=5s&connect_timeout=5s]`: Curator `InterProcessMutex`-compatible layout; `zks` (TLS) fails with [`ErrorKind::Unsupported`] |
 ///
-/// Every URL may carry `?lease=DURATION` (default 30 s; for etcd the session TTL), the lease of the
-/// locks it hands out. `zk`, `postgres` and `mysql` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
+/// Every URL may carry `?lease=DURATION` (default 30 s; for etcd the session TTL, for ZooKeeper the negotiated session timeout), the lease of the
+/// locks it hands out. `postgres` and `mysql` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
 /// scheme whose cargo feature is off fails with [`ErrorKind::InvalidConfig`] naming the feature.
 ///
 /// ```
@@ -46,9 +47,10 @@ pub async fn connect(url: &str) -> Result<Locks> {
         )),
         "file" => file(&parsed, defaults),
         "etcd" | "etcds" => etcd(&parsed, lease).await,
+        "zk" | "zks" => zookeeper(&parsed, lease).await,
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis(&parsed, defaults).await,
         "redlock" | "redlocks" => redlock(&parsed, defaults).await,
-        scheme @ ("zk" | "postgres" | "postgresql" | "mysql" | "mariadb") => Err(Error::new(
+        scheme @ ("postgres" | "postgresql" | "mysql" | "mariadb") => Err(Error::new(
             ErrorKind::Unsupported,
             format!(
                 "the {scheme}:// backend is not part of this version of distlock yet; use file:///dir or memory://"
@@ -57,7 +59,7 @@ pub async fn connect(url: &str) -> Result<Locks> {
         other => Err(Error::new(
             ErrorKind::InvalidConfig,
             format!(
-                "unknown URL scheme {other:?} in {:?}; known: memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, etcds, zk, postgres, mysql",
+                "unknown URL scheme {other:?} in {:?}; known: memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, etcds, zk, zks, postgres, mysql",
                 redact(url)
             ),
         )),
@@ -83,7 +85,7 @@ fn file(_url: &LockUrl, _defaults: LockOptions) -> Result<Locks> {
 /// Erases a driver's connect future. Its type is deep enough (tonic, redis-rs) that checking auto traits
 /// of `connect`'s future overflowed the compiler's query depth in callers' crates once several backends
 /// were compiled in.
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
 fn erased<'a, T>(
     future: impl std::future::Future<Output = T> + Send + 'a,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>> {
@@ -136,6 +138,30 @@ async fn etcd(_url: &LockUrl, _lease: Option<std::time::Duration>) -> Result<Loc
     Err(Error::new(
         ErrorKind::InvalidConfig,
         "etcd:// needs distlock's `etcd` cargo feature, which is not enabled",
+    ))
+}
+
+/// ZooKeeper locks default to the negotiated session timeout (`?session_timeout=`, 60 s asked as
+/// Curator does, bounded by the server's `maxSessionTimeout`), so a lock without its own lease rides the
+/// default session.
+#[cfg(feature = "zookeeper")]
+async fn zookeeper(url: &LockUrl, lease: Option<std::time::Duration>) -> Result<Locks> {
+    let backend = erased(distlock_zookeeper::connect(url)).await?;
+    let mut defaults = backend.default_options();
+    if let Some(lease) = lease {
+        defaults = defaults.with_lease(lease);
+    }
+    Ok(Locks::with_defaults(backend, defaults))
+}
+
+#[cfg(not(feature = "zookeeper"))]
+async fn zookeeper(url: &LockUrl, _lease: Option<std::time::Duration>) -> Result<Locks> {
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        format!(
+            "{}:// needs distlock's `zookeeper` cargo feature, which is not enabled",
+            url.scheme()
+        ),
     ))
 }
 

@@ -101,3 +101,13 @@ pub mod etcd {
         DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TTL,
     };
 }
+
+/// The ZooKeeper backend (cargo feature `zookeeper`): `zk://h:p,h:p[/chroot]`, Curator
+/// `InterProcessMutex`-compatible layout, czxid fencing. See the [`distlock_zookeeper`] crate's docs.
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper {
+    pub use distlock_zookeeper::{
+        layout, ZkBackend, ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT,
+        DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
+    };
+}

@@ -1,0 +1,427 @@
+//! Acquires, Curator's `LockInternals.attemptLock` done right: one protected-mode create of an
+//! ephemeral sequential child (found again by its `_c_<uuid>` after a lost reply: CURATOR-678, kazoo
+//! #760), the holder read from the sorted children, a waiter watching only its predecessor, a waiter
+//! whose session expires failing instead of waiting on (etcd #19597's analogue), and an abandoned
+//! acquire deleting its node.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::raw::{AcquireRequest, Attempt, Grant};
+use distlock_core::FencingToken;
+use zookeeper_client as zk;
+
+use crate::backend::ZkBackend;
+use crate::error::{retryable, session_gone, ZkError};
+use crate::layout;
+use crate::lease::{self, ZkLease};
+use crate::request::{once, retried};
+use crate::session::{state_is_terminal, Session};
+
+/// How many times one try creates the node again (its parent reaped, or the node deleted before the
+/// first read) before giving up.
+const MAX_RECREATES: u32 = 3;
+
+/// An acquire under way: the session it queues on, its protection id, and its node once created.
+#[derive(Debug)]
+pub struct ZkAcquisition {
+    /// The lock path.
+    path: String,
+    /// The uuid of the `_c_<uuid>-` protection prefix.
+    protection: String,
+    session: Option<Arc<Session>>,
+    /// The own node's name (leaf), once the create is confirmed or found.
+    node: Option<String>,
+    czxid: i64,
+    /// A create was sent (its reply may have been lost): `abandon` must look for the node.
+    create_sent: bool,
+    /// The child to watch in `wait`.
+    predecessor: Option<String>,
+}
+
+impl ZkAcquisition {
+    pub(crate) fn new(path: String) -> Self {
+        Self {
+            path,
+            protection: uuid::Uuid::new_v4().to_string(),
+            session: None,
+            node: None,
+            czxid: 0,
+            create_sent: false,
+            predecessor: None,
+        }
+    }
+}
+
+fn session_lost(session: &Session) -> ZkError {
+    ZkError::SessionLost(format!(
+        "the ZooKeeper {} this acquire queued on expired or closed; its queue position is gone (try again)",
+        session.describe()
+    ))
+}
+
+impl ZkBackend {
+    pub(crate) async fn try_acquire_zk(
+        &self,
+        acq: &mut ZkAcquisition,
+        request: &AcquireRequest,
+    ) -> Result<Attempt<ZkLease>, ZkError> {
+        let session = match &acq.session {
+            Some(session) if session.is_gone() => return Err(session_lost(session)),
+            Some(session) => session.clone(),
+            None => {
+                let session = self.sessions().for_lease(request.lease).await?;
+                acq.session = Some(session.clone());
+                session
+            }
+        };
+        let config = self.sessions().config();
+        for _ in 0..=MAX_RECREATES {
+            let listed = if acq.node.is_none() {
+                self.create_node(&session, acq, &request.owner).await?
+            } else {
+                None
+            };
+            let Some(own) = acq.node.clone() else {
+                continue;
+            };
+            let client = &session.client;
+            let children = match listed {
+                Some(children) => children,
+                None => {
+                    match retried(config, "getChildren", || client.list_children(&acq.path)).await {
+                        Ok(children) => children,
+                        Err(ZkError::Request {
+                            source: zk::Error::NoNode,
+                            ..
+                        }) => Vec::new(),
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            let mut sorted = children;
+            layout::sort_children(&mut sorted);
+            match layout::position(&sorted, &own) {
+                Ok(None) => return Ok(Attempt::Acquired(self.grant(&session, acq, request))),
+                Ok(Some(predecessor)) => {
+                    acq.predecessor = Some(predecessor.to_string());
+                    return Ok(Attempt::Busy { retry_after: None });
+                }
+                Err(()) if session.is_gone() => return Err(session_lost(&session)),
+                Err(()) => {
+                    // Deleted under us (an operator, or the parent reaped and recreated): queue again,
+                    // as Curator does on its "Sequential path not found".
+                    tracing::debug!(path = %acq.path, node = %own, "own node gone while queued; creating it again");
+                    acq.node = None;
+                }
+            }
+        }
+        Err(ZkError::SessionLost(format!(
+            "the lock node under {} kept disappearing while this acquire queued (deleted by someone else?)",
+            acq.path
+        )))
+    }
+
+    fn grant(
+        &self,
+        session: &Arc<Session>,
+        acq: &ZkAcquisition,
+        request: &AcquireRequest,
+    ) -> Grant<ZkLease> {
+        let node = layout::join(&acq.path, acq.node.as_deref().unwrap_or_default());
+        let ttl = request.lease.min(session.timeout);
+        let held = ZkLease::new(session.clone(), node.clone(), acq.czxid, ttl);
+        held.arm_expiry(self.sessions().config().clone());
+        let loss = lease::loss_signal(session.clone(), node, acq.czxid);
+        // czxid is positive (zxids start above 0); a negative one would be a server bug.
+        let token = FencingToken::new(u64::try_from(acq.czxid).unwrap_or(0));
+        Grant::new(held)
+            .with_token(token)
+            .with_ttl(ttl)
+            .with_loss(loss)
+    }
+
+    /// Creates the own node in protected mode; on a lost reply, looks for it by its prefix before
+    /// creating again. Creates missing parents as containers. The children are read in the same round
+    /// trip (sent right behind the create on the session, so they include the new node) and returned
+    /// when that read worked.
+    async fn create_node(
+        &self,
+        session: &Session,
+        acq: &mut ZkAcquisition,
+        owner: &str,
+    ) -> Result<Option<Vec<String>>, ZkError> {
+        let config = self.sessions().config();
+        let client = &session.client;
+        let prefix = layout::node_prefix(&acq.path, &acq.protection);
+        let deadline = tokio::time::Instant::now() + config.connection.request_timeout;
+        let mut retries = config.connection.retry.start(Some(deadline));
+        // After a `NoNode`: the lock path is created in the same round trip as the retried create.
+        let mut parent_missing = false;
+        let mut recreated = 0;
+        loop {
+            acq.create_sent = true;
+            let (parent, created, listed) =
+                send_create(config, client, &acq.path, &prefix, owner, parent_missing).await;
+            let failure = match created {
+                Ok((stat, sequence)) => {
+                    acq.node = Some(format!(
+                        "{}{sequence}",
+                        layout::node_name_prefix(&acq.protection)
+                    ));
+                    acq.czxid = stat.czxid;
+                    return Ok(listed);
+                }
+                Err(ZkError::Request {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => {
+                    if let Err(source) = parent {
+                        return Err(ZkError::Request {
+                            action: "create of the lock path",
+                            source,
+                        });
+                    }
+                    recreated += 1;
+                    if recreated > MAX_RECREATES {
+                        return Err(ZkError::SessionLost(format!(
+                            "the lock path {} kept disappearing while this acquire created its node (reaped or deleted by someone else?)",
+                            acq.path
+                        )));
+                    }
+                    parent_missing = true;
+                    continue;
+                }
+                Err(e @ ZkError::Request { .. }) if !is_retryable(&e) => return Err(e),
+                Err(e) => e,
+            };
+            // The reply was lost: the node may exist. Curator's findProtectedNodeInForeground.
+            if self.find_own(session, acq).await?.is_some() {
+                return Ok(None);
+            }
+            match retries.next_delay() {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => return Err(failure),
+            }
+        }
+    }
+
+    /// Looks for the own node by its protection prefix; records it (and its czxid) when found.
+    async fn find_own(
+        &self,
+        session: &Session,
+        acq: &mut ZkAcquisition,
+    ) -> Result<Option<String>, ZkError> {
+        let config = self.sessions().config();
+        let client = &session.client;
+        let children =
+            match retried(config, "getChildren", || client.list_children(&acq.path)).await {
+                Ok(children) => children,
+                Err(ZkError::Request {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+        let Some(found) = layout::find_protected(&children, &acq.protection).map(str::to_string)
+        else {
+            return Ok(None);
+        };
+        let path = layout::join(&acq.path, &found);
+        match retried(config, "exists", || client.check_stat(&path)).await? {
+            Some(stat) => {
+                acq.czxid = stat.czxid;
+                acq.node = Some(found.clone());
+                Ok(Some(found))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Waits until the predecessor is gone (or its watch fires for any reason: the next try checks).
+    /// Fails when the session expires or stays disconnected past its timeout.
+    pub(crate) async fn wait_zk(&self, acq: &mut ZkAcquisition) -> Result<(), ZkError> {
+        let (Some(session), Some(predecessor)) = (acq.session.clone(), acq.predecessor.take())
+        else {
+            return Ok(());
+        };
+        let config = self.sessions().config();
+        let path = layout::join(&acq.path, &predecessor);
+        let watched = match once(
+            config,
+            "exists (watch)",
+            session.client.check_and_watch_stat(&path),
+        )
+        .await
+        {
+            Ok(watched) => watched,
+            Err(ZkError::Request { source, .. }) if session_gone(&source) => {
+                return Err(session_lost(&session))
+            }
+            Err(e @ ZkError::Request { .. }) if !is_retryable(&e) => return Err(e),
+            // A lost connection: look again after a pause (the next try re-reads the children).
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return Ok(());
+            }
+        };
+        let (stat, watcher) = watched;
+        if stat.is_none() {
+            return Ok(());
+        }
+        tokio::select! {
+            event = watcher.changed() => {
+                if event.event_type == zk::EventType::Session && state_is_terminal(event.session_state) {
+                    return Err(session_lost(&session));
+                }
+                Ok(())
+            }
+            lost = session_ends(&session) => Err(lost),
+        }
+    }
+
+    /// Removes whatever the acquisition may have left: its node, found by name or by its protection
+    /// prefix when the create's reply was lost. A session already gone took its nodes with it.
+    pub(crate) async fn abandon_zk(&self, mut acq: ZkAcquisition) {
+        let Some(session) = acq.session.clone() else {
+            return;
+        };
+        if !acq.create_sent || session.is_gone() {
+            return;
+        }
+        let node = match acq.node.clone() {
+            Some(node) => Some(node),
+            None => match self.find_own(&session, &mut acq).await {
+                Ok(found) => found,
+                Err(e) => {
+                    tracing::warn!(path = %acq.path, error = %e, "could not look for an abandoned lock node; it goes with its session");
+                    None
+                }
+            },
+        };
+        if let Some(node) = node {
+            let path = layout::join(&acq.path, &node);
+            if let Err(e) = lease::delete_node(self.sessions().config(), &session, &path).await {
+                tracing::warn!(%path, error = %e, "could not delete an abandoned lock node; it goes with its session");
+            }
+        }
+    }
+}
+
+/// What one pipelined create answered: the lock path's and its ancestors' creates (sent first when
+/// `with_parents`; `Err` holds the first refusal other than `NodeExists`), the own node's create, and
+/// the children read right behind it.
+type CreateAnswers = (
+    Result<(), zk::Error>,
+    Result<(zk::Stat, zk::CreateSequence), ZkError>,
+    Option<Vec<String>>,
+);
+
+/// Every ancestor of `path` and `path` itself, top down: `/a`, `/a/b`, `/a/b/c`.
+fn ancestors(path: &str) -> Vec<&str> {
+    path.match_indices('/')
+        .skip(1)
+        .map(|(i, _)| &path[..i])
+        .chain(std::iter::once(path))
+        .collect()
+}
+
+/// Sends, in one round trip (the client writes requests in call order, the session answers them in
+/// order): when `with_parents`, a container create of each level of the lock path, top down; the own
+/// node's create; a `getChildren` of the lock path. Bounded by the request timeout.
+async fn send_create(
+    config: &crate::config::ZkConfig,
+    client: &zk::Client,
+    path: &str,
+    prefix: &str,
+    owner: &str,
+    with_parents: bool,
+) -> CreateAnswers {
+    let containers = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let parents: Vec<_> = if with_parents {
+        ancestors(path)
+            .into_iter()
+            .map(|p| client.create(p, b"", &containers))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let create = client.create(prefix, owner.as_bytes(), &options);
+    let list = client.list_children(path);
+    let all = async {
+        let mut parent = Ok(());
+        for answer in futures_util::future::join_all(parents).await {
+            match answer {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => {
+                    if parent.is_ok() {
+                        parent = Err(e);
+                    }
+                }
+            }
+        }
+        let (created, listed) = tokio::join!(create, list);
+        (parent, created, listed)
+    };
+    match tokio::time::timeout(config.connection.request_timeout, all).await {
+        Ok((parent, created, listed)) => (
+            parent,
+            created.map_err(|source| ZkError::Request {
+                action: "create",
+                source,
+            }),
+            listed.ok(),
+        ),
+        Err(_) => (
+            Ok(()),
+            Err(ZkError::Timeout {
+                action: "create",
+                after: config.connection.request_timeout,
+            }),
+            None,
+        ),
+    }
+}
+
+fn is_retryable(e: &ZkError) -> bool {
+    match e {
+        ZkError::Request { source, .. } => retryable(source),
+        ZkError::Timeout { .. } => true,
+        _ => false,
+    }
+}
+
+/// Resolves when the session is gone for good, or has been disconnected longer than its timeout
+/// (the server has expired it by then; the client learns it only on reconnecting).
+pub(crate) async fn session_ends(session: &Session) -> ZkError {
+    let mut watcher = session.client.state_watcher();
+    let mut state = session.client.state();
+    loop {
+        if state_is_terminal(state) {
+            return session_lost(session);
+        }
+        if state == zk::SessionState::Disconnected {
+            tokio::select! {
+                next = watcher.changed() => state = next,
+                _ = tokio::time::sleep(session.timeout) => {
+                    return ZkError::SessionLost(format!(
+                        "the ZooKeeper {} was disconnected longer than its timeout: the server has expired it, and this acquire's queue position with it",
+                        session.describe()
+                    ));
+                }
+            }
+        } else {
+            state = watcher.changed().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ancestors_are_listed_top_down() {
+        assert_eq!(super::ancestors("/a"), ["/a"]);
+        assert_eq!(super::ancestors("/a/b/c"), ["/a", "/a/b", "/a/b/c"]);
+    }
+}

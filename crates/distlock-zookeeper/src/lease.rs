@@ -1,0 +1,273 @@
+//! Held locks: the lease record, renewals (per session: one `sync`, which the leader answers, and an
+//! `exists` of each own node, pipelined in one round trip), the loss signal (a watch on the own node and
+//! the session's state), the client-side expiry of a lock whose renewals stopped (`max_hold`), and
+//! release (delete of the own node only, idempotent).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock_core::raw::{LossSignal, Released, Renewal, RenewalId, Renewed};
+use zookeeper_client as zk;
+
+use crate::config::ZkConfig;
+use crate::error::{session_gone, ZkError, BACKEND};
+use crate::request::retried;
+use crate::session::{lock, state_is_terminal, Session};
+
+/// A held lock: its node, czxid (the token) and session, and when its lease runs out unrenewed.
+#[derive(Debug)]
+pub struct ZkLease {
+    pub(crate) session: Arc<Session>,
+    /// The own node's full path.
+    pub(crate) node: String,
+    pub(crate) czxid: i64,
+    /// When the lease runs out unless renewed (the expiry timer deletes the node then).
+    expires: Arc<Mutex<Instant>>,
+    timer: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl ZkLease {
+    pub(crate) fn new(session: Arc<Session>, node: String, czxid: i64, ttl: Duration) -> Self {
+        Self {
+            session,
+            node,
+            czxid,
+            expires: Arc::new(Mutex::new(Instant::now() + ttl)),
+            timer: Mutex::new(None),
+        }
+    }
+
+    /// Starts the timer that deletes the node once the lease runs out unrenewed: the watchdog stops
+    /// renewing at `max_hold`, but the session keeps itself alive with pings, so without it the node
+    /// would outlive the hold.
+    pub(crate) fn arm_expiry(&self, config: ZkConfig) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let expires = self.expires.clone();
+        let session = self.session.clone();
+        let node = self.node.clone();
+        let task = runtime.spawn(async move {
+            loop {
+                let at = *lock(&expires);
+                tokio::time::sleep_until(at.into()).await;
+                if Instant::now() >= *lock(&expires) {
+                    break;
+                }
+            }
+            tracing::debug!(%node, "lease ran out unrenewed; deleting the lock node");
+            if let Err(e) = delete_node(&config, &session, &node).await {
+                tracing::warn!(%node, error = %e, "could not delete an expired lock node; it goes with its session");
+            }
+        });
+        *lock(&self.timer) = Some(task.abort_handle());
+    }
+
+    fn stop_expiry(&self) {
+        if let Some(timer) = lock(&self.timer).take() {
+            timer.abort();
+        }
+    }
+
+    fn extend_to(&self, at: Instant) {
+        let mut expires = lock(&self.expires);
+        if at > *expires {
+            *expires = at;
+        }
+    }
+}
+
+impl Drop for ZkLease {
+    fn drop(&mut self) {
+        self.stop_expiry();
+    }
+}
+
+/// Deletes a node (any version), retried; a node already gone is fine.
+pub(crate) async fn delete_node(
+    config: &ZkConfig,
+    session: &Session,
+    path: &str,
+) -> Result<Released, ZkError> {
+    if session.runtime_gone() {
+        // Not a definite "not held": the node lives until the server expires the session.
+        return Err(ZkError::SessionLost(format!(
+            "the tokio runtime the ZooKeeper {} ran on is gone, so it cannot delete {path}; the node goes when the server expires the session (within its timeout)",
+            session.describe()
+        )));
+    }
+    if session.is_gone() {
+        return Ok(Released::NotHeld);
+    }
+    match retried(config, "delete", || session.client.delete(path, None)).await {
+        Ok(()) => Ok(Released::Released),
+        Err(ZkError::Request {
+            source: zk::Error::NoNode,
+            ..
+        }) => Ok(Released::NotHeld),
+        Err(ZkError::Request { source, .. }) if session_gone(&source) => Ok(Released::NotHeld),
+        Err(e) => Err(e),
+    }
+}
+
+/// Releases a held lock: deletes the own node (its path is unique to this acquire).
+pub(crate) async fn release(config: &ZkConfig, held: &ZkLease) -> Result<Released, ZkError> {
+    let released = delete_node(config, &held.session, &held.node).await?;
+    held.stop_expiry();
+    Ok(released)
+}
+
+/// Renews a batch: per session, a `sync` (served through the leader, so a follower cut off from the
+/// leader cannot confirm a session the leader may have expired) followed by an `exists` of each own
+/// node, sent together. Extended by `min(asked, session timeout)` from the moment the requests were sent.
+pub(crate) async fn renew(
+    config: &ZkConfig,
+    batch: &[Renewal<'_, ZkLease>],
+) -> Vec<(RenewalId, distlock_core::Result<Renewed>)> {
+    let mut groups: HashMap<usize, Vec<&Renewal<'_, ZkLease>>> = HashMap::new();
+    for entry in batch {
+        groups
+            .entry(Arc::as_ptr(&entry.lease.session) as usize)
+            .or_default()
+            .push(entry);
+    }
+    let rounds = groups
+        .into_values()
+        .map(|entries| renew_session(config, entries));
+    futures_util::future::join_all(rounds)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+async fn renew_session(
+    config: &ZkConfig,
+    entries: Vec<&Renewal<'_, ZkLease>>,
+) -> Vec<(RenewalId, distlock_core::Result<Renewed>)> {
+    let Some(first) = entries.first() else {
+        return Vec::new();
+    };
+    let session = first.lease.session.clone();
+    if session.is_gone() {
+        let reason = format!("the ZooKeeper {} expired or closed", session.describe());
+        return entries
+            .iter()
+            .map(|e| {
+                (
+                    e.id,
+                    Ok(Renewed::Gone {
+                        reason: reason.clone(),
+                    }),
+                )
+            })
+            .collect();
+    }
+    let sent_at = Instant::now();
+    let client = &session.client;
+    // Sent in this order on one session, answered in this order: the reads see the leader's view.
+    let sync = client.sync("/");
+    let checks: Vec<_> = entries
+        .iter()
+        .map(|e| client.check_stat(&e.lease.node))
+        .collect();
+    let round = async { (sync.await, futures_util::future::join_all(checks).await) };
+    let bound = config.connection.request_timeout.min(session.timeout);
+    let (synced, stats) = match tokio::time::timeout(bound, round).await {
+        Ok(answers) => answers,
+        Err(_) => {
+            let error = ZkError::Timeout {
+                action: "renewal (sync + exists)",
+                after: bound,
+            };
+            let message = error.to_string();
+            return entries
+                .iter()
+                .map(|e| {
+                    let err = distlock_core::Error::new(
+                        distlock_core::ErrorKind::Unavailable,
+                        message.clone(),
+                    )
+                    .with_backend(BACKEND)
+                    .with_lock(e.name);
+                    (e.id, Err(err))
+                })
+                .collect();
+        }
+    };
+    entries
+        .iter()
+        .zip(stats)
+        .map(|(entry, stat)| {
+            let outcome = match (&synced, &stat) {
+                (Err(source), _) | (Ok(()), Err(source)) if session_gone(source) => {
+                    Ok(Renewed::Gone {
+                        reason: format!("the ZooKeeper {} expired", session.describe()),
+                    })
+                }
+                (Err(source), _) => Err(ZkError::Request {
+                    action: "renewal (sync)",
+                    source: source.clone(),
+                }
+                .into_core(Some(entry.name))),
+                (Ok(()), Err(source)) => Err(ZkError::Request {
+                    action: "renewal (exists)",
+                    source: source.clone(),
+                }
+                .into_core(Some(entry.name))),
+                (Ok(()), Ok(Some(stat))) if stat.czxid == entry.lease.czxid => {
+                    let ttl = entry.ttl.min(session.timeout);
+                    entry.lease.extend_to(sent_at + ttl);
+                    Ok(Renewed::Extended { ttl })
+                }
+                (Ok(()), Ok(_)) => Ok(Renewed::Gone {
+                    reason: format!(
+                        "the lock node {} is gone (deleted, or its session expired)",
+                        entry.lease.node
+                    ),
+                }),
+            };
+            (entry.id, outcome)
+        })
+        .collect()
+}
+
+/// How long after a grant the own node's watch is set: the short holds of an acquire/release loop then
+/// cost no extra request (a delete in the meantime is still seen: the `exists` then finds no node).
+const WATCH_DELAY: Duration = Duration::from_millis(100);
+
+/// Resolves when the own node is deleted or replaced, or the session ends for good. Stays pending
+/// while the client merely reconnects (the core's deadline covers a session that may have expired).
+pub(crate) fn loss_signal(session: Arc<Session>, node: String, czxid: i64) -> LossSignal {
+    Box::pin(async move {
+        tokio::time::sleep(WATCH_DELAY).await;
+        let mut backoff =
+            distlock_core::retry::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        loop {
+            match session.client.check_and_watch_stat(&node).await {
+                Ok((None, _)) => return format!("the lock node {node} was deleted"),
+                Ok((Some(stat), _)) if stat.czxid != czxid => {
+                    return format!("the lock node {node} was replaced by another")
+                }
+                Ok((Some(_), watcher)) => {
+                    backoff.reset();
+                    let event = watcher.changed().await;
+                    match event.event_type {
+                        zk::EventType::NodeDeleted => {
+                            return format!("the lock node {node} was deleted (by an operator, or with its session)")
+                        }
+                        zk::EventType::Session if state_is_terminal(event.session_state) => {
+                            return format!("the ZooKeeper {} ended ({:?})", session.describe(), event.session_state)
+                        }
+                        _ => {}
+                    }
+                }
+                Err(e) if session_gone(&e) => {
+                    return format!("the ZooKeeper {} ended ({e})", session.describe())
+                }
+                Err(_) => tokio::time::sleep(backoff.next_delay()).await,
+            }
+        }
+    })
+}

@@ -1,0 +1,41 @@
+//! The ZooKeeper backend of distlock: `zk://h:p,h:p[/chroot]` in a URL, [`ZkBackend`] in code. Talks to
+//! ZooKeeper with the `zookeeper-client` crate (not its `lock()` recipe, which orders waiters
+//! differently from Curator and hides the czxid).
+//!
+//! * **Layout compatible with Apache Curator's `InterProcessMutex`** (see [`layout`]): ephemeral
+//!   sequential children `_c_<uuid>-lock-<seq>` under the lock path, the holder first in Curator's own
+//!   sort, each waiter watching only its predecessor. distlock and Java services using Curator exclude
+//!   each other on the same path.
+//! * **Sessions.** One session per distinct lease per backend: a lock's lease is its session's timeout,
+//!   so a lock frees at most a lease after its holder stops (process frozen, network cut). The default
+//!   lease ([`ZkBackend::default_lease`]) is the timeout the server negotiated for
+//!   `?session_timeout=` (60 s asked, as Curator; the server's `maxSessionTimeout` bounds it). A lease
+//!   the server will not grant exactly fails with `InvalidConfig`, never silently changed.
+//! * **Fencing.** The token is the lock node's `czxid`, strictly increasing across holders.
+//! * **States.** Disconnected → renewals (`sync` through the leader + `exists` of the own node) fail →
+//!   `Jeopardy`; reconnected within the session → `Held`; session expired, closed, or the own node
+//!   deleted → `Lost` at once (a watch on the own node); never `Held` past the deadline computed from
+//!   the negotiated timeout.
+//! * **No orphans.** A cancelled, timed-out or interrupted acquire deletes its node, found by its
+//!   `_c_<uuid>` prefix when the create's reply was lost; release deletes only the own node.
+#![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
+
+mod acquire;
+mod backend;
+mod config;
+mod error;
+pub mod layout;
+mod lease;
+mod request;
+mod session;
+
+pub use backend::ZkBackend;
+pub use config::{
+    ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SESSION_TIMEOUT,
+};
+
+/// `zk://…`: the entry point the facade's `connect` uses. See [`ZkConfig::from_url`].
+pub async fn connect(url: &distlock_core::url::LockUrl) -> distlock_core::Result<ZkBackend> {
+    ZkBackend::connect(url).await
+}

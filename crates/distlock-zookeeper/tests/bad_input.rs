@@ -1,0 +1,153 @@
+//! Bad input: one line, the right kind (and `distlock` exit code), nothing left on the server.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{children, name};
+use distlock_core::url::LockUrl;
+use distlock_core::{ErrorKind, Locks};
+use distlock_testkit::zookeeper::ZkServer;
+use distlock_zookeeper::ZkBackend;
+use zookeeper_client as zk;
+
+async fn locks_at(url: &str) -> Locks {
+    let backend = ZkBackend::connect(&LockUrl::parse(url).unwrap())
+        .await
+        .expect("connect");
+    Locks::with_defaults(backend.clone(), backend.default_options())
+}
+
+/// `distlock run --url URL [--lease L] NAME -- true`: exit code and stderr.
+fn run(url: &str, lease: Option<&str>, name: &str) -> (i32, String) {
+    let bin = distlock_testkit::holder::distlock_bin().expect("the distlock binary");
+    let mut cmd = Command::new(bin);
+    cmd.args(["run", "--url", url]);
+    if let Some(lease) = lease {
+        cmd.args(["--lease", lease]);
+    }
+    let out = cmd
+        .args([name, "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("distlock run");
+    (
+        out.status.code().expect("exit code"),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_names_and_leases_fail_with_the_right_code_and_leave_nothing() {
+    let server = ZkServer::start_or_panic();
+    let url = server.url();
+    let raw = common::raw_client(&server.addr().to_string()).await;
+    let cases: Vec<(String, Option<&str>, &str, i32)> = vec![
+        (format!("{url}?bogus=1"), None, "x", 64),
+        (format!("{url}/a//b"), None, "x", 64),
+        (format!("{url}?session_timeout=0s"), None, "x", 64),
+        ("zks://127.0.0.1:1".into(), None, "x", 69),
+        (url.clone(), None, "a//b", 64),
+        (url.clone(), None, "zookeeper/quota", 64),
+        (url.clone(), None, "trailing/", 64),
+        (url.clone(), None, "ctl\u{1}char", 64),
+        // The test server grants session timeouts of 400 ms to 60 s: a 200 ms lease cannot be honoured.
+        (url.clone(), Some("200ms"), "lease-too-short", 64),
+        (url.clone(), Some("120s"), "lease-too-long", 64),
+    ];
+    for (url, lease, name, code) in cases {
+        let (got, stderr) = tokio::task::spawn_blocking({
+            let (url, name) = (url.clone(), name.to_string());
+            move || run(&url, lease, &name)
+        })
+        .await
+        .unwrap();
+        assert_eq!(got, code, "{url} {lease:?} {name:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    }
+    let (_, stderr) = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || run(&url, Some("200ms"), "lease-too-short")
+    })
+    .await
+    .unwrap();
+    assert!(
+        stderr.contains("negotiated"),
+        "the refusal says what the server granted: {stderr}"
+    );
+    // Nothing was created for the refused names and leases.
+    let top = raw.list_children("/").await.unwrap();
+    assert!(
+        !top.iter()
+            .any(|c| c.starts_with("lease-too") || c == "a" || c == "trailing"),
+        "{top:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_chroot_is_created_and_locks_live_under_it() {
+    let server = ZkServer::start_or_panic();
+    let raw = common::raw_client(&server.addr().to_string()).await;
+    let locks = locks_at(&format!("{}/app/locks", server.url())).await;
+    let name = name("chroot");
+    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    assert_eq!(children(&raw, &format!("app/locks/{name}")).await.len(), 1);
+    guard.release().await.unwrap();
+    assert!(children(&raw, &format!("app/locks/{name}"))
+        .await
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_credentials_an_acl_refuses_are_permission_denied_and_leave_nothing() {
+    let server = ZkServer::start_or_panic();
+    let admin = zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .with_auth("digest", b"admin:s3cret")
+        .connect(&server.addr().to_string())
+        .await
+        .unwrap();
+    admin
+        .create(
+            "/secured",
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()),
+        )
+        .await
+        .unwrap();
+    let addr = server.addr();
+    for url in [format!("zk://{addr}"), format!("zk://admin:wrong@{addr}")] {
+        let locks = locks_at(&url).await;
+        let err = locks
+            .lock("secured/job")
+            .unwrap()
+            .options()
+            .wait(Duration::from_secs(2))
+            .acquire()
+            .await
+            .expect_err("the ACL refuses these credentials");
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{url}: {err}");
+    }
+    let (code, stderr) = tokio::task::spawn_blocking(move || {
+        run(&format!("zk://admin:wrong@{addr}"), None, "secured/job")
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 69, "{stderr}");
+    assert!(
+        admin.list_children("/secured").await.unwrap().is_empty(),
+        "a refused acquire left a node"
+    );
+    // (With the right credentials the parent /secured/job is created as a container with the open
+    // ACL, as Curator's default ACL provider does; from then on anyone may queue under it.)
+    let locks = locks_at(&format!("zk://admin:s3cret@{addr}")).await;
+    let guard = locks
+        .lock("secured/job")
+        .unwrap()
+        .acquire()
+        .await
+        .expect("the right credentials");
+    guard.release().await.unwrap();
+}

@@ -1,0 +1,360 @@
+//! Helpers shared by the ZooKeeper test binaries: the real `distlock` binary (`Run`, copied from the
+//! etcd tests' helpers), a raw ZooKeeper client to look at the lock's children, and Curator through a
+//! small Java program compiled at test time (`Curator`).
+#![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use rustix::process::{kill_process, Pid, Signal};
+use zookeeper_client as zk;
+
+/// A unique lock name for one test case (a path: `zk-test/<case>/<id>`).
+pub fn name(case: &str) -> String {
+    format!(
+        "zk-test/{case}/{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+/// A plain client on `connect` (`h:p[,h:p]`), as an operator's zkCli would be.
+pub async fn raw_client(connect: &str) -> zk::Client {
+    zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(connect)
+        .await
+        .expect("raw ZooKeeper client")
+}
+
+/// The children of `/NAME` in Curator's order (empty if the node is absent).
+pub async fn children(client: &zk::Client, name: &str) -> Vec<String> {
+    let mut c = match client.list_children(&format!("/{name}")).await {
+        Ok(c) => c,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("getChildren /{name}: {e}"),
+    };
+    distlock_zookeeper::layout::sort_children(&mut c);
+    c
+}
+
+/// Waits (20 s at most) until `/NAME` has `n` children; returns them.
+pub async fn wait_children(client: &zk::Client, name: &str, n: usize) -> Vec<String> {
+    let started = Instant::now();
+    loop {
+        let c = children(client, name).await;
+        if c.len() == n {
+            return c;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "/{name} has {} children, not {n}: {c:?}",
+            c.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The jars the Java program needs (Debian's Curator 5 and ZooKeeper 3.8 client).
+const JARS: &[&str] = &[
+    "curator-client",
+    "curator-framework",
+    "curator-recipes",
+    "zookeeper",
+    "zookeeper-jute",
+    "guava",
+    "slf4j-api",
+    "slf4j-nop",
+];
+const CURATOR_HINT: &str = "install them with `apt-get install -y libcurator-recipes-java libcurator-framework-java libcurator-client-java libzookeeper-java libslf4j-java default-jdk-headless` (or run scripts/setup.sh)";
+
+fn classpath() -> String {
+    JARS.iter()
+        .map(|j| format!("/usr/share/java/{j}.jar"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Compiles tests/java/CuratorLock.java once per test binary into target/…/curator-interop; returns
+/// the class dir.
+fn compiled() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        for jar in JARS {
+            let path = format!("/usr/share/java/{jar}.jar");
+            assert!(
+                Path::new(&path).exists(),
+                "{path} is missing: {CURATOR_HINT}"
+            );
+        }
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLock.java");
+        let text = std::fs::read(&source).expect("CuratorLock.java");
+        // Keyed by the source, so the test processes (nextest runs one per test) compile it once.
+        let hash = text.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+        });
+        let exe = std::env::current_exe().expect("test binary");
+        let deps = exe.parent().expect("deps dir");
+        let dir = deps.join(format!("curator-interop-{hash:016x}"));
+        if dir.join("CuratorLock.class").exists() {
+            return dir;
+        }
+        let scratch = deps.join(format!(
+            "curator-interop-{hash:016x}.{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&scratch).expect("class dir");
+        let out = Command::new("javac")
+            .args(["-cp", &classpath(), "-d"])
+            .arg(&scratch)
+            .arg(&source)
+            .output()
+            .unwrap_or_else(|e| panic!("running javac ({e}): {CURATOR_HINT}"));
+        assert!(
+            out.status.success(),
+            "javac failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Another process may have won the race; either copy is complete.
+        if std::fs::rename(&scratch, &dir).is_err() {
+            let _ = std::fs::remove_dir_all(&scratch);
+        }
+        dir
+    })
+}
+
+/// A Curator `InterProcessMutex` client in its own JVM.
+pub struct Curator {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Curator {
+    fn spawn(connect: &str, name: &str, mode: &[&str]) -> Curator {
+        let cp = format!("{}:{}", compiled().display(), classpath());
+        let mut child = Command::new("java")
+            .args([
+                "-Xms16m",
+                "-Xmx64m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-cp",
+                &cp,
+                "CuratorLock",
+                connect,
+            ])
+            .arg(format!("/{name}"))
+            .args(mode)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("running java ({e}): {CURATOR_HINT}"));
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Curator {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// `acquire()` and hold until [`release`](Self::release).
+    pub fn hold(connect: &str, name: &str) -> Curator {
+        Self::spawn(connect, name, &["hold"])
+    }
+
+    /// `acquire(ms, MILLISECONDS)`: whether it got the lock.
+    pub fn try_acquire(connect: &str, name: &str, ms: u64) -> bool {
+        let mut c = Self::spawn(connect, name, &["try", &ms.to_string()]);
+        let line = c.next_line();
+        let _ = c.child.wait();
+        match line.as_str() {
+            "ACQUIRED" => true,
+            "BUSY" => false,
+            other => panic!("CuratorLock try printed {other:?}"),
+        }
+    }
+
+    /// The next line that is not a `#` comment (blocking).
+    pub fn next_line(&mut self) -> String {
+        loop {
+            let mut line = String::new();
+            let n = self
+                .stdout
+                .read_line(&mut line)
+                .expect("CuratorLock stdout");
+            assert!(n > 0, "CuratorLock exited early");
+            let line = line.trim().to_string();
+            if !line.starts_with('#') {
+                return line;
+            }
+        }
+    }
+
+    /// Blocks until Curator says it holds the lock.
+    pub fn wait_acquired(&mut self) {
+        assert_eq!(self.next_line(), "ACQUIRED");
+    }
+
+    /// Releases the lock and waits for the JVM to exit.
+    pub fn release(&mut self) {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = writeln!(stdin, "release");
+        }
+        assert_eq!(self.next_line(), "RELEASED");
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Curator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The shell script of a holder's command: records `$DISTLOCK_TOKEN` and its pid in `$1`, traps SIGTERM
+/// (writes `$1/term`, exits 143), and otherwise runs until signalled.
+pub const HOLD_SCRIPT: &str = r#"D=$1
+trap 'echo term > "$D/term"; exit 143' TERM
+echo "${DISTLOCK_TOKEN:-none}" > "$D/token.tmp"; echo $$ > "$D/pid"; mv "$D/token.tmp" "$D/token"
+while :; do sleep 0.1; done"#;
+
+/// A `distlock run` process, its stderr in a file of its temp dir.
+pub struct Run {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    status: Option<ExitStatus>,
+}
+
+impl Run {
+    /// `distlock run --url URL --lease LEASE [extra…] NAME -- sh -c SCRIPT run <dir>`.
+    pub fn spawn(url: &str, lease: &str, extra: &[&str], name: &str, script: &str) -> Run {
+        let dir = tempfile::Builder::new()
+            .prefix("distlock-zk-run-")
+            .tempdir()
+            .expect("temp dir");
+        let stderr = std::fs::File::create(dir.path().join("stderr")).expect("stderr file");
+        let bin = distlock_testkit::holder::distlock_bin().expect("the distlock binary");
+        let child = Command::new(bin)
+            .args(["run", "--url", url, "--lease", lease])
+            .args(extra)
+            .args([name, "--", "sh", "-c", script, "run"])
+            .arg(dir.path())
+            .env_remove("DISTLOCK_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .expect("spawning distlock run");
+        Run {
+            child,
+            dir,
+            status: None,
+        }
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    pub fn read(&self, file: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(file))
+            .ok()
+            .map(|s| s.trim().to_string())
+    }
+
+    pub fn stderr(&self) -> String {
+        self.read("stderr").unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_child(&self.child)
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        kill_process(self.pid(), signal).expect("signalling distlock");
+    }
+
+    /// The exit status if it has exited (reaping it).
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().expect("try_wait");
+        }
+        self.status
+    }
+
+    /// Waits up to `within` for the exit; `None` if still running.
+    pub fn wait_for_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.try_status() {
+                return Some(status);
+            }
+            if started.elapsed() >= within {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits (30 s at most) until the command wrote its token file; panics if distlock exits first.
+    pub fn wait_started(&mut self) -> (u64, u32) {
+        let started = Instant::now();
+        while !self.path("token").exists() {
+            if let Some(status) = self.try_status() {
+                panic!(
+                    "distlock run exited with {status} before its command ran: {}",
+                    self.stderr()
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "distlock run did not start its command: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let token = self
+            .read("token")
+            .unwrap()
+            .parse()
+            .expect("a numeric token");
+        let pid = self.read("pid").unwrap().parse().expect("a pid");
+        (token, pid)
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if self.try_status().is_none() {
+            // Our own child, by pid: resume (if stopped) and kill it.
+            let _ = kill_process(self.pid(), Signal::CONT);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `distlock run --url URL --no-wait NAME -- true` to completion: its exit code.
+pub fn no_wait_run(url: &str, name: &str) -> i32 {
+    let bin = distlock_testkit::holder::distlock_bin().expect("the distlock binary");
+    Command::new(bin)
+        .args(["run", "--url", url, "--no-wait", name, "--", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("distlock run --no-wait")
+        .code()
+        .expect("an exit code")
+}
+
+/// Whether `path` exists.
+pub fn exists(path: &Path) -> bool {
+    path.exists()
+}
