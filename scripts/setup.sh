@@ -5,6 +5,8 @@ set -euo pipefail
 
 # Debian packages the tests use today.
 PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-client)
+# The SQL backend's MariaDB tests (distlock-testkit/src/mariadb.rs runs /usr/sbin/mariadbd).
+PACKAGES+=(mariadb-server mariadb-client)
 
 # The rest of the list in shared/reference/infra.md §9, to move into PACKAGES as the tests that need
 # them land (not installed now: they cost minutes and hundreds of MiB):

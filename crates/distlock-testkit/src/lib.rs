@@ -20,6 +20,7 @@ pub mod sweep;
 
 pub mod cluster;
 pub mod etcd;
+pub mod mariadb;
 pub mod netcut;
 pub mod proxy;
 pub mod sentinel;
