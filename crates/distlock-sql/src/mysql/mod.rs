@@ -1,0 +1,1 @@
+//! The MySQL / MariaDB backend (`mysql://`, `mariadb://`): filled in by the MariaDB half of issue 11.

@@ -1,0 +1,1 @@
+//! The PostgreSQL backend (`postgres://`, `postgresql://`), driver tokio-postgres.
