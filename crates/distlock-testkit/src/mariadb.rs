@@ -36,6 +36,8 @@ pub const CLIENT: &str = "mariadb";
 /// Shown when a MariaDB program is missing.
 pub const INSTALL_HINT: &str =
     "install it with `apt-get install -y mariadb-server mariadb-client` (or run scripts/setup.sh)";
+/// The database every test server has (empty at start); [`MariaDbServer::url`] names it.
+pub const DATABASE: &str = "distlock";
 /// Per-probe I/O timeout.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -50,11 +52,15 @@ fn missing(program: &str) -> Error {
     }
 }
 
-/// Runs `mariadb-install-db` into `datadir` (about half a second).
-fn install_db(datadir: &Path) -> Result<()> {
+/// Runs `mariadb-install-db` into `datadir` (about half a second). Its bootstrap server gets a tmpdir
+/// of its own: with the default `/tmp`, installs running in parallel trip over each other's temporary
+/// tables ("Could not remove temporary table", "Unknown table 'mysql.tmp_user_sys'").
+fn install_db(datadir: &Path, tmpdir: &Path) -> Result<()> {
+    std::fs::create_dir_all(tmpdir).map_err(|e| Error::io("creating the server's tmpdir", e))?;
     let mut cmd = Command::new(INSTALL_DB);
     cmd.arg("--no-defaults")
         .arg(format!("--datadir={}", datadir.display()))
+        .arg(format!("--tmpdir={}", tmpdir.display()))
         .args([
             "--auth-root-authentication-method=normal",
             "--skip-test-db",
@@ -134,7 +140,8 @@ impl MariaDbServerBuilder {
     pub fn start(self) -> Result<MariaDbServer> {
         let dir = process::temp_dir("mariadb")?;
         let datadir = dir.path().join("data");
-        install_db(&datadir)?;
+        let tmpdir = dir.path().join("tmp");
+        install_db(&datadir, &tmpdir)?;
         let lease = ports::reserve()?;
         let addr = lease.addr();
         let socket = dir.path().join("sock");
@@ -145,7 +152,11 @@ impl MariaDbServerBuilder {
             .arg(format!("--port={}", addr.port()))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--socket={}", socket.display()))
-            .arg(format!("--pid-file={}", dir.path().join("mysqld.pid").display()))
+            .arg(format!("--tmpdir={}", tmpdir.display()))
+            .arg(format!(
+                "--pid-file={}",
+                dir.path().join("mysqld.pid").display()
+            ))
             .args([
                 "--skip-log-bin",
                 "--skip-name-resolve",
@@ -160,11 +171,13 @@ impl MariaDbServerBuilder {
             spec = spec.arg("--user=root");
         }
         let process = ServerProcess::spawn(spec, dir, vec![lease], ready_probe(addr))?;
-        Ok(MariaDbServer {
+        let server = MariaDbServer {
             process,
             addr,
             socket,
-        })
+        };
+        server.sql(&format!("CREATE DATABASE IF NOT EXISTS {DATABASE}"))?;
+        Ok(server)
     }
 
     /// [`start`](Self::start), panicking with the log tail on failure. For tests.
@@ -200,9 +213,14 @@ impl MariaDbServer {
         Self::builder().start_or_panic()
     }
 
-    /// `mysql://root@127.0.0.1:<port>/mysql` (root has no password; the `mysql` schema always exists).
+    /// `mysql://root@127.0.0.1:<port>/distlock` (root has no password; [`DATABASE`] is created at start).
     pub fn url(&self) -> String {
-        format!("mysql://root@{}/mysql", self.addr)
+        self.url_via(self.addr)
+    }
+
+    /// The same URL through another address (a fault proxy in front of the server).
+    pub fn url_via(&self, addr: SocketAddr) -> String {
+        format!("mysql://root@{addr}/{DATABASE}")
     }
 
     /// The TCP address.

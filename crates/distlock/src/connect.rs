@@ -14,10 +14,11 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// | `redis`, `rediss` | `redis://[user:pass@]host:port[/db][?wait_replicas=1&wait_timeout=200ms&request_timeout=5s&connect_timeout=3s]`, `rediss://…?ca=/path/ca.pem`: Redisson-compatible layout |
 /// | `redis+sentinel` | `redis+sentinel://[user:pass@]h:p,h:p/<master name>[/db]`: the master re-resolved on every reconnect |
 /// | `redis+cluster` | `redis+cluster://[user:pass@]h:p,h:p`: slot-aware, sharded pub/sub |
+/// | `mysql`, `mariadb` | `mysql://user:pw@host:3306/db[?mode=advisory|row|lease&table=distlock_locks&schema=db]`: `GET_LOCK`, `SELECT … FOR UPDATE` or a versioned lease row; the rest of the URL is mysql_async's |
 /// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s&request_timeout=5s&connect_timeout=5s]`, `etcds://…?ca=/path/ca.pem`: Go-compatible `concurrency.Mutex` layout |
 ///
 /// Every URL may carry `?lease=DURATION` (default 30 s; for etcd the session TTL), the lease of the
-/// locks it hands out. `redlock`, `zk`, `postgres` and `mysql` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
+/// locks it hands out. `redlock`, `zk` and `postgres` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
 /// scheme whose cargo feature is off fails with [`ErrorKind::InvalidConfig`] naming the feature.
 ///
 /// ```
@@ -46,7 +47,8 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "file" => file(&parsed, defaults),
         "etcd" | "etcds" => etcd(&parsed, lease).await,
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis(&parsed, defaults).await,
-        scheme @ ("redlock" | "zk" | "postgres" | "postgresql" | "mysql" | "mariadb") => Err(Error::new(
+        "mysql" | "mariadb" => mysql(url, defaults).await,
+        scheme @ ("redlock" | "zk" | "postgres" | "postgresql") => Err(Error::new(
             ErrorKind::Unsupported,
             format!(
                 "the {scheme}:// backend is not part of this version of distlock yet; use file:///dir or memory://"
@@ -122,6 +124,22 @@ async fn etcd(_url: &LockUrl, _lease: Option<std::time::Duration>) -> Result<Loc
     Err(Error::new(
         ErrorKind::InvalidConfig,
         "etcd:// needs distlock's `etcd` cargo feature, which is not enabled",
+    ))
+}
+
+/// MySQL / MariaDB: `mysql://` and `mariadb://` (`?mode=advisory|row|lease&table=&schema=`), the URL
+/// handed to mysql_async as written (`mariadb://` spelled `mysql://`).
+#[cfg(feature = "mysql")]
+async fn mysql(url: &str, defaults: LockOptions) -> Result<Locks> {
+    let backend = Box::pin(distlock_sql::mysql::connect(url)).await?;
+    Ok(Locks::with_defaults(backend, defaults))
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn mysql(_url: &str, _defaults: LockOptions) -> Result<Locks> {
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        "mysql:// and mariadb:// need distlock's `mysql` cargo feature, which is not enabled",
     ))
 }
 

@@ -1,0 +1,1 @@
+//! Resource-side fencing for MariaDB / MySQL (not built yet).
