@@ -70,3 +70,11 @@ mod advisory {
     }
     distlock_testkit::conformance_suite!(provider);
 }
+
+mod lease {
+    use super::*;
+    async fn provider() -> Mariadb {
+        start("lease")
+    }
+    distlock_testkit::conformance_suite!(provider);
+}

@@ -35,7 +35,8 @@ pub(crate) struct Limits {
 
 /// Driver options from the URL as written: `mariadb://` becomes `mysql://` (the only change), and
 /// `prefer_socket` is off unless the URL sets it (mysql_async would otherwise switch a loopback TCP
-/// connection to the server's unix socket, bypassing whatever the URL points at).
+/// connection to the server's unix socket, bypassing whatever the URL points at). `client_found_rows` is
+/// always off.
 pub(crate) fn driver_opts(url: &str) -> Result<Opts, SqlError> {
     let url = match url.strip_prefix("mariadb://") {
         Some(rest) => format!("mysql://{rest}"),
@@ -46,7 +47,9 @@ pub(crate) fn driver_opts(url: &str) -> Result<Opts, SqlError> {
             "the MySQL driver refused the URL: {e} (driver parameters are mysql_async's, e.g. require_ssl=true)"
         ))
     })?;
-    let mut builder = OptsBuilder::from_opts(opts);
+    // Affected-row counts mean "rows changed": the lease mode tells a taken row (1 inserted, 2 updated)
+    // from a busy one (0 changed) by them.
+    let mut builder = OptsBuilder::from_opts(opts).client_found_rows(false);
     if !url.contains("prefer_socket=") {
         builder = builder.prefer_socket(false);
     }

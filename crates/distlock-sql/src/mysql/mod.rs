@@ -191,6 +191,7 @@ impl Inner {
 #[derive(Debug, Default)]
 pub struct MysqlAcquisition {
     advisory: advisory::Waiting,
+    backoff: Option<distlock_core::retry::Backoff>,
 }
 
 /// What is kept for a held lock.
@@ -258,7 +259,7 @@ impl Backend for MysqlBackend {
         let inner = &self.inner;
         let waited = match inner.config.mode {
             Mode::Lease => {
-                lease::wait(retry_after).await;
+                lease::wait(&mut acquisition.backoff, retry_after).await;
                 Ok(())
             }
             Mode::Row => row::wait(inner, &mut acquisition.advisory, request).await,
