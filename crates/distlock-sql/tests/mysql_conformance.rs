@@ -78,3 +78,11 @@ mod lease {
     }
     distlock_testkit::conformance_suite!(provider);
 }
+
+mod row {
+    use super::*;
+    async fn provider() -> Mariadb {
+        start("row")
+    }
+    distlock_testkit::conformance_suite!(provider);
+}

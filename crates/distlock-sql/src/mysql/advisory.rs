@@ -25,25 +25,88 @@ use crate::error::SqlError;
 
 /// How long one in-server wait lasts before the core tries again (a wait has no deadline of its own:
 /// the core drops it at the acquire's limit and `abandon` ends it).
-const WAIT_SLICE_SECS: u64 = 30;
+pub(crate) const WAIT_SLICE_SECS: u64 = 30;
 
 type WaitTask = JoinHandle<(Session, Result<Option<i64>, SqlError>)>;
 
 /// An acquire under way: the session it tries on, and a wait in the server.
 #[derive(Debug, Default)]
 pub struct Waiting {
-    session: Option<Session>,
+    pub(crate) session: Option<Session>,
     task: Option<(u64, WaitTask)>,
     /// A finished wait's session and answer, not yet looked at by a try.
-    done: Option<(Session, Option<i64>)>,
+    pub(crate) done: Option<(Session, Option<i64>)>,
 }
 
-/// A held advisory lock.
+/// What a held session holds: a `GET_LOCK` name, or a row locked in an open transaction. The statements
+/// that wait for it, probe it, release it and undo an abandoned grant differ; the rest is shared.
+#[derive(Debug, Clone)]
+pub(crate) enum Flavor {
+    /// `GET_LOCK(key)`.
+    Advisory { key: String },
+    /// `SELECT … FOR UPDATE` of the row `row` (a SQL literal) of `table`.
+    Row { table: String, row: String },
+}
+
+impl Flavor {
+    fn undo_sql(&self) -> String {
+        match self {
+            Flavor::Advisory { key } => format!("DO RELEASE_LOCK('{key}')"),
+            Flavor::Row { .. } => "ROLLBACK".into(),
+        }
+    }
+
+    fn probe_sql(&self) -> String {
+        match self {
+            Flavor::Advisory { key } => format!("SELECT CONNECTION_ID(), IS_USED_LOCK('{key}')"),
+            Flavor::Row { .. } => "SELECT CONNECTION_ID(), @@in_transaction".into(),
+        }
+    }
+
+    /// Whether the probe's second column says the session still holds the lock.
+    fn probe_holds(&self, session_id: u64, second: Option<u64>) -> bool {
+        match self {
+            Flavor::Advisory { .. } => second == Some(session_id),
+            Flavor::Row { .. } => second == Some(1),
+        }
+    }
+
+    /// Runs the in-server wait on `session`: `Some(1)` when it got the lock, `Some(0)` when the slice
+    /// ended without it.
+    async fn wait_once(&self, session: &mut Session) -> Result<Option<i64>, SqlError> {
+        match self {
+            Flavor::Advisory { key } => session
+                .conn
+                .query_first::<Option<i64>, _>(format!(
+                    "SELECT GET_LOCK('{key}', {WAIT_SLICE_SECS})"
+                ))
+                .await
+                .map(Option::flatten)
+                .map_err(|e| conn::map_error("waiting in GET_LOCK", e)),
+            Flavor::Row { table, row } => {
+                super::row::wait_for_row(session, table, row, false).await
+            }
+        }
+    }
+}
+
+/// A held advisory or row lock: the session that holds it.
 #[derive(Debug)]
 pub struct Held {
     session: Arc<Mutex<Option<Session>>>,
-    key: String,
+    flavor: Flavor,
     id: u64,
+}
+
+impl Held {
+    pub(crate) fn new(session: Session, flavor: Flavor) -> Held {
+        let id = session.id;
+        Held {
+            session: Arc::new(Mutex::new(Some(session))),
+            flavor,
+            id,
+        }
+    }
 }
 
 impl Held {
@@ -64,9 +127,9 @@ pub(crate) async fn set_wait_timeout(
         bounded(
             "setting wait_timeout",
             inner.limits.request,
-            session
-                .conn
-                .query_drop(format!("SET SESSION wait_timeout = {secs}")),
+            session.conn.query_drop(format!(
+                "SET SESSION wait_timeout = {secs}, innodb_lock_wait_timeout = {WAIT_SLICE_SECS}"
+            )),
         )
         .await?;
         session.wait_timeout = Some(secs);
@@ -114,12 +177,7 @@ pub(crate) async fn try_acquire(
     // Won. On any error from here the session is dropped, which closes it and frees the lock.
     let token = inner.bump_fence(&mut session.conn, &request.name).await?;
     let loss = session.loss_signal();
-    let id = session.id;
-    let held = Held {
-        session: Arc::new(Mutex::new(Some(session))),
-        key,
-        id,
-    };
+    let held = Held::new(session, Flavor::Advisory { key });
     let mut grant = Grant::new(MysqlLease::Advisory(held))
         .with_token(FencingToken::new(token))
         .with_ttl(request.lease);
@@ -137,22 +195,14 @@ pub(crate) fn session_changed(expected: u64, got: u64) -> SqlError {
     ))
 }
 
-pub(crate) async fn wait(waiting: &mut Waiting, request: &AcquireRequest) -> Result<(), SqlError> {
+pub(crate) async fn wait(waiting: &mut Waiting, flavor: Flavor) -> Result<(), SqlError> {
     if waiting.task.is_none() {
         let Some(mut session) = waiting.session.take() else {
             return Ok(()); // nothing to wait on: the core tries again
         };
-        let key = advisory_name(&request.name);
         let id = session.id;
         let task = tokio::spawn(async move {
-            let got = session
-                .conn
-                .query_first::<Option<i64>, _>(format!(
-                    "SELECT GET_LOCK('{key}', {WAIT_SLICE_SECS})"
-                ))
-                .await
-                .map(Option::flatten)
-                .map_err(|e| conn::map_error("waiting in GET_LOCK", e));
+            let got = flavor.wait_once(&mut session).await;
             (session, got)
         });
         waiting.task = Some((id, task));
@@ -168,7 +218,12 @@ pub(crate) async fn wait(waiting: &mut Waiting, request: &AcquireRequest) -> Res
     Ok(())
 }
 
-pub(crate) async fn abandon(inner: &Inner, mut waiting: Waiting, request: &AcquireRequest) {
+pub(crate) async fn abandon(
+    inner: &Inner,
+    mut waiting: Waiting,
+    request: &AcquireRequest,
+    flavor: Flavor,
+) {
     if let Some((id, task)) = waiting.task.take() {
         if let Err(e) = conn::kill_query(&inner.control, &inner.opts, &inner.limits, id).await {
             tracing::warn!(lock = %request.name, error = %e, "KILL QUERY of an abandoned wait failed; closing its session");
@@ -183,22 +238,24 @@ pub(crate) async fn abandon(inner: &Inner, mut waiting: Waiting, request: &Acqui
             }
         }
     }
-    if let Some((mut session, got)) = waiting.done.take() {
-        if got == Some(1) {
-            let key = advisory_name(&request.name);
+    // A row session may be left in a transaction by the killed statement: always roll back.
+    let always = matches!(flavor, Flavor::Row { .. });
+    let sessions = [
+        waiting.done.take(),
+        waiting.session.take().map(|s| (s, None)),
+    ];
+    for (mut session, got) in sessions.into_iter().flatten() {
+        if got == Some(1) || always {
             let undone = bounded(
                 "undoing an abandoned grant",
                 inner.limits.request,
-                session.conn.query_drop(format!("DO RELEASE_LOCK('{key}')")),
+                session.conn.query_drop(flavor.undo_sql()),
             )
             .await;
             if undone.is_err() {
-                return; // dropped: closing the session frees it
+                continue; // dropped: closing the session frees it
             }
         }
-        inner.pool.checkin(session);
-    }
-    if let Some(session) = waiting.session.take() {
         inner.pool.checkin(session);
     }
 }
@@ -212,7 +269,7 @@ pub(crate) async fn probe<'a>(
     ttl: Duration,
 ) -> (RenewalId, &'a str, Result<Renewed, SqlError>) {
     let slot = held.session.clone().lock_owned().await;
-    let key = held.key.clone();
+    let flavor = held.flavor.clone();
     let request = inner.limits.request;
     let wait_secs = whole_seconds(ttl).max(1);
     let task = tokio::spawn(async move {
@@ -236,9 +293,7 @@ pub(crate) async fn probe<'a>(
         let row: Option<(u64, Option<u64>)> = bounded(
             "probing the lock's session",
             request,
-            session
-                .conn
-                .query_first(format!("SELECT CONNECTION_ID(), IS_USED_LOCK('{key}')")),
+            session.conn.query_first(flavor.probe_sql()),
         )
         .await?;
         let Some((now_id, holder)) = row else {
@@ -249,14 +304,14 @@ pub(crate) async fn probe<'a>(
                 reason: session_changed(session.id, now_id).to_string(),
             });
         }
-        if holder == Some(session.id) {
+        if flavor.probe_holds(session.id, holder) {
             Ok(Renewed::Extended {
                 ttl: Duration::from_secs(wait_secs).min(ttl.max(Duration::from_millis(1))),
             })
         } else {
             Ok(Renewed::Gone {
                 reason: format!(
-                    "IS_USED_LOCK shows {holder:?}, not the lock's session {}",
+                    "the probe found the lock no longer held by session {} ({holder:?})",
                     session.id
                 ),
             })
@@ -277,18 +332,39 @@ pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlE
     if session.server_closed() {
         return Ok(Released::NotHeld);
     }
-    let got: Option<Option<i64>> = bounded(
-        "RELEASE_LOCK",
-        inner.limits.request,
-        session
-            .conn
-            .query_first(format!("SELECT RELEASE_LOCK('{}')", held.key)),
-    )
-    .await?;
+    let released = match &held.flavor {
+        Flavor::Advisory { key } => {
+            let got: Option<Option<i64>> = bounded(
+                "RELEASE_LOCK",
+                inner.limits.request,
+                session
+                    .conn
+                    .query_first(format!("SELECT RELEASE_LOCK('{key}')")),
+            )
+            .await?;
+            got.flatten() == Some(1)
+        }
+        Flavor::Row { .. } => {
+            let in_txn: Option<Option<u64>> = bounded(
+                "ending the lock's transaction",
+                inner.limits.request,
+                session.conn.query_first("SELECT @@in_transaction"),
+            )
+            .await?;
+            bounded(
+                "ending the lock's transaction",
+                inner.limits.request,
+                session.conn.query_drop("ROLLBACK"),
+            )
+            .await?;
+            in_txn.flatten() == Some(1)
+        }
+    };
     inner.pool.checkin(session);
-    Ok(match got.flatten() {
-        Some(1) => Released::Released,
-        _ => Released::NotHeld,
+    Ok(if released {
+        Released::Released
+    } else {
+        Released::NotHeld
     })
 }
 

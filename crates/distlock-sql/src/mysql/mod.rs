@@ -200,7 +200,7 @@ pub enum MysqlLease {
     /// `GET_LOCK` on a held session.
     Advisory(advisory::Held),
     /// A row lock in a held transaction.
-    Row(row::Held),
+    Row(advisory::Held),
     /// A versioned lease row.
     Lease(lease::Held),
 }
@@ -262,8 +262,17 @@ impl Backend for MysqlBackend {
                 lease::wait(&mut acquisition.backoff, retry_after).await;
                 Ok(())
             }
-            Mode::Row => row::wait(inner, &mut acquisition.advisory, request).await,
-            _ => advisory::wait(&mut acquisition.advisory, request).await,
+            Mode::Row => {
+                advisory::wait(&mut acquisition.advisory, row::flavor(inner, &request.name)).await
+            }
+            _ => {
+                let key = advisory_name(&request.name);
+                advisory::wait(
+                    &mut acquisition.advisory,
+                    advisory::Flavor::Advisory { key },
+                )
+                .await
+            }
         };
         waited.map_err(|e| inner.error(e, Some(&request.name)))
     }
@@ -272,8 +281,15 @@ impl Backend for MysqlBackend {
         let inner = &self.inner;
         match inner.config.mode {
             Mode::Lease => lease::abandon(inner, request).await,
-            Mode::Row => row::abandon(inner, acquisition.advisory).await,
-            _ => advisory::abandon(inner, acquisition.advisory, request).await,
+            Mode::Row => {
+                let flavor = row::flavor(inner, &request.name);
+                advisory::abandon(inner, acquisition.advisory, request, flavor).await
+            }
+            _ => {
+                let key = advisory_name(&request.name);
+                let flavor = advisory::Flavor::Advisory { key };
+                advisory::abandon(inner, acquisition.advisory, request, flavor).await
+            }
         }
     }
 
@@ -300,7 +316,7 @@ impl Backend for MysqlBackend {
                     )));
                 }
                 MysqlLease::Row(held) => {
-                    probes.push(Box::pin(row::probe(
+                    probes.push(Box::pin(advisory::probe(
                         inner, entry.id, held, entry.name, entry.ttl,
                     )));
                 }
@@ -321,7 +337,7 @@ impl Backend for MysqlBackend {
         let inner = &self.inner;
         let released = match lease {
             MysqlLease::Advisory(held) => advisory::release(inner, held).await,
-            MysqlLease::Row(held) => row::release(inner, held).await,
+            MysqlLease::Row(held) => advisory::release(inner, held).await,
             MysqlLease::Lease(held) => lease::release(inner, held, name, owner).await,
         };
         released.map_err(|e| inner.error(e, Some(name)))
