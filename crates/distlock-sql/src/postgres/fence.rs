@@ -1,0 +1,1 @@
+//! Resource-side fencing for PostgreSQL (to be written).
