@@ -239,7 +239,7 @@ fn ready_probe(socket_dir: PathBuf, port: u16) -> ReadyProbe {
             .arg("-q")
             .arg("-h")
             .arg(&socket_dir)
-            .args(["-p", &port.to_string(), "-t", "1"])
+            .args(["-p", &port.to_string(), "-t", "1", "-U", SUPERUSER, "-d", "postgres"])
             .status();
         match status {
             Ok(s) if s.success() => Probe::Ready,

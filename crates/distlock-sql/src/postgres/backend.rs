@@ -13,7 +13,7 @@ use tokio::sync::{broadcast, Mutex};
 use tokio_postgres::types::Type;
 
 use super::conn::{driver_config, Conn};
-use super::layout::Tables;
+use super::layout::{self, Tables};
 use super::{inspect, lease, session};
 use crate::config::{Mode, SqlConfig};
 use crate::error::SqlError;
@@ -44,6 +44,9 @@ pub(crate) struct Inner {
     control: Mutex<Option<Arc<Conn>>>,
     /// Lease-mode wake-ups: payloads (lock names) of the `NOTIFY`s on the control connection.
     pub(crate) notify: broadcast::Sender<String>,
+    /// A dedicated connection opened ahead (advisory and row modes), so an acquire does not pay for
+    /// the connection setup (TCP, SCRAM) between reading its clock and its grant.
+    spare: Mutex<Option<Conn>>,
 }
 
 impl Inner {
@@ -56,6 +59,51 @@ impl Inner {
     pub(crate) async fn open(&self, listen: bool) -> std::result::Result<Conn, SqlError> {
         let notify = listen.then(|| self.notify.clone());
         Conn::open(&self.driver, self.config.connection.connect_timeout, notify).await
+    }
+
+    /// A connection for a lock: the spare opened ahead if it is still open, else a new one; a new
+    /// spare is opened in the background.
+    pub(crate) async fn dedicated(self: &Arc<Self>) -> std::result::Result<Conn, SqlError> {
+        let spare = self.spare.lock().await.take();
+        self.refill_spare();
+        match spare {
+            Some(conn) if conn.closed_reason().is_none() => Ok(conn),
+            _ => self.open_dedicated().await,
+        }
+    }
+
+    async fn open_dedicated(&self) -> std::result::Result<Conn, SqlError> {
+        let conn = self.open(false).await?;
+        Conn::bounded(
+            "setting up the session",
+            self.request_timeout(),
+            conn.client.batch_execute(layout::HOLDER_SETTINGS),
+        )
+        .await?;
+        Ok(conn)
+    }
+
+    fn refill_spare(self: &Arc<Self>) {
+        if self.config.mode == Mode::Lease || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let Some(inner) = weak.upgrade() else { return };
+            if inner.spare.lock().await.as_ref().is_some_and(|c| c.closed_reason().is_none()) {
+                return;
+            }
+            // Opened without holding the slot, so an acquire never waits for a spare being made.
+            match inner.open_dedicated().await {
+                Ok(conn) => {
+                    let mut slot = inner.spare.lock().await;
+                    if slot.as_ref().is_none_or(|c| c.closed_reason().is_some()) {
+                        *slot = Some(conn);
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "could not open a spare connection"),
+            }
+        });
     }
 
     /// The control connection, reconnected if it has closed.
@@ -147,8 +195,10 @@ impl PostgresBackend {
                 tables,
                 control: Mutex::new(None),
                 notify,
+                spare: Mutex::new(None),
             }),
         };
+        backend.inner.refill_spare();
         backend
             .inner
             .ensure_schema()
@@ -227,7 +277,7 @@ impl Backend for PostgresBackend {
         let inner = &self.inner;
         let attempt = match inner.config.mode {
             Mode::Lease => lease::try_acquire(inner, &mut acquisition.lease, request).await,
-            _ => session::try_acquire(inner, &mut acquisition.session, request).await,
+            _ => session::try_acquire(&self.inner, &mut acquisition.session, request).await,
         };
         attempt.map_err(|e| e.into_core(BACKEND, Some(&request.name)))
     }
@@ -244,7 +294,7 @@ impl Backend for PostgresBackend {
                 lease::wait(&mut acquisition.lease, request, retry_after).await;
                 Ok(())
             }
-            _ => session::wait(inner, &mut acquisition.session, request).await,
+            _ => session::wait(&self.inner, &mut acquisition.session, request).await,
         };
         waited.map_err(|e| e.into_core(BACKEND, Some(&request.name)))
     }

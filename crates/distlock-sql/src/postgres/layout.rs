@@ -39,12 +39,13 @@ pub const SCHEMA_LOCK_KEY: &str = "distlock schema";
 /// The suffix of the fencing counter table's name.
 pub const FENCE_SUFFIX: &str = "_fence";
 
-/// The advisory key of a lock name (see the [module docs](self)).
+/// The advisory key of a lock name (see the [module docs](self)). The same number in Python:
+/// `struct.unpack('<q', hashlib.sha1(name.encode()).digest()[:8])[0]`.
 ///
 /// ```
 /// use distlock_sql::postgres::layout::advisory_key;
-/// assert_eq!(advisory_key("orders/42"), 4_398_396_452_236_706_542);
-/// assert_eq!(advisory_key("Orders/42"), -1_620_155_883_049_044_004);
+/// assert_eq!(advisory_key("orders/42"), 5_352_588_492_203_550_839);
+/// assert_eq!(advisory_key("Orders/42"), -7_389_573_467_798_880_305);
 /// assert_ne!(advisory_key("a"), advisory_key("A"));
 /// ```
 pub fn advisory_key(name: &str) -> i64 {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, RenewalId, Renewed};
 use distlock_core::FencingToken;
 use tokio::sync::broadcast;
+use tokio_postgres::types::Type;
 
 use super::backend::{Inner, LeaseKind, PgLease};
 use super::conn::Conn;
@@ -53,7 +54,10 @@ pub(crate) async fn try_acquire(
     let rows = Conn::bounded(
         "taking the lease",
         bound,
-        conn.client.query(&take, &[&name, &owner, &ms(request.lease)]),
+        conn.client.query_typed(
+            &take,
+            &[(&name, Type::TEXT), (&owner, Type::TEXT), (&ms(request.lease), Type::INT8)],
+        ),
     )
     .await?;
     if let Some(row) = rows.first() {
@@ -72,7 +76,7 @@ pub(crate) async fn try_acquire(
         ));
     }
     let holder = inner.tables.lease_holder();
-    let rows = Conn::bounded("reading the holder", bound, conn.client.query(&holder, &[&name])).await?;
+    let rows = Conn::bounded("reading the holder", bound, conn.client.query_typed(&holder, &[(&name, Type::TEXT)])).await?;
     let retry_after = rows
         .first()
         .and_then(|row| row.try_get::<_, i64>(2).ok())
@@ -121,7 +125,7 @@ pub(crate) async fn abandon(inner: &Inner, request: &AcquireRequest) {
         Conn::bounded(
             "undoing the acquire",
             inner.request_timeout(),
-            conn.client.query(&sql, &[&name, &owner]),
+            conn.client.query_typed(&sql, &[(&name, Type::TEXT), (&owner, Type::TEXT)]),
         )
         .await
     };
@@ -150,7 +154,15 @@ pub(crate) async fn renew(
         Conn::bounded(
             "renewing leases",
             bound,
-            conn.client.query(&sql, &[&names, &owners, &versions, &ttls]),
+            conn.client.query_typed(
+                &sql,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&owners, Type::TEXT_ARRAY),
+                    (&versions, Type::INT8_ARRAY),
+                    (&ttls, Type::INT8_ARRAY),
+                ],
+            ),
         )
         .await
     };
@@ -203,7 +215,10 @@ pub(crate) async fn release(
     let rows = Conn::bounded(
         "releasing the lease",
         inner.request_timeout(),
-        conn.client.query(&sql, &[&name, &owner, &held.version]),
+        conn.client.query_typed(
+            &sql,
+            &[(&name, Type::TEXT), (&owner, Type::TEXT), (&held.version, Type::INT8)],
+        ),
     )
     .await?;
     Ok(if rows.is_empty() {

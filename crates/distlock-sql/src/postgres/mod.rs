@@ -35,6 +35,8 @@ mod lease;
 mod session;
 
 pub use backend::{PgAcquisition, PgLease, PostgresBackend};
+/// The driver, for [`fence`] and for tests that talk to the server directly.
+pub use tokio_postgres;
 
 /// `postgres://…` / `postgresql://…`: the entry point the facade's `connect` uses. See
 /// [`SqlConfig::from_url`](crate::SqlConfig::from_url).

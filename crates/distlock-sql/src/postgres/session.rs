@@ -14,17 +14,19 @@
 //! the driver's cancel request and closes the connection, so the wait can never take the lock later
 //! (and `client_connection_check_interval` ends a wait whose client vanished).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, RenewalId, Renewed};
 use distlock_core::FencingToken;
 use futures_util::future::join_all;
 use tokio::sync::Mutex;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::SimpleQueryMessage;
 
 use super::backend::{Inner, LeaseKind, PgLease};
 use super::conn::{is_lock_not_available, map_error, Conn};
-use super::layout::{self, HOLDER_SETTINGS};
+use super::layout;
 use crate::config::{AdvisoryKey, Mode};
 use crate::error::SqlError;
 
@@ -62,17 +64,28 @@ fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Sets the session's idle bound to `ttl` and reads `pg_backend_pid()`; refuses another pid than
-/// `expected`.
-async fn probe(conn: &Conn, ttl: Duration, bound: Duration, expected: i32) -> Result<(), SqlError> {
-    let sql = layout::session_bound(ttl_ms(ttl));
+/// Sets the session's idle bound to `ttl` and reads `pg_backend_pid()`, refusing another pid than
+/// `expected`; then runs `then` (a statement without parameters) in the same round trip and returns
+/// the first column of its first row.
+async fn probe(
+    conn: &Conn,
+    ttl: Duration,
+    bound: Duration,
+    expected: i32,
+    then: Option<&str>,
+) -> Result<Option<String>, SqlError> {
+    let mut sql = layout::session_bound(ttl_ms(ttl));
+    if let Some(then) = then {
+        sql = format!("{sql}; {then}");
+    }
     let messages = Conn::bounded("probing the session", bound, conn.client.simple_query(&sql)).await?;
-    let pid = messages.iter().find_map(|m| match m {
-        SimpleQueryMessage::Row(row) => row.get(0).and_then(|p| p.parse::<i32>().ok()),
+    let mut rows = messages.iter().filter_map(|m| match m {
+        SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_string)),
         _ => None,
     });
+    let pid = rows.next().flatten().and_then(|p| p.parse::<i32>().ok());
     match pid {
-        Some(pid) if pid == expected => Ok(()),
+        Some(pid) if pid == expected => Ok(rows.next().flatten()),
         Some(pid) => Err(SqlError::SessionChanged(format!(
             "pg_backend_pid() changed from {expected} to {pid} on one connection: a transaction pooler \
              (PgBouncer in transaction mode) sits between distlock and PostgreSQL, so session locks are not \
@@ -84,22 +97,13 @@ async fn probe(conn: &Conn, ttl: Duration, bound: Duration, expected: i32) -> Re
 
 /// The dedicated connection of this acquire, opened (with the holder settings and the idle bound) on
 /// first use.
-async fn connection(
-    inner: &Inner,
-    acquiring: &mut Acquiring,
-    lease: Duration,
-) -> Result<(), SqlError> {
+async fn connection(inner: &Arc<Inner>, acquiring: &mut Acquiring) -> Result<(), SqlError> {
     if acquiring.conn.as_ref().is_some_and(|c| c.closed_reason().is_some()) {
         acquiring.conn = None;
         acquiring.stage = Stage::Idle;
     }
     if acquiring.conn.is_none() {
-        let conn = inner.open(false).await?;
-        let bound = inner.request_timeout();
-        Conn::bounded("setting up the session", bound, conn.client.batch_execute(HOLDER_SETTINGS))
-            .await?;
-        probe(&conn, lease, bound, conn.pid).await?;
-        acquiring.conn = Some(conn);
+        acquiring.conn = Some(inner.dedicated().await?);
     }
     Ok(())
 }
@@ -112,7 +116,7 @@ fn conn_of(acquiring: &Acquiring) -> Result<&Conn, SqlError> {
 }
 
 pub(crate) async fn try_acquire(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     acquiring: &mut Acquiring,
     request: &AcquireRequest,
 ) -> Result<Attempt<PgLease>, SqlError> {
@@ -123,13 +127,19 @@ pub(crate) async fn try_acquire(
         // A wait whose answer never came back here: do not reuse its connection.
         discard(acquiring).await;
     }
-    connection(inner, acquiring, request.lease).await?;
+    connection(inner, acquiring).await?;
     let stage = acquiring.stage;
     let conn = conn_of(acquiring)?;
-    if stage != Stage::Locked {
+    let lease = request.lease;
+    if stage == Stage::Locked {
+        probe(conn, lease, bound, conn.pid, None).await?;
+    } else {
         let locked = match key {
-            Some(key) => try_advisory(conn, key, bound).await?,
-            None => try_row(inner, conn, &request.name, bound).await?,
+            Some(key) => {
+                let sql = layout::advisory(key, "pg_try_advisory_lock");
+                probe(conn, lease, bound, conn.pid, Some(&sql)).await?.as_deref() == Some("t")
+            }
+            None => try_row(inner, conn, &request.name, lease, bound).await?,
         };
         if !locked {
             return Ok(Attempt::Busy { retry_after: None });
@@ -155,20 +165,24 @@ pub(crate) async fn try_acquire(
     ))
 }
 
-async fn try_advisory(conn: &Conn, key: AdvisoryKey, bound: Duration) -> Result<bool, SqlError> {
-    let sql = layout::advisory(key, "pg_try_advisory_lock");
-    let row = Conn::bounded("pg_try_advisory_lock", bound, conn.client.query_one(&sql, &[])).await?;
-    row.try_get(0)
-        .map_err(|e| SqlError::Protocol(format!("pg_try_advisory_lock returned {e}")))
-}
-
 /// Row mode: the row exists (autocommit), then `BEGIN` and `FOR UPDATE NOWAIT`; busy rolls back.
-async fn try_row(inner: &Inner, conn: &Conn, name: &str, bound: Duration) -> Result<bool, SqlError> {
+async fn try_row(
+    inner: &Inner,
+    conn: &Conn,
+    name: &str,
+    lease: Duration,
+    bound: Duration,
+) -> Result<bool, SqlError> {
     let ensure = inner.tables.ensure_row();
-    Conn::bounded("creating the lock row", bound, conn.client.execute(&ensure, &[&name])).await?;
-    Conn::bounded("BEGIN", bound, conn.client.batch_execute("BEGIN")).await?;
+    Conn::bounded(
+        "creating the lock row",
+        bound,
+        conn.client.execute_typed(&ensure, &[(&name, Type::TEXT)]),
+    )
+    .await?;
+    probe(conn, lease, bound, conn.pid, Some("BEGIN")).await?;
     let lock = inner.tables.lock_row(true);
-    match tokio::time::timeout(bound, conn.client.query(&lock, &[&name])).await {
+    match tokio::time::timeout(bound, conn.client.query_typed(&lock, &[(&name, Type::TEXT)])).await {
         Err(_) => Err(SqlError::Timeout {
             action: "SELECT … FOR UPDATE NOWAIT",
             after: bound,
@@ -194,13 +208,18 @@ async fn next_token(
 ) -> Result<FencingToken, SqlError> {
     let sql = inner.tables.next_token();
     let bound = inner.request_timeout();
+    let params: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
     let row = if advisory {
-        Conn::bounded("minting the fencing token", bound, conn.client.query_one(&sql, &[&name]))
+        Conn::bounded("minting the fencing token", bound, conn.client.query_typed_one(&sql, &params))
             .await?
     } else {
         let control = inner.control().await?;
-        Conn::bounded("minting the fencing token", bound, control.client.query_one(&sql, &[&name]))
-            .await?
+        Conn::bounded(
+            "minting the fencing token",
+            bound,
+            control.client.query_typed_one(&sql, &params),
+        )
+        .await?
     };
     let token: i64 = row
         .try_get(0)
@@ -215,17 +234,18 @@ async fn next_token(
 /// Waits in the server until the lock is this session's (`pg_advisory_lock`, or `FOR UPDATE` in a
 /// transaction). If this future is dropped, `abandon` cancels the statement and closes the connection.
 pub(crate) async fn wait(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     acquiring: &mut Acquiring,
     request: &AcquireRequest,
 ) -> Result<(), SqlError> {
     let bound = inner.request_timeout();
     let advisory = inner.config.mode == Mode::Advisory;
     let key = layout::key_for(&request.name, inner.config.key);
-    connection(inner, acquiring, request.lease).await?;
-    if !advisory {
+    connection(inner, acquiring).await?;
+    {
         let conn = conn_of(acquiring)?;
-        Conn::bounded("BEGIN", bound, conn.client.batch_execute("BEGIN")).await?;
+        let begin = (!advisory).then_some("BEGIN");
+        probe(conn, request.lease, bound, conn.pid, begin).await?;
     }
     let sql = if advisory {
         layout::advisory(key, "pg_advisory_lock")
@@ -238,7 +258,7 @@ pub(crate) async fn wait(
     let waited = if advisory {
         client.query(&sql, &[]).await
     } else {
-        client.query(&sql, &[&name]).await
+        client.query_typed(&sql, &[(&name, Type::TEXT)]).await
     };
     match waited {
         Ok(_) => {
@@ -279,8 +299,8 @@ pub(crate) async fn renew(
             }),
             Some(conn) => match conn.closed_reason() {
                 Some(reason) => Ok(Renewed::Gone { reason }),
-                None => match probe(conn, entry.ttl, bound.min(entry.ttl), held.pid).await {
-                    Ok(()) => Ok(Renewed::Extended { ttl: entry.ttl }),
+                None => match probe(conn, entry.ttl, bound.min(entry.ttl), held.pid, None).await {
+                    Ok(_) => Ok(Renewed::Extended { ttl: entry.ttl }),
                     Err(SqlError::SessionChanged(reason)) => Ok(Renewed::Gone { reason }),
                     Err(e) => match conn.closed_reason() {
                         Some(reason) => Ok(Renewed::Gone { reason }),
