@@ -26,14 +26,27 @@ async fn bad_input_is_a_typed_error_and_leaves_nothing() {
         kind_of(&format!("postgres://postgres:{PASSWORD}@{addr}/nosuchdb")).await,
         ErrorKind::InvalidConfig
     );
-    assert_eq!(kind_of(&format!("{base}?bogus_option=1")).await, ErrorKind::InvalidConfig);
-    assert_eq!(kind_of(&format!("{base}?mode=bogus")).await, ErrorKind::InvalidConfig);
-    assert_eq!(kind_of(&format!("{base}?table=bad-name")).await, ErrorKind::InvalidConfig);
+    assert_eq!(
+        kind_of(&format!("{base}?bogus_option=1")).await,
+        ErrorKind::InvalidConfig
+    );
+    assert_eq!(
+        kind_of(&format!("{base}?mode=bogus")).await,
+        ErrorKind::InvalidConfig
+    );
+    assert_eq!(
+        kind_of(&format!("{base}?table=bad-name")).await,
+        ErrorKind::InvalidConfig
+    );
     assert_eq!(kind_of("mysql://h/db").await, ErrorKind::InvalidConfig);
     // Nothing listens there.
     let closed = distlock_testkit::ports::reserve().unwrap();
     assert_eq!(
-        kind_of(&format!("postgres://postgres:x@{}/postgres?connect_timeout=2", closed.addr())).await,
+        kind_of(&format!(
+            "postgres://postgres:x@{}/postgres?connect_timeout=2",
+            closed.addr()
+        ))
+        .await,
         ErrorKind::Unavailable
     );
 
@@ -44,7 +57,9 @@ async fn bad_input_is_a_typed_error_and_leaves_nothing() {
     let app = format!("postgres://app:apppw@{addr}/postgres");
     assert_eq!(kind_of(&app).await, ErrorKind::PermissionDenied);
     assert_eq!(
-        server.psql("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'distlock%'").unwrap(),
+        server
+            .psql("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'distlock%'")
+            .unwrap(),
         "0"
     );
     // Once the superuser made the tables and granted their use, the role works.
@@ -61,16 +76,24 @@ async fn bad_input_is_a_typed_error_and_leaves_nothing() {
     server
         .psql("CREATE TABLE wrong (name text PRIMARY KEY, owner int); CREATE TABLE wrong_fence (name text, token bigint)")
         .unwrap();
-    let err = PostgresBackend::connect(&format!("{base}?table=wrong")).await.unwrap_err();
+    let err = PostgresBackend::connect(&format!("{base}?table=wrong"))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
     server.psql("CREATE TABLE wrong2 (name text PRIMARY KEY, owner text, expires_at text, version bigint)").unwrap();
-    let err = PostgresBackend::connect(&format!("{base}?table=wrong2")).await.unwrap_err();
+    let err = PostgresBackend::connect(&format!("{base}?table=wrong2"))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
     assert!(err.message().contains("expires_at"), "{err}");
 
     // Names: 1,024 bytes pass in every mode, 1,025 are refused before any I/O.
     for mode in ["advisory", "row", "lease"] {
-        let locks = Locks::new(PostgresBackend::connect(&format!("{base}?mode={mode}")).await.unwrap());
+        let locks = Locks::new(
+            PostgresBackend::connect(&format!("{base}?mode={mode}"))
+                .await
+                .unwrap(),
+        );
         let long = "n".repeat(1024);
         let guard = locks.lock(&long).unwrap().acquire().await.unwrap();
         guard.release().await.unwrap();
@@ -81,11 +104,15 @@ async fn bad_input_is_a_typed_error_and_leaves_nothing() {
     // Nothing left locked by any of it.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        server.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").unwrap(),
+        server
+            .psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+            .unwrap(),
         "0"
     );
     assert_eq!(
-        server.psql("SELECT count(*) FROM distlock_locks WHERE owner IS NOT NULL").unwrap(),
+        server
+            .psql("SELECT count(*) FROM distlock_locks WHERE owner IS NOT NULL")
+            .unwrap(),
         "0"
     );
 }

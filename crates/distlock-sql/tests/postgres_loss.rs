@@ -38,7 +38,14 @@ async fn blackholed_holder_is_lost_at_its_deadline_and_freed_by_the_server_fault
         let url = format!("{}?mode={mode}", server.url_for(proxy.addr()));
         let locks = Locks::new(PostgresBackend::connect(&url).await.unwrap());
         let name = format!("loss/{mode}");
-        let guard = locks.lock(&name).unwrap().options().lease(LEASE).acquire().await.unwrap();
+        let guard = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(LEASE)
+            .acquire()
+            .await
+            .unwrap();
         // Let a probe or two confirm the hold.
         tokio::time::sleep(LEASE / 2).await;
         assert_eq!(guard.state(), LockState::Held);
@@ -51,8 +58,12 @@ async fn blackholed_holder_is_lost_at_its_deadline_and_freed_by_the_server_fault
         .await
         .unwrap();
         let cut = Instant::now();
-        tokio::time::timeout(LEASE * 2, guard.jeopardy()).await.expect("Jeopardy after a failed probe");
-        tokio::time::timeout(LEASE * 2, guard.lost()).await.expect("Lost at the deadline");
+        tokio::time::timeout(LEASE * 2, guard.jeopardy())
+            .await
+            .expect("Jeopardy after a failed probe");
+        tokio::time::timeout(LEASE * 2, guard.lost())
+            .await
+            .expect("Lost at the deadline");
         let lost_at = Instant::now();
         assert!(lost_at >= deadline, "Lost before the deadline");
         // The server frees it after the idle bound.
@@ -65,7 +76,10 @@ async fn blackholed_holder_is_lost_at_its_deadline_and_freed_by_the_server_fault
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let freed_at = freed_at.expect("the server never freed the blackholed lock");
-        assert!(freed_at + Duration::from_millis(20) >= deadline, "{mode}: the server freed the lock before the client's deadline");
+        assert!(
+            freed_at + Duration::from_millis(20) >= deadline,
+            "{mode}: the server freed the lock before the client's deadline"
+        );
         assert!(
             freed_at <= last_confirmed + LEASE + Duration::from_secs(2),
             "{mode}: freed {:?} after the last confirmed probe's send",

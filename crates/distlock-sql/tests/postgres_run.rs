@@ -88,7 +88,8 @@ impl Drop for Sandbox {
 
 impl Sandbox {
     fn new(url: String) -> Sandbox {
-        let dir = std::env::temp_dir().join(format!("distlock-pg-run-{}", uuid::Uuid::new_v4().simple()));
+        let dir =
+            std::env::temp_dir().join(format!("distlock-pg-run-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir(&dir).unwrap();
         Sandbox { dir, url }
     }
@@ -147,7 +148,10 @@ impl Sandbox {
 }
 
 fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default().trim().to_string()
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 /// `pg_locks` rows of the key: `granted` ones' pids and how many wait.
@@ -192,23 +196,40 @@ fn pg_locks_shows_the_key_and_psql_holding_it_makes_no_wait_exit_75() {
     let (granted, _) = advisory_locks(&server, key);
     assert_eq!(granted.len(), 1, "pg_locks does not show the key held");
     let app = server
-        .psql(&format!("SELECT application_name FROM pg_stat_activity WHERE pid = {}", granted[0]))
+        .psql(&format!(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = {}",
+            granted[0]
+        ))
         .unwrap();
     assert_eq!(app, "distlock");
-    assert_eq!(sandbox.try_run(&name), Some(75), "busy while distlock holds it");
+    assert_eq!(
+        sandbox.try_run(&name),
+        Some(75),
+        "busy while distlock holds it"
+    );
     signal(holder.pid(), "TERM");
     holder.wait(SLACK).expect("the holder ends on SIGTERM");
-    wait_until(SLACK, "released", || advisory_locks(&server, key).0.is_empty());
+    wait_until(SLACK, "released", || {
+        advisory_locks(&server, key).0.is_empty()
+    });
 
-    let sql = format!("SELECT pg_advisory_lock({}); SELECT pg_sleep(60)", advisory_key(&name));
+    let sql = format!(
+        "SELECT pg_advisory_lock({}); SELECT pg_sleep(60)",
+        advisory_key(&name)
+    );
     let _psql = Proc::spawn(server.psql_command(&sql).stdout(Stdio::null()));
-    wait_until(SLACK, "psql holds the key", || advisory_locks(&server, key).0.len() == 1);
+    wait_until(SLACK, "psql holds the key", || {
+        advisory_locks(&server, key).0.len() == 1
+    });
     assert_eq!(sandbox.try_run(&name), Some(75), "busy while psql holds it");
 
     // `?key=` locks a numeric key chosen by another application.
     let keyed = Sandbox::new(format!("{}?key=4242", server.url()));
     let (mut holder, _) = keyed.hold(&unique("keyed"));
-    assert_eq!(advisory_locks(&server, AdvisoryKey::Single(4242)).0.len(), 1);
+    assert_eq!(
+        advisory_locks(&server, AdvisoryKey::Single(4242)).0.len(),
+        1
+    );
     signal(holder.pid(), "TERM");
     holder.wait(SLACK).expect("ends");
 }
@@ -231,14 +252,29 @@ fn pg_terminate_backend_stops_the_command_exit_76_fault() {
             .unwrap();
         let at = Instant::now();
         assert_eq!(terminated, "1", "{mode}: one holder session");
-        let status = holder
-            .wait(SLACK)
-            .unwrap_or_else(|| panic!("{mode}: distlock still runs after its session was terminated"));
+        let status = holder.wait(SLACK).unwrap_or_else(|| {
+            panic!("{mode}: distlock still runs after its session was terminated")
+        });
         let took = at.elapsed();
-        assert_eq!(status.code(), Some(76), "{mode}: {status}: {}", sandbox.stderr());
-        assert_eq!(read(&sandbox.path("term")), "TERM", "{mode}: the command got no SIGTERM");
-        assert!(!is_alive(child_pid), "{mode}: the command outlived distlock");
-        assert!(took <= Duration::from_secs(1), "{mode}: exit 76 took {took:?}");
+        assert_eq!(
+            status.code(),
+            Some(76),
+            "{mode}: {status}: {}",
+            sandbox.stderr()
+        );
+        assert_eq!(
+            read(&sandbox.path("term")),
+            "TERM",
+            "{mode}: the command got no SIGTERM"
+        );
+        assert!(
+            !is_alive(child_pid),
+            "{mode}: the command outlived distlock"
+        );
+        assert!(
+            took <= Duration::from_secs(1),
+            "{mode}: exit 76 took {took:?}"
+        );
         eprintln!("{mode}: distlock exited 76 {took:?} after pg_terminate_backend");
     }
 }
@@ -252,11 +288,18 @@ fn sigint_during_wait_leaves_no_waiting_query_fault() {
     let sandbox = Sandbox::new(server.url());
     let name = unique("sigint");
     let key = AdvisoryKey::Single(advisory_key(&name));
-    let sql = format!("SELECT pg_advisory_lock({}); SELECT pg_sleep(60)", advisory_key(&name));
+    let sql = format!(
+        "SELECT pg_advisory_lock({}); SELECT pg_sleep(60)",
+        advisory_key(&name)
+    );
     let mut psql = Proc::spawn(server.psql_command(&sql).stdout(Stdio::null()));
-    wait_until(SLACK, "psql holds the key", || advisory_locks(&server, key).0.len() == 1);
+    wait_until(SLACK, "psql holds the key", || {
+        advisory_locks(&server, key).0.len() == 1
+    });
     let mut waiter = Proc::spawn(&mut sandbox.run(&["--wait", "60s", &name, "--", "true"]));
-    wait_until(SLACK * 2, "distlock waits in the server", || advisory_locks(&server, key).1 == 1);
+    wait_until(SLACK * 2, "distlock waits in the server", || {
+        advisory_locks(&server, key).1 == 1
+    });
     signal(waiter.pid(), "INT");
     let status = waiter.wait(SLACK).expect("distlock ends on SIGINT");
     assert_ne!(status.code(), Some(0), "{}", sandbox.stderr());
@@ -272,9 +315,14 @@ fn sigint_during_wait_leaves_no_waiting_query_fault() {
     server
         .psql(&format!("SELECT pg_terminate_backend({})", holders[0]))
         .unwrap();
-    wait_until(SLACK, "psql's lock freed", || advisory_locks(&server, key).0.is_empty());
+    wait_until(SLACK, "psql's lock freed", || {
+        advisory_locks(&server, key).0.is_empty()
+    });
     std::thread::sleep(Duration::from_millis(500));
-    assert!(advisory_locks(&server, key).0.is_empty(), "the cancelled waiter took the lock later");
+    assert!(
+        advisory_locks(&server, key).0.is_empty(),
+        "the cancelled waiter took the lock later"
+    );
     let _ = psql.wait(Duration::ZERO);
 }
 
@@ -303,7 +351,9 @@ async fn lease_sigstopped_holder_taken_over_late_write_refused_fault() {
         .unwrap();
     let update = FencedUpdate::new("ledger", "fence_token", "v = $2", "id = $3");
     assert_eq!(
-        execute_fenced(&client, &update, old, &[&"old holder", &1]).await.unwrap(),
+        execute_fenced(&client, &update, old, &[&"old holder", &1])
+            .await
+            .unwrap(),
         Fenced::Applied(1)
     );
 
@@ -318,19 +368,30 @@ async fn lease_sigstopped_holder_taken_over_late_write_refused_fault() {
         .acquire()
         .await
         .expect("taken over once the stopped holder's lease ran out");
-    assert!(stopped.elapsed() >= Duration::from_millis(600), "taken over inside the lease");
+    assert!(
+        stopped.elapsed() >= Duration::from_millis(600),
+        "taken over inside the lease"
+    );
     let new = guard.token().unwrap();
     assert!(new > old, "token {new} after {old}");
     assert_eq!(
-        execute_fenced(&client, &update, new, &[&"new holder", &1]).await.unwrap(),
+        execute_fenced(&client, &update, new, &[&"new holder", &1])
+            .await
+            .unwrap(),
         Fenced::Applied(1)
     );
     assert_eq!(
-        execute_fenced(&client, &update, old, &[&"late write", &1]).await.unwrap(),
+        execute_fenced(&client, &update, old, &[&"late write", &1])
+            .await
+            .unwrap(),
         Fenced::Refused,
         "the stale holder's write went through"
     );
-    let v: String = client.query_one("SELECT v FROM ledger WHERE id = 1", &[]).await.unwrap().get(0);
+    let v: String = client
+        .query_one("SELECT v FROM ledger WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(v, "new holder");
 
     signal(holder.pid(), "CONT");

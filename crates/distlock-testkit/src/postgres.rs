@@ -46,8 +46,8 @@ fn server_user() -> Result<Option<(u32, u32)>> {
     if !rustix::process::getuid().is_root() {
         return Ok(None);
     }
-    let passwd = std::fs::read_to_string("/etc/passwd")
-        .map_err(|e| Error::io("reading /etc/passwd", e))?;
+    let passwd =
+        std::fs::read_to_string("/etc/passwd").map_err(|e| Error::io("reading /etc/passwd", e))?;
     for wanted in ["postgres", "nobody"] {
         for line in passwd.lines() {
             let fields: Vec<&str> = line.split(':').collect();
@@ -108,7 +108,12 @@ impl PostgresServer {
         let mut init = Command::new(&initdb);
         init.arg("-D")
             .arg(&data)
-            .args(["-U", SUPERUSER, "--auth-local=trust", "--auth-host=scram-sha-256"])
+            .args([
+                "-U",
+                SUPERUSER,
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+            ])
             .arg(format!("--pwfile={}", pwfile.display()))
             .args(["--no-sync", "--no-instructions", "-E", "UTF8", "--locale=C"]);
         if let Some((uid, gid)) = user {
@@ -215,7 +220,14 @@ impl PostgresServer {
         cmd.args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
             .arg("-h")
             .arg(self.socket_dir())
-            .args(["-p", &self.addr.port().to_string(), "-U", SUPERUSER, "-d", "postgres"])
+            .args([
+                "-p",
+                &self.addr.port().to_string(),
+                "-U",
+                SUPERUSER,
+                "-d",
+                "postgres",
+            ])
             .args(["-c", sql])
             .env_remove("PGPASSWORD")
             .env_remove("PGSERVICE")
@@ -239,7 +251,16 @@ fn ready_probe(socket_dir: PathBuf, port: u16) -> ReadyProbe {
             .arg("-q")
             .arg("-h")
             .arg(&socket_dir)
-            .args(["-p", &port.to_string(), "-t", "1", "-U", SUPERUSER, "-d", "postgres"])
+            .args([
+                "-p",
+                &port.to_string(),
+                "-t",
+                "1",
+                "-U",
+                SUPERUSER,
+                "-d",
+                "postgres",
+            ])
             .status();
         match status {
             Ok(s) if s.success() => Probe::Ready,

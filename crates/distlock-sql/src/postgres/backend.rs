@@ -90,7 +90,13 @@ impl Inner {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let Some(inner) = weak.upgrade() else { return };
-            if inner.spare.lock().await.as_ref().is_some_and(|c| c.closed_reason().is_none()) {
+            if inner
+                .spare
+                .lock()
+                .await
+                .as_ref()
+                .is_some_and(|c| c.closed_reason().is_none())
+            {
                 return;
             }
             // Opened without holding the slot, so an acquire never waits for a spare being made.
@@ -118,8 +124,12 @@ impl Inner {
         let conn = Arc::new(self.open(listen).await?);
         if listen {
             let sql = self.tables.listen();
-            Conn::bounded("LISTEN", self.request_timeout(), conn.client.batch_execute(&sql))
-                .await?;
+            Conn::bounded(
+                "LISTEN",
+                self.request_timeout(),
+                conn.client.batch_execute(&sql),
+            )
+            .await?;
         }
         *slot = Some(conn.clone());
         Ok(conn)
@@ -132,9 +142,12 @@ impl Inner {
         match self.check_shape(&conn).await {
             Err(SqlError::TableShape(_)) => {
                 let create = self.tables.create();
-                let created =
-                    Conn::bounded("creating distlock's tables", bound, conn.client.batch_execute(&create))
-                        .await;
+                let created = Conn::bounded(
+                    "creating distlock's tables",
+                    bound,
+                    conn.client.batch_execute(&create),
+                )
+                .await;
                 if created.is_err() {
                     // A failed batch leaves its transaction open on the connection: start afresh.
                     *self.control.lock().await = None;
@@ -153,7 +166,12 @@ impl Inner {
             (
                 self.tables.shape_of_locks(),
                 self.tables.locks.as_str(),
-                vec![text.to_vec(), text.to_vec(), vec![Type::TIMESTAMPTZ], vec![Type::INT8]],
+                vec![
+                    text.to_vec(),
+                    text.to_vec(),
+                    vec![Type::TIMESTAMPTZ],
+                    vec![Type::INT8],
+                ],
             ),
             (
                 self.tables.shape_of_fence(),
@@ -162,8 +180,12 @@ impl Inner {
             ),
         ];
         for (sql, table, types) in expected {
-            let statement =
-                Conn::bounded("checking distlock's tables", bound, conn.client.prepare(&sql)).await?;
+            let statement = Conn::bounded(
+                "checking distlock's tables",
+                bound,
+                conn.client.prepare(&sql),
+            )
+            .await?;
             for (column, allowed) in statement.columns().iter().zip(&types) {
                 if !allowed.contains(column.type_()) {
                     return Err(SqlError::TableShape(format!(
@@ -229,7 +251,7 @@ impl PostgresBackend {
 pub struct PgLease(pub(crate) LeaseKind);
 
 pub(crate) enum LeaseKind {
-    Session(session::Held),
+    Session(Box<session::Held>),
     Lease(lease::Held),
 }
 
@@ -311,7 +333,7 @@ impl Backend for PostgresBackend {
         let mut leases = Vec::new();
         for entry in batch {
             match &entry.lease.0 {
-                LeaseKind::Session(held) => sessions.push((entry, held)),
+                LeaseKind::Session(held) => sessions.push((entry, &**held)),
                 LeaseKind::Lease(held) => leases.push((entry, held)),
             }
         }
@@ -337,4 +359,3 @@ impl Backend for PostgresBackend {
             .map_err(|e| e.into_core(BACKEND, Some(name)))
     }
 }
-

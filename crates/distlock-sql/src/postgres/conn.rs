@@ -24,7 +24,9 @@ pub(crate) struct Conn {
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn").field("pid", &self.pid).finish_non_exhaustive()
+        f.debug_struct("Conn")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
     }
 }
 

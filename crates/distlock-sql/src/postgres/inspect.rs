@@ -27,7 +27,8 @@ pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlEr
             let rows = Conn::bounded(
                 "reading pg_locks",
                 bound,
-                conn.client.query(sql, &[&i64::from(classid), &i64::from(objid), &objsubid]),
+                conn.client
+                    .query(sql, &[&i64::from(classid), &i64::from(objid), &objsubid]),
             )
             .await?;
             let mut waiters = 0;
@@ -47,8 +48,12 @@ pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlEr
         }
         Mode::Lease => {
             let sql = inner.tables.lease_holder();
-            let rows = Conn::bounded("reading the lease", bound, conn.client.query(&sql, &[&name]))
-                .await?;
+            let rows = Conn::bounded(
+                "reading the lease",
+                bound,
+                conn.client.query(&sql, &[&name]),
+            )
+            .await?;
             if let Some(row) = rows.first() {
                 let version: i64 = row.try_get(1).unwrap_or(0);
                 let left: i64 = row.try_get(2).unwrap_or(0);
@@ -65,8 +70,12 @@ pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlEr
         _ => {}
     }
     let sql = inner.tables.last_token();
-    let rows = Conn::bounded("reading the fencing counter", bound, conn.client.query(&sql, &[&name]))
-        .await?;
+    let rows = Conn::bounded(
+        "reading the fencing counter",
+        bound,
+        conn.client.query(&sql, &[&name]),
+    )
+    .await?;
     info.last_token = rows
         .first()
         .and_then(|r| r.try_get::<_, i64>(0).ok())

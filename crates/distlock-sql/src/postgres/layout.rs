@@ -118,7 +118,10 @@ impl Tables {
     /// Reads no rows but fails if a column is missing; the column types are checked on the prepared
     /// statement.
     pub(crate) fn shape_of_locks(&self) -> String {
-        format!("SELECT name, owner, expires_at, version FROM {} LIMIT 0", self.locks)
+        format!(
+            "SELECT name, owner, expires_at, version FROM {} LIMIT 0",
+            self.locks
+        )
     }
 
     /// As [`shape_of_locks`](Self::shape_of_locks) for the fence table.

@@ -56,7 +56,11 @@ pub(crate) async fn try_acquire(
         bound,
         conn.client.query_typed(
             &take,
-            &[(&name, Type::TEXT), (&owner, Type::TEXT), (&ms(request.lease), Type::INT8)],
+            &[
+                (&name, Type::TEXT),
+                (&owner, Type::TEXT),
+                (&ms(request.lease), Type::INT8),
+            ],
         ),
     )
     .await?;
@@ -68,7 +72,9 @@ pub(crate) async fn try_acquire(
             .ok()
             .filter(|v| *v > 0)
             .map(FencingToken::new)
-            .ok_or_else(|| SqlError::Protocol(format!("the lease version of {name:?} is {version}")))?;
+            .ok_or_else(|| {
+                SqlError::Protocol(format!("the lease version of {name:?} is {version}"))
+            })?;
         return Ok(Attempt::Acquired(
             Grant::new(PgLease(LeaseKind::Lease(Held { version })))
                 .with_token(token)
@@ -76,7 +82,12 @@ pub(crate) async fn try_acquire(
         ));
     }
     let holder = inner.tables.lease_holder();
-    let rows = Conn::bounded("reading the holder", bound, conn.client.query_typed(&holder, &[(&name, Type::TEXT)])).await?;
+    let rows = Conn::bounded(
+        "reading the holder",
+        bound,
+        conn.client.query_typed(&holder, &[(&name, Type::TEXT)]),
+    )
+    .await?;
     let retry_after = rows
         .first()
         .and_then(|row| row.try_get::<_, i64>(2).ok())
@@ -125,7 +136,8 @@ pub(crate) async fn abandon(inner: &Inner, request: &AcquireRequest) {
         Conn::bounded(
             "undoing the acquire",
             inner.request_timeout(),
-            conn.client.query_typed(&sql, &[(&name, Type::TEXT), (&owner, Type::TEXT)]),
+            conn.client
+                .query_typed(&sql, &[(&name, Type::TEXT), (&owner, Type::TEXT)]),
         )
         .await
     };
@@ -146,7 +158,11 @@ pub(crate) async fn renew(
     let owners: Vec<&str> = batch.iter().map(|(e, _)| e.owner).collect();
     let versions: Vec<i64> = batch.iter().map(|(_, h)| h.version).collect();
     let ttls: Vec<i64> = batch.iter().map(|(e, _)| ms(e.ttl)).collect();
-    let shortest = batch.iter().map(|(e, _)| e.ttl).min().unwrap_or(Duration::MAX);
+    let shortest = batch
+        .iter()
+        .map(|(e, _)| e.ttl)
+        .min()
+        .unwrap_or(Duration::MAX);
     let bound = inner.request_timeout().min(shortest);
     let renewed = async {
         let conn = inner.control().await?;
@@ -217,7 +233,11 @@ pub(crate) async fn release(
         inner.request_timeout(),
         conn.client.query_typed(
             &sql,
-            &[(&name, Type::TEXT), (&owner, Type::TEXT), (&held.version, Type::INT8)],
+            &[
+                (&name, Type::TEXT),
+                (&owner, Type::TEXT),
+                (&held.version, Type::INT8),
+            ],
         ),
     )
     .await?;

@@ -78,7 +78,8 @@ async fn probe(
     if let Some(then) = then {
         sql = format!("{sql}; {then}");
     }
-    let messages = Conn::bounded("probing the session", bound, conn.client.simple_query(&sql)).await?;
+    let messages =
+        Conn::bounded("probing the session", bound, conn.client.simple_query(&sql)).await?;
     let mut rows = messages.iter().filter_map(|m| match m {
         SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_string)),
         _ => None,
@@ -98,7 +99,11 @@ async fn probe(
 /// The dedicated connection of this acquire, opened (with the holder settings and the idle bound) on
 /// first use.
 async fn connection(inner: &Arc<Inner>, acquiring: &mut Acquiring) -> Result<(), SqlError> {
-    if acquiring.conn.as_ref().is_some_and(|c| c.closed_reason().is_some()) {
+    if acquiring
+        .conn
+        .as_ref()
+        .is_some_and(|c| c.closed_reason().is_some())
+    {
         acquiring.conn = None;
         acquiring.stage = Stage::Idle;
     }
@@ -137,7 +142,10 @@ pub(crate) async fn try_acquire(
         let locked = match key {
             Some(key) => {
                 let sql = layout::advisory(key, "pg_try_advisory_lock");
-                probe(conn, lease, bound, conn.pid, Some(&sql)).await?.as_deref() == Some("t")
+                probe(conn, lease, bound, conn.pid, Some(&sql))
+                    .await?
+                    .as_deref()
+                    == Some("t")
             }
             None => try_row(inner, conn, &request.name, lease, bound).await?,
         };
@@ -158,7 +166,7 @@ pub(crate) async fn try_acquire(
         pid,
     };
     Ok(Attempt::Acquired(
-        Grant::new(PgLease(LeaseKind::Session(held)))
+        Grant::new(PgLease(LeaseKind::Session(Box::new(held))))
             .with_token(token)
             .with_ttl(request.lease)
             .with_loss(Box::pin(loss)),
@@ -182,13 +190,20 @@ async fn try_row(
     .await?;
     probe(conn, lease, bound, conn.pid, Some("BEGIN")).await?;
     let lock = inner.tables.lock_row(true);
-    match tokio::time::timeout(bound, conn.client.query_typed(&lock, &[(&name, Type::TEXT)])).await {
+    match tokio::time::timeout(
+        bound,
+        conn.client.query_typed(&lock, &[(&name, Type::TEXT)]),
+    )
+    .await
+    {
         Err(_) => Err(SqlError::Timeout {
             action: "SELECT … FOR UPDATE NOWAIT",
             after: bound,
         }),
         Ok(Ok(rows)) if rows.len() == 1 => Ok(true),
-        Ok(Ok(_)) => Err(SqlError::Protocol(format!("the lock row of {name:?} vanished"))),
+        Ok(Ok(_)) => Err(SqlError::Protocol(format!(
+            "the lock row of {name:?} vanished"
+        ))),
         Ok(Err(e)) if is_lock_not_available(&e) => {
             Conn::bounded("ROLLBACK", bound, conn.client.batch_execute("ROLLBACK")).await?;
             Ok(false)
@@ -210,8 +225,12 @@ async fn next_token(
     let bound = inner.request_timeout();
     let params: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
     let row = if advisory {
-        Conn::bounded("minting the fencing token", bound, conn.client.query_typed_one(&sql, &params))
-            .await?
+        Conn::bounded(
+            "minting the fencing token",
+            bound,
+            conn.client.query_typed_one(&sql, &params),
+        )
+        .await?
     } else {
         let control = inner.control().await?;
         Conn::bounded(
@@ -327,12 +346,16 @@ pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlE
     let outcome = match held.key {
         Some(key) => {
             let sql = layout::advisory(key, "pg_advisory_unlock");
-            Conn::bounded("pg_advisory_unlock", bound, conn.client.query_one(&sql, &[]))
-                .await
-                .map(|row| match row.try_get::<_, bool>(0) {
-                    Ok(false) => Released::NotHeld,
-                    _ => Released::Released,
-                })
+            Conn::bounded(
+                "pg_advisory_unlock",
+                bound,
+                conn.client.query_one(&sql, &[]),
+            )
+            .await
+            .map(|row| match row.try_get::<_, bool>(0) {
+                Ok(false) => Released::NotHeld,
+                _ => Released::Released,
+            })
         }
         None => Conn::bounded("ROLLBACK", bound, conn.client.batch_execute("ROLLBACK"))
             .await
