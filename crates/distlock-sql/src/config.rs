@@ -144,6 +144,8 @@ pub struct SqlConfig {
     pub schema: Option<String>,
     /// A numeric advisory key to lock instead of the name's hash (`?key=`, PostgreSQL advisory mode).
     pub key: Option<AdvisoryKey>,
+    /// The default lease of the locks the facade hands out (`?lease=`); `None`: the core's default.
+    pub lease: Option<Duration>,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -155,6 +157,7 @@ impl fmt::Debug for SqlConfig {
             .field("table", &self.table)
             .field("schema", &self.schema)
             .field("key", &self.key)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -173,6 +176,7 @@ impl SqlConfig {
             table: DEFAULT_TABLE.to_string(),
             schema: None,
             key: None,
+            lease: None,
         }
     }
 
@@ -211,7 +215,12 @@ impl SqlConfig {
                 "request_timeout" => {
                     config.connection.request_timeout = parse_timeout(&value)?;
                 }
-                "lease" => {}
+                "lease" => {
+                    config.lease = Some(distlock_core::duration::parse(&value).map_err(|e| {
+                        SqlError::Config(format!("URL parameter lease: {}", e.message()))
+                            .into_core("sql", None)
+                    })?);
+                }
                 _ => kept.push(pair),
             }
         }

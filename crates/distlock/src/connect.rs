@@ -18,7 +18,7 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s&request_timeout=5s&connect_timeout=5s]`, `etcds://…?ca=/path/ca.pem`: Go-compatible `concurrency.Mutex` layout |
 ///
 /// Every URL may carry `?lease=DURATION` (default 30 s; for etcd the session TTL), the lease of the
-/// locks it hands out. `redlock`, `zk` and `postgres` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
+/// locks it hands out. `postgres`, `postgresql`: `postgres://user:pass@host:port/db[?mode=advisory|row|lease&table=…&schema=…&key=…]`, the driver's URL as written (distlock's parameters stripped). `redlock` and `zk` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
 /// scheme whose cargo feature is off fails with [`ErrorKind::InvalidConfig`] naming the feature.
 ///
 /// ```
@@ -32,6 +32,11 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// # }
 /// ```
 pub async fn connect(url: &str) -> Result<Locks> {
+    // The driver's own URL (unix-socket forms such as `postgresql:///db?host=/dir` included), read by
+    // the SQL crate rather than LockUrl.
+    if let Some(("postgres" | "postgresql", _)) = url.split_once("://") {
+        return postgres(url).await;
+    }
     let parsed = LockUrl::parse(url)?;
     let lease = parsed.query_duration("lease")?;
     let mut defaults = LockOptions::default();
@@ -48,7 +53,7 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "etcd" | "etcds" => etcd(&parsed, lease).await,
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis(&parsed, defaults).await,
         "mysql" | "mariadb" => mysql(url, defaults).await,
-        scheme @ ("redlock" | "zk" | "postgres" | "postgresql") => Err(Error::new(
+        scheme @ ("redlock" | "zk") => Err(Error::new(
             ErrorKind::Unsupported,
             format!(
                 "the {scheme}:// backend is not part of this version of distlock yet; use file:///dir or memory://"
@@ -140,6 +145,27 @@ async fn mysql(_url: &str, _defaults: LockOptions) -> Result<Locks> {
     Err(Error::new(
         ErrorKind::InvalidConfig,
         "mysql:// and mariadb:// need distlock's `mysql` cargo feature, which is not enabled",
+    ))
+}
+
+/// `postgres://` / `postgresql://`: the URL as tokio-postgres reads it, plus distlock's
+/// `?mode=advisory|row|lease&table=&schema=&key=&lease=` (see `distlock_sql::SqlConfig::from_url`).
+#[cfg(feature = "postgres")]
+async fn postgres(url: &str) -> Result<Locks> {
+    let backend = Box::pin(distlock_sql::postgres::connect(url)).await?;
+    let mut defaults = LockOptions::default();
+    if let Some(lease) = backend.config().lease {
+        defaults = defaults.with_lease(lease);
+    }
+    defaults.validate()?;
+    Ok(Locks::with_defaults(backend, defaults))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres(_url: &str) -> Result<Locks> {
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        "postgres:// needs distlock's `postgres` cargo feature, which is not enabled",
     ))
 }
 
