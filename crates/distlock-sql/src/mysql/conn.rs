@@ -355,17 +355,12 @@ async fn wait_peer_closed(fd: OwnedFd) {
         let Ok(watched) = registered else {
             return std::future::pending().await;
         };
-        loop {
-            match watched.readable().await {
-                Ok(mut guard) => {
-                    if guard.ready().is_read_closed() || peer_closed(raw) {
-                        return;
-                    }
-                    guard.clear_ready();
-                }
-                // The runtime that registered it is gone: register again on the current one.
-                Err(_) => break,
+        // An error means the runtime that registered it is gone: register again on the current one.
+        while let Ok(mut guard) = watched.readable().await {
+            if guard.ready().is_read_closed() || peer_closed(raw) {
+                return;
             }
+            guard.clear_ready();
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
