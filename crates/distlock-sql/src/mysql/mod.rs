@@ -135,9 +135,12 @@ impl MysqlBackend {
 }
 
 impl Inner {
-    /// Creates the table under a lock if it is missing, then checks its shape.
+    /// Creates the table under a lock if it is missing, then checks its shape. The session it used is
+    /// kept for the first acquire (row mode keeps a second one: it bumps the counter on another session),
+    /// so a first acquire costs no connect.
     async fn ensure_table(&self) -> Result<(), SqlError> {
-        let (mut conn, _) = conn::open(&self.opts, &self.limits).await?;
+        let mut session = conn::Session::open(&self.opts, &self.limits).await?;
+        let conn = &mut session.conn;
         let request = self.limits.request;
         let got: Option<Option<i64>> = bounded(
             "locking the schema",
@@ -166,7 +169,11 @@ impl Inner {
             conn.query_drop(layout::check_table(&self.table)),
         )
         .await?;
-        let _ = conn.disconnect().await;
+        self.pool.checkin(session);
+        if self.config.mode == Mode::Row {
+            let second = conn::Session::open(&self.opts, &self.limits).await?;
+            self.pool.checkin(second);
+        }
         Ok(())
     }
 
