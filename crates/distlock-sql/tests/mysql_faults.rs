@@ -177,3 +177,28 @@ async fn bad_input_is_a_typed_error() {
         .await
         .expect("mariadb:// works");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_holder_and_last_token_in_every_mode() {
+    use distlock_core::raw::Backend as _;
+    let server = MariaDbServer::start_or_panic();
+    for mode in ["advisory", "row", "lease"] {
+        let url = format!("{}?mode={mode}", server.url());
+        let backend = distlock_sql::mysql::connect(&url).await.expect("connect");
+        let locks = Locks::new(backend.clone());
+        let name = unique("inspect");
+        let guard = locks.lock(&name).unwrap().acquire().await.expect("acquire");
+        let info = backend.inspect(&name).await.expect("inspect");
+        assert!(info.holder.is_some(), "{mode}: no holder shown: {info:?}");
+        assert_eq!(info.last_token, guard.token(), "{mode}");
+        guard.release().await.expect("release");
+        let info = backend.inspect(&name).await.expect("inspect");
+        assert!(
+            info.holder.is_none(),
+            "{mode}: a holder after release: {info:?}"
+        );
+        // The status read left nothing locked.
+        let again = locks.lock(&name).unwrap().try_acquire().await.expect("try");
+        assert!(again.is_some(), "{mode}: inspect left the lock taken");
+    }
+}

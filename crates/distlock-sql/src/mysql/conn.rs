@@ -135,6 +135,8 @@ pub(crate) struct Session {
     pub(crate) wait_timeout: Option<u64>,
     /// A duplicate of the connection's socket, to notice the server closing it.
     watch: Option<OwnedFd>,
+    /// When it was last put back in the idle list.
+    idle_since: std::time::Instant,
 }
 
 impl Session {
@@ -153,6 +155,7 @@ impl Session {
             id,
             wait_timeout: None,
             watch,
+            idle_since: std::time::Instant::now(),
         })
     }
 
@@ -161,6 +164,13 @@ impl Session {
         self.watch
             .as_ref()
             .is_some_and(|fd| peer_closed(fd.as_raw_fd()))
+    }
+
+    /// Whether the session has been idle for half its `wait_timeout` or more: the server may end it
+    /// while the next statement is on its way, so it is not reused.
+    fn near_wait_timeout(&self) -> bool {
+        self.wait_timeout
+            .is_some_and(|secs| self.idle_since.elapsed() >= Duration::from_secs(secs) / 2)
     }
 
     /// A future that resolves when the server closes this session's socket; `None` if the socket was
@@ -189,7 +199,7 @@ impl Pool {
         loop {
             let next = self.idle.lock().ok().and_then(|mut idle| idle.pop());
             match next {
-                Some(s) if s.server_closed() => continue,
+                Some(s) if s.server_closed() || s.near_wait_timeout() => continue,
                 Some(s) => return Ok(s),
                 None => return Session::open(opts, limits).await,
             }
@@ -197,7 +207,8 @@ impl Pool {
     }
 
     /// Keeps a clean session (no lock, no statement in flight) for reuse.
-    pub(crate) fn checkin(&self, session: Session) {
+    pub(crate) fn checkin(&self, mut session: Session) {
+        session.idle_since = std::time::Instant::now();
         if let Ok(mut idle) = self.idle.lock() {
             if idle.len() < MAX_IDLE {
                 idle.push(session);
@@ -220,24 +231,26 @@ pub(crate) async fn kill_query(
             Some(c) => c,
             None => open(opts, limits).await?.0,
         };
-        match bounded(
-            "sending KILL QUERY",
-            limits.request,
-            conn.query_drop(format!("KILL QUERY {id}")),
-        )
-        .await
-        {
-            Ok(()) => {
+        let sent =
+            tokio::time::timeout(limits.request, conn.query_drop(format!("KILL QUERY {id}"))).await;
+        match sent {
+            Ok(Ok(())) => {
                 *slot = Some(conn);
                 return Ok(());
             }
             // ER_NO_SUCH_THREAD: the session is gone already, so is its wait.
-            Err(SqlError::Unavailable { message, .. }) if message.contains("server error 1094") => {
+            Ok(Err(mysql_async::Error::Server(e))) if e.code == 1094 => {
                 *slot = Some(conn);
                 return Ok(());
             }
-            Err(e) if attempt == 1 => return Err(e),
-            Err(_) => {}
+            Ok(Err(e)) if attempt == 1 => return Err(map_error("sending KILL QUERY", e)),
+            Err(_) if attempt == 1 => {
+                return Err(SqlError::Timeout {
+                    action: "sending KILL QUERY",
+                    after: limits.request,
+                })
+            }
+            _ => {}
         }
     }
     Ok(())
@@ -271,7 +284,6 @@ fn find_socket(before: &HashSet<(RawFd, String)>, opts: &Opts) -> Option<OwnedFd
     let unix = opts.socket().is_some();
     let mut found = Vec::new();
     for (fd, inode) in socket_inodes().difference(before) {
-        // SAFETY-free: borrow the raw fd only for the duration of the syscalls below.
         let borrowed = unsafe_borrow(*fd)?;
         let Ok(peer) = rustix::net::getpeername(borrowed) else {
             continue;

@@ -354,6 +354,7 @@ impl Backend for MysqlBackend {
         let inner = &self.inner;
         let info = match inner.config.mode {
             Mode::Lease => lease::inspect(inner, name).await,
+            Mode::Row => row::inspect(inner, name).await,
             _ => advisory::inspect(inner, name).await,
         };
         info.map_err(|e| inner.error(e, Some(name)))

@@ -167,3 +167,56 @@ pub(crate) async fn try_acquire(
     }
     Ok(Attempt::Acquired(grant))
 }
+
+/// What `distlock status` shows in row mode: whether the lock row is locked (tried with `FOR UPDATE
+/// NOWAIT` and rolled back at once: a locking read that finds it free holds it for one round trip) and
+/// the name's counter. Who holds it is not known without the `PROCESS` privilege.
+pub(crate) async fn inspect(
+    inner: &Inner,
+    name: &str,
+) -> Result<distlock_core::raw::LockInfo, SqlError> {
+    let row = lock_row(name);
+    let request = inner.limits.request;
+    let mut session = inner.pool.checkout(&inner.opts, &inner.limits).await?;
+    let exists: Option<i64> = bounded(
+        "looking for the lock row",
+        request,
+        session
+            .conn
+            .query_first(format!("SELECT 1 FROM {} WHERE name = {row}", inner.table)),
+    )
+    .await?;
+    let mut held = false;
+    if exists.is_some() {
+        let got = tokio::time::timeout(
+            request,
+            wait_for_row(&mut session, &inner.table, &row, true),
+        )
+        .await
+        .map_err(|_| SqlError::Timeout {
+            action: "trying the lock row",
+            after: request,
+        })??;
+        if got == Some(1) {
+            bounded("rolling back", request, session.conn.query_drop("ROLLBACK")).await?;
+        }
+        held = got == Some(0);
+    }
+    let fence: Option<u64> = bounded(
+        "reading the fencing counter",
+        request,
+        session
+            .conn
+            .query_first(super::layout::read_fence(&inner.table, name)),
+    )
+    .await?;
+    inner.pool.checkin(session);
+    let mut info = distlock_core::raw::LockInfo::default();
+    info.last_token = fence.filter(|f| *f > 0).map(FencingToken::new);
+    if held {
+        let mut holder = distlock_core::HolderInfo::default();
+        holder.token = info.last_token;
+        info.holder = Some(holder);
+    }
+    Ok(info)
+}
