@@ -45,22 +45,52 @@ async fn server_restart_ends_session_locks_and_keeps_leases_fault() {
             .unwrap_or_else(|_| panic!("{what}: not Lost after the server restart"));
     }
     let other = Locks::new(PostgresBackend::connect(&url("advisory")).await.unwrap());
-    let again = other.lock("restart/a").unwrap().options().wait(PROMPT).acquire().await.unwrap();
-    assert!(again.token().unwrap() > a_token, "the counter went back across the restart");
+    let again = other
+        .lock("restart/a")
+        .unwrap()
+        .options()
+        .wait(PROMPT)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        again.token().unwrap() > a_token,
+        "the counter went back across the restart"
+    );
     again.release().await.unwrap();
     let other_row = Locks::new(PostgresBackend::connect(&url("row")).await.unwrap());
-    let again = other_row.lock("restart/r").unwrap().options().wait(PROMPT).acquire().await.unwrap();
+    let again = other_row
+        .lock("restart/r")
+        .unwrap()
+        .options()
+        .wait(PROMPT)
+        .acquire()
+        .await
+        .unwrap();
     assert!(again.token().unwrap() > r_token);
     again.release().await.unwrap();
 
     // The lease row survived; the watchdog's next renewal reconnects and keeps it.
     let other_lease = Locks::new(PostgresBackend::connect(&url("lease")).await.unwrap());
-    assert!(other_lease.lock("restart/l").unwrap().try_acquire().await.unwrap().is_none());
+    assert!(other_lease
+        .lock("restart/l")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(l.state(), LockState::Held, "{:?}", l.loss_reason());
     assert_eq!(l.token(), Some(l_token));
     l.release().await.unwrap();
-    let next = other_lease.lock("restart/l").unwrap().options().wait(PROMPT).acquire().await.unwrap();
+    let next = other_lease
+        .lock("restart/l")
+        .unwrap()
+        .options()
+        .wait(PROMPT)
+        .acquire()
+        .await
+        .unwrap();
     assert!(next.token().unwrap() > l_token);
     next.release().await.unwrap();
     drop((a, r));
