@@ -53,7 +53,7 @@ pub(crate) struct Inner {
 }
 
 /// The most idle dedicated connections a backend keeps.
-const MAX_IDLE: usize = 8;
+const MAX_IDLE: usize = 16;
 
 impl Inner {
     /// The bound of one statement distlock sends.
