@@ -12,6 +12,7 @@ mod engines;
 mod error;
 mod harness;
 mod measure;
+mod postgres;
 mod progress;
 mod report;
 mod stats;
@@ -39,9 +40,9 @@ sleep): acquisitions/s, handoff latency (release -> next grant, and to another t
 fairness (min/max acquisitions per task) and the share of re-acquisitions by the releasing task
 
 Each run also measures the engine's own round trip and reports every figure as a ratio to it \
-(redis: PING on a multiplexed redis-rs connection; etcd: a put, and a range beside it), and runs a \
+(redis: PING on a multiplexed redis-rs connection; etcd: a put, and a range beside it; postgres: SELECT 1), and runs a \
 baseline beside distlock (redis: a bare SET NX PX + EVALSHA compare-and-delete loop; etcd: \
-etcd's Lock/Unlock RPCs; file: a bare flock + unlock, the floor). memory:// and file:// have \
+etcd's Lock/Unlock RPCs; postgres: a bare tokio-postgres pg_advisory_lock + pg_advisory_unlock pair; file: a bare flock + unlock, the floor). memory:// and file:// have \
 no engine round trip: their figures are absolute.
 
 A progress bar shows on stderr when it is a terminal; the report goes to stdout (--json: one JSON \
@@ -175,6 +176,7 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
     let (rtt, a, b, c) = match config.engine {
         Engine::Redis(_) => (1, 1, 2, 0),
         Engine::Etcd { .. } => (2, 1, 1, 1),
+        Engine::Postgres { .. } => (1, 1, 1, 1),
         Engine::File { sync, .. } => (0, 1 + usize::from(sync), 1, 0),
         Engine::Memory | Engine::Unmeasured { .. } => (0, 0, 0, 0),
     };
@@ -248,6 +250,27 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
                         "(c) handoff to another task p50, in PING round trips",
                         c.handoff_to_other.p50_us / rtt.mean_us,
                         4.0,
+                    ));
+                }
+            }
+        }
+        Engine::Postgres { advisory, .. } => {
+            if let (Some(d), Some(base), true) = (a_distlock, a_base, *advisory) {
+                if base.latency.mean_us > 0.0 {
+                    out.push(Target::at_most(
+                        "(a) distlock advisory cycle / bare advisory pair (mean; distlock adds the fence commit)",
+                        d.latency.mean_us / base.latency.mean_us,
+                        1.15,
+                    ));
+                }
+            }
+            let c_base = report.contended.as_ref().and_then(|c| c.baselines.first());
+            if let (Some(c), Some(base), true) = (c, c_base, *advisory) {
+                if base.handoff_to_other.p50_us > 0.0 && c.handoff_to_other.n > 0 {
+                    out.push(Target::at_most(
+                        "(c) handoff p50 / bare advisory pair's handoff p50",
+                        c.handoff_to_other.p50_us / base.handoff_to_other.p50_us,
+                        1.2,
                     ));
                 }
             }

@@ -44,10 +44,16 @@ pub(crate) struct Inner {
     control: Mutex<Option<Arc<Conn>>>,
     /// Lease-mode wake-ups: payloads (lock names) of the `NOTIFY`s on the control connection.
     pub(crate) notify: broadcast::Sender<String>,
-    /// A dedicated connection opened ahead (advisory and row modes), so an acquire does not pay for
-    /// the connection setup (TCP, SCRAM) between reading its clock and its grant.
-    spare: Mutex<Option<Conn>>,
+    /// Idle dedicated connections (advisory and row modes): one opened ahead, and those a release
+    /// handed back clean, so an acquire does not pay for the connection setup (TCP, SCRAM, a server
+    /// process) between reading its clock and its grant. At most [`MAX_IDLE`].
+    idle: std::sync::Mutex<Vec<Conn>>,
+    /// The tables exist with distlock's shape (checked at connect).
+    schema_checked: std::sync::atomic::AtomicBool,
 }
+
+/// The most idle dedicated connections a backend keeps.
+const MAX_IDLE: usize = 16;
 
 impl Inner {
     /// The bound of one statement distlock sends.
@@ -61,23 +67,51 @@ impl Inner {
         Conn::open(&self.driver, self.config.connection.connect_timeout, notify).await
     }
 
-    /// A connection for a lock: the spare opened ahead if it is still open, else a new one; a new
-    /// spare is opened in the background.
+    /// A connection for a lock: an idle one if one is still open, else a new one; when none is left
+    /// idle, another is opened in the background.
     pub(crate) async fn dedicated(self: &Arc<Self>) -> std::result::Result<Conn, SqlError> {
-        let spare = self.spare.lock().await.take();
+        let reused = {
+            let mut idle = self.lock_idle();
+            let mut found = None;
+            while let Some(conn) = idle.pop() {
+                if conn.closed_reason().is_none() {
+                    found = Some(conn);
+                    break;
+                }
+            }
+            found
+        };
         self.refill_spare();
-        match spare {
-            Some(conn) if conn.closed_reason().is_none() => Ok(conn),
-            _ => self.open_dedicated().await,
+        match reused {
+            Some(conn) => Ok(conn),
+            None => self.open_dedicated().await,
+        }
+    }
+
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Hands back a dedicated connection whose session holds nothing any more.
+    pub(crate) fn recycle(&self, conn: Conn) {
+        if conn.closed_reason().is_some() {
+            return;
+        }
+        let mut idle = self.lock_idle();
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
         }
     }
 
     async fn open_dedicated(&self) -> std::result::Result<Conn, SqlError> {
         let conn = self.open(false).await?;
+        let setup = format!("{}; {}", layout::HOLDER_SETTINGS, self.tables.warm_up());
         Conn::bounded(
             "setting up the session",
             self.request_timeout(),
-            conn.client.batch_execute(layout::HOLDER_SETTINGS),
+            conn.client.batch_execute(&setup),
         )
         .await?;
         Ok(conn)
@@ -87,26 +121,14 @@ impl Inner {
         if self.config.mode == Mode::Lease || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
+        if self.lock_idle().iter().any(|c| c.closed_reason().is_none()) {
+            return;
+        }
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let Some(inner) = weak.upgrade() else { return };
-            if inner
-                .spare
-                .lock()
-                .await
-                .as_ref()
-                .is_some_and(|c| c.closed_reason().is_none())
-            {
-                return;
-            }
-            // Opened without holding the slot, so an acquire never waits for a spare being made.
             match inner.open_dedicated().await {
-                Ok(conn) => {
-                    let mut slot = inner.spare.lock().await;
-                    if slot.as_ref().is_none_or(|c| c.closed_reason().is_some()) {
-                        *slot = Some(conn);
-                    }
-                }
+                Ok(conn) => inner.recycle(conn),
                 Err(e) => tracing::debug!(error = %e, "could not open a spare connection"),
             }
         });
@@ -122,6 +144,18 @@ impl Inner {
         }
         let listen = self.config.mode == Mode::Lease;
         let conn = Arc::new(self.open(listen).await?);
+        if self
+            .schema_checked
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let warm = self.tables.warm_up();
+            Conn::bounded(
+                "warming up",
+                self.request_timeout(),
+                conn.client.batch_execute(&warm),
+            )
+            .await?;
+        }
         if listen {
             let sql = self.tables.listen();
             Conn::bounded(
@@ -156,7 +190,10 @@ impl Inner {
                 self.check_shape(&conn).await
             }
             other => other,
-        }
+        }?;
+        self.schema_checked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     async fn check_shape(&self, conn: &Conn) -> std::result::Result<(), SqlError> {
@@ -217,15 +254,25 @@ impl PostgresBackend {
                 tables,
                 control: Mutex::new(None),
                 notify,
-                spare: Mutex::new(None),
+                idle: std::sync::Mutex::new(Vec::new()),
+                schema_checked: std::sync::atomic::AtomicBool::new(false),
             }),
         };
-        backend.inner.refill_spare();
-        backend
-            .inner
+        let inner = &backend.inner;
+        inner
             .ensure_schema()
             .await
             .map_err(|e| e.into_core(BACKEND, None))?;
+        if inner.config.mode != Mode::Lease {
+            // The first lock's connection, made now: an acquire's validity deadline counts from
+            // before its first request, and a connection setup (TCP, SCRAM, a server process) inside
+            // it could eat a short lease.
+            let conn = inner
+                .open_dedicated()
+                .await
+                .map_err(|e| e.into_core(BACKEND, None))?;
+            inner.recycle(conn);
+        }
         Ok(backend)
     }
 

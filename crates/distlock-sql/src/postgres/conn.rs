@@ -20,6 +20,16 @@ pub(crate) struct Conn {
     pub(crate) pid: i32,
     cancel: CancelToken,
     closed: watch::Receiver<Option<String>>,
+    /// The task driving the connection future: aborted on drop, so the socket closes at once even
+    /// with a statement still waiting in the server (dropping only the client would keep the socket
+    /// open until that statement answers).
+    driver: tokio::task::AbortHandle,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
 }
 
 impl std::fmt::Debug for Conn {
@@ -62,7 +72,7 @@ impl Conn {
             })?
             .map_err(|e| map_error("connecting to PostgreSQL", e))?;
         let (closed_tx, closed) = watch::channel(None);
-        tokio::spawn(async move {
+        let driver = tokio::spawn(async move {
             let reason = loop {
                 match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                     Some(Ok(AsyncMessage::Notification(n))) => {
@@ -77,7 +87,8 @@ impl Conn {
             };
             tracing::debug!(%reason, "postgres connection ended");
             let _ = closed_tx.send(Some(reason));
-        });
+        })
+        .abort_handle();
         let cancel = client.cancel_token();
         let row = tokio::time::timeout(bound, client.query_one("SELECT pg_backend_pid()", &[]))
             .await
@@ -94,6 +105,7 @@ impl Conn {
             pid,
             cancel,
             closed,
+            driver,
         })
     }
 

@@ -34,9 +34,8 @@ pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlEr
             let mut waiters = 0;
             for row in &rows {
                 if row.try_get::<_, bool>(1).unwrap_or(false) {
-                    let pid: Option<i32> = row.try_get(0).ok();
+                    // `HolderInfo::pid` is a process id; the server's backend pid is not one.
                     let mut holder = HolderInfo::default();
-                    holder.pid = pid.and_then(|p| u32::try_from(p).ok());
                     holder.host = row.try_get(2).ok();
                     holder.since = row.try_get(3).ok();
                     info.holder = Some(holder);

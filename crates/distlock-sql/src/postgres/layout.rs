@@ -129,6 +129,15 @@ impl Tables {
         format!("SELECT name, token FROM {} LIMIT 0", self.fence)
     }
 
+    /// Touches both tables, so a new server session has loaded them before its first lock statement
+    /// (a cold session's first access costs catalog lookups inside the acquire's validity window).
+    pub(crate) fn warm_up(&self) -> String {
+        format!(
+            "SELECT 1 FROM {} WHERE false; SELECT 1 FROM {} WHERE false",
+            self.locks, self.fence
+        )
+    }
+
     /// Bumps the fencing counter of `$1` and returns it (autocommit: committed when it returns).
     pub(crate) fn next_token(&self) -> String {
         format!(
@@ -231,6 +240,10 @@ pub(crate) fn session_bound(ttl_ms: u64) -> String {
          SELECT pg_backend_pid()"
     )
 }
+
+/// Appended to a release that leaves the session clean, before the connection is reused.
+pub(crate) const RESET_BOUND: &str =
+    "RESET idle_session_timeout; RESET idle_in_transaction_session_timeout";
 
 /// Set once on a connection that holds or waits for a lock: no statement or lock timeout from the
 /// role's defaults cuts a wait short, and a waiting query notices its client is gone within 250 ms.

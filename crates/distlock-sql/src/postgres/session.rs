@@ -173,7 +173,8 @@ pub(crate) async fn try_acquire(
     ))
 }
 
-/// Row mode: the row exists (autocommit), then `BEGIN` and `FOR UPDATE NOWAIT`; busy rolls back.
+/// Row mode: the row exists (autocommit), then `BEGIN` and `FOR UPDATE NOWAIT`; busy rolls back. The
+/// three statements are pipelined: one round trip.
 async fn try_row(
     inner: &Inner,
     conn: &Conn,
@@ -182,33 +183,33 @@ async fn try_row(
     bound: Duration,
 ) -> Result<bool, SqlError> {
     let ensure = inner.tables.ensure_row();
-    Conn::bounded(
-        "creating the lock row",
-        bound,
-        conn.client.execute_typed(&ensure, &[(&name, Type::TEXT)]),
-    )
-    .await?;
-    probe(conn, lease, bound, conn.pid, Some("BEGIN")).await?;
     let lock = inner.tables.lock_row(true);
-    match tokio::time::timeout(
+    let client = &conn.client;
+    let (ensured, probed, locked) = tokio::time::timeout(
         bound,
-        conn.client.query_typed(&lock, &[(&name, Type::TEXT)]),
+        futures_util::future::join3(
+            client.execute_typed(&ensure, &[(&name, Type::TEXT)]),
+            probe(conn, lease, bound, conn.pid, Some("BEGIN")),
+            client.query_typed(&lock, &[(&name, Type::TEXT)]),
+        ),
     )
     .await
-    {
-        Err(_) => Err(SqlError::Timeout {
-            action: "SELECT … FOR UPDATE NOWAIT",
-            after: bound,
-        }),
-        Ok(Ok(rows)) if rows.len() == 1 => Ok(true),
-        Ok(Ok(_)) => Err(SqlError::Protocol(format!(
+    .map_err(|_| SqlError::Timeout {
+        action: "SELECT … FOR UPDATE NOWAIT",
+        after: bound,
+    })?;
+    ensured.map_err(|e| map_error("creating the lock row", e))?;
+    probed?;
+    match locked {
+        Ok(rows) if rows.len() == 1 => Ok(true),
+        Ok(_) => Err(SqlError::Protocol(format!(
             "the lock row of {name:?} vanished"
         ))),
-        Ok(Err(e)) if is_lock_not_available(&e) => {
+        Err(e) if is_lock_not_available(&e) => {
             Conn::bounded("ROLLBACK", bound, conn.client.batch_execute("ROLLBACK")).await?;
             Ok(false)
         }
-        Ok(Err(e)) => Err(map_error("SELECT … FOR UPDATE NOWAIT", e)),
+        Err(e) => Err(map_error("SELECT … FOR UPDATE NOWAIT", e)),
     }
 }
 
@@ -343,26 +344,40 @@ pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlE
         return Ok(Released::NotHeld);
     }
     let bound = inner.request_timeout();
-    let outcome = match held.key {
-        Some(key) => {
-            let sql = layout::advisory(key, "pg_advisory_unlock");
-            Conn::bounded(
-                "pg_advisory_unlock",
-                bound,
-                conn.client.query_one(&sql, &[]),
-            )
-            .await
-            .map(|row| match row.try_get::<_, bool>(0) {
-                Ok(false) => Released::NotHeld,
-                _ => Released::Released,
-            })
-        }
-        None => Conn::bounded("ROLLBACK", bound, conn.client.batch_execute("ROLLBACK"))
-            .await
-            .map(|()| Released::Released),
+    let sql = match held.key {
+        Some(key) => format!(
+            "{}; {}",
+            layout::advisory(key, "pg_advisory_unlock"),
+            layout::RESET_BOUND
+        ),
+        None => format!("ROLLBACK; {}", layout::RESET_BOUND),
     };
-    // Closing the connection frees whatever the session still holds, whatever the statement said.
-    drop(conn);
+    let outcome = Conn::bounded("releasing", bound, conn.client.simple_query(&sql))
+        .await
+        .map(|messages| {
+            let unlocked = messages.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
+                _ => None,
+            });
+            // Row mode answers no row: the ROLLBACK ended the transaction and its row lock.
+            unlocked.unwrap_or(held.key.is_none())
+        });
+    let outcome = match outcome {
+        Ok(true) => {
+            // The session holds nothing now: the next lock may use it.
+            inner.recycle(conn);
+            Ok(Released::Released)
+        }
+        Ok(false) => {
+            drop(conn);
+            Ok(Released::NotHeld)
+        }
+        Err(e) => {
+            // Closing the connection frees whatever the session still holds.
+            drop(conn);
+            Err(e)
+        }
+    };
     match outcome {
         Ok(released) => Ok(released),
         Err(e) => {
