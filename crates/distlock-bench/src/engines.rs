@@ -60,6 +60,12 @@ pub enum Engine {
         url: String,
         advisory: bool,
     },
+    /// MySQL / MariaDB: the driver's URL (distlock's parameters stripped); `advisory` when the lock
+    /// mode is.
+    Mysql {
+        url: String,
+        advisory: bool,
+    },
     /// A scheme whose baselines this command does not measure; the reason says which.
     Unmeasured {
         reason: String,
@@ -71,6 +77,13 @@ impl Engine {
         if let Some(("postgres" | "postgresql", _)) = url.split_once("://") {
             let config = distlock_sql::SqlConfig::from_url(url)?;
             return Ok(Engine::Postgres {
+                advisory: config.mode == distlock_sql::Mode::Advisory,
+                url: config.url,
+            });
+        }
+        if let Some(("mysql" | "mariadb", _)) = url.split_once("://") {
+            let config = distlock_sql::SqlConfig::from_url(url)?;
+            return Ok(Engine::Mysql {
                 advisory: config.mode == distlock_sql::Mode::Advisory,
                 url: config.url,
             });

@@ -12,6 +12,7 @@ mod engines;
 mod error;
 mod harness;
 mod measure;
+mod mysql;
 mod postgres;
 mod progress;
 mod report;
@@ -40,9 +41,9 @@ sleep): acquisitions/s, handoff latency (release -> next grant, and to another t
 fairness (min/max acquisitions per task) and the share of re-acquisitions by the releasing task
 
 Each run also measures the engine's own round trip and reports every figure as a ratio to it \
-(redis: PING on a multiplexed redis-rs connection; etcd: a put, and a range beside it; postgres: SELECT 1), and runs a \
+(redis: PING on a multiplexed redis-rs connection; etcd: a put, and a range beside it; postgres, mysql: SELECT 1), and runs a \
 baseline beside distlock (redis: a bare SET NX PX + EVALSHA compare-and-delete loop; etcd: \
-etcd's Lock/Unlock RPCs; postgres: a bare tokio-postgres pg_advisory_lock + pg_advisory_unlock pair; file: a bare flock + unlock, the floor). memory:// and file:// have \
+etcd's Lock/Unlock RPCs; postgres: a bare tokio-postgres pg_advisory_lock + pg_advisory_unlock pair; mysql: a bare mysql_async GET_LOCK + RELEASE_LOCK pair; file: a bare flock + unlock, the floor). memory:// and file:// have \
 no engine round trip: their figures are absolute.
 
 A progress bar shows on stderr when it is a terminal; the report goes to stdout (--json: one JSON \
@@ -176,7 +177,7 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
     let (rtt, a, b, c) = match config.engine {
         Engine::Redis(_) => (1, 1, 2, 0),
         Engine::Etcd { .. } => (2, 1, 1, 1),
-        Engine::Postgres { .. } => (1, 1, 1, 1),
+        Engine::Postgres { .. } | Engine::Mysql { .. } => (1, 1, 1, 1),
         Engine::File { sync, .. } => (0, 1 + usize::from(sync), 1, 0),
         Engine::Memory | Engine::Unmeasured { .. } => (0, 0, 0, 0),
     };
@@ -254,7 +255,7 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
                 }
             }
         }
-        Engine::Postgres { advisory, .. } => {
+        Engine::Postgres { advisory, .. } | Engine::Mysql { advisory, .. } => {
             if let (Some(d), Some(base), true) = (a_distlock, a_base, *advisory) {
                 if base.latency.mean_us > 0.0 {
                     out.push(Target::at_most(

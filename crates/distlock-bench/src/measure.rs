@@ -34,6 +34,9 @@ enum Baseline {
     Postgres {
         url: String,
     },
+    Mysql {
+        url: String,
+    },
 }
 
 /// What every measurement of a run needs.
@@ -149,6 +152,19 @@ impl Run<'_> {
                 let cycles = run_cycles(vec![bare], WARMUP_ONE, d).await?;
                 baselines.push(CycleFigures::new(
                     "bare pg_advisory_lock + unlock (tokio-postgres)",
+                    &cycles,
+                    rtt,
+                ));
+            }
+            Baseline::Mysql { url } => {
+                runner.step("(a) bare GET_LOCK + RELEASE_LOCK");
+                let bare = crate::mysql::BarePair {
+                    conn: crate::mysql::connect(url).await?,
+                    key: crate::mysql::bench_key(run, "a"),
+                };
+                let cycles = run_cycles(vec![bare], WARMUP_ONE, d).await?;
+                baselines.push(CycleFigures::new(
+                    "bare GET_LOCK + RELEASE_LOCK (mysql_async)",
                     &cycles,
                     rtt,
                 ));
@@ -298,6 +314,19 @@ impl Run<'_> {
                     rtt,
                 ));
             }
+            Baseline::Mysql { url } => {
+                runner.step("(b) bare GET_LOCK pair, one connection per task");
+                let mut clients = Vec::with_capacity(n);
+                for i in 0..n {
+                    clients.push(crate::mysql::BarePair {
+                        conn: crate::mysql::connect(url).await?,
+                        key: crate::mysql::bench_key(run, &format!("b{i}")),
+                    });
+                }
+                let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
+                let label = "bare GET_LOCK pair, one connection per task";
+                baselines.push(CycleFigures::new(label, &cycles, rtt));
+            }
             Baseline::File { dir, sync } => {
                 let label = format!("{}, one file per task", floor_label(*sync));
                 runner.step(&format!("(b) {label}"));
@@ -378,6 +407,20 @@ impl Run<'_> {
                 self.round_trip,
             ));
         }
+        if let Baseline::Mysql { url } = self.baseline {
+            runner.step("(c) bare GET_LOCK pair, contended");
+            let key = crate::mysql::bench_key(&self.config.run, "c");
+            let mut clients = Vec::with_capacity(n);
+            for _ in 0..n {
+                clients.push(crate::mysql::BarePair {
+                    conn: crate::mysql::connect(url).await?,
+                    key: key.clone(),
+                });
+            }
+            let result = run_contended(clients, hold, d).await?;
+            let label = "bare GET_LOCK pair, one connection per task";
+            baselines.push(ContendedFigures::new(label, &result, self.round_trip));
+        }
         Ok(
             (distlock.is_some() || !baselines.is_empty()).then_some(ContendedSection {
                 tasks: n,
@@ -427,6 +470,22 @@ async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, R
             config: etcd_config,
         } => etcd_round_trip(config, etcd_config, runner).await?,
         Engine::Postgres { url, .. } => postgres_round_trip(config, url, runner).await?,
+        Engine::Mysql { url, .. } => {
+            runner.step("SELECT 1 round trip");
+            let probe = crate::mysql::SelectOne {
+                conn: crate::mysql::connect(url).await?,
+            };
+            let cycles = run_cycles(vec![probe], WARMUP_ONE, config.duration).await?;
+            let reference = Probe::new("SELECT 1 (mysql_async, text query)", &cycles);
+            (
+                Baseline::Mysql { url: url.clone() },
+                RoundTrip {
+                    reference: Some(reference),
+                    others: Vec::new(),
+                    note: None,
+                },
+            )
+        }
     })
 }
 

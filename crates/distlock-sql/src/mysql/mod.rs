@@ -52,6 +52,8 @@ use crate::config::{Mode, SqlConfig};
 use crate::error::SqlError;
 
 pub use layout::{advisory_name, LOCK_NAME_PREFIX};
+/// The driver, for callers that need a plain connection of their own (the fence helper's callers, the bench).
+pub use mysql_async;
 
 use conn::{bounded, Limits, Pool};
 
