@@ -24,7 +24,7 @@ use crate::error::SqlError;
 /// One connect at a time per process, so the socket it opens can be found (see the module docs).
 static CONNECT_GATE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Idle sessions kept for reuse, per backend.
-const MAX_IDLE: usize = 8;
+const MAX_IDLE: usize = 64;
 
 /// How statements are bounded.
 #[derive(Debug, Clone)]
