@@ -202,3 +202,25 @@ async fn inspect_shows_the_holder_and_last_token_in_every_mode() {
         assert!(again.is_some(), "{mode}: inspect left the lock taken");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_socket_url_locks_and_a_killed_session_is_noticed_at_once_fault() {
+    let server = MariaDbServer::start_or_panic();
+    // mysql_async's own spelling of a unix socket: `?socket=/path` (the host is then unused).
+    let url = format!(
+        "mysql://root@localhost/distlock?socket={}",
+        server.socket().display()
+    );
+    let locks = Locks::new(distlock_sql::mysql::connect(&url).await.expect("connect"));
+    let name = unique("socket");
+    let guard = locks.lock(&name).unwrap().acquire().await.expect("acquire");
+    let id = held_by(&server, &name).expect("held over the socket");
+    let killed = Instant::now();
+    server.sql(&format!("KILL {id}")).expect("KILL");
+    tokio::time::timeout(SLACK, guard.lost())
+        .await
+        .expect("a killed session over the unix socket is noticed");
+    // At the default 30 s lease the first probe comes 10 s after the grant: only the socket watch is
+    // this fast.
+    assert!(killed.elapsed() < Duration::from_secs(5));
+}
