@@ -13,7 +13,6 @@ PACKAGES+=(postgresql-15 postgresql-client-15)
 # The rest of the list in shared/reference/infra.md §9, to move into PACKAGES as the tests that need
 # them land (not installed now: they cost minutes and hundreds of MiB):
 #   zookeeper libslf4j-java default-jre-headless
-#   mariadb-server mariadb-client
 #   faketime libfaketime
 #   iproute2
 #   gcc libc6-dev curl util-linux
