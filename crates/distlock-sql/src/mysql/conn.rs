@@ -135,6 +135,9 @@ pub(crate) struct Session {
     pub(crate) wait_timeout: Option<u64>,
     /// A duplicate of the connection's socket, to notice the server closing it.
     watch: Option<OwnedFd>,
+    /// Dropped with the session: tells its loss signals to let go of their duplicate of the socket, so
+    /// that a dropped session's socket closes (and the server frees its locks) even while a signal lives.
+    alive: tokio::sync::watch::Sender<()>,
     /// When it was last put back in the idle list.
     idle_since: std::time::Instant,
 }
@@ -155,6 +158,7 @@ impl Session {
             id,
             wait_timeout: None,
             watch,
+            alive: tokio::sync::watch::channel(()).0,
             idle_since: std::time::Instant::now(),
         })
     }
@@ -178,8 +182,14 @@ impl Session {
     pub(crate) fn loss_signal(&self) -> Option<LossSignal> {
         let fd = self.watch.as_ref()?.try_clone().ok()?;
         let id = self.id;
+        let mut alive = self.alive.subscribe();
         Some(Box::pin(async move {
-            wait_peer_closed(fd).await;
+            tokio::select! {
+                () = wait_peer_closed(fd) => {}
+                // The session was dropped (released, or closed on purpose): no loss to report, and the
+                // duplicate is closed here so it does not keep the socket open.
+                _ = alive.changed() => return std::future::pending().await,
+            }
             format!(
                 "the server closed the lock's connection (session {id} killed, timed out or the server restarted)"
             )
@@ -209,6 +219,8 @@ impl Pool {
     /// Keeps a clean session (no lock, no statement in flight) for reuse.
     pub(crate) fn checkin(&self, mut session: Session) {
         session.idle_since = std::time::Instant::now();
+        // The hold it served (if any) is over: its loss signals stand down.
+        session.alive.send_replace(());
         if let Ok(mut idle) = self.idle.lock() {
             if idle.len() < MAX_IDLE {
                 idle.push(session);
@@ -284,7 +296,7 @@ fn find_socket(before: &HashSet<(RawFd, String)>, opts: &Opts) -> Option<OwnedFd
     let unix = opts.socket().is_some();
     let mut found = Vec::new();
     for (fd, inode) in socket_inodes().difference(before) {
-        let borrowed = unsafe_borrow(*fd)?;
+        let borrowed = borrow_raw_fd(*fd)?;
         let Ok(peer) = rustix::net::getpeername(borrowed) else {
             continue;
         };
@@ -306,7 +318,7 @@ fn find_socket(before: &HashSet<(RawFd, String)>, opts: &Opts) -> Option<OwnedFd
         );
         return None;
     };
-    let dup = rustix::io::fcntl_dupfd_cloexec(unsafe_borrow(*fd)?, 0).ok()?;
+    let dup = rustix::io::fcntl_dupfd_cloexec(borrow_raw_fd(*fd)?, 0).ok()?;
     // The descriptor number may have been reused in between: check it is still that socket.
     let same = std::fs::read_link(format!("/proc/self/fd/{}", dup.as_raw_fd()))
         .map(|t| t.to_string_lossy() == inode.as_str())
@@ -317,7 +329,7 @@ fn find_socket(before: &HashSet<(RawFd, String)>, opts: &Opts) -> Option<OwnedFd
 /// A borrowed descriptor for a number read from `/proc/self/fd`. The number may be closed (and reused)
 /// by another thread at any moment; the syscalls made with it are read-only or duplicate it, and the
 /// duplicate's identity is checked afterwards, so a stale number costs a wrong guess, never memory.
-fn unsafe_borrow(fd: RawFd) -> Option<std::os::fd::BorrowedFd<'static>> {
+fn borrow_raw_fd(fd: RawFd) -> Option<std::os::fd::BorrowedFd<'static>> {
     if fd < 0 {
         return None;
     }
@@ -328,7 +340,7 @@ fn unsafe_borrow(fd: RawFd) -> Option<std::os::fd::BorrowedFd<'static>> {
 
 /// Whether the peer has closed the connection (`POLLRDHUP`/`POLLHUP`), without reading.
 fn peer_closed(fd: RawFd) -> bool {
-    let Some(borrowed) = unsafe_borrow(fd) else {
+    let Some(borrowed) = borrow_raw_fd(fd) else {
         return false;
     };
     let mut fds = [rustix::event::PollFd::new(
