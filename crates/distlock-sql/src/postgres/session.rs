@@ -50,6 +50,9 @@ enum Stage {
 pub(crate) struct Acquiring {
     conn: Option<Conn>,
     stage: Stage,
+    /// The last try found the lock busy and nothing is in flight: the session holds nothing, so an
+    /// abandon may hand the connection back instead of closing it.
+    clean: bool,
 }
 
 /// A held lock: its connection (taken out on release) and what it locks.
@@ -132,6 +135,7 @@ pub(crate) async fn try_acquire(
         // A wait whose answer never came back here: do not reuse its connection.
         discard(acquiring).await;
     }
+    acquiring.clean = false;
     connection(inner, acquiring).await?;
     let stage = acquiring.stage;
     let conn = conn_of(acquiring)?;
@@ -150,6 +154,7 @@ pub(crate) async fn try_acquire(
             None => try_row(inner, conn, &request.name, lease, bound).await?,
         };
         if !locked {
+            acquiring.clean = true;
             return Ok(Attempt::Busy { retry_after: None });
         }
     }
@@ -273,6 +278,7 @@ pub(crate) async fn wait(
         inner.tables.lock_row(false)
     };
     let name = request.name.as_str();
+    acquiring.clean = false;
     acquiring.stage = Stage::Waiting;
     let client = &conn_of(acquiring)?.client;
     let waited = if advisory {
@@ -301,7 +307,20 @@ async fn discard(acquiring: &mut Acquiring) {
     acquiring.stage = Stage::Idle;
 }
 
-pub(crate) async fn abandon(_inner: &Inner, mut acquiring: Acquiring) {
+pub(crate) async fn abandon(inner: &Inner, mut acquiring: Acquiring) {
+    if acquiring.clean && acquiring.stage == Stage::Idle {
+        if let Some(conn) = acquiring.conn.take() {
+            // A busy try left nothing on the session: reset its idle bound and keep it.
+            let reset = conn.client.batch_execute(layout::RESET_BOUND);
+            if Conn::bounded("resetting the session", inner.request_timeout(), reset)
+                .await
+                .is_ok()
+            {
+                inner.recycle(conn);
+            }
+            return;
+        }
+    }
     discard(&mut acquiring).await;
 }
 
