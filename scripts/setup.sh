@@ -8,10 +8,13 @@ PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-clie
     zookeeper libzookeeper-java libslf4j-java default-jre-headless default-jdk-headless
     libcurator-client-java libcurator-framework-java libcurator-recipes-java nodejs)
 
+# The SQL backend's MariaDB tests (distlock-testkit/src/mariadb.rs runs /usr/sbin/mariadbd).
+PACKAGES+=(mariadb-server mariadb-client)
+# PostgreSQL 15 (distlock-sql): the tests run initdb + postgres from /usr/lib/postgresql/15/bin in temp dirs.
+PACKAGES+=(postgresql-15 postgresql-client-15)
+
 # The rest of the list in shared/reference/infra.md §9, to move into PACKAGES as the tests that need
 # them land (not installed now: they cost minutes and hundreds of MiB):
-#   postgresql-15 postgresql-client-15
-#   mariadb-server mariadb-client
 #   faketime libfaketime
 #   iproute2
 #   gcc libc6-dev curl util-linux
@@ -68,6 +71,10 @@ if [ ! -d "$NODE_REDLOCK/node_modules" ]; then
     log "installing node-redlock (npm ci in $NODE_REDLOCK)"
     npm ci --prefix "$NODE_REDLOCK" --no-audit --no-fund
 fi
+for bin in /usr/lib/postgresql/15/bin/initdb /usr/lib/postgresql/15/bin/postgres /usr/lib/postgresql/15/bin/pg_isready; do
+    [ -x "$bin" ] || die "$bin missing after installing postgresql-15"
+done
+command -v psql >/dev/null || die "psql not on PATH after installing postgresql-client-15"
 
 # Rust tooling: the test runner and the two checks scripts/test.sh runs.
 command -v cargo >/dev/null || die "cargo not found; install a Rust toolchain (rustup) first"

@@ -60,6 +60,17 @@ pub enum Engine {
     ZooKeeper {
         config: Box<distlock::zookeeper::ZkConfig>,
     },
+    /// The driver's URL (distlock's parameters stripped); `advisory` when the lock mode is.
+    Postgres {
+        url: String,
+        advisory: bool,
+    },
+    /// MySQL / MariaDB: the driver's URL (distlock's parameters stripped); `advisory` when the lock
+    /// mode is.
+    Mysql {
+        url: String,
+        advisory: bool,
+    },
     /// A scheme whose baselines this command does not measure; the reason says which.
     Unmeasured {
         reason: String,
@@ -68,6 +79,20 @@ pub enum Engine {
 
 impl Engine {
     pub fn from_url(url: &str) -> Result<Engine, Error> {
+        if let Some(("postgres" | "postgresql", _)) = url.split_once("://") {
+            let config = distlock_sql::SqlConfig::from_url(url)?;
+            return Ok(Engine::Postgres {
+                advisory: config.mode == distlock_sql::Mode::Advisory,
+                url: config.url,
+            });
+        }
+        if let Some(("mysql" | "mariadb", _)) = url.split_once("://") {
+            let config = distlock_sql::SqlConfig::from_url(url)?;
+            return Ok(Engine::Mysql {
+                advisory: config.mode == distlock_sql::Mode::Advisory,
+                url: config.url,
+            });
+        }
         let parsed = LockUrl::parse(url)?;
         let unmeasured = |why: &str| Engine::Unmeasured {
             reason: format!("{}://: {why}", parsed.scheme()),

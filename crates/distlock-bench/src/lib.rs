@@ -12,6 +12,8 @@ mod engines;
 mod error;
 mod harness;
 mod measure;
+mod mysql;
+mod postgres;
 mod progress;
 mod redlock;
 mod report;
@@ -45,6 +47,9 @@ Each run also measures the engine's own round trip and reports every figure as a
 a put, and a range beside it), and runs a baseline beside distlock (redis: a bare SET NX PX + \
 EVALSHA compare-and-delete loop; redlock: the rslock crate on the same nodes; etcd: \
 etcd's Lock/Unlock RPCs; file: a bare flock + unlock, the floor). memory:// and file:// have \
+(redis: PING on a multiplexed redis-rs connection; etcd: a put, and a range beside it; postgres, mysql: SELECT 1), and runs a \
+baseline beside distlock (redis: a bare SET NX PX + EVALSHA compare-and-delete loop; etcd: \
+etcd's Lock/Unlock RPCs; postgres: a bare tokio-postgres pg_advisory_lock + pg_advisory_unlock pair; mysql: a bare mysql_async GET_LOCK + RELEASE_LOCK pair; file: a bare flock + unlock, the floor). memory:// and file:// have \
 no engine round trip: their figures are absolute.
 
 A progress bar shows on stderr when it is a terminal; the report goes to stdout (--json: one JSON \
@@ -180,6 +185,7 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
         Engine::Redlock(_) => (1, 1, 1, 1),
         Engine::Etcd { .. } => (2, 1, 1, 1),
         Engine::ZooKeeper { .. } => (3, 0, 0, 0),
+        Engine::Postgres { .. } | Engine::Mysql { .. } => (1, 1, 1, 1),
         Engine::File { sync, .. } => (0, 1 + usize::from(sync), 1, 0),
         Engine::Memory | Engine::Unmeasured { .. } => (0, 0, 0, 0),
     };
@@ -258,6 +264,27 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
             }
         }
         Engine::Redlock(_) => redlock_targets(report, &mut out),
+        Engine::Postgres { advisory, .. } | Engine::Mysql { advisory, .. } => {
+            if let (Some(d), Some(base), true) = (a_distlock, a_base, *advisory) {
+                if base.latency.mean_us > 0.0 {
+                    out.push(Target::at_most(
+                        "(a) distlock advisory cycle / bare advisory pair (mean; distlock adds the fence commit)",
+                        d.latency.mean_us / base.latency.mean_us,
+                        1.15,
+                    ));
+                }
+            }
+            let c_base = report.contended.as_ref().and_then(|c| c.baselines.first());
+            if let (Some(c), Some(base), true) = (c, c_base, *advisory) {
+                if base.handoff_to_other.p50_us > 0.0 && c.handoff_to_other.n > 0 {
+                    out.push(Target::at_most(
+                        "(c) handoff p50 / bare advisory pair's handoff p50",
+                        c.handoff_to_other.p50_us / base.handoff_to_other.p50_us,
+                        1.2,
+                    ));
+                }
+            }
+        }
         Engine::Etcd { .. } => {
             if let (Some(d), Some(rtt)) = (a_distlock, rtt) {
                 if rtt.mean_us > 0.0 {
@@ -338,6 +365,7 @@ fn redlock_targets(report: &Report, out: &mut Vec<Target>) {
             0.5,
         ));
     }
+}
 
 /// Issue 10's targets: (a) the cycle against create + getChildren + delete (the last two probes are
 /// getChildren and create + delete), (c) the handoff in creates.

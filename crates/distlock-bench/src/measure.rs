@@ -36,6 +36,12 @@ enum Baseline {
     Redlock {
         uris: Vec<String>,
     },
+    Postgres {
+        url: String,
+    },
+    Mysql {
+        url: String,
+    },
 }
 
 /// What every measurement of a run needs.
@@ -147,6 +153,32 @@ impl Run<'_> {
                 let peer = Rslock::new(uris, format!("distlock-bench-peer/{run}/a"));
                 let cycles = run_cycles(vec![peer], WARMUP_ONE, d).await?;
                 baselines.push(CycleFigures::new("rslock (same nodes)", &cycles, rtt));
+            }
+            Baseline::Postgres { url } => {
+                runner.step("(a) bare pg_advisory_lock + pg_advisory_unlock");
+                let bare = crate::postgres::BarePair {
+                    client: crate::postgres::connect(url).await?,
+                    key: bench_key(run, "a"),
+                };
+                let cycles = run_cycles(vec![bare], WARMUP_ONE, d).await?;
+                baselines.push(CycleFigures::new(
+                    "bare pg_advisory_lock + unlock (tokio-postgres)",
+                    &cycles,
+                    rtt,
+                ));
+            }
+            Baseline::Mysql { url } => {
+                runner.step("(a) bare GET_LOCK + RELEASE_LOCK");
+                let bare = crate::mysql::BarePair {
+                    conn: crate::mysql::connect(url).await?,
+                    key: crate::mysql::bench_key(run, "a"),
+                };
+                let cycles = run_cycles(vec![bare], WARMUP_ONE, d).await?;
+                baselines.push(CycleFigures::new(
+                    "bare GET_LOCK + RELEASE_LOCK (mysql_async)",
+                    &cycles,
+                    rtt,
+                ));
             }
             Baseline::File { dir, sync } => {
                 // The synced floor first: it is what the backend's default (sync on) compares to.
@@ -289,6 +321,35 @@ impl Run<'_> {
                     rtt,
                 ));
             }
+            Baseline::Postgres { url } => {
+                runner.step("(b) bare advisory pair, one connection per task");
+                let mut clients = Vec::with_capacity(n);
+                for i in 0..n {
+                    clients.push(crate::postgres::BarePair {
+                        client: crate::postgres::connect(url).await?,
+                        key: bench_key(run, &format!("b{i}")),
+                    });
+                }
+                let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
+                baselines.push(CycleFigures::new(
+                    "bare advisory pair, one connection per task",
+                    &cycles,
+                    rtt,
+                ));
+            }
+            Baseline::Mysql { url } => {
+                runner.step("(b) bare GET_LOCK pair, one connection per task");
+                let mut clients = Vec::with_capacity(n);
+                for i in 0..n {
+                    clients.push(crate::mysql::BarePair {
+                        conn: crate::mysql::connect(url).await?,
+                        key: crate::mysql::bench_key(run, &format!("b{i}")),
+                    });
+                }
+                let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
+                let label = "bare GET_LOCK pair, one connection per task";
+                baselines.push(CycleFigures::new(label, &cycles, rtt));
+            }
             Baseline::File { dir, sync } => {
                 let label = format!("{}, one file per task", floor_label(*sync));
                 runner.step(&format!("(b) {label}"));
@@ -363,6 +424,37 @@ impl Run<'_> {
                 self.round_trip,
             ));
         }
+        if let Baseline::Postgres { url } = self.baseline {
+            runner.step("(c) bare advisory pair, contended");
+            let key = bench_key(&self.config.run, "c");
+            let mut clients = Vec::with_capacity(n);
+            for _ in 0..n {
+                clients.push(crate::postgres::BarePair {
+                    client: crate::postgres::connect(url).await?,
+                    key,
+                });
+            }
+            let result = run_contended(clients, hold, d).await?;
+            baselines.push(ContendedFigures::new(
+                "bare advisory pair, one connection per task",
+                &result,
+                self.round_trip,
+            ));
+        }
+        if let Baseline::Mysql { url } = self.baseline {
+            runner.step("(c) bare GET_LOCK pair, contended");
+            let key = crate::mysql::bench_key(&self.config.run, "c");
+            let mut clients = Vec::with_capacity(n);
+            for _ in 0..n {
+                clients.push(crate::mysql::BarePair {
+                    conn: crate::mysql::connect(url).await?,
+                    key: key.clone(),
+                });
+            }
+            let result = run_contended(clients, hold, d).await?;
+            let label = "bare GET_LOCK pair, one connection per task";
+            baselines.push(ContendedFigures::new(label, &result, self.round_trip));
+        }
         Ok(
             (distlock.is_some() || !baselines.is_empty()).then_some(ContendedSection {
                 tasks: n,
@@ -372,6 +464,11 @@ impl Run<'_> {
             }),
         )
     }
+}
+
+/// A key for the bare advisory baselines, apart from distlock's own names.
+fn bench_key(run: &str, case: &str) -> i64 {
+    distlock_sql::postgres::layout::advisory_key(&format!("distlock-bench-bare/{run}/{case}"))
 }
 
 fn floor_label(sync: bool) -> &'static str {
@@ -411,6 +508,23 @@ async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, R
             Baseline::None,
             zookeeper_round_trip(config, zk_config, runner).await?,
         ),
+        Engine::Postgres { url, .. } => postgres_round_trip(config, url, runner).await?,
+        Engine::Mysql { url, .. } => {
+            runner.step("SELECT 1 round trip");
+            let probe = crate::mysql::SelectOne {
+                conn: crate::mysql::connect(url).await?,
+            };
+            let cycles = run_cycles(vec![probe], WARMUP_ONE, config.duration).await?;
+            let reference = Probe::new("SELECT 1 (mysql_async, text query)", &cycles);
+            (
+                Baseline::Mysql { url: url.clone() },
+                RoundTrip {
+                    reference: Some(reference),
+                    others: Vec::new(),
+                    note: None,
+                },
+            )
+        }
     })
 }
 
@@ -539,6 +653,31 @@ async fn etcd_round_trip(
         RoundTrip {
             reference: Some(Probe::new("put (raw gRPC client)", &put)),
             others: vec![Probe::new("range, linearizable (raw gRPC client)", &range)],
+            note: None,
+        },
+    ))
+}
+
+async fn postgres_round_trip(
+    config: &Config,
+    url: &str,
+    runner: &mut Runner,
+) -> Result<(Baseline, RoundTrip), Error> {
+    runner.step("SELECT 1 round trip");
+    let probe = crate::postgres::SelectOne {
+        client: crate::postgres::connect(url).await?,
+    };
+    let cycles = run_cycles(vec![probe], WARMUP_ONE, config.duration).await?;
+    Ok((
+        Baseline::Postgres {
+            url: url.to_string(),
+        },
+        RoundTrip {
+            reference: Some(Probe::new(
+                "SELECT 1 (tokio-postgres, simple query)",
+                &cycles,
+            )),
+            others: Vec::new(),
             note: None,
         },
     ))

@@ -146,7 +146,7 @@ pub fn health(addr: SocketAddr, timeout: Duration) -> Result<bool> {
 }
 
 /// Whether `pid` owns the socket listening on `127.0.0.1:port` (its inode is among the pid's fds).
-fn listens_on(pid: u32, port: u16) -> bool {
+pub(crate) fn listens_on(pid: u32, port: u16) -> bool {
     let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
         return false;
     };

@@ -8,6 +8,8 @@
 //!   failover waits; [`proxy`] (a TCP fault proxy: pass, delay, blackhole, reset, refuse) and
 //!   [`netcut`] (nftables drops on loopback, root only) inject network faults; [`tls`] makes a test CA
 //!   and server certificate at test time.
+//! * [`postgres`]: a PostgreSQL 15 server (initdb in a temp dir, run as a non-root user, loopback port
+//!   and unix socket in the temp dir).
 //! * [`conformance`]: the behaviours every backend must show, as `pub async fn`s, expanded per backend by
 //!   [`conformance_suite!`].
 
@@ -21,7 +23,9 @@ pub mod sweep;
 
 pub mod cluster;
 pub mod etcd;
+pub mod mariadb;
 pub mod netcut;
+pub mod postgres;
 pub mod proxy;
 pub mod sentinel;
 pub mod tls;

@@ -15,11 +15,13 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// | `redis+sentinel` | `redis+sentinel://[user:pass@]h:p,h:p/<master name>[/db]`: the master re-resolved on every reconnect |
 /// | `redis+cluster` | `redis+cluster://[user:pass@]h:p,h:p`: slot-aware, sharded pub/sub |
 /// | `redlock`, `redlocks` | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=50ms]` (at least 3 independent masters; feature `redis`): node-redlock / redis-py layout, quorum N/2+1, no fencing token |
+/// | `mysql`, `mariadb` | `mysql://user:pw@host:3306/db[?mode=advisory|row|lease&table=distlock_locks&schema=db]`: `GET_LOCK`, `SELECT … FOR UPDATE` or a versioned lease row; the rest of the URL is mysql_async's |
 /// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s&request_timeout=5s&connect_timeout=5s]`, `etcds://…?ca=/path/ca.pem`: Go-compatible `concurrency.Mutex` layout |
 /// | `zk` | `zk://[user:pass@]h:p,h:p[/chroot][?session_timeout=60s&request_timeout=5s&connect_timeout=5s]`: Curator `InterProcessMutex`-compatible layout; `zks` (TLS) fails with [`ErrorKind::Unsupported`] |
+/// | `postgres`, `postgresql` | `postgres://user:pass@host:port/db[?mode=advisory|row|lease&table=…&schema=…&key=…]`: the driver's URL as written (distlock's parameters stripped) |
 ///
-/// Every URL may carry `?lease=DURATION` (default 30 s; for etcd the session TTL, for ZooKeeper the negotiated session timeout), the lease of the
-/// locks it hands out. `postgres` and `mysql` are recognised and fail with [`ErrorKind::Unsupported`] until their backends land. A
+/// Every URL may carry `?lease=DURATION` (default 30 s; for etcd the session TTL, for ZooKeeper the
+/// negotiated session timeout), the lease of the locks it hands out. A
 /// scheme whose cargo feature is off fails with [`ErrorKind::InvalidConfig`] naming the feature.
 ///
 /// ```
@@ -33,6 +35,11 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// # }
 /// ```
 pub async fn connect(url: &str) -> Result<Locks> {
+    // The driver's own URL (unix-socket forms such as `postgresql:///db?host=/dir` included), read by
+    // the SQL crate rather than LockUrl.
+    if let Some(("postgres" | "postgresql", _)) = url.split_once("://") {
+        return postgres(url).await;
+    }
     let parsed = LockUrl::parse(url)?;
     let lease = parsed.query_duration("lease")?;
     let mut defaults = LockOptions::default();
@@ -50,12 +57,7 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "zk" | "zks" => zookeeper(&parsed, lease).await,
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis(&parsed, defaults).await,
         "redlock" | "redlocks" => redlock(&parsed, defaults).await,
-        scheme @ ("postgres" | "postgresql" | "mysql" | "mariadb") => Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "the {scheme}:// backend is not part of this version of distlock yet; use file:///dir or memory://"
-            ),
-        )),
+        "mysql" | "mariadb" => mysql(url, defaults).await,
         other => Err(Error::new(
             ErrorKind::InvalidConfig,
             format!(
@@ -162,6 +164,43 @@ async fn zookeeper(url: &LockUrl, _lease: Option<std::time::Duration>) -> Result
             "{}:// needs distlock's `zookeeper` cargo feature, which is not enabled",
             url.scheme()
         ),
+    ))
+}
+
+/// MySQL / MariaDB: `mysql://` and `mariadb://` (`?mode=advisory|row|lease&table=&schema=`), the URL
+/// handed to mysql_async as written (`mariadb://` spelled `mysql://`).
+#[cfg(feature = "mysql")]
+async fn mysql(url: &str, defaults: LockOptions) -> Result<Locks> {
+    let backend = Box::pin(distlock_sql::mysql::connect(url)).await?;
+    Ok(Locks::with_defaults(backend, defaults))
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn mysql(_url: &str, _defaults: LockOptions) -> Result<Locks> {
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        "mysql:// and mariadb:// need distlock's `mysql` cargo feature, which is not enabled",
+    ))
+}
+
+/// `postgres://` / `postgresql://`: the URL as tokio-postgres reads it, plus distlock's
+/// `?mode=advisory|row|lease&table=&schema=&key=&lease=` (see `distlock_sql::SqlConfig::from_url`).
+#[cfg(feature = "postgres")]
+async fn postgres(url: &str) -> Result<Locks> {
+    let backend = Box::pin(distlock_sql::postgres::connect(url)).await?;
+    let mut defaults = LockOptions::default();
+    if let Some(lease) = backend.config().lease {
+        defaults = defaults.with_lease(lease);
+    }
+    defaults.validate()?;
+    Ok(Locks::with_defaults(backend, defaults))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres(_url: &str) -> Result<Locks> {
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        "postgres:// needs distlock's `postgres` cargo feature, which is not enabled",
     ))
 }
 

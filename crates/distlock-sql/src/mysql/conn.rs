@@ -1,0 +1,391 @@
+//! Connections: opening one (with distlock's timeouts), a [`Session`] (a dedicated connection with its
+//! server-side id and a watch on its socket), the pool of idle sessions, the control connection that
+//! sends `KILL QUERY`, and the mapping of mysql_async's errors.
+//!
+//! **Noticing a dropped connection at once.** mysql_async reads its socket only while a statement runs,
+//! so a held session killed on the server (`KILL`, a restart) would go unnoticed until the next probe.
+//! When a session connects, distlock finds the connection's socket among the process's descriptors (the
+//! one socket that appeared during the connect, serialised process-wide, whose peer port is the
+//! server's), keeps a duplicate of it, and waits on that for the peer's FIN (`EPOLLRDHUP`): the guard's
+//! loss signal. If the socket cannot be told apart (another library connected to the same port at the
+//! same moment), the session has no such signal and loss is found by the probes and the deadline.
+
+use std::collections::HashSet;
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd, RawFd};
+use std::sync::Mutex as StdMutex;
+use std::time::Duration;
+
+use distlock_core::raw::LossSignal;
+use mysql_async::prelude::Queryable as _;
+use mysql_async::{Conn, Opts, OptsBuilder};
+
+use crate::error::SqlError;
+
+/// One connect at a time per process, so the socket it opens can be found (see the module docs).
+static CONNECT_GATE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Idle sessions kept for reuse, per backend.
+const MAX_IDLE: usize = 64;
+
+/// How statements are bounded.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    pub(crate) connect: Duration,
+    pub(crate) request: Duration,
+}
+
+/// Driver options from the URL as written: `mariadb://` becomes `mysql://` (the only change), and
+/// `prefer_socket` is off unless the URL sets it (mysql_async would otherwise switch a loopback TCP
+/// connection to the server's unix socket, bypassing whatever the URL points at). `client_found_rows` is
+/// always off.
+pub(crate) fn driver_opts(url: &str) -> Result<Opts, SqlError> {
+    let url = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_string(),
+    };
+    let opts = Opts::from_url(&url).map_err(|e| {
+        SqlError::Config(format!(
+            "the MySQL driver refused the URL: {e} (driver parameters are mysql_async's, e.g. require_ssl=true)"
+        ))
+    })?;
+    // Affected-row counts mean "rows changed": the lease mode tells a taken row (1 inserted, 2 updated)
+    // from a busy one (0 changed) by them.
+    let mut builder = OptsBuilder::from_opts(opts).client_found_rows(false);
+    if !url.contains("prefer_socket=") {
+        builder = builder.prefer_socket(false);
+    }
+    Ok(Opts::from(builder))
+}
+
+/// Maps a mysql_async error, by its typed variant and the server's error code.
+pub(crate) fn map_error(action: &'static str, e: mysql_async::Error) -> SqlError {
+    use mysql_async::Error as E;
+    match e {
+        E::Server(ref s) => match s.code {
+            // ER_DBACCESS_DENIED, ER_ACCESS_DENIED, ER_TABLEACCESS_DENIED, ER_COLUMNACCESS_DENIED,
+            // ER_SPECIFIC_ACCESS_DENIED
+            1044 | 1045 | 1142 | 1143 | 1227 => SqlError::Denied {
+                message: format!("{action}: {}", s.message),
+                source: Some(Box::new(e)),
+            },
+            // ER_BAD_DB_ERROR, ER_NO_DB_ERROR
+            1049 | 1046 => SqlError::Config(format!(
+                "{action}: {} (name an existing database in the URL, mysql://host/db, or ?schema=)",
+                s.message
+            )),
+            // ER_BAD_FIELD_ERROR, ER_NO_SUCH_TABLE after creation
+            1054 => SqlError::TableShape(format!(
+                "{action}: {}: the lock table exists with another shape than distlock's (name, fence, owner, expires_at); use ?table= to pick another",
+                s.message
+            )),
+            _ => SqlError::Unavailable {
+                action,
+                message: format!("server error {} ({}): {}", s.code, s.state, s.message),
+                source: Some(Box::new(e)),
+            },
+        },
+        E::Url(_) => SqlError::Config(format!("{action}: {e}")),
+        E::Io(_) => SqlError::Unavailable {
+            action,
+            message: e.to_string(),
+            source: Some(Box::new(e)),
+        },
+        E::Driver(_) | E::Other(_) => SqlError::Protocol(format!("{action}: {e}")),
+    }
+}
+
+/// Runs `f` bounded by `after`.
+pub(crate) async fn bounded<T>(
+    action: &'static str,
+    after: Duration,
+    f: impl std::future::Future<Output = Result<T, mysql_async::Error>>,
+) -> Result<T, SqlError> {
+    match tokio::time::timeout(after, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(map_error(action, e)),
+        Err(_) => Err(SqlError::Timeout { action, after }),
+    }
+}
+
+/// Opens a connection (bounded by the connect timeout); returns it with the watch descriptor of its
+/// socket, if found.
+pub(crate) async fn open(
+    opts: &Opts,
+    limits: &Limits,
+) -> Result<(Conn, Option<OwnedFd>), SqlError> {
+    let gate = CONNECT_GATE.lock().await;
+    let before = socket_inodes();
+    let conn = bounded(
+        "connecting to MySQL/MariaDB",
+        limits.connect,
+        Conn::new(opts.clone()),
+    )
+    .await?;
+    let watch = find_socket(&before, opts);
+    drop(gate);
+    Ok((conn, watch))
+}
+
+/// A dedicated connection: a held lock's, or a waiter's.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) conn: Conn,
+    /// `CONNECTION_ID()` when it connected.
+    pub(crate) id: u64,
+    /// The `wait_timeout` this session was last set to, seconds (`None`: the server's default).
+    pub(crate) wait_timeout: Option<u64>,
+    /// A duplicate of the connection's socket, to notice the server closing it.
+    watch: Option<OwnedFd>,
+    /// Dropped with the session: tells its loss signals to let go of their duplicate of the socket, so
+    /// that a dropped session's socket closes (and the server frees its locks) even while a signal lives.
+    alive: tokio::sync::watch::Sender<()>,
+    /// When it was last put back in the idle list.
+    idle_since: std::time::Instant,
+}
+
+impl Session {
+    /// Opens a session and reads its server-side id.
+    pub(crate) async fn open(opts: &Opts, limits: &Limits) -> Result<Session, SqlError> {
+        let (mut conn, watch) = open(opts, limits).await?;
+        let id: Option<u64> = bounded(
+            "reading CONNECTION_ID()",
+            limits.request,
+            conn.query_first("SELECT CONNECTION_ID()"),
+        )
+        .await?;
+        let id = id.ok_or_else(|| SqlError::Protocol("CONNECTION_ID() returned no row".into()))?;
+        Ok(Session {
+            conn,
+            id,
+            wait_timeout: None,
+            watch,
+            alive: tokio::sync::watch::channel(()).0,
+            idle_since: std::time::Instant::now(),
+        })
+    }
+
+    /// Whether the server has closed the socket (only known where the socket was found).
+    pub(crate) fn server_closed(&self) -> bool {
+        self.watch
+            .as_ref()
+            .is_some_and(|fd| peer_closed(fd.as_raw_fd()))
+    }
+
+    /// Whether the session has been idle for half its `wait_timeout` or more: the server may end it
+    /// while the next statement is on its way, so it is not reused.
+    fn near_wait_timeout(&self) -> bool {
+        self.wait_timeout
+            .is_some_and(|secs| self.idle_since.elapsed() >= Duration::from_secs(secs) / 2)
+    }
+
+    /// A future that resolves when the server closes this session's socket; `None` if the socket was
+    /// not found.
+    pub(crate) fn loss_signal(&self) -> Option<LossSignal> {
+        let fd = self.watch.as_ref()?.try_clone().ok()?;
+        let id = self.id;
+        let mut alive = self.alive.subscribe();
+        Some(Box::pin(async move {
+            tokio::select! {
+                () = wait_peer_closed(fd) => {}
+                // The session was dropped (released, or closed on purpose): no loss to report, and the
+                // duplicate is closed here so it does not keep the socket open.
+                _ = alive.changed() => return std::future::pending().await,
+            }
+            format!(
+                "the server closed the lock's connection (session {id} killed, timed out or the server restarted)"
+            )
+        }))
+    }
+}
+
+/// Idle sessions for reuse.
+#[derive(Debug, Default)]
+pub(crate) struct Pool {
+    idle: StdMutex<Vec<Session>>,
+}
+
+impl Pool {
+    /// An idle session that the server has not closed, or a new one.
+    pub(crate) async fn checkout(&self, opts: &Opts, limits: &Limits) -> Result<Session, SqlError> {
+        loop {
+            let next = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+            match next {
+                Some(s) if s.server_closed() || s.near_wait_timeout() => continue,
+                Some(s) => return Ok(s),
+                None => return Session::open(opts, limits).await,
+            }
+        }
+    }
+
+    /// Keeps a clean session (no lock, no statement in flight) for reuse.
+    pub(crate) fn checkin(&self, mut session: Session) {
+        session.idle_since = std::time::Instant::now();
+        // The hold it served (if any) is over: its loss signals stand down.
+        session.alive.send_replace(());
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < MAX_IDLE {
+                idle.push(session);
+            }
+        }
+    }
+}
+
+/// Sends `KILL QUERY <id>` on the backend's control connection (opened on first use, reopened once if
+/// it broke).
+pub(crate) async fn kill_query(
+    control: &tokio::sync::Mutex<Option<Conn>>,
+    opts: &Opts,
+    limits: &Limits,
+    id: u64,
+) -> Result<(), SqlError> {
+    let mut slot = control.lock().await;
+    for attempt in 0..2 {
+        let mut conn = match slot.take() {
+            Some(c) => c,
+            None => open(opts, limits).await?.0,
+        };
+        let sent =
+            tokio::time::timeout(limits.request, conn.query_drop(format!("KILL QUERY {id}"))).await;
+        match sent {
+            Ok(Ok(())) => {
+                *slot = Some(conn);
+                return Ok(());
+            }
+            // ER_NO_SUCH_THREAD: the session is gone already, so is its wait.
+            Ok(Err(mysql_async::Error::Server(e))) if e.code == 1094 => {
+                *slot = Some(conn);
+                return Ok(());
+            }
+            Ok(Err(e)) if attempt == 1 => return Err(map_error("sending KILL QUERY", e)),
+            Err(_) if attempt == 1 => {
+                return Err(SqlError::Timeout {
+                    action: "sending KILL QUERY",
+                    after: limits.request,
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding and watching a connection's socket.
+
+fn socket_inodes() -> HashSet<(RawFd, String)> {
+    let mut out = HashSet::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<RawFd>() else {
+            continue;
+        };
+        if let Ok(target) = std::fs::read_link(entry.path()) {
+            let target = target.to_string_lossy().into_owned();
+            if target.starts_with("socket:[") {
+                out.insert((fd, target));
+            }
+        }
+    }
+    out
+}
+
+/// The one socket that appeared since `before` and talks to the server's port; duplicated.
+fn find_socket(before: &HashSet<(RawFd, String)>, opts: &Opts) -> Option<OwnedFd> {
+    let port = opts.tcp_port();
+    let unix = opts.socket().is_some();
+    let mut found = Vec::new();
+    for (fd, inode) in socket_inodes().difference(before) {
+        let borrowed = borrow_raw_fd(*fd)?;
+        let Ok(peer) = rustix::net::getpeername(borrowed) else {
+            continue;
+        };
+        let Some(peer) = peer else {
+            continue;
+        };
+        let matches = match std::net::SocketAddr::try_from(peer) {
+            Ok(ip) => !unix && ip.port() == port,
+            Err(_) => unix,
+        };
+        if matches {
+            found.push((*fd, inode.clone()));
+        }
+    }
+    let [(fd, inode)] = found.as_slice() else {
+        tracing::debug!(
+            candidates = found.len(),
+            "could not single out the connection's socket; loss is found by probes"
+        );
+        return None;
+    };
+    let dup = rustix::io::fcntl_dupfd_cloexec(borrow_raw_fd(*fd)?, 0).ok()?;
+    // The descriptor number may have been reused in between: check it is still that socket.
+    let same = std::fs::read_link(format!("/proc/self/fd/{}", dup.as_raw_fd()))
+        .map(|t| t.to_string_lossy() == inode.as_str())
+        .unwrap_or(false);
+    same.then_some(dup)
+}
+
+/// A borrowed descriptor for a number read from `/proc/self/fd`. The number may be closed (and reused)
+/// by another thread at any moment; the syscalls made with it are read-only or duplicate it, and the
+/// duplicate's identity is checked afterwards, so a stale number costs a wrong guess, never memory.
+fn borrow_raw_fd(fd: RawFd) -> Option<std::os::fd::BorrowedFd<'static>> {
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: see above; the BorrowedFd is used only for getpeername/fcntl, which fail cleanly on a
+    // closed descriptor.
+    Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+}
+
+/// Whether the peer has closed the connection (`POLLRDHUP`/`POLLHUP`), without reading.
+fn peer_closed(fd: RawFd) -> bool {
+    let Some(borrowed) = borrow_raw_fd(fd) else {
+        return false;
+    };
+    let mut fds = [rustix::event::PollFd::new(
+        &borrowed,
+        rustix::event::PollFlags::RDHUP,
+    )];
+    match rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default())) {
+        Ok(n) if n > 0 => fds[0].revents().intersects(
+            rustix::event::PollFlags::RDHUP
+                | rustix::event::PollFlags::HUP
+                | rustix::event::PollFlags::ERR,
+        ),
+        _ => false,
+    }
+}
+
+/// Resolves when the peer closes; stays pending if the runtime cannot watch the descriptor (never a
+/// false loss). Registers on whatever runtime polls it, and again if that runtime goes away.
+async fn wait_peer_closed(fd: OwnedFd) {
+    let raw = fd.as_fd().as_raw_fd();
+    loop {
+        if peer_closed(raw) {
+            return;
+        }
+        let Ok(dup) = fd.try_clone() else {
+            return std::future::pending().await;
+        };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return std::future::pending().await;
+        }
+        // SAFETY: `dup` is an OwnedFd moved into the AsyncFd: it stays open and refers to the same open
+        // file description for the AsyncFd's whole life, and `as_raw_fd` always returns it.
+        let registered = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(dup, tokio::io::Interest::READABLE)
+        };
+        let Ok(watched) = registered else {
+            return std::future::pending().await;
+        };
+        // An error means the runtime that registered it is gone: register again on the current one.
+        while let Ok(mut guard) = watched.readable().await {
+            if guard.ready().is_read_closed() || peer_closed(raw) {
+                return;
+            }
+            guard.clear_ready();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,408 @@
+//! [`PostgresBackend`]: the `raw::Backend` impl, thin; the modes live in `session.rs` (advisory and
+//! row: a dedicated connection per held lock) and `lease.rs` (the versioned lease row).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_core::raw::{
+    AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
+};
+use distlock_core::{Capabilities, Fencing, Result};
+use tokio::sync::{broadcast, Mutex};
+use tokio_postgres::types::Type;
+
+use super::conn::{driver_config, Conn};
+use super::layout::{self, Tables};
+use super::{inspect, lease, session};
+use crate::config::{Mode, SqlConfig};
+use crate::error::SqlError;
+
+/// The backend's short name, for errors and logs.
+pub(crate) const BACKEND: &str = "postgres";
+
+/// The PostgreSQL backend: `postgres://` / `postgresql://` URLs (see the [module docs](super)).
+/// Cheap to clone; clones share the control connection.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: SqlConfig,
+    pub(crate) driver: tokio_postgres::Config,
+    pub(crate) tables: Tables,
+    /// The control connection: fence counters in row mode, every lease-mode statement, `LISTEN`.
+    control: Mutex<Option<Arc<Conn>>>,
+    /// Lease-mode wake-ups: payloads (lock names) of the `NOTIFY`s on the control connection.
+    pub(crate) notify: broadcast::Sender<String>,
+    /// Idle dedicated connections (advisory and row modes): one opened ahead, and those a release
+    /// handed back clean, so an acquire does not pay for the connection setup (TCP, SCRAM, a server
+    /// process) between reading its clock and its grant. At most [`MAX_IDLE`].
+    idle: std::sync::Mutex<Vec<Conn>>,
+    /// The tables exist with distlock's shape (checked at connect).
+    schema_checked: std::sync::atomic::AtomicBool,
+}
+
+/// The most idle dedicated connections a backend keeps.
+const MAX_IDLE: usize = 16;
+
+impl Inner {
+    /// The bound of one statement distlock sends.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.config.connection.request_timeout
+    }
+
+    /// A fresh connection (a dedicated one for a lock, or the control connection).
+    pub(crate) async fn open(&self, listen: bool) -> std::result::Result<Conn, SqlError> {
+        let notify = listen.then(|| self.notify.clone());
+        Conn::open(&self.driver, self.config.connection.connect_timeout, notify).await
+    }
+
+    /// A connection for a lock: an idle one if one is still open, else a new one; when none is left
+    /// idle, another is opened in the background.
+    pub(crate) async fn dedicated(self: &Arc<Self>) -> std::result::Result<Conn, SqlError> {
+        let reused = {
+            let mut idle = self.lock_idle();
+            let mut found = None;
+            while let Some(conn) = idle.pop() {
+                if conn.closed_reason().is_none() {
+                    found = Some(conn);
+                    break;
+                }
+            }
+            found
+        };
+        self.refill_spare();
+        match reused {
+            Some(conn) => Ok(conn),
+            None => self.open_dedicated().await,
+        }
+    }
+
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Hands back a dedicated connection whose session holds nothing any more.
+    pub(crate) fn recycle(&self, conn: Conn) {
+        if conn.closed_reason().is_some() {
+            return;
+        }
+        let mut idle = self.lock_idle();
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+
+    async fn open_dedicated(&self) -> std::result::Result<Conn, SqlError> {
+        let conn = self.open(false).await?;
+        let setup = format!("{}; {}", layout::HOLDER_SETTINGS, self.tables.warm_up());
+        Conn::bounded(
+            "setting up the session",
+            self.request_timeout(),
+            conn.client.batch_execute(&setup),
+        )
+        .await?;
+        Ok(conn)
+    }
+
+    fn refill_spare(self: &Arc<Self>) {
+        if self.config.mode == Mode::Lease || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        if self.lock_idle().iter().any(|c| c.closed_reason().is_none()) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let Some(inner) = weak.upgrade() else { return };
+            match inner.open_dedicated().await {
+                Ok(conn) => inner.recycle(conn),
+                Err(e) => tracing::debug!(error = %e, "could not open a spare connection"),
+            }
+        });
+    }
+
+    /// The control connection, reconnected if it has closed.
+    pub(crate) async fn control(&self) -> std::result::Result<Arc<Conn>, SqlError> {
+        let mut slot = self.control.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            if conn.closed_reason().is_none() {
+                return Ok(conn.clone());
+            }
+        }
+        let listen = self.config.mode == Mode::Lease;
+        let conn = Arc::new(self.open(listen).await?);
+        if self
+            .schema_checked
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let warm = self.tables.warm_up();
+            Conn::bounded(
+                "warming up",
+                self.request_timeout(),
+                conn.client.batch_execute(&warm),
+            )
+            .await?;
+        }
+        if listen {
+            let sql = self.tables.listen();
+            Conn::bounded(
+                "LISTEN",
+                self.request_timeout(),
+                conn.client.batch_execute(&sql),
+            )
+            .await?;
+        }
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Creates the tables unless they exist, and checks their shape.
+    async fn ensure_schema(&self) -> std::result::Result<(), SqlError> {
+        let conn = self.control().await?;
+        let bound = self.request_timeout();
+        match self.check_shape(&conn).await {
+            Err(SqlError::TableShape(_)) => {
+                let create = self.tables.create();
+                let created = Conn::bounded(
+                    "creating distlock's tables",
+                    bound,
+                    conn.client.batch_execute(&create),
+                )
+                .await;
+                if created.is_err() {
+                    // A failed batch leaves its transaction open on the connection: start afresh.
+                    *self.control.lock().await = None;
+                }
+                created?;
+                self.check_shape(&conn).await
+            }
+            other => other,
+        }?;
+        self.schema_checked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn check_shape(&self, conn: &Conn) -> std::result::Result<(), SqlError> {
+        let bound = self.request_timeout();
+        let text = [Type::TEXT, Type::VARCHAR];
+        let expected: [(String, &str, Vec<Vec<Type>>); 2] = [
+            (
+                self.tables.shape_of_locks(),
+                self.tables.locks.as_str(),
+                vec![
+                    text.to_vec(),
+                    text.to_vec(),
+                    vec![Type::TIMESTAMPTZ],
+                    vec![Type::INT8],
+                ],
+            ),
+            (
+                self.tables.shape_of_fence(),
+                self.tables.fence.as_str(),
+                vec![text.to_vec(), vec![Type::INT8]],
+            ),
+        ];
+        for (sql, table, types) in expected {
+            let statement = Conn::bounded(
+                "checking distlock's tables",
+                bound,
+                conn.client.prepare(&sql),
+            )
+            .await?;
+            for (column, allowed) in statement.columns().iter().zip(&types) {
+                if !allowed.contains(column.type_()) {
+                    return Err(SqlError::TableShape(format!(
+                        "table {table}: column {} is {}, distlock needs {}; pick another ?table=",
+                        column.name(),
+                        column.type_(),
+                        allowed[0]
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PostgresBackend {
+    /// Connects the control connection and makes sure the tables exist (creating them on first use).
+    /// Bad input fails here: a URL the driver refuses, a wrong password or unknown database, a role
+    /// that may not create the tables, a table of another shape.
+    pub async fn from_config(config: SqlConfig) -> Result<PostgresBackend> {
+        config.validate()?;
+        let driver = driver_config(&config).map_err(|e| e.into_core(BACKEND, None))?;
+        let tables = Tables::new(config.schema.as_deref(), &config.table);
+        let (notify, _) = broadcast::channel(1024);
+        let backend = PostgresBackend {
+            inner: Arc::new(Inner {
+                config,
+                driver,
+                tables,
+                control: Mutex::new(None),
+                notify,
+                idle: std::sync::Mutex::new(Vec::new()),
+                schema_checked: std::sync::atomic::AtomicBool::new(false),
+            }),
+        };
+        let inner = &backend.inner;
+        inner
+            .ensure_schema()
+            .await
+            .map_err(|e| e.into_core(BACKEND, None))?;
+        if inner.config.mode != Mode::Lease {
+            // The first lock's connection, made now: an acquire's validity deadline counts from
+            // before its first request, and a connection setup (TCP, SCRAM, a server process) inside
+            // it could eat a short lease.
+            let conn = inner
+                .open_dedicated()
+                .await
+                .map_err(|e| e.into_core(BACKEND, None))?;
+            inner.recycle(conn);
+        }
+        Ok(backend)
+    }
+
+    /// Parses the URL (see [`SqlConfig::from_url`]) and connects.
+    pub async fn connect(url: &str) -> Result<PostgresBackend> {
+        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+        if scheme != "postgres" && scheme != "postgresql" {
+            return Err(SqlError::Config(format!(
+                "the PostgreSQL backend takes postgres:// or postgresql:// URLs, not {scheme}://"
+            ))
+            .into_core(BACKEND, None));
+        }
+        Self::from_config(SqlConfig::from_url(url)?).await
+    }
+
+    /// The configuration it was made from.
+    pub fn config(&self) -> &SqlConfig {
+        &self.inner.config
+    }
+}
+
+/// What the backend keeps for a held lock.
+pub struct PgLease(pub(crate) LeaseKind);
+
+pub(crate) enum LeaseKind {
+    Session(Box<session::Held>),
+    Lease(lease::Held),
+}
+
+impl std::fmt::Debug for PgLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PgLease")
+    }
+}
+
+/// What the backend keeps while an acquire is under way.
+#[derive(Debug, Default)]
+pub struct PgAcquisition {
+    pub(crate) session: session::Acquiring,
+    pub(crate) lease: lease::Acquiring,
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    type Lease = PgLease;
+    type Acquisition = PgAcquisition;
+
+    fn kind(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::mutex()
+            .with_server_ttl(true)
+            .with_fencing(Fencing::Strict)
+            .with_fifo(false)
+            .with_notify_wait(true)
+            .with_frees_on_process_death(self.inner.config.mode != Mode::Lease)
+            .with_shared_across_processes(true)
+    }
+
+    fn begin(&self, _request: &AcquireRequest) -> Result<PgAcquisition> {
+        Ok(PgAcquisition::default())
+    }
+
+    async fn try_acquire(
+        &self,
+        acquisition: &mut PgAcquisition,
+        request: &AcquireRequest,
+    ) -> Result<Attempt<PgLease>> {
+        let inner = &self.inner;
+        let attempt = match inner.config.mode {
+            Mode::Lease => lease::try_acquire(inner, &mut acquisition.lease, request).await,
+            _ => session::try_acquire(&self.inner, &mut acquisition.session, request).await,
+        };
+        attempt.map_err(|e| e.into_core(BACKEND, Some(&request.name)))
+    }
+
+    async fn wait(
+        &self,
+        acquisition: &mut PgAcquisition,
+        request: &AcquireRequest,
+        retry_after: Option<Duration>,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        let waited = match inner.config.mode {
+            Mode::Lease => {
+                lease::wait(&mut acquisition.lease, request, retry_after).await;
+                Ok(())
+            }
+            _ => session::wait(&self.inner, &mut acquisition.session, request).await,
+        };
+        waited.map_err(|e| e.into_core(BACKEND, Some(&request.name)))
+    }
+
+    async fn abandon(&self, acquisition: PgAcquisition, request: &AcquireRequest) {
+        match self.inner.config.mode {
+            Mode::Lease => lease::abandon(&self.inner, request).await,
+            _ => session::abandon(&self.inner, acquisition.session).await,
+        }
+    }
+
+    async fn renew(&self, batch: &[Renewal<'_, PgLease>]) -> Vec<(RenewalId, Result<Renewed>)> {
+        let mut sessions = Vec::new();
+        let mut leases = Vec::new();
+        for entry in batch {
+            match &entry.lease.0 {
+                LeaseKind::Session(held) => sessions.push((entry, &**held)),
+                LeaseKind::Lease(held) => leases.push((entry, held)),
+            }
+        }
+        let mut outcomes = session::renew(&self.inner, &sessions).await;
+        outcomes.extend(lease::renew(&self.inner, &leases).await);
+        outcomes
+            .into_iter()
+            .map(|(id, r)| (id, r.map_err(|e| e.into_core(BACKEND, None))))
+            .collect()
+    }
+
+    async fn release(&self, lease: &PgLease, name: &str, owner: &str) -> Result<Released> {
+        let released = match &lease.0 {
+            LeaseKind::Session(held) => session::release(&self.inner, held).await,
+            LeaseKind::Lease(held) => lease::release(&self.inner, held, name, owner).await,
+        };
+        released.map_err(|e| e.into_core(BACKEND, Some(name)))
+    }
+
+    async fn inspect(&self, name: &str) -> Result<LockInfo> {
+        inspect::inspect(&self.inner, name)
+            .await
+            .map_err(|e| e.into_core(BACKEND, Some(name)))
+    }
+}

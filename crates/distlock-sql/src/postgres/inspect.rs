@@ -1,0 +1,84 @@
+//! `distlock status` on PostgreSQL: the holder as the server sees it (`pg_locks` and
+//! `pg_stat_activity` in advisory mode, the row in lease mode), waiters, and the last token.
+
+use std::time::Duration;
+
+use distlock_core::raw::{HolderInfo, LockInfo};
+use distlock_core::FencingToken;
+
+use super::backend::Inner;
+use super::conn::Conn;
+use super::layout;
+use crate::config::Mode;
+use crate::error::SqlError;
+
+pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlError> {
+    let conn = inner.control().await?;
+    let bound = inner.request_timeout();
+    let mut info = LockInfo::default();
+    match inner.config.mode {
+        Mode::Advisory => {
+            let (classid, objid, objsubid) =
+                layout::pg_locks_row(layout::key_for(name, inner.config.key));
+            let sql = "SELECT l.pid, l.granted, a.client_addr::text, a.backend_start \
+                       FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+                       WHERE l.locktype = 'advisory' AND l.classid = $1::bigint::oid \
+                       AND l.objid = $2::bigint::oid AND l.objsubid = $3";
+            let rows = Conn::bounded(
+                "reading pg_locks",
+                bound,
+                conn.client
+                    .query(sql, &[&i64::from(classid), &i64::from(objid), &objsubid]),
+            )
+            .await?;
+            let mut waiters = 0;
+            for row in &rows {
+                if row.try_get::<_, bool>(1).unwrap_or(false) {
+                    // `HolderInfo::pid` is a process id; the server's backend pid is not one.
+                    let mut holder = HolderInfo::default();
+                    holder.host = row.try_get(2).ok();
+                    holder.since = row.try_get(3).ok();
+                    info.holder = Some(holder);
+                } else {
+                    waiters += 1;
+                }
+            }
+            info.waiters = Some(waiters);
+        }
+        Mode::Lease => {
+            let sql = inner.tables.lease_holder();
+            let rows = Conn::bounded(
+                "reading the lease",
+                bound,
+                conn.client.query(&sql, &[&name]),
+            )
+            .await?;
+            if let Some(row) = rows.first() {
+                let version: i64 = row.try_get(1).unwrap_or(0);
+                let left: i64 = row.try_get(2).unwrap_or(0);
+                let mut holder = HolderInfo::default();
+                holder.owner = row.try_get(0).ok();
+                holder.token = u64::try_from(version).ok().map(FencingToken::new);
+                holder.remaining_lease =
+                    Some(Duration::from_millis(u64::try_from(left).unwrap_or(0)));
+                info.holder = Some(holder);
+                info.last_token = u64::try_from(version).ok().map(FencingToken::new);
+            }
+            return Ok(info);
+        }
+        _ => {}
+    }
+    let sql = inner.tables.last_token();
+    let rows = Conn::bounded(
+        "reading the fencing counter",
+        bound,
+        conn.client.query(&sql, &[&name]),
+    )
+    .await?;
+    info.last_token = rows
+        .first()
+        .and_then(|r| r.try_get::<_, i64>(0).ok())
+        .and_then(|t| u64::try_from(t).ok())
+        .map(FencingToken::new);
+    Ok(info)
+}

@@ -1,0 +1,249 @@
+//! Lease mode: the optimistic lock. The name's row is a versioned lease: a grant is one conditional
+//! upsert (free or expired → owner, `expires_at = now() + lease`, `version = version + 1`), the version is
+//! the fencing token, renewals of every lease due in a watchdog tick are one `UPDATE … FROM unnest(…)`,
+//! and a release clears the owner and `NOTIFY`s the waiters, who `LISTEN` on the control connection.
+//! Expiry is on the database's clock. No connection is held, so it works through transaction-pooling
+//! proxies (`LISTEN` then needs a session: without one, waiters fall back to the expiry hint).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, RenewalId, Renewed};
+use distlock_core::FencingToken;
+use tokio::sync::broadcast;
+use tokio_postgres::types::Type;
+
+use super::backend::{Inner, LeaseKind, PgLease};
+use super::conn::Conn;
+use crate::error::SqlError;
+
+/// The longest a waiter sleeps without a notification before trying again (a `NOTIFY` lost across a
+/// reconnect of the control connection must not strand it until the holder's lease ends).
+const MAX_NAP: Duration = Duration::from_secs(2);
+
+/// An acquire under way in lease mode: subscribed to the wake-ups before its first try, so a release
+/// between the try and the wait is not missed.
+#[derive(Debug, Default)]
+pub(crate) struct Acquiring {
+    wakeups: Option<broadcast::Receiver<String>>,
+}
+
+/// A held lease: its version (the token).
+#[derive(Debug)]
+pub(crate) struct Held {
+    version: i64,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+pub(crate) async fn try_acquire(
+    inner: &Inner,
+    acquiring: &mut Acquiring,
+    request: &AcquireRequest,
+) -> Result<Attempt<PgLease>, SqlError> {
+    if acquiring.wakeups.is_none() {
+        acquiring.wakeups = Some(inner.notify.subscribe());
+    }
+    let conn = inner.control().await?;
+    let bound = inner.request_timeout();
+    let take = inner.tables.take_lease();
+    let name = request.name.as_str();
+    let owner = request.owner.as_str();
+    let rows = Conn::bounded(
+        "taking the lease",
+        bound,
+        conn.client.query_typed(
+            &take,
+            &[
+                (&name, Type::TEXT),
+                (&owner, Type::TEXT),
+                (&ms(request.lease), Type::INT8),
+            ],
+        ),
+    )
+    .await?;
+    if let Some(row) = rows.first() {
+        let version: i64 = row
+            .try_get(0)
+            .map_err(|e| SqlError::Protocol(format!("the lease version is {e}")))?;
+        let token = u64::try_from(version)
+            .ok()
+            .filter(|v| *v > 0)
+            .map(FencingToken::new)
+            .ok_or_else(|| {
+                SqlError::Protocol(format!("the lease version of {name:?} is {version}"))
+            })?;
+        return Ok(Attempt::Acquired(
+            Grant::new(PgLease(LeaseKind::Lease(Held { version })))
+                .with_token(token)
+                .with_ttl(request.lease),
+        ));
+    }
+    let holder = inner.tables.lease_holder();
+    let rows = Conn::bounded(
+        "reading the holder",
+        bound,
+        conn.client.query_typed(&holder, &[(&name, Type::TEXT)]),
+    )
+    .await?;
+    let retry_after = rows
+        .first()
+        .and_then(|row| row.try_get::<_, i64>(2).ok())
+        .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+    Ok(Attempt::Busy {
+        retry_after: Some(retry_after.unwrap_or(Duration::ZERO)),
+    })
+}
+
+/// Sleeps until a release of this name is notified, or the holder's lease ends (`retry_after`), or
+/// [`MAX_NAP`].
+pub(crate) async fn wait(
+    acquiring: &mut Acquiring,
+    request: &AcquireRequest,
+    retry_after: Option<Duration>,
+) {
+    let nap = retry_after.unwrap_or(MAX_NAP).min(MAX_NAP) + Duration::from_millis(5);
+    let Some(wakeups) = acquiring.wakeups.as_mut() else {
+        tokio::time::sleep(nap).await;
+        return;
+    };
+    let name = request.name.as_str();
+    let _ = tokio::time::timeout(nap, async {
+        loop {
+            match wakeups.recv().await {
+                Ok(payload) if payload == name => return,
+                Ok(_) => {}
+                // Missed some: one of them may have been ours.
+                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Err(broadcast::error::RecvError::Closed) => {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    })
+    .await;
+}
+
+/// Frees whatever lease this owner may hold on the name (a grant whose reply was lost).
+pub(crate) async fn abandon(inner: &Inner, request: &AcquireRequest) {
+    let undo = async {
+        let conn = inner.control().await?;
+        let sql = inner.tables.release_lease_of_owner();
+        let name = request.name.as_str();
+        let owner = request.owner.as_str();
+        Conn::bounded(
+            "undoing the acquire",
+            inner.request_timeout(),
+            conn.client
+                .query_typed(&sql, &[(&name, Type::TEXT), (&owner, Type::TEXT)]),
+        )
+        .await
+    };
+    if let Err(e) = undo.await {
+        tracing::warn!(lock = %request.name, error = %e, "could not undo an abandoned lease acquire; it expires with its lease");
+    }
+}
+
+/// Renews every lease of the batch in one statement.
+pub(crate) async fn renew(
+    inner: &Inner,
+    batch: &[(&Renewal<'_, PgLease>, &Held)],
+) -> Vec<(RenewalId, Result<Renewed, SqlError>)> {
+    if batch.is_empty() {
+        return Vec::new();
+    }
+    let names: Vec<&str> = batch.iter().map(|(e, _)| e.name).collect();
+    let owners: Vec<&str> = batch.iter().map(|(e, _)| e.owner).collect();
+    let versions: Vec<i64> = batch.iter().map(|(_, h)| h.version).collect();
+    let ttls: Vec<i64> = batch.iter().map(|(e, _)| ms(e.ttl)).collect();
+    let shortest = batch
+        .iter()
+        .map(|(e, _)| e.ttl)
+        .min()
+        .unwrap_or(Duration::MAX);
+    let bound = inner.request_timeout().min(shortest);
+    let renewed = async {
+        let conn = inner.control().await?;
+        let sql = inner.tables.renew_leases();
+        Conn::bounded(
+            "renewing leases",
+            bound,
+            conn.client.query_typed(
+                &sql,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&owners, Type::TEXT_ARRAY),
+                    (&versions, Type::INT8_ARRAY),
+                    (&ttls, Type::INT8_ARRAY),
+                ],
+            ),
+        )
+        .await
+    };
+    match renewed.await {
+        Ok(rows) => {
+            let alive: HashSet<String> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
+            batch
+                .iter()
+                .map(|(entry, _)| {
+                    let outcome = if alive.contains(entry.name) {
+                        Renewed::Extended { ttl: entry.ttl }
+                    } else {
+                        Renewed::Gone {
+                            reason: "the lease row is no longer this owner's (expired, taken over or deleted)"
+                                .into(),
+                        }
+                    };
+                    (entry.id, Ok(outcome))
+                })
+                .collect()
+        }
+        Err(e) => {
+            let message = e.to_string();
+            batch
+                .iter()
+                .map(|(entry, _)| {
+                    (
+                        entry.id,
+                        Err(SqlError::Unavailable {
+                            action: "renewing leases",
+                            message: message.clone(),
+                            source: None,
+                        }),
+                    )
+                })
+                .collect()
+        }
+    }
+}
+
+/// Clears the owner if this owner still holds this version, and wakes the waiters.
+pub(crate) async fn release(
+    inner: &Inner,
+    held: &Held,
+    name: &str,
+    owner: &str,
+) -> Result<Released, SqlError> {
+    let conn = inner.control().await?;
+    let sql = inner.tables.release_lease();
+    let rows = Conn::bounded(
+        "releasing the lease",
+        inner.request_timeout(),
+        conn.client.query_typed(
+            &sql,
+            &[
+                (&name, Type::TEXT),
+                (&owner, Type::TEXT),
+                (&held.version, Type::INT8),
+            ],
+        ),
+    )
+    .await?;
+    Ok(if rows.is_empty() {
+        Released::NotHeld
+    } else {
+        Released::Released
+    })
+}

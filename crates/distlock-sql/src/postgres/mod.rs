@@ -1,0 +1,45 @@
+//! The PostgreSQL backend (`postgres://`, `postgresql://`), driver tokio-postgres.
+//!
+//! The URL is tokio-postgres' own (libpq's key/value options as query parameters: `host=/socket/dir`,
+//! `sslmode=`, `connect_timeout=`, `application_name=`, …), handed to the driver as written once
+//! distlock's own parameters ([`crate::DISTLOCK_QUERY`]: `mode`, `table`, `schema`, `key`, `lease`,
+//! `request_timeout`) are stripped. TLS is not wired yet: `sslmode=require` fails with `Unsupported`.
+//!
+//! * **advisory** (default): `pg_advisory_lock(key)` on a dedicated connection held for the life of the
+//!   guard; the key is [`layout::advisory_key`] of the name (or `?key=`).
+//! * **row**: `SELECT … FOR UPDATE` of the name's row in a transaction held open on a dedicated
+//!   connection.
+//! * **lease**: the name's row as a versioned lease (see [`layout`]); no connection held.
+//!
+//! Every mode mints a fencing token committed before the grant: a counter row (`<table>_fence`) in
+//! advisory and row modes, the lease's version in lease mode. Advisory and row locks get a
+//! server-enforced loss deadline from `idle_session_timeout` / `idle_in_transaction_session_timeout`
+//! (needs PostgreSQL 14 or later); see `session.rs`. [`fence`] guards a resource's own `UPDATE` with
+//! the token.
+//!
+//! ```no_run
+//! # async fn demo() -> distlock_core::Result<()> {
+//! let backend = distlock_sql::postgres::connect("postgres://app:pw@db:5432/app?mode=advisory").await?;
+//! let locks = distlock_core::Locks::new(backend);
+//! let guard = locks.lock("orders/42")?.acquire().await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+mod conn;
+pub mod fence;
+mod inspect;
+pub mod layout;
+mod lease;
+mod session;
+
+pub use backend::{PgAcquisition, PgLease, PostgresBackend};
+/// The driver, for [`fence`] and for tests that talk to the server directly.
+pub use tokio_postgres;
+
+/// `postgres://…` / `postgresql://…`: the entry point the facade's `connect` uses. See
+/// [`SqlConfig::from_url`](crate::SqlConfig::from_url).
+pub async fn connect(url: &str) -> distlock_core::Result<PostgresBackend> {
+    PostgresBackend::connect(url).await
+}

@@ -1,0 +1,407 @@
+//! Advisory and row modes: a lock held by a dedicated connection's session (a session advisory lock,
+//! or a row locked `FOR UPDATE` in a transaction held open), for the life of the guard.
+//!
+//! **The loss deadline.** The connection sets `idle_session_timeout` and
+//! `idle_in_transaction_session_timeout` to the lease: if no statement arrives for that long (the
+//! client is cut off, paused or gone), the server ends the session and frees the lock. The watchdog's
+//! renewal is a probe that sets the bound again and reads `pg_backend_pid()`, so the server frees the
+//! lock no earlier than the probe's send time plus the bound, and the guard's validity deadline is that
+//! send time plus the bound (minus the core's margin): Jeopardy after a failed probe, Lost at the
+//! deadline. A probe that reads another backend pid means a transaction pooler sits in between (the
+//! session, and with it the lock, is not ours): the guard is Lost with a message that says so.
+//!
+//! **Waiting** is in the server (`pg_advisory_lock` / `FOR UPDATE`). An acquire given up mid-wait sends
+//! the driver's cancel request and closes the connection, so the wait can never take the lock later
+//! (and `client_connection_check_interval` ends a wait whose client vanished).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, RenewalId, Renewed};
+use distlock_core::FencingToken;
+use futures_util::future::join_all;
+use tokio::sync::Mutex;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::SimpleQueryMessage;
+
+use super::backend::{Inner, LeaseKind, PgLease};
+use super::conn::{is_lock_not_available, map_error, Conn};
+use super::layout;
+use crate::config::{AdvisoryKey, Mode};
+use crate::error::SqlError;
+
+/// The bound of a cancel request sent when an acquire is given up.
+const CANCEL_BOUND: Duration = Duration::from_secs(2);
+
+/// Where a dedicated connection's acquire stands.
+#[derive(Debug, Default, PartialEq, Eq, Clone, Copy)]
+enum Stage {
+    /// Nothing sent that waits.
+    #[default]
+    Idle,
+    /// A waiting statement was sent and has not answered.
+    Waiting,
+    /// The wait returned: the session holds the lock.
+    Locked,
+}
+
+/// An acquire under way in advisory or row mode.
+#[derive(Debug, Default)]
+pub(crate) struct Acquiring {
+    conn: Option<Conn>,
+    stage: Stage,
+    /// The last try found the lock busy and nothing is in flight: the session holds nothing, so an
+    /// abandon may hand the connection back instead of closing it.
+    clean: bool,
+}
+
+/// A held lock: its connection (taken out on release) and what it locks.
+pub(crate) struct Held {
+    conn: Mutex<Option<Conn>>,
+    /// `Some` in advisory mode, `None` in row mode.
+    key: Option<AdvisoryKey>,
+    pid: i32,
+}
+
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Sets the session's idle bound to `ttl` and reads `pg_backend_pid()`, refusing another pid than
+/// `expected`; then runs `then` (a statement without parameters) in the same round trip and returns
+/// the first column of its first row.
+async fn probe(
+    conn: &Conn,
+    ttl: Duration,
+    bound: Duration,
+    expected: i32,
+    then: Option<&str>,
+) -> Result<Option<String>, SqlError> {
+    let mut sql = layout::session_bound(ttl_ms(ttl));
+    if let Some(then) = then {
+        sql = format!("{sql}; {then}");
+    }
+    let messages =
+        Conn::bounded("probing the session", bound, conn.client.simple_query(&sql)).await?;
+    let mut rows = messages.iter().filter_map(|m| match m {
+        SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_string)),
+        _ => None,
+    });
+    let pid = rows.next().flatten().and_then(|p| p.parse::<i32>().ok());
+    match pid {
+        Some(pid) if pid == expected => Ok(rows.next().flatten()),
+        Some(pid) => Err(SqlError::SessionChanged(format!(
+            "pg_backend_pid() changed from {expected} to {pid} on one connection: a transaction pooler \
+             (PgBouncer in transaction mode) sits between distlock and PostgreSQL, so session locks are not \
+             held; connect directly or use ?mode=lease"
+        ))),
+        None => Err(SqlError::Protocol("the probe returned no pg_backend_pid()".into())),
+    }
+}
+
+/// The dedicated connection of this acquire, opened (with the holder settings and the idle bound) on
+/// first use.
+async fn connection(inner: &Arc<Inner>, acquiring: &mut Acquiring) -> Result<(), SqlError> {
+    if acquiring
+        .conn
+        .as_ref()
+        .is_some_and(|c| c.closed_reason().is_some())
+    {
+        acquiring.conn = None;
+        acquiring.stage = Stage::Idle;
+    }
+    if acquiring.conn.is_none() {
+        acquiring.conn = Some(inner.dedicated().await?);
+    }
+    Ok(())
+}
+
+fn conn_of(acquiring: &Acquiring) -> Result<&Conn, SqlError> {
+    acquiring
+        .conn
+        .as_ref()
+        .ok_or_else(|| SqlError::Protocol("internal error: no connection".into()))
+}
+
+pub(crate) async fn try_acquire(
+    inner: &Arc<Inner>,
+    acquiring: &mut Acquiring,
+    request: &AcquireRequest,
+) -> Result<Attempt<PgLease>, SqlError> {
+    let key = (inner.config.mode == Mode::Advisory)
+        .then(|| layout::key_for(&request.name, inner.config.key));
+    let bound = inner.request_timeout();
+    if acquiring.stage == Stage::Waiting {
+        // A wait whose answer never came back here: do not reuse its connection.
+        discard(acquiring).await;
+    }
+    acquiring.clean = false;
+    connection(inner, acquiring).await?;
+    let stage = acquiring.stage;
+    let conn = conn_of(acquiring)?;
+    let lease = request.lease;
+    if stage == Stage::Locked {
+        probe(conn, lease, bound, conn.pid, None).await?;
+    } else {
+        let locked = match key {
+            Some(key) => {
+                let sql = layout::advisory(key, "pg_try_advisory_lock");
+                probe(conn, lease, bound, conn.pid, Some(&sql))
+                    .await?
+                    .as_deref()
+                    == Some("t")
+            }
+            None => try_row(inner, conn, &request.name, lease, bound).await?,
+        };
+        if !locked {
+            acquiring.clean = true;
+            return Ok(Attempt::Busy { retry_after: None });
+        }
+    }
+    let token = next_token(inner, conn, key.is_some(), &request.name).await?;
+    let loss = conn.closed();
+    let Some(conn) = acquiring.conn.take() else {
+        return Err(SqlError::Protocol("internal error: no connection".into()));
+    };
+    acquiring.stage = Stage::Idle;
+    let pid = conn.pid;
+    let held = Held {
+        conn: Mutex::new(Some(conn)),
+        key,
+        pid,
+    };
+    Ok(Attempt::Acquired(
+        Grant::new(PgLease(LeaseKind::Session(Box::new(held))))
+            .with_token(token)
+            .with_ttl(request.lease)
+            .with_loss(Box::pin(loss)),
+    ))
+}
+
+/// Row mode: the row exists (autocommit), then `BEGIN` and `FOR UPDATE NOWAIT`; busy rolls back. The
+/// three statements are pipelined: one round trip.
+async fn try_row(
+    inner: &Inner,
+    conn: &Conn,
+    name: &str,
+    lease: Duration,
+    bound: Duration,
+) -> Result<bool, SqlError> {
+    let ensure = inner.tables.ensure_row();
+    let lock = inner.tables.lock_row(true);
+    let client = &conn.client;
+    let (ensured, probed, locked) = tokio::time::timeout(
+        bound,
+        futures_util::future::join3(
+            client.execute_typed(&ensure, &[(&name, Type::TEXT)]),
+            probe(conn, lease, bound, conn.pid, Some("BEGIN")),
+            client.query_typed(&lock, &[(&name, Type::TEXT)]),
+        ),
+    )
+    .await
+    .map_err(|_| SqlError::Timeout {
+        action: "SELECT … FOR UPDATE NOWAIT",
+        after: bound,
+    })?;
+    ensured.map_err(|e| map_error("creating the lock row", e))?;
+    probed?;
+    match locked {
+        Ok(rows) if rows.len() == 1 => Ok(true),
+        Ok(_) => Err(SqlError::Protocol(format!(
+            "the lock row of {name:?} vanished"
+        ))),
+        Err(e) if is_lock_not_available(&e) => {
+            Conn::bounded("ROLLBACK", bound, conn.client.batch_execute("ROLLBACK")).await?;
+            Ok(false)
+        }
+        Err(e) => Err(map_error("SELECT … FOR UPDATE NOWAIT", e)),
+    }
+}
+
+/// Bumps the fencing counter, committed before the grant is reported: on the lock's own connection in
+/// advisory mode (autocommit), on the control connection in row mode (committing the lock's
+/// transaction would release it).
+async fn next_token(
+    inner: &Inner,
+    conn: &Conn,
+    advisory: bool,
+    name: &str,
+) -> Result<FencingToken, SqlError> {
+    let sql = inner.tables.next_token();
+    let bound = inner.request_timeout();
+    let params: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
+    let row = if advisory {
+        Conn::bounded(
+            "minting the fencing token",
+            bound,
+            conn.client.query_typed_one(&sql, &params),
+        )
+        .await?
+    } else {
+        let control = inner.control().await?;
+        Conn::bounded(
+            "minting the fencing token",
+            bound,
+            control.client.query_typed_one(&sql, &params),
+        )
+        .await?
+    };
+    let token: i64 = row
+        .try_get(0)
+        .map_err(|e| SqlError::Protocol(format!("the fencing counter returned {e}")))?;
+    u64::try_from(token)
+        .ok()
+        .filter(|t| *t > 0)
+        .map(FencingToken::new)
+        .ok_or_else(|| SqlError::Protocol(format!("the fencing counter of {name:?} is {token}")))
+}
+
+/// Waits in the server until the lock is this session's (`pg_advisory_lock`, or `FOR UPDATE` in a
+/// transaction). If this future is dropped, `abandon` cancels the statement and closes the connection.
+pub(crate) async fn wait(
+    inner: &Arc<Inner>,
+    acquiring: &mut Acquiring,
+    request: &AcquireRequest,
+) -> Result<(), SqlError> {
+    let bound = inner.request_timeout();
+    let advisory = inner.config.mode == Mode::Advisory;
+    let key = layout::key_for(&request.name, inner.config.key);
+    connection(inner, acquiring).await?;
+    {
+        let conn = conn_of(acquiring)?;
+        let begin = (!advisory).then_some("BEGIN");
+        probe(conn, request.lease, bound, conn.pid, begin).await?;
+    }
+    let sql = if advisory {
+        layout::advisory(key, "pg_advisory_lock")
+    } else {
+        inner.tables.lock_row(false)
+    };
+    let name = request.name.as_str();
+    acquiring.clean = false;
+    acquiring.stage = Stage::Waiting;
+    let client = &conn_of(acquiring)?.client;
+    let waited = if advisory {
+        client.query(&sql, &[]).await
+    } else {
+        client.query_typed(&sql, &[(&name, Type::TEXT)]).await
+    };
+    match waited {
+        Ok(_) => {
+            acquiring.stage = Stage::Locked;
+            Ok(())
+        }
+        Err(e) => Err(map_error("waiting for the lock", e)),
+    }
+}
+
+/// Cancels a wait in flight and closes the connection: whatever the session held or would have
+/// taken is freed with it.
+async fn discard(acquiring: &mut Acquiring) {
+    if let Some(conn) = acquiring.conn.take() {
+        if acquiring.stage == Stage::Waiting {
+            conn.cancel(CANCEL_BOUND).await;
+        }
+        drop(conn);
+    }
+    acquiring.stage = Stage::Idle;
+}
+
+pub(crate) async fn abandon(inner: &Inner, mut acquiring: Acquiring) {
+    if acquiring.clean && acquiring.stage == Stage::Idle {
+        if let Some(conn) = acquiring.conn.take() {
+            // A busy try left nothing on the session: reset its idle bound and keep it.
+            let reset = conn.client.batch_execute(layout::RESET_BOUND);
+            if Conn::bounded("resetting the session", inner.request_timeout(), reset)
+                .await
+                .is_ok()
+            {
+                inner.recycle(conn);
+            }
+            return;
+        }
+    }
+    discard(&mut acquiring).await;
+}
+
+/// One probe per held connection, all at once.
+pub(crate) async fn renew(
+    inner: &Inner,
+    batch: &[(&Renewal<'_, PgLease>, &Held)],
+) -> Vec<(RenewalId, Result<Renewed, SqlError>)> {
+    let bound = inner.request_timeout();
+    join_all(batch.iter().map(|(entry, held)| async move {
+        let slot = held.conn.lock().await;
+        let outcome = match slot.as_ref() {
+            None => Ok(Renewed::Gone {
+                reason: "released".into(),
+            }),
+            Some(conn) => match conn.closed_reason() {
+                Some(reason) => Ok(Renewed::Gone { reason }),
+                None => match probe(conn, entry.ttl, bound.min(entry.ttl), held.pid, None).await {
+                    Ok(_) => Ok(Renewed::Extended { ttl: entry.ttl }),
+                    Err(SqlError::SessionChanged(reason)) => Ok(Renewed::Gone { reason }),
+                    Err(e) => match conn.closed_reason() {
+                        Some(reason) => Ok(Renewed::Gone { reason }),
+                        None => Err(e),
+                    },
+                },
+            },
+        };
+        (entry.id, outcome)
+    }))
+    .await
+}
+
+/// Unlocks (advisory) or rolls back (row) and closes the connection. Safe to retry: a second call
+/// finds no connection and answers `NotHeld`.
+pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlError> {
+    let Some(conn) = held.conn.lock().await.take() else {
+        return Ok(Released::NotHeld);
+    };
+    if conn.closed_reason().is_some() {
+        return Ok(Released::NotHeld);
+    }
+    let bound = inner.request_timeout();
+    let sql = match held.key {
+        Some(key) => format!(
+            "{}; {}",
+            layout::advisory(key, "pg_advisory_unlock"),
+            layout::RESET_BOUND
+        ),
+        None => format!("ROLLBACK; {}", layout::RESET_BOUND),
+    };
+    let outcome = Conn::bounded("releasing", bound, conn.client.simple_query(&sql))
+        .await
+        .map(|messages| {
+            let unlocked = messages.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
+                _ => None,
+            });
+            // Row mode answers no row: the ROLLBACK ended the transaction and its row lock.
+            unlocked.unwrap_or(held.key.is_none())
+        });
+    let outcome = match outcome {
+        Ok(true) => {
+            // The session holds nothing now: the next lock may use it.
+            inner.recycle(conn);
+            Ok(Released::Released)
+        }
+        Ok(false) => {
+            drop(conn);
+            Ok(Released::NotHeld)
+        }
+        Err(e) => {
+            // Closing the connection frees whatever the session still holds.
+            drop(conn);
+            Err(e)
+        }
+    };
+    match outcome {
+        Ok(released) => Ok(released),
+        Err(e) => {
+            tracing::debug!(error = %e, "release statement failed; the connection was closed, which frees the lock");
+            Ok(Released::Released)
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The shared conformance suite on PostgreSQL, once per mode (advisory, row, lease). Each client is its
+//! own `PostgresBackend` reaching a test server (its own, started per case) through a testkit fault
+//! `Proxy` of its own, so the suite's cut is a real partition: `blackhole` drops that client's bytes
+//! (probes and renewals go unanswered; the server ends the idle session, or the lease row expires) and
+//! heal passes bytes again and resets the connections.
+#![allow(clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+
+use distlock_core::Locks;
+use distlock_sql::postgres::PostgresBackend;
+use distlock_testkit::conformance::{Client, Provider};
+use distlock_testkit::postgres::PostgresServer;
+use distlock_testkit::proxy::Proxy;
+
+struct Postgres {
+    server: PostgresServer,
+    mode: &'static str,
+    proxies: Mutex<Vec<Arc<Proxy>>>,
+}
+
+#[async_trait::async_trait]
+impl Provider for Postgres {
+    async fn client(&self) -> Client {
+        let proxy = Arc::new(Proxy::start(self.server.addr()).expect("proxy"));
+        self.proxies.lock().expect("proxies").push(proxy.clone());
+        let url = format!("{}?mode={}", self.server.url_for(proxy.addr()), self.mode);
+        let backend = PostgresBackend::connect(&url).await.expect("connect");
+        let (cut, heal) = (proxy.clone(), proxy);
+        Client::new(Locks::new(backend))
+            .with_cut(move || {
+                let p = cut.clone();
+                Box::pin(async move {
+                    tokio::task::spawn_blocking(move || p.blackhole().expect("blackhole"))
+                        .await
+                        .expect("blackhole task");
+                })
+            })
+            .with_heal(move || {
+                let p = heal.clone();
+                Box::pin(async move {
+                    tokio::task::spawn_blocking(move || {
+                        p.pass().expect("pass");
+                        p.reset().expect("reset");
+                    })
+                    .await
+                    .expect("heal task");
+                })
+            })
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(format!("{}?mode={}", self.server.url(), self.mode))
+    }
+}
+
+fn start(mode: &'static str) -> Postgres {
+    Postgres {
+        server: PostgresServer::start_or_panic(),
+        mode,
+        proxies: Mutex::new(Vec::new()),
+    }
+}
+
+mod advisory {
+    async fn provider() -> super::Postgres {
+        super::start("advisory")
+    }
+    distlock_testkit::conformance_suite!(provider);
+}
+
+mod row {
+    async fn provider() -> super::Postgres {
+        super::start("row")
+    }
+    distlock_testkit::conformance_suite!(provider);
+}
+
+mod lease {
+    async fn provider() -> super::Postgres {
+        super::start("lease")
+    }
+    distlock_testkit::conformance_suite!(provider);
+}
