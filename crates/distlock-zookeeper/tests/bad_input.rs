@@ -151,3 +151,38 @@ async fn digest_credentials_an_acl_refuses_are_permission_denied_and_leave_nothi
         .expect("the right credentials");
     guard.release().await.unwrap();
 }
+
+/// ZooKeeper refuses UTF-16 surrogates in a path (`PathUtils.validatePath`: U+D800–U+F8FF), so every
+/// character outside the Basic Multilingual Plane (an emoji is two surrogates in Java's string): such
+/// a name is `InvalidName` up front and such a chroot `InvalidConfig`, and neither leaves a node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_and_chroots_outside_the_bmp_are_refused_up_front_and_leave_nothing() {
+    let server = ZkServer::start_or_panic();
+    let raw = common::raw_client(&server.addr().to_string()).await;
+    let locks = locks_at(&server.url()).await;
+    for bad in ["smile-\u{1F600}", "emoji-parent/\u{1F600}"] {
+        let err = match locks.lock(bad) {
+            Err(e) => e,
+            Ok(lock) => lock
+                .options()
+                .wait(Duration::from_secs(2))
+                .acquire()
+                .await
+                .map(drop)
+                .expect_err("ZooKeeper cannot store this name"),
+        };
+        assert_eq!(err.kind(), ErrorKind::InvalidName, "{bad:?}: {err}");
+    }
+    let config = distlock_zookeeper::ZkConfig::new([server.addr().to_string()])
+        .with_chroot("/emoji-chroot/\u{1F600}");
+    let err = ZkBackend::from_config(config)
+        .await
+        .expect_err("ZooKeeper cannot store this chroot");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let top = raw.list_children("/").await.unwrap();
+    assert!(
+        !top.iter()
+            .any(|c| c.starts_with("emoji") || c.starts_with("smile")),
+        "a refused name or chroot left a node: {top:?}"
+    );
+}
