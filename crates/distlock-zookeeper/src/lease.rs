@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use distlock_core::raw::{LossSignal, Released, Renewal, RenewalId, Renewed};
 use zookeeper_client as zk;
 
+use crate::cleanup::{self, Leftover};
 use crate::config::ZkConfig;
 use crate::error::{session_gone, ZkError, BACKEND};
 use crate::request::retried;
@@ -84,10 +85,12 @@ impl Drop for ZkLease {
     }
 }
 
-/// Deletes a node (any version), retried; a node already gone is fine.
+/// Deletes a node (any version), retried; a node already gone is fine. A delete that got no answer
+/// (the connection down or silent) is finished in the background once the session is connected again
+/// (see `cleanup`): the error is still reported.
 pub(crate) async fn delete_node(
     config: &ZkConfig,
-    session: &Session,
+    session: &Arc<Session>,
     path: &str,
 ) -> Result<Released, ZkError> {
     if session.runtime_gone() {
@@ -107,7 +110,12 @@ pub(crate) async fn delete_node(
             ..
         }) => Ok(Released::NotHeld),
         Err(ZkError::Request { source, .. }) if session_gone(&source) => Ok(Released::NotHeld),
-        Err(e) => Err(e),
+        Err(e) => {
+            if e.unanswered() {
+                cleanup::remove_later(config, session, Leftover::Node(path.to_string()));
+            }
+            Err(e)
+        }
     }
 }
 

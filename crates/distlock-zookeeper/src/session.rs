@@ -145,9 +145,21 @@ impl Sessions {
         Ok(session)
     }
 
+    /// The live session with `timeout`, if any. Retires the sessions that are gone, and closes the idle
+    /// ones of other leases than `timeout` and the default: no lock, acquire or pending delete uses them
+    /// (only this list holds them), so a backend used with many leases over time keeps one idle session
+    /// at most besides the default one, instead of one per lease ever used (ZooKeeper refuses a host's
+    /// 61st connection by default).
     fn find(&self, timeout: Duration) -> Option<Arc<Session>> {
+        let default = self.default_timeout();
         let mut live = lock(&self.live);
-        live.retain(|s| !s.is_gone());
+        live.retain(|s| {
+            let idle = Arc::strong_count(s) == 1 && s.timeout != default && s.timeout != timeout;
+            if idle {
+                tracing::debug!(session = %s.describe(), "closing an idle session");
+            }
+            !s.is_gone() && !idle
+        });
         live.iter().find(|s| s.timeout == timeout).cloned()
     }
 

@@ -1,0 +1,254 @@
+//! Nothing left behind while the process lives: a lock node whose delete failed during a disconnect
+//! (a release, an abandoned acquire) must not stay on the server once the client reconnects within its
+//! session (ZooKeeper's pings keep the session, and so the node, alive for as long as the process
+//! runs: every other contender would queue behind it forever); sessions of leases no longer in use
+//! are closed. Test names with `fault` cut the client off with the testkit's fault proxy.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{children, name, raw_client, wait_children};
+use distlock_core::url::LockUrl;
+use distlock_core::Locks;
+use distlock_testkit::proxy::Proxy;
+use distlock_testkit::zookeeper::{four_letter, ZkServer};
+use distlock_zookeeper::ZkBackend;
+
+/// The session timeout of the cut-off client: far longer than the cut, so the session survives it.
+const SESSION: Duration = Duration::from_secs(20);
+
+async fn locks_at(url: &str) -> Locks {
+    let backend = ZkBackend::connect(&LockUrl::parse(url).unwrap())
+        .await
+        .expect("connect");
+    Locks::with_defaults(backend.clone(), backend.default_options())
+}
+
+/// A client through `proxy` with a 20 s session and a 300 ms request bound (so a delete during the
+/// cut gives up long before the session could expire).
+async fn cut_client(proxy: &Proxy) -> Locks {
+    locks_at(&format!(
+        "zk://{}?session_timeout={}s&request_timeout=300ms",
+        proxy.addr(),
+        SESSION.as_secs()
+    ))
+    .await
+}
+
+/// Blackholes (`cut`) or restores the proxy. A blackhole, not a refusal: requests written to the
+/// connection are lost (a refused or reset connection makes the client queue them until it reconnects,
+/// and send them then).
+async fn set_cut(proxy: &Arc<Proxy>, cut: bool) {
+    let proxy = proxy.clone();
+    tokio::task::spawn_blocking(move || {
+        if cut {
+            proxy.blackhole().unwrap();
+        } else {
+            proxy.pass().unwrap();
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// A release that fails because the connection is silent (the delete is lost on the way) is reported; once the client reconnects within its session, the node is deleted after all, long
+/// before the session could expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_release_during_a_disconnect_deletes_the_node_once_reconnected() {
+    let server = ZkServer::start_or_panic();
+    let proxy = Arc::new(Proxy::start(server.addr()).expect("proxy"));
+    let cut = cut_client(&proxy).await;
+    let other = locks_at(&server.url()).await;
+    let raw = raw_client(&server.addr().to_string()).await;
+    let name = name("release_cut");
+    let guard = cut.lock(&name).unwrap().acquire().await.unwrap();
+    set_cut(&proxy, true).await;
+    let released = guard.release().await;
+    assert!(released.is_err(), "a release while cut off cannot succeed");
+    set_cut(&proxy, false).await;
+    let restored = Instant::now();
+    let taken = other
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(SESSION / 2)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the node of the failed release stayed with its live session: {e} ({:?})",
+                children_blocking(&raw, &name)
+            )
+        });
+    assert!(restored.elapsed() < SESSION, "freed only by session expiry");
+    taken.release().await.unwrap();
+}
+
+/// A waiter whose wait times out while the connection is down cannot delete its node then; once the
+/// client reconnects within its session the node is deleted, so it never becomes a holder nobody
+/// knows of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_abandon_during_a_disconnect_deletes_the_node_once_reconnected() {
+    let server = ZkServer::start_or_panic();
+    let proxy = Arc::new(Proxy::start(server.addr()).expect("proxy"));
+    let cut = cut_client(&proxy).await;
+    let other = locks_at(&server.url()).await;
+    let raw = raw_client(&server.addr().to_string()).await;
+    let name = name("abandon_cut");
+    let holder = other.lock(&name).unwrap().acquire().await.unwrap();
+    let lock = cut.lock(&name).unwrap();
+    let waiter = tokio::spawn(async move {
+        lock.options()
+            .wait(Duration::from_secs(2))
+            .acquire()
+            .await
+            .map(drop)
+    });
+    wait_children(&raw, &name, 2).await;
+    set_cut(&proxy, true).await;
+    let result = waiter.await.unwrap();
+    assert!(result.is_err(), "the waiter must time out");
+    set_cut(&proxy, false).await;
+    let restored = Instant::now();
+    holder.release().await.unwrap();
+    let taken = other
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(SESSION / 2)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the abandoned waiter's node stayed with its live session and now holds the lock for nobody: {e} ({:?})",
+                children_blocking(&raw, &name)
+            )
+        });
+    assert!(restored.elapsed() < SESSION, "freed only by session expiry");
+    taken.release().await.unwrap();
+}
+
+/// An acquire whose create is queued while the connection is refused gives up (its request bound
+/// passes) without knowing whether its node will exist: the client sends the queued create once it
+/// reconnects within its session. The node must be found by its `_c_<uuid>` prefix and deleted then,
+/// not left to hold the lock for nobody once the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_acquire_whose_create_is_queued_while_refused_leaves_no_node_once_reconnected() {
+    let server = ZkServer::start_or_panic();
+    let proxy = Arc::new(Proxy::start(server.addr()).expect("proxy"));
+    let cut = cut_client(&proxy).await;
+    let other = locks_at(&server.url()).await;
+    let raw = raw_client(&server.addr().to_string()).await;
+    let name = name("create_queued");
+    let holder = other.lock(&name).unwrap().acquire().await.unwrap();
+    let refused = proxy.clone();
+    tokio::task::spawn_blocking(move || refused.refuse().unwrap())
+        .await
+        .unwrap();
+    let result = cut
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(1))
+        .acquire()
+        .await;
+    assert!(result.is_err(), "no acquire while refused: {result:?}");
+    set_cut(&proxy, false).await;
+    reconnected(&cut).await;
+    let restored = Instant::now();
+    holder.release().await.unwrap();
+    let taken = other
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(SESSION / 2)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the queued create's node stayed with its live session and holds the lock for nobody: {e} ({:?})",
+                children_blocking(&raw, &name)
+            )
+        });
+    assert!(restored.elapsed() < SESSION, "freed only by session expiry");
+    taken.release().await.unwrap();
+}
+
+/// Waits until `locks`' session answers again: requests on a session are answered in order, so every
+/// request queued during the cut has been applied by then.
+async fn reconnected(locks: &Locks) {
+    let started = Instant::now();
+    let probe = locks.lock(&name("probe")).unwrap();
+    loop {
+        if let Ok(Some(guard)) = probe.try_acquire().await {
+            guard.release().await.unwrap();
+            return;
+        }
+        assert!(
+            started.elapsed() < SESSION / 2,
+            "the client did not reconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn children_blocking(raw: &zookeeper_client::Client, name: &str) -> Vec<String> {
+    futures_executor(children(raw, name))
+}
+
+/// Runs a future to completion from inside a panic message (a multi-thread runtime is current).
+fn futures_executor<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+/// The sessions the server has open (`cons` lists one line per connection with a session).
+fn sessions(server: &ZkServer) -> usize {
+    four_letter(server.addr(), "cons")
+        .expect("cons")
+        .lines()
+        .filter(|l| l.contains("sid=0x") && !l.contains("sid=0x0]") && !l.contains("sid=0x0,"))
+        .count()
+}
+
+/// Each distinct lease gets a session of its own (its timeout is the lease); once no lock uses it any
+/// more it must be closed, not kept for the life of the backend (a service trying leases 2 s…11 s
+/// would hold 10 sessions open, and ZooKeeper refuses a host's 61st connection by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_of_leases_no_longer_used_are_closed() {
+    let server = ZkServer::start_or_panic();
+    let locks = locks_at(&server.url()).await;
+    let before = sessions(&server);
+    let name = name("lease_sessions");
+    for secs in 2..12 {
+        let guard = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(secs))
+            .acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+    // The next acquire (default lease) finds the idle sessions of the other leases and closes them;
+    // one may still be in use for a moment (its hold's loss watch ends just after the release).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    guard.release().await.unwrap();
+    let started = Instant::now();
+    loop {
+        let open = sessions(&server);
+        if open <= before + 1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{open} sessions open after 10 leases used one at a time (was {before} with the default one): {}",
+            four_letter(server.addr(), "cons").unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
