@@ -175,7 +175,15 @@ impl Sessions {
         ) {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
-        let bound = self.config.connection.connect_timeout.max(timeout);
+        // The client tries the servers in turn until the session timeout (60 s by default) runs out;
+        // the connect timeout bounds one attempt, so one try of each server is the bound (a server that
+        // is down or refuses is reported then, not a session timeout later).
+        let servers = u32::try_from(self.config.endpoints.len().max(1)).unwrap_or(u32::MAX);
+        let bound = self
+            .config
+            .connection
+            .connect_timeout
+            .saturating_mul(servers);
         let connect = connector.connect(&self.connect_string);
         let client = match tokio::time::timeout(bound, connect).await {
             Ok(Ok(client)) => client,

@@ -186,3 +186,25 @@ async fn names_and_chroots_outside_the_bmp_are_refused_up_front_and_leave_nothin
         "a refused name or chroot left a node: {top:?}"
     );
 }
+
+/// A server that refuses connections is reported (`Unavailable`) within the connect timeout, not after
+/// the session timeout the client would otherwise keep trying for (60 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_fails_within_the_connect_timeout() {
+    let refusing = distlock_testkit::proxy::Proxy::start("127.0.0.1:9".parse().unwrap()).unwrap();
+    refusing.refuse().unwrap();
+    let url = format!(
+        "zk://{}?connect_timeout=1s&session_timeout=30s",
+        refusing.addr()
+    );
+    let started = std::time::Instant::now();
+    let err = ZkBackend::connect(&LockUrl::parse(&url).unwrap())
+        .await
+        .expect_err("nothing listens there");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "reported after {:?}, not within the 1 s connect timeout (the session timeout is 30 s)",
+        started.elapsed()
+    );
+}
