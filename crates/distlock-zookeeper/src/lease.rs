@@ -172,6 +172,15 @@ async fn renew_session(
             })
             .collect();
     }
+    if session.client.state() == zk::SessionState::Disconnected {
+        // The client queues requests until it reconnects: no reply can come now, so the renewal fails
+        // at once (Jeopardy now, retried soon) rather than after the request bound.
+        let message = format!(
+            "renewal: the ZooKeeper {} is disconnected (reconnecting within its timeout)",
+            session.describe()
+        );
+        return unconfirmed(&entries, &message);
+    }
     let sent_at = Instant::now();
     let client = &session.client;
     // Sent in this order on one session, answered in this order: the reads see the leader's view.
@@ -189,19 +198,7 @@ async fn renew_session(
                 action: "renewal (sync + exists)",
                 after: bound,
             };
-            let message = error.to_string();
-            return entries
-                .iter()
-                .map(|e| {
-                    let err = distlock_core::Error::new(
-                        distlock_core::ErrorKind::Unavailable,
-                        message.clone(),
-                    )
-                    .with_backend(BACKEND)
-                    .with_lock(e.name);
-                    (e.id, Err(err))
-                })
-                .collect();
+            return unconfirmed(&entries, &error.to_string());
         }
     };
     entries
@@ -237,6 +234,22 @@ async fn renew_session(
                 }),
             };
             (entry.id, outcome)
+        })
+        .collect()
+}
+
+/// Every entry's renewal unconfirmed (`Unavailable`: Jeopardy, retried soon).
+fn unconfirmed(
+    entries: &[&Renewal<'_, ZkLease>],
+    message: &str,
+) -> Vec<(RenewalId, distlock_core::Result<Renewed>)> {
+    entries
+        .iter()
+        .map(|e| {
+            let err = distlock_core::Error::new(distlock_core::ErrorKind::Unavailable, message)
+                .with_backend(BACKEND)
+                .with_lock(e.name);
+            (e.id, Err(err))
         })
         .collect()
 }

@@ -252,3 +252,42 @@ async fn sessions_of_leases_no_longer_used_are_closed() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A holder whose client sees its connection drop (reset, reconnects refused) is `Jeopardy` by its next
+/// renewal (a third of the lease), which fails at once while the client is disconnected instead of
+/// waiting the request bound (or half the time left) for a reply that cannot come. (`Jeopardy` at the
+/// very moment of the disconnect would need the core to take a connection-state signal from backends.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_disconnected_holder_is_jeopardy_by_its_next_renewal() {
+    let lease = Duration::from_secs(12);
+    let server = ZkServer::start_or_panic();
+    let proxy = Arc::new(Proxy::start(server.addr()).expect("proxy"));
+    let locks = locks_at(&format!(
+        "zk://{}?session_timeout={}s",
+        proxy.addr(),
+        lease.as_secs()
+    ))
+    .await;
+    let guard = locks
+        .lock(&name("disconnected"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let granted = Instant::now();
+    let refused = proxy.clone();
+    tokio::task::spawn_blocking(move || refused.refuse().unwrap())
+        .await
+        .unwrap();
+    let mut changes = guard.state_changes();
+    while guard.state() == distlock_core::LockState::Held {
+        let _ = tokio::time::timeout(Duration::from_millis(100), changes.changed()).await;
+        assert!(
+            granted.elapsed() < lease / 3 + Duration::from_millis(1500),
+            "still Held {:?} after the grant, disconnected all along: the renewal due at {:?} did not fail at once",
+            granted.elapsed(),
+            lease / 3
+        );
+    }
+    assert_eq!(guard.state(), distlock_core::LockState::Jeopardy);
+}
