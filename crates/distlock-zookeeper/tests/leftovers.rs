@@ -291,3 +291,35 @@ async fn fault_disconnected_holder_is_jeopardy_by_its_next_renewal() {
     }
     assert_eq!(guard.state(), distlock_core::LockState::Jeopardy);
 }
+
+/// An operator deletes the holder's node right after the grant (before any renewal): the holder must
+/// not still be `Held` once the next waiter has been granted the lock (issue 10: an operator's delete
+/// is Lost within a round trip; the own-node watch must cover the first moments of a hold too).
+///
+/// Fails today: the own-node watch is set 100 ms after the grant (`lease::WATCH_DELAY`, chosen so short
+/// holds cost no extra request, as etcd's held-key watch), so for up to 100 ms both guards are `Held`.
+/// Ignored until the lead decides between the extra request per acquire and the documented window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known window: own-node watch set 100 ms after the grant (rv-zk review finding; lead decides)"]
+async fn fault_operator_delete_right_after_the_grant_is_lost_before_the_next_holder_is_granted() {
+    let server = ZkServer::start_or_panic();
+    let raw = raw_client(&server.addr().to_string()).await;
+    let first = locks_at(&server.url()).await;
+    let second = locks_at(&server.url()).await;
+    for round in 0..3 {
+        let name = name(&format!("early_delete_{round}"));
+        let guard = first.lock(&name).unwrap().acquire().await.unwrap();
+        let lock = second.lock(&name).unwrap();
+        let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
+        let own = wait_children(&raw, &name, 2).await.remove(0);
+        raw.delete(&format!("/{name}/{own}"), None).await.unwrap();
+        let next = waiter.await.unwrap();
+        assert_ne!(
+            guard.state(),
+            distlock_core::LockState::Held,
+            "round {round}: two Held guards at once: the first holder's node was deleted, the next holder was granted, and the first still reports Held"
+        );
+        next.release().await.unwrap();
+        drop(guard);
+    }
+}
