@@ -323,3 +323,61 @@ async fn fault_operator_delete_right_after_the_grant_is_lost_before_the_next_hol
         drop(guard);
     }
 }
+
+/// Dropping the `Locks` (and with it the backend) after holds of several leases, an abandoned acquire,
+/// a release and a guard dropped while held leaves no task running on the runtime and no session open
+/// on the server (once the core's watchdog has had its next look, a third of the longest lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_locks_ends_its_tasks_and_sessions() {
+    let server = ZkServer::start_or_panic();
+    let raw = raw_client(&server.addr().to_string()).await;
+    let baseline_sessions = sessions(&server);
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let baseline_tasks = metrics.num_alive_tasks();
+    {
+        // Short leases: the core's watchdog keeps the backend until its next wake-up (a third of the
+        // lease), so with the 60 s default the sessions would stay 20 s after the drop.
+        let url = format!("{}?session_timeout=2s", server.url());
+        let locks = locks_at(&url).await;
+        let other = locks_at(&url).await;
+        let name = name("drop_locks");
+        for secs in [1, 3] {
+            let guard = locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .lease(Duration::from_secs(secs))
+                .acquire()
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let busy = other
+                .lock(&name)
+                .unwrap()
+                .options()
+                .wait(Duration::from_millis(100))
+                .acquire()
+                .await;
+            assert!(busy.is_err(), "the lock is held");
+            guard.release().await.unwrap();
+        }
+        let held = locks.lock(&name).unwrap().acquire().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(held);
+        drop(locks);
+        drop(other);
+    }
+    let started = Instant::now();
+    loop {
+        let (tasks, open) = (metrics.num_alive_tasks(), sessions(&server));
+        if tasks <= baseline_tasks && open <= baseline_sessions {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "after dropping the Locks: {tasks} tasks alive (was {baseline_tasks}), {open} sessions open (was {baseline_sessions})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(raw);
+}
