@@ -86,7 +86,7 @@ fn request_kind(error: &zk::Error) -> ErrorKind {
         zk::Error::NoAuth | zk::Error::AuthFailed | zk::Error::InvalidAcl => {
             ErrorKind::PermissionDenied
         }
-        zk::Error::BadArguments(_) => ErrorKind::InvalidName,
+        zk::Error::BadArguments(_) | zk::Error::NoChildrenForEphemerals => ErrorKind::InvalidName,
         zk::Error::ConnectionLoss
         | zk::Error::Timeout
         | zk::Error::NoHosts

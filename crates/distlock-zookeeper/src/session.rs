@@ -225,6 +225,11 @@ impl Sessions {
         let bound = self.config.connection.request_timeout;
         match tokio::time::timeout(bound, client.mkdir(chroot, &options)).await {
             Ok(Ok(())) => {}
+            Ok(Err(source @ (zk::Error::NoChildrenForEphemerals | zk::Error::BadArguments(_)))) => {
+                return Err(ZkError::Config(format!(
+                    "the chroot {chroot:?} cannot be created ({source}): pick another chroot"
+                )))
+            }
             Ok(Err(source)) => {
                 return Err(ZkError::Request {
                     action: "create of the chroot",

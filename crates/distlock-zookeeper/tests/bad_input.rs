@@ -208,3 +208,34 @@ async fn an_unreachable_server_fails_within_the_connect_timeout() {
         started.elapsed()
     );
 }
+
+/// A lock name under an ephemeral node (ZooKeeper refuses children of ephemerals) is a bad name, said
+/// so (`InvalidName`, "pick another name"), and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_under_an_ephemeral_node_is_an_invalid_name_and_leaves_nothing() {
+    let server = ZkServer::start_or_panic();
+    let raw = common::raw_client(&server.addr().to_string()).await;
+    raw.create(
+        "/ephemeral-parent",
+        b"",
+        &zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all()),
+    )
+    .await
+    .unwrap();
+    let locks = locks_at(&server.url()).await;
+    let err = locks
+        .lock("ephemeral-parent/job")
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect_err("no children under an ephemeral");
+    assert_eq!(err.kind(), ErrorKind::InvalidName, "{err}");
+    assert!(err.to_string().contains("another name"), "{err}");
+    assert!(raw
+        .list_children("/ephemeral-parent")
+        .await
+        .unwrap()
+        .is_empty());
+}
