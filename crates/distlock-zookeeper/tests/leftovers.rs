@@ -381,3 +381,26 @@ async fn dropping_the_locks_ends_its_tasks_and_sessions() {
     }
     drop(raw);
 }
+
+/// The lock path reaped (deleted once empty, as ZooKeeper's container manager does) between two holds:
+/// the next acquire creates it again, its sequence restarts, and the token (czxid) still grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaped_lock_path_is_recreated_and_the_token_still_grows() {
+    let server = ZkServer::start_or_panic();
+    let raw = raw_client(&server.addr().to_string()).await;
+    let locks = locks_at(&server.url()).await;
+    let name = name("reaped");
+    let mut last = 0;
+    for round in 0..3 {
+        let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+        let token = guard.token().unwrap().get();
+        assert!(token > last, "round {round}: token {token} after {last}");
+        last = token;
+        let own = children(&raw, &name).await.remove(0);
+        assert!(own.ends_with("lock-0000000000"), "round {round}: {own}");
+        guard.release().await.unwrap();
+        raw.delete(&format!("/{name}"), None)
+            .await
+            .expect("the empty lock path is deleted, as the reaper does");
+    }
+}
