@@ -12,7 +12,8 @@ use distlock_core::FencingToken;
 use zookeeper_client as zk;
 
 use crate::backend::ZkBackend;
-use crate::error::{retryable, session_gone, ZkError};
+use crate::cleanup::{self, Leftover};
+use crate::error::{session_gone, ZkError};
 use crate::layout;
 use crate::lease::{self, ZkLease};
 use crate::request::{once, retried};
@@ -101,6 +102,7 @@ impl ZkBackend {
             };
             let mut sorted = children;
             layout::sort_children(&mut sorted);
+            self.drop_duplicates(&session, acq, &own, &mut sorted).await;
             match layout::position(&sorted, &own) {
                 Ok(None) => return Ok(Attempt::Acquired(self.grant(&session, acq, request))),
                 Ok(Some(predecessor)) => {
@@ -192,7 +194,7 @@ impl ZkBackend {
                     parent_missing = true;
                     continue;
                 }
-                Err(e @ ZkError::Request { .. }) if !is_retryable(&e) => return Err(e),
+                Err(e @ ZkError::Request { .. }) if !e.unanswered() => return Err(e),
                 Err(e) => e,
             };
             // The reply was lost: the node may exist. Curator's findProtectedNodeInForeground.
@@ -258,7 +260,7 @@ impl ZkBackend {
             Err(ZkError::Request { source, .. }) if session_gone(&source) => {
                 return Err(session_lost(&session))
             }
-            Err(e @ ZkError::Request { .. }) if !is_retryable(&e) => return Err(e),
+            Err(e @ ZkError::Request { .. }) if !e.unanswered() => return Err(e),
             // A lost connection: look again after a pause (the next try re-reads the children).
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -280,31 +282,61 @@ impl ZkBackend {
         }
     }
 
-    /// Removes whatever the acquisition may have left: its node, found by name or by its protection
-    /// prefix when the create's reply was lost. A session already gone took its nodes with it.
-    pub(crate) async fn abandon_zk(&self, mut acq: ZkAcquisition) {
+    /// Removes whatever the acquisition may have left: its node, or, when the create's reply was lost,
+    /// every child with its protection prefix. A delete or look-up that gets no answer (connection down
+    /// or silent; a queued create may yet be applied once the client reconnects) is finished in the
+    /// background once the session is connected again (`cleanup`). A session already gone took its
+    /// nodes with it.
+    pub(crate) async fn abandon_zk(&self, acq: ZkAcquisition) {
         let Some(session) = acq.session.clone() else {
             return;
         };
         if !acq.create_sent || session.is_gone() {
             return;
         }
-        let node = match acq.node.clone() {
-            Some(node) => Some(node),
-            None => match self.find_own(&session, &mut acq).await {
-                Ok(found) => found,
-                Err(e) => {
-                    tracing::warn!(path = %acq.path, error = %e, "could not look for an abandoned lock node; it goes with its session");
-                    None
-                }
-            },
+        let config = self.sessions().config();
+        if let Some(node) = acq.node.as_deref() {
+            let path = layout::join(&acq.path, node);
+            if let Err(e) = lease::delete_node(config, &session, &path).await {
+                tracing::warn!(%path, error = %e, "could not delete an abandoned lock node now; retried once reconnected, else it goes with its session");
+            }
+            return;
+        }
+        let leftover = Leftover::Protected {
+            parent: acq.path.clone(),
+            protection: acq.protection.clone(),
         };
-        if let Some(node) = node {
-            let path = layout::join(&acq.path, &node);
-            if let Err(e) = lease::delete_node(self.sessions().config(), &session, &path).await {
-                tracing::warn!(%path, error = %e, "could not delete an abandoned lock node; it goes with its session");
+        match cleanup::remove(config, &session, &leftover).await {
+            Ok(()) => {}
+            Err(e) if e.unanswered() => cleanup::remove_later(config, &session, leftover),
+            Err(e) => {
+                tracing::warn!(%leftover, error = %e, "could not look for an abandoned lock node; it goes with its session");
             }
         }
+    }
+
+    /// Deletes other children with this acquire's protection prefix than `own` (a create sent again
+    /// after a lost reply, whose first try was applied after all) and drops them from `sorted`: this
+    /// acquire must never queue behind its own leftover, which would hold the lock for nobody.
+    async fn drop_duplicates(
+        &self,
+        session: &Arc<Session>,
+        acq: &ZkAcquisition,
+        own: &str,
+        sorted: &mut Vec<String>,
+    ) {
+        let duplicates: Vec<String> = layout::protected_by(sorted, &acq.protection)
+            .filter(|c| *c != own)
+            .map(str::to_string)
+            .collect();
+        for duplicate in &duplicates {
+            let path = layout::join(&acq.path, duplicate);
+            tracing::debug!(%path, "deleting a duplicate of this acquire's lock node");
+            if let Err(e) = lease::delete_node(self.sessions().config(), session, &path).await {
+                tracing::warn!(%path, error = %e, "could not delete a duplicate lock node now; retried once reconnected");
+            }
+        }
+        sorted.retain(|c| !duplicates.contains(c));
     }
 }
 
@@ -381,14 +413,6 @@ async fn send_create(
             }),
             None,
         ),
-    }
-}
-
-fn is_retryable(e: &ZkError) -> bool {
-    match e {
-        ZkError::Request { source, .. } => retryable(source),
-        ZkError::Timeout { .. } => true,
-        _ => false,
     }
 }
 

@@ -51,6 +51,18 @@ impl ZkError {
     }
 }
 
+impl ZkError {
+    /// Whether the request got no definite answer (the connection was lost or silent, or the server
+    /// throttled it): it may have been applied, and may succeed when sent again on the same session.
+    pub(crate) fn unanswered(&self) -> bool {
+        match self {
+            ZkError::Request { source, .. } => retryable(source),
+            ZkError::Timeout { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 /// Whether a failed request may succeed when sent again on the same session: a connection lost
 /// mid-request (the client reconnects within the session) or a throttled server.
 pub(crate) fn retryable(error: &zk::Error) -> bool {
@@ -74,7 +86,7 @@ fn request_kind(error: &zk::Error) -> ErrorKind {
         zk::Error::NoAuth | zk::Error::AuthFailed | zk::Error::InvalidAcl => {
             ErrorKind::PermissionDenied
         }
-        zk::Error::BadArguments(_) => ErrorKind::InvalidName,
+        zk::Error::BadArguments(_) | zk::Error::NoChildrenForEphemerals => ErrorKind::InvalidName,
         zk::Error::ConnectionLoss
         | zk::Error::Timeout
         | zk::Error::NoHosts

@@ -96,10 +96,12 @@ fn check_path(path: &str, what: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Characters `PathUtils.validatePath` refuses.
+/// Characters `PathUtils.validatePath` refuses. It checks Java `char`s (UTF-16 code units) and refuses
+/// U+D800–U+F8FF, surrogates included, so every character outside the Basic Multilingual Plane (written
+/// as two surrogates) is refused too.
 fn forbidden(c: char) -> bool {
     matches!(c,
-        '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}')
+        '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{10ffff}')
 }
 
 /// The path passed to the sequential create: `<lock path>/_c_<uuid>-lock-` (ZooKeeper appends the
@@ -120,6 +122,18 @@ pub fn find_protected<'a>(children: &'a [String], protection: &str) -> Option<&'
     children
         .iter()
         .find(|c| c.starts_with(&prefix))
+        .map(String::as_str)
+}
+
+/// Every child created with `protection` (a create sent again after a lost reply may have left two).
+pub fn protected_by<'a>(
+    children: &'a [String],
+    protection: &str,
+) -> impl Iterator<Item = &'a str> + 'a {
+    let prefix = format!("{PROTECTED_PREFIX}{protection}");
+    children
+        .iter()
+        .filter(move |c| c.starts_with(&prefix))
         .map(String::as_str)
 }
 
@@ -239,6 +253,7 @@ mod tests {
             "zookeeper",
             "a\u{7f}",
             "a\u{e000}",
+            "emoji-\u{1F600}",
         ] {
             assert!(lock_path(bad).is_err(), "{bad:?}");
         }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use distlock_core::raw::{LossSignal, Released, Renewal, RenewalId, Renewed};
 use zookeeper_client as zk;
 
+use crate::cleanup::{self, Leftover};
 use crate::config::ZkConfig;
 use crate::error::{session_gone, ZkError, BACKEND};
 use crate::request::retried;
@@ -84,10 +85,12 @@ impl Drop for ZkLease {
     }
 }
 
-/// Deletes a node (any version), retried; a node already gone is fine.
+/// Deletes a node (any version), retried; a node already gone is fine. A delete that got no answer
+/// (the connection down or silent) is finished in the background once the session is connected again
+/// (see `cleanup`): the error is still reported.
 pub(crate) async fn delete_node(
     config: &ZkConfig,
-    session: &Session,
+    session: &Arc<Session>,
     path: &str,
 ) -> Result<Released, ZkError> {
     if session.runtime_gone() {
@@ -107,7 +110,12 @@ pub(crate) async fn delete_node(
             ..
         }) => Ok(Released::NotHeld),
         Err(ZkError::Request { source, .. }) if session_gone(&source) => Ok(Released::NotHeld),
-        Err(e) => Err(e),
+        Err(e) => {
+            if e.unanswered() {
+                cleanup::remove_later(config, session, Leftover::Node(path.to_string()));
+            }
+            Err(e)
+        }
     }
 }
 
@@ -164,6 +172,15 @@ async fn renew_session(
             })
             .collect();
     }
+    if session.client.state() == zk::SessionState::Disconnected {
+        // The client queues requests until it reconnects: no reply can come now, so the renewal fails
+        // at once (Jeopardy now, retried soon) rather than after the request bound.
+        let message = format!(
+            "renewal: the ZooKeeper {} is disconnected (reconnecting within its timeout)",
+            session.describe()
+        );
+        return unconfirmed(&entries, &message);
+    }
     let sent_at = Instant::now();
     let client = &session.client;
     // Sent in this order on one session, answered in this order: the reads see the leader's view.
@@ -181,19 +198,7 @@ async fn renew_session(
                 action: "renewal (sync + exists)",
                 after: bound,
             };
-            let message = error.to_string();
-            return entries
-                .iter()
-                .map(|e| {
-                    let err = distlock_core::Error::new(
-                        distlock_core::ErrorKind::Unavailable,
-                        message.clone(),
-                    )
-                    .with_backend(BACKEND)
-                    .with_lock(e.name);
-                    (e.id, Err(err))
-                })
-                .collect();
+            return unconfirmed(&entries, &error.to_string());
         }
     };
     entries
@@ -229,6 +234,22 @@ async fn renew_session(
                 }),
             };
             (entry.id, outcome)
+        })
+        .collect()
+}
+
+/// Every entry's renewal unconfirmed (`Unavailable`: Jeopardy, retried soon).
+fn unconfirmed(
+    entries: &[&Renewal<'_, ZkLease>],
+    message: &str,
+) -> Vec<(RenewalId, distlock_core::Result<Renewed>)> {
+    entries
+        .iter()
+        .map(|e| {
+            let err = distlock_core::Error::new(distlock_core::ErrorKind::Unavailable, message)
+                .with_backend(BACKEND)
+                .with_lock(e.name);
+            (e.id, Err(err))
         })
         .collect()
 }

@@ -22,6 +22,7 @@
 
 mod acquire;
 mod backend;
+mod cleanup;
 mod config;
 mod error;
 pub mod layout;

@@ -145,9 +145,21 @@ impl Sessions {
         Ok(session)
     }
 
+    /// The live session with `timeout`, if any. Retires the sessions that are gone, and closes the idle
+    /// ones of other leases than `timeout` and the default: no lock, acquire or pending delete uses them
+    /// (only this list holds them), so a backend used with many leases over time keeps one idle session
+    /// at most besides the default one, instead of one per lease ever used (ZooKeeper refuses a host's
+    /// 61st connection by default).
     fn find(&self, timeout: Duration) -> Option<Arc<Session>> {
+        let default = self.default_timeout();
         let mut live = lock(&self.live);
-        live.retain(|s| !s.is_gone());
+        live.retain(|s| {
+            let idle = Arc::strong_count(s) == 1 && s.timeout != default && s.timeout != timeout;
+            if idle {
+                tracing::debug!(session = %s.describe(), "closing an idle session");
+            }
+            !s.is_gone() && !idle
+        });
         live.iter().find(|s| s.timeout == timeout).cloned()
     }
 
@@ -163,7 +175,15 @@ impl Sessions {
         ) {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
-        let bound = self.config.connection.connect_timeout.max(timeout);
+        // The client tries the servers in turn until the session timeout (60 s by default) runs out;
+        // the connect timeout bounds one attempt, so one try of each server is the bound (a server that
+        // is down or refuses is reported then, not a session timeout later).
+        let servers = u32::try_from(self.config.endpoints.len().max(1)).unwrap_or(u32::MAX);
+        let bound = self
+            .config
+            .connection
+            .connect_timeout
+            .saturating_mul(servers);
         let connect = connector.connect(&self.connect_string);
         let client = match tokio::time::timeout(bound, connect).await {
             Ok(Ok(client)) => client,
@@ -205,6 +225,11 @@ impl Sessions {
         let bound = self.config.connection.request_timeout;
         match tokio::time::timeout(bound, client.mkdir(chroot, &options)).await {
             Ok(Ok(())) => {}
+            Ok(Err(source @ (zk::Error::NoChildrenForEphemerals | zk::Error::BadArguments(_)))) => {
+                return Err(ZkError::Config(format!(
+                    "the chroot {chroot:?} cannot be created ({source}): pick another chroot"
+                )))
+            }
             Ok(Err(source)) => {
                 return Err(ZkError::Request {
                     action: "create of the chroot",

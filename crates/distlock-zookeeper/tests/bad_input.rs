@@ -151,3 +151,91 @@ async fn digest_credentials_an_acl_refuses_are_permission_denied_and_leave_nothi
         .expect("the right credentials");
     guard.release().await.unwrap();
 }
+
+/// ZooKeeper refuses UTF-16 surrogates in a path (`PathUtils.validatePath`: U+D800–U+F8FF), so every
+/// character outside the Basic Multilingual Plane (an emoji is two surrogates in Java's string): such
+/// a name is `InvalidName` up front and such a chroot `InvalidConfig`, and neither leaves a node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_and_chroots_outside_the_bmp_are_refused_up_front_and_leave_nothing() {
+    let server = ZkServer::start_or_panic();
+    let raw = common::raw_client(&server.addr().to_string()).await;
+    let locks = locks_at(&server.url()).await;
+    for bad in ["smile-\u{1F600}", "emoji-parent/\u{1F600}"] {
+        let err = match locks.lock(bad) {
+            Err(e) => e,
+            Ok(lock) => lock
+                .options()
+                .wait(Duration::from_secs(2))
+                .acquire()
+                .await
+                .map(drop)
+                .expect_err("ZooKeeper cannot store this name"),
+        };
+        assert_eq!(err.kind(), ErrorKind::InvalidName, "{bad:?}: {err}");
+    }
+    let config = distlock_zookeeper::ZkConfig::new([server.addr().to_string()])
+        .with_chroot("/emoji-chroot/\u{1F600}");
+    let err = ZkBackend::from_config(config)
+        .await
+        .expect_err("ZooKeeper cannot store this chroot");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let top = raw.list_children("/").await.unwrap();
+    assert!(
+        !top.iter()
+            .any(|c| c.starts_with("emoji") || c.starts_with("smile")),
+        "a refused name or chroot left a node: {top:?}"
+    );
+}
+
+/// A server that refuses connections is reported (`Unavailable`) within the connect timeout, not after
+/// the session timeout the client would otherwise keep trying for (60 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_fails_within_the_connect_timeout() {
+    let refusing = distlock_testkit::proxy::Proxy::start("127.0.0.1:9".parse().unwrap()).unwrap();
+    refusing.refuse().unwrap();
+    let url = format!(
+        "zk://{}?connect_timeout=1s&session_timeout=30s",
+        refusing.addr()
+    );
+    let started = std::time::Instant::now();
+    let err = ZkBackend::connect(&LockUrl::parse(&url).unwrap())
+        .await
+        .expect_err("nothing listens there");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "reported after {:?}, not within the 1 s connect timeout (the session timeout is 30 s)",
+        started.elapsed()
+    );
+}
+
+/// A lock name under an ephemeral node (ZooKeeper refuses children of ephemerals) is a bad name, said
+/// so (`InvalidName`, "pick another name"), and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_under_an_ephemeral_node_is_an_invalid_name_and_leaves_nothing() {
+    let server = ZkServer::start_or_panic();
+    let raw = common::raw_client(&server.addr().to_string()).await;
+    raw.create(
+        "/ephemeral-parent",
+        b"",
+        &zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all()),
+    )
+    .await
+    .unwrap();
+    let locks = locks_at(&server.url()).await;
+    let err = locks
+        .lock("ephemeral-parent/job")
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect_err("no children under an ephemeral");
+    assert_eq!(err.kind(), ErrorKind::InvalidName, "{err}");
+    assert!(err.to_string().contains("another name"), "{err}");
+    assert!(raw
+        .list_children("/ephemeral-parent")
+        .await
+        .unwrap()
+        .is_empty());
+}
