@@ -288,3 +288,70 @@ async fn fault_late_quorum_from_a_paused_client_is_discarded() {
         .expect("the discarded quorum still blocks the lock");
     guard_b.release().await.unwrap();
 }
+
+/// A node paused (SIGSTOP) while an acquire's request to it is on its way: the acquire succeeds on the
+/// other four and is released, and the release is sent to every node, the paused one included. Once
+/// that node resumes it runs the late acquire; its release must run after it (on the same connection),
+/// so that no key of a released hold is left there for a whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_paused_node_keeps_no_key_after_the_release() {
+    let mut nodes = RedlockNodes::start_or_panic(5);
+    let url = format!("{}?request_timeout=300ms", nodes.url());
+    let locks = locks(&url).await;
+    let warm = locks.lock(&unique("warm")).unwrap().acquire().await.unwrap();
+    warm.release().await.unwrap();
+    let name = unique("paused_release");
+    nodes.node_mut(4).pause().unwrap();
+    let guard = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    nodes.node_mut(4).resume().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        holding(&nodes, &name),
+        Vec::<usize>::new(),
+        "a released hold left its key on the node that was paused"
+    );
+}
+
+/// The same for an acquire that fails: two nodes held by another owner, one paused; the acquire gives
+/// up and undoes on every node; the paused node must not keep its key once it resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_paused_node_keeps_no_key_after_a_failed_acquire() {
+    let mut nodes = RedlockNodes::start_or_panic(3);
+    let url = format!("{}?request_timeout=300ms", nodes.url());
+    let locks = locks(&url).await;
+    let warm = locks.lock(&unique("warm")).unwrap().acquire().await.unwrap();
+    warm.release().await.unwrap();
+    let name = unique("paused_failed");
+    for i in 0..2 {
+        nodes
+            .node(i)
+            .command(&["SET", &name, "someone-else", "PX", "30000"])
+            .unwrap();
+    }
+    nodes.node_mut(2).pause().unwrap();
+    let got = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(Duration::from_secs(30))
+        .wait(Duration::from_millis(500))
+        .acquire()
+        .await;
+    assert!(got.is_err(), "acquired a lock held on 2 of 3 nodes");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nodes.node_mut(2).resume().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        nodes.node(2).command(&["GET", &name]).unwrap().as_str(),
+        None,
+        "a failed acquire left its key on the node that was paused"
+    );
+}
