@@ -298,7 +298,12 @@ async fn fault_paused_node_keeps_no_key_after_the_release() {
     let mut nodes = RedlockNodes::start_or_panic(5);
     let url = format!("{}?request_timeout=300ms", nodes.url());
     let locks = locks(&url).await;
-    let warm = locks.lock(&unique("warm")).unwrap().acquire().await.unwrap();
+    let warm = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     warm.release().await.unwrap();
     let name = unique("paused_release");
     nodes.node_mut(4).pause().unwrap();
@@ -327,7 +332,12 @@ async fn fault_paused_node_keeps_no_key_after_a_failed_acquire() {
     let mut nodes = RedlockNodes::start_or_panic(3);
     let url = format!("{}?request_timeout=300ms", nodes.url());
     let locks = locks(&url).await;
-    let warm = locks.lock(&unique("warm")).unwrap().acquire().await.unwrap();
+    let warm = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     warm.release().await.unwrap();
     let name = unique("paused_failed");
     for i in 0..2 {
