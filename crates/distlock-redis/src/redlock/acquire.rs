@@ -242,9 +242,11 @@ impl RedlockBackend {
         *pending = Straggling::None;
         drop(pending);
         if tally.granted > 0 {
-            let unanswered = acquisition.stragglers.unanswered.take();
+            // Not on the connections of unanswered requests: a release queued there behind a stuck
+            // node could run after the next try's grant on that node and delete it. The next try
+            // grants on this owner's keys anyway; the final release (or undo) goes there too.
             if let Err(e) = self
-                .release_everywhere(&request.name, &request.owner, unanswered)
+                .release_everywhere(&request.name, &request.owner, Vec::new())
                 .await
             {
                 tracing::debug!(error = %e, lock = %request.name, "releasing a failed Redlock quorum");
