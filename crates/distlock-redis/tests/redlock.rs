@@ -249,6 +249,11 @@ async fn bad_urls_are_invalid_config() {
     for bad in [
         "redlock://127.0.0.1:1,127.0.0.1:2",
         "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?wait_replicas=1",
+        // A node listed twice votes twice (its acquire grants again on its own key): 2 of "3" nodes
+        // from one server.
+        "redlock://127.0.0.1:1,127.0.0.1:1,127.0.0.1:3",
+        // A node timeout not below the lease: a yes that slow is worthless.
+        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?lease=1s&node_timeout=1s",
     ] {
         let err = RedlockBackend::connect(&LockUrl::parse(bad).unwrap())
             .await
