@@ -365,3 +365,44 @@ async fn fault_paused_node_keeps_no_key_after_a_failed_acquire() {
         "a failed acquire left its key on the node that was paused"
     );
 }
+
+/// One paused node of five is a failure Redlock tolerates: a try that fails its quorum (two nodes
+/// held elsewhere, two granted, the paused one unanswered) releases its grants and reports busy
+/// within about the node timeout, not after the paused node's release has waited out the whole
+/// `request_timeout` (here 20 s, far above everything else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_paused_node_does_not_stall_a_failed_try() {
+    let mut nodes = RedlockNodes::start_or_panic(5);
+    let url = format!("{}?request_timeout=20s&node_timeout=100ms", nodes.url());
+    let locks = locks(&url).await;
+    let warm = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+    let name = unique("paused_stall");
+    for i in 0..2 {
+        nodes
+            .node(i)
+            .command(&["SET", &name, "someone-else", "PX", "30000"])
+            .unwrap();
+    }
+    nodes.node_mut(4).pause().unwrap();
+    let started = std::time::Instant::now();
+    let got = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    let took = started.elapsed();
+    nodes.node_mut(4).resume().unwrap();
+    assert!(matches!(got, Ok(None)), "{got:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "a failed try took {took:?}: it waited out request_timeout on the paused node"
+    );
+}
