@@ -246,7 +246,7 @@ impl RedlockBackend {
             // node could run after the next try's grant on that node and delete it. The next try
             // grants on this owner's keys anyway; the final release (or undo) goes there too.
             if let Err(e) = self
-                .release_everywhere(&request.name, &request.owner, Vec::new())
+                .release_everywhere(&request.name, &request.owner, Vec::new(), bound)
                 .await
             {
                 tracing::debug!(error = %e, lock = %request.name, "releasing a failed Redlock quorum");
@@ -289,7 +289,12 @@ impl RedlockBackend {
         acquisition.stragglers.settle(self.nodes().len()).await;
         let unanswered = acquisition.stragglers.unanswered.take();
         if let Err(e) = self
-            .release_everywhere(&request.name, &request.owner, unanswered)
+            .release_everywhere(
+                &request.name,
+                &request.owner,
+                unanswered,
+                self.config().node_timeout_for(request.lease),
+            )
             .await
         {
             tracing::warn!(error = %e, lock = %request.name, "undoing an abandoned Redlock acquire; keys left expire after the lease");

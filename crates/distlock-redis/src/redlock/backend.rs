@@ -157,17 +157,22 @@ impl RedlockBackend {
         Ok(())
     }
 
-    /// The release script on every node at once (bounded by `request_timeout`): how many deleted
+    /// The release script on every node at once, each bounded by `bound`: how many deleted
     /// this owner's key, and the errors.
+    ///
     /// `unanswered`: connections of acquire requests that got no reply (see `acquire::Unanswered`); the
     /// release goes on each of them too, so that its node runs it after that acquire.
+    ///
+    /// `bound`: `request_timeout` for a release; the node timeout for the undo of a try or of an
+    /// acquire (a node that slow is a failed node, which Redlock tolerates: the acquire must not wait
+    /// out `request_timeout` on it; its key, if the late request sets one, is ours and expires).
     pub(crate) async fn release_everywhere(
         &self,
         name: &str,
         owner: &str,
         unanswered: Vec<(String, Conn)>,
+        bound: Duration,
     ) -> Result<Released> {
-        let bound = self.request_timeout();
         let scripts = self.scripts();
         let (name_owned, owner) = (name.to_string(), owner.to_string());
         let replies = fan_out(self.nodes(), |node| {
@@ -364,7 +369,8 @@ impl Backend for RedlockBackend {
     async fn release(&self, lease: &RedlockLease, name: &str, owner: &str) -> Result<Released> {
         lease.stragglers.settle(self.nodes().len()).await;
         let unanswered = lease.stragglers.unanswered.take();
-        self.release_everywhere(name, owner, unanswered).await
+        self.release_everywhere(name, owner, unanswered, self.request_timeout())
+            .await
     }
 
     /// Every node's holder and pttl (in [`LockInfo::nodes`]); the holder shown is the owner on a
