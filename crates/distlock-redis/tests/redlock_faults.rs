@@ -406,3 +406,58 @@ async fn fault_paused_node_does_not_stall_a_failed_try() {
         "a failed try took {took:?}: it waited out request_timeout on the paused node"
     );
 }
+
+/// Acquires cancelled at many points (before, during and after the quorum), with two of five nodes
+/// slow (delayed 30 ms by proxies, so their requests are still on the way when the quorum is in):
+/// after each cancel no node keeps the cancelled owner's key for long (the undo runs in the
+/// background), and another client then gets the lock at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_cancelled_acquires_on_slow_nodes_leave_no_key() {
+    let nodes = RedlockNodes::start_or_panic(5);
+    let proxies: Vec<Proxy> = nodes
+        .addrs()
+        .into_iter()
+        .map(Proxy::start_or_panic)
+        .collect();
+    let a = locks(&url_of(proxies.iter().map(Proxy::addr))).await;
+    let b = locks(&nodes.url()).await;
+    let warm = a.lock(&unique("warm")).unwrap().acquire().await.unwrap();
+    warm.release().await.unwrap();
+    for p in &proxies[3..] {
+        p.delay(Duration::from_millis(30)).unwrap();
+    }
+    let lease = Duration::from_secs(10);
+    for step in 0..24u64 {
+        let name = unique("cancelled");
+        let cancel_after = Duration::from_micros(step * 2_500);
+        let lock = a.lock(&name).unwrap();
+        let acquire = lock.options().lease(lease).acquire();
+        if let Ok(got) = tokio::time::timeout(cancel_after, acquire).await {
+            got.unwrap().release().await.unwrap();
+        }
+        let started = std::time::Instant::now();
+        while !holding(&nodes, &name).is_empty() {
+            assert!(
+                started.elapsed() < lease / 4,
+                "step {step} (cancel after {cancel_after:?}): keys left on {:?}",
+                holding(&nodes, &name)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let guard = b
+            .lock(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("step {step}: the cancelled acquire still holds"));
+        // The cancelled acquire must not take it later either.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(guard.state(), LockState::Held);
+        for i in 0..5 {
+            let v = nodes.node(i).command(&["GET", &name]).unwrap();
+            assert_eq!(v.as_str(), Some(guard.owner()), "step {step}: node {i}");
+        }
+        guard.release().await.unwrap();
+    }
+}
