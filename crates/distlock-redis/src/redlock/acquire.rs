@@ -252,10 +252,13 @@ impl RedlockBackend {
                 tracing::debug!(error = %e, lock = %request.name, "releasing a failed Redlock quorum");
             }
         }
-        if let Some((node, _)) = tally.failed.iter().find(|(_, e)| is_wrongtype(e)) {
-            return Err(wrongtype(&request.name, node));
-        }
+        // A node answering WRONGTYPE is a failed vote, like a node down: only when the failed nodes
+        // leave no quorum possible does the try fail (naming the `redis://` clash if there is one);
+        // else a lock busy elsewhere is waited for.
         if tally.failed.len() > n - quorum {
+            if let Some((node, _)) = tally.failed.iter().find(|(_, e)| is_wrongtype(e)) {
+                return Err(wrongtype(&request.name, node));
+            }
             return Err(unavailable(&request.name, n, quorum, &tally));
         }
         Ok(Attempt::Busy {
