@@ -249,6 +249,11 @@ async fn bad_urls_are_invalid_config() {
     for bad in [
         "redlock://127.0.0.1:1,127.0.0.1:2",
         "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?wait_replicas=1",
+        // A node listed twice votes twice (its acquire grants again on its own key): 2 of "3" nodes
+        // from one server.
+        "redlock://127.0.0.1:1,127.0.0.1:1,127.0.0.1:3",
+        // A node timeout not below the lease: a yes that slow is worthless.
+        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?lease=1s&node_timeout=1s",
     ] {
         let err = RedlockBackend::connect(&LockUrl::parse(bad).unwrap())
             .await
@@ -279,4 +284,34 @@ async fn a_release_right_after_the_quorum_leaves_no_key() {
             node.addr()
         );
     }
+}
+
+/// A `WRONGTYPE` on a minority of nodes is one failed vote, like a node down: a waiter for a lock that
+/// is merely busy on the other nodes keeps waiting and gets it once the holder releases, instead of
+/// failing at its first try with a `Protocol` error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_wrongtype_does_not_fail_a_waiter_for_a_busy_lock() {
+    let nodes = RedlockNodes::start_or_panic(5);
+    let name = unique("minority_wrongtype");
+    nodes
+        .node(0)
+        .command(&["HSET", &name, "someone", "1"])
+        .unwrap();
+    let holder = Locks::new(backend(&nodes.url()).await);
+    let waiter = Locks::new(backend(&nodes.url()).await);
+    let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        held.release().await.unwrap();
+    });
+    let got = waiter
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await;
+    release.await.unwrap();
+    let guard = got.expect("the lock once its holder released (4 string nodes of 5 are a quorum)");
+    guard.release().await.unwrap();
 }

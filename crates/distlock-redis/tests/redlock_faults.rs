@@ -288,3 +288,176 @@ async fn fault_late_quorum_from_a_paused_client_is_discarded() {
         .expect("the discarded quorum still blocks the lock");
     guard_b.release().await.unwrap();
 }
+
+/// A node paused (SIGSTOP) while an acquire's request to it is on its way: the acquire succeeds on the
+/// other four and is released, and the release is sent to every node, the paused one included. Once
+/// that node resumes it runs the late acquire; its release must run after it (on the same connection),
+/// so that no key of a released hold is left there for a whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_paused_node_keeps_no_key_after_the_release() {
+    let mut nodes = RedlockNodes::start_or_panic(5);
+    let url = format!("{}?request_timeout=300ms", nodes.url());
+    let locks = locks(&url).await;
+    let warm = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+    let name = unique("paused_release");
+    nodes.node_mut(4).pause().unwrap();
+    let guard = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    nodes.node_mut(4).resume().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        holding(&nodes, &name),
+        Vec::<usize>::new(),
+        "a released hold left its key on the node that was paused"
+    );
+}
+
+/// The same for an acquire that fails: two nodes held by another owner, one paused; the acquire gives
+/// up and undoes on every node; the paused node must not keep its key once it resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_paused_node_keeps_no_key_after_a_failed_acquire() {
+    let mut nodes = RedlockNodes::start_or_panic(3);
+    let url = format!("{}?request_timeout=300ms", nodes.url());
+    let locks = locks(&url).await;
+    let warm = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+    let name = unique("paused_failed");
+    for i in 0..2 {
+        nodes
+            .node(i)
+            .command(&["SET", &name, "someone-else", "PX", "30000"])
+            .unwrap();
+    }
+    nodes.node_mut(2).pause().unwrap();
+    let got = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(Duration::from_secs(30))
+        .wait(Duration::from_millis(500))
+        .acquire()
+        .await;
+    assert!(got.is_err(), "acquired a lock held on 2 of 3 nodes");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nodes.node_mut(2).resume().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        nodes.node(2).command(&["GET", &name]).unwrap().as_str(),
+        None,
+        "a failed acquire left its key on the node that was paused"
+    );
+}
+
+/// One paused node of five is a failure Redlock tolerates: a try that fails its quorum (two nodes
+/// held elsewhere, two granted, the paused one unanswered) releases its grants and reports busy
+/// within about the node timeout, not after the paused node's release has waited out the whole
+/// `request_timeout` (here 20 s, far above everything else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_paused_node_does_not_stall_a_failed_try() {
+    let mut nodes = RedlockNodes::start_or_panic(5);
+    let url = format!("{}?request_timeout=20s&node_timeout=100ms", nodes.url());
+    let locks = locks(&url).await;
+    let warm = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+    let name = unique("paused_stall");
+    for i in 0..2 {
+        nodes
+            .node(i)
+            .command(&["SET", &name, "someone-else", "PX", "30000"])
+            .unwrap();
+    }
+    nodes.node_mut(4).pause().unwrap();
+    let started = std::time::Instant::now();
+    let got = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    let took = started.elapsed();
+    nodes.node_mut(4).resume().unwrap();
+    assert!(matches!(got, Ok(None)), "{got:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "a failed try took {took:?}: it waited out request_timeout on the paused node"
+    );
+}
+
+/// Acquires cancelled at many points (before, during and after the quorum), with two of five nodes
+/// slow (delayed 30 ms by proxies, so their requests are still on the way when the quorum is in):
+/// after each cancel no node keeps the cancelled owner's key for long (the undo runs in the
+/// background), and another client then gets the lock at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_cancelled_acquires_on_slow_nodes_leave_no_key() {
+    let nodes = RedlockNodes::start_or_panic(5);
+    let proxies: Vec<Proxy> = nodes
+        .addrs()
+        .into_iter()
+        .map(Proxy::start_or_panic)
+        .collect();
+    let a = locks(&url_of(proxies.iter().map(Proxy::addr))).await;
+    let b = locks(&nodes.url()).await;
+    let warm = a.lock(&unique("warm")).unwrap().acquire().await.unwrap();
+    warm.release().await.unwrap();
+    for p in &proxies[3..] {
+        p.delay(Duration::from_millis(30)).unwrap();
+    }
+    let lease = Duration::from_secs(10);
+    for step in 0..24u64 {
+        let name = unique("cancelled");
+        let cancel_after = Duration::from_micros(step * 2_500);
+        let lock = a.lock(&name).unwrap();
+        let acquire = lock.options().lease(lease).acquire();
+        if let Ok(got) = tokio::time::timeout(cancel_after, acquire).await {
+            got.unwrap().release().await.unwrap();
+        }
+        let started = std::time::Instant::now();
+        while !holding(&nodes, &name).is_empty() {
+            assert!(
+                started.elapsed() < lease / 4,
+                "step {step} (cancel after {cancel_after:?}): keys left on {:?}",
+                holding(&nodes, &name)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let guard = b
+            .lock(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("step {step}: the cancelled acquire still holds"));
+        // The cancelled acquire must not take it later either.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(guard.state(), LockState::Held);
+        for i in 0..5 {
+            let v = nodes.node(i).command(&["GET", &name]).unwrap();
+            assert_eq!(v.as_str(), Some(guard.owner()), "step {step}: node {i}");
+        }
+        guard.release().await.unwrap();
+    }
+}

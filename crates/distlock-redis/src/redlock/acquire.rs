@@ -9,6 +9,7 @@ use distlock_core::retry::Backoff;
 use distlock_core::{Error, ErrorKind, Result};
 use redis::Value;
 
+use crate::conn::{Conn, Sent};
 use crate::error::RedisError;
 use crate::redlock::backend::{RedlockBackend, RedlockLease};
 use crate::redlock::config::BACKEND;
@@ -28,7 +29,40 @@ const MAX_RETRY: Duration = Duration::from_millis(40);
 /// in its task; once it returns with a quorum, one task finishes the rest (so a `NOSCRIPT` fallback
 /// or a reconnect still goes out at once and every node gets its key), and the release awaits it.
 #[derive(Default)]
-pub(crate) struct Stragglers(tokio::sync::Mutex<Straggling>);
+pub(crate) struct Stragglers {
+    replies: tokio::sync::Mutex<Straggling>,
+    /// Acquire requests that got no reply in time and may still run on their node.
+    pub(crate) unanswered: Arc<Unanswered>,
+}
+
+/// Per node, the connection of the last acquire request to it that got no reply (it timed out, or the
+/// node refused it): that request may still run on the node later (a node paused, or slow), so the
+/// release (or undo) goes on that connection too, where the node runs it after the acquire. A release
+/// on a new connection alone may run first, or never reach a paused node, and the late acquire would
+/// then leave a key for a whole lease.
+#[derive(Default)]
+pub(crate) struct Unanswered(std::sync::Mutex<Vec<(String, Conn)>>);
+
+impl Unanswered {
+    fn record(&self, node: &str, conn: Conn) {
+        let mut all = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        all.retain(|(n, _)| n != node);
+        all.push((node.to_string(), conn));
+    }
+
+    /// The connections recorded so far (the release takes them: it is ordered after them).
+    pub(crate) fn take(&self) -> Vec<(String, Conn)> {
+        std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
 
 #[derive(Default)]
 pub(crate) enum Straggling {
@@ -43,7 +77,7 @@ pub(crate) enum Straggling {
 impl Stragglers {
     /// Waits until every request of the last try has its reply (or its bound ran out).
     pub(crate) async fn settle(&self, nodes: usize) {
-        let pending = std::mem::take(&mut *self.0.lock().await);
+        let pending = std::mem::take(&mut *self.replies.lock().await);
         match pending {
             Straggling::None => {}
             Straggling::Here(replies) => {
@@ -131,24 +165,33 @@ impl RedlockBackend {
         // Requests of an earlier try still on their way settle first (the failed try released on
         // every node after them already; this only waits for a try whose future was dropped).
         acquisition.stragglers.settle(n).await;
-        let mut pending = acquisition.stragglers.0.lock().await;
+        let unanswered = acquisition.stragglers.unanswered.clone();
+        let mut pending = acquisition.stragglers.replies.lock().await;
         *pending = Straggling::Here(fan_out(self.nodes(), |node| {
-            let (scripts, name, owner, lease_ms) = (
+            let (scripts, name, owner, lease_ms, unanswered) = (
                 scripts.clone(),
                 name.clone(),
                 owner.clone(),
                 lease_ms.clone(),
+                unanswered.clone(),
             );
             async move {
+                let mut sent = Sent::default();
                 let reply = node
-                    .script(
+                    .script_recorded(
                         "Redlock acquire",
                         bound,
                         &scripts.acquire,
                         &name,
                         &[&owner, &lease_ms],
+                        &mut sent,
                     )
                     .await;
+                if let (Err(e), Some(conn)) = (&reply, sent.conn) {
+                    if !e.is_broken_connection() {
+                        unanswered.record(node.shown(), conn);
+                    }
+                }
                 (node.shown().to_string(), vote(reply))
             }
         }));
@@ -199,14 +242,23 @@ impl RedlockBackend {
         *pending = Straggling::None;
         drop(pending);
         if tally.granted > 0 {
-            if let Err(e) = self.release_everywhere(&request.name, &request.owner).await {
+            // Not on the connections of unanswered requests: a release queued there behind a stuck
+            // node could run after the next try's grant on that node and delete it. The next try
+            // grants on this owner's keys anyway; the final release (or undo) goes there too.
+            if let Err(e) = self
+                .release_everywhere(&request.name, &request.owner, Vec::new(), bound)
+                .await
+            {
                 tracing::debug!(error = %e, lock = %request.name, "releasing a failed Redlock quorum");
             }
         }
-        if let Some((node, _)) = tally.failed.iter().find(|(_, e)| is_wrongtype(e)) {
-            return Err(wrongtype(&request.name, node));
-        }
+        // A node answering WRONGTYPE is a failed vote, like a node down: only when the failed nodes
+        // leave no quorum possible does the try fail (naming the `redis://` clash if there is one);
+        // else a lock busy elsewhere is waited for.
         if tally.failed.len() > n - quorum {
+            if let Some((node, _)) = tally.failed.iter().find(|(_, e)| is_wrongtype(e)) {
+                return Err(wrongtype(&request.name, node));
+            }
             return Err(unavailable(&request.name, n, quorum, &tally));
         }
         Ok(Attempt::Busy {
@@ -238,7 +290,16 @@ impl RedlockBackend {
             return;
         }
         acquisition.stragglers.settle(self.nodes().len()).await;
-        if let Err(e) = self.release_everywhere(&request.name, &request.owner).await {
+        let unanswered = acquisition.stragglers.unanswered.take();
+        if let Err(e) = self
+            .release_everywhere(
+                &request.name,
+                &request.owner,
+                unanswered,
+                self.config().node_timeout_for(request.lease),
+            )
+            .await
+        {
             tracing::warn!(error = %e, lock = %request.name, "undoing an abandoned Redlock acquire; keys left expire after the lease");
         }
     }

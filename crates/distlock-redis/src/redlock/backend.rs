@@ -31,6 +31,7 @@ use distlock_core::url::LockUrl;
 use distlock_core::{Capabilities, Error, ErrorKind, Fencing, Result};
 use redis::Value;
 
+use crate::conn::Conn;
 pub use crate::redlock::acquire::RedlockAcquisition;
 use crate::redlock::config::{RedlockConfig, BACKEND};
 use crate::redlock::fanout::fan_out;
@@ -156,17 +157,47 @@ impl RedlockBackend {
         Ok(())
     }
 
-    /// The release script on every node at once (bounded by `request_timeout`): how many deleted
+    /// The release script on every node at once, each bounded by `bound`: how many deleted
     /// this owner's key, and the errors.
-    pub(crate) async fn release_everywhere(&self, name: &str, owner: &str) -> Result<Released> {
-        let bound = self.request_timeout();
+    ///
+    /// `unanswered`: connections of acquire requests that got no reply (see `acquire::Unanswered`); the
+    /// release goes on each of them too, so that its node runs it after that acquire.
+    ///
+    /// `bound`: `request_timeout` for a release; the node timeout for the undo of a try or of an
+    /// acquire (a node that slow is a failed node, which Redlock tolerates: the acquire must not wait
+    /// out `request_timeout` on it; its key, if the late request sets one, is ours and expires).
+    pub(crate) async fn release_everywhere(
+        &self,
+        name: &str,
+        owner: &str,
+        unanswered: Vec<(String, Conn)>,
+        bound: Duration,
+    ) -> Result<Released> {
         let scripts = self.scripts();
         let (name_owned, owner) = (name.to_string(), owner.to_string());
         let replies = fan_out(self.nodes(), |node| {
             let (scripts, name, owner) = (scripts.clone(), name_owned.clone(), owner.clone());
+            let late: Vec<Conn> = unanswered
+                .iter()
+                .filter(|(n, _)| n == node.shown())
+                .map(|(_, c)| c.clone())
+                .collect();
             async move {
-                node.script("Redlock release", bound, &scripts.release, &name, &[&owner])
-                    .await
+                let (release, args) = (&scripts.release, [owner.as_str()]);
+                let (node, name, args) = (&node, name.as_str(), &args[..]);
+                let fresh = node.script("Redlock release", bound, release, name, args);
+                let after_late = futures_util::future::join_all(late.into_iter().map(|conn| {
+                    node.script_on(conn, "Redlock release", bound, release, name, args)
+                }));
+                let (fresh, after_late) = futures_util::future::join(fresh, after_late).await;
+                // Deleted on either connection: this owner's key is gone from the node.
+                match after_late
+                    .into_iter()
+                    .find(|r| matches!(r, Ok(v) if int(v) == Some(1)))
+                {
+                    Some(deleted) => deleted,
+                    None => fresh,
+                }
             }
         })
         .all(self.nodes().len())
@@ -337,7 +368,9 @@ impl Backend for RedlockBackend {
     /// before its acquire), then compare-and-delete on every node.
     async fn release(&self, lease: &RedlockLease, name: &str, owner: &str) -> Result<Released> {
         lease.stragglers.settle(self.nodes().len()).await;
-        self.release_everywhere(name, owner).await
+        let unanswered = lease.stragglers.unanswered.take();
+        self.release_everywhere(name, owner, unanswered, self.request_timeout())
+            .await
     }
 
     /// Every node's holder and pttl (in [`LockInfo::nodes`]); the holder shown is the owner on a

@@ -99,8 +99,9 @@ impl RedlockConfig {
 
     /// Parses `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=50ms]` (port 6379 by default) or
     /// `redlocks://…` (TLS, `?ca=/path/ca.pem`), with `lease`, `connect_timeout`, `request_timeout`
-    /// as for `redis://`. Fewer than three nodes, a path (`/db`), `wait_replicas` (it means nothing
-    /// over independent masters) and unknown parameters are refused with `InvalidConfig`.
+    /// as for `redis://`. Fewer than three nodes, a node listed twice, a path (`/db`), `wait_replicas`
+    /// (it means nothing over independent masters), a `node_timeout` not below the URL's `lease`, and
+    /// unknown parameters are refused with `InvalidConfig`.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
         Self::parse_url(url).map_err(|e| e.with_backend(BACKEND))
     }
@@ -130,13 +131,18 @@ impl RedlockConfig {
         config.connection.read_url(url, tls)?;
         if let Some(t) = url.query_timeout("node_timeout")? {
             config.node_timeout = Some(t);
+            if let Some(lease) = url.query_duration("lease")?.filter(|lease| t >= *lease) {
+                return Err(invalid(format!(
+                    "node_timeout ({t:?}) must be far below the lease ({lease:?}): a node's yes that slow leaves no validity; a tenth of the lease is the default"
+                )));
+            }
         }
         config.validate()?;
         Ok(config)
     }
 
-    /// Checks what the builder allows but Redlock cannot honour: fewer than three nodes, a zero
-    /// timeout, TLS without the `tls` feature.
+    /// Checks what the builder allows but Redlock cannot honour: fewer than three nodes, a node listed
+    /// twice, a zero timeout, TLS without the `tls` feature.
     pub fn validate(&self) -> Result<()> {
         if self.nodes.len() < MIN_NODES {
             return Err(invalid(format!(
@@ -146,6 +152,18 @@ impl RedlockConfig {
         }
         if self.nodes.iter().any(|n| n.host().is_empty()) {
             return Err(invalid("a Redlock node address is empty"));
+        }
+        if let Some((i, node)) = self
+            .nodes
+            .iter()
+            .enumerate()
+            .find(|(i, n)| self.nodes[..*i].contains(n))
+        {
+            return Err(invalid(format!(
+                "the Redlock node {node} is listed twice (at {} and {}): each listed node must be a different Redis master, or one server's votes count twice toward the quorum",
+                self.nodes.iter().position(|n| n == node).unwrap_or(0) + 1,
+                i + 1
+            )));
         }
         if self.node_timeout.is_some_and(|t| t.is_zero()) {
             return Err(invalid("node_timeout must not be 0"));

@@ -45,8 +45,23 @@ impl Node {
         F: FnMut(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
     {
-        let mut sent = Sent::default();
-        let run = self.link.run(&self.target, what, bound, request, &mut sent);
+        self.run_recorded(what, bound, request, &mut Sent::default())
+            .await
+    }
+
+    /// [`run`](Self::run), recording in `sent` the connection the request went on.
+    pub(crate) async fn run_recorded<T, F, Fut>(
+        &self,
+        what: &'static str,
+        bound: Duration,
+        request: F,
+        sent: &mut Sent,
+    ) -> Result<T, RedisError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
+    {
+        let run = self.link.run(&self.target, what, bound, request, sent);
         match tokio::time::timeout(bound, run).await {
             Ok(result) => result,
             Err(_) => Err(RedisError::Timeout {
@@ -66,15 +81,62 @@ impl Node {
         key: &str,
         args: &[&str],
     ) -> Result<Value, RedisError> {
+        self.script_recorded(what, bound, script, key, args, &mut Sent::default())
+            .await
+    }
+
+    /// [`script`](Self::script), recording in `sent` the connection the call went on.
+    pub(crate) async fn script_recorded(
+        &self,
+        what: &'static str,
+        bound: Duration,
+        script: &redis::Script,
+        key: &str,
+        args: &[&str],
+        sent: &mut Sent,
+    ) -> Result<Value, RedisError> {
         let mut invocation = script.key(key);
         for arg in args {
             invocation.arg(*arg);
         }
         let invocation = &invocation;
-        self.run(what, bound, |mut c: Conn| async move {
-            invocation.invoke_async::<Value>(&mut c).await
-        })
+        self.run_recorded(
+            what,
+            bound,
+            |mut c: Conn| async move { invocation.invoke_async::<Value>(&mut c).await },
+            sent,
+        )
         .await
+    }
+
+    /// One script call on `conn`, a connection an earlier request to this node went on: the node runs
+    /// it after that request, whenever that one runs. Within `bound`.
+    pub(crate) async fn script_on(
+        &self,
+        mut conn: Conn,
+        what: &'static str,
+        bound: Duration,
+        script: &redis::Script,
+        key: &str,
+        args: &[&str],
+    ) -> Result<Value, RedisError> {
+        let mut invocation = script.key(key);
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        match tokio::time::timeout(bound, invocation.invoke_async::<Value>(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(RedisError::Request {
+                what,
+                target: self.target.shown.clone(),
+                source,
+            }),
+            Err(_) => Err(RedisError::Timeout {
+                what,
+                target: self.target.shown.clone(),
+                after: bound,
+            }),
+        }
     }
 }
 
