@@ -381,7 +381,7 @@ pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlE
             // Row mode answers no row: the ROLLBACK ended the transaction and its row lock.
             unlocked.unwrap_or(held.key.is_none())
         });
-    let outcome = match outcome {
+    match outcome {
         Ok(true) => {
             // The session holds nothing now: the next lock may use it.
             inner.recycle(conn);
@@ -392,16 +392,21 @@ pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlE
             Ok(Released::NotHeld)
         }
         Err(e) => {
-            // Closing the connection frees whatever the session still holds.
+            // The statement failed. If the server had already ended the session (a cut-off holder whose
+            // idle limit ran out), the hold was over before this release: NotHeld, as when the close was
+            // noticed first. Otherwise the release is unconfirmed: an error, never `Released`. Either way
+            // closing the connection frees whatever the session still holds.
+            // The driver's connection task may learn of the close just after the query does.
+            let ended_by_server =
+                tokio::time::timeout(std::time::Duration::from_millis(200), conn.closed())
+                    .await
+                    .is_ok();
             drop(conn);
-            Err(e)
-        }
-    };
-    match outcome {
-        Ok(released) => Ok(released),
-        Err(e) => {
-            tracing::debug!(error = %e, "release statement failed; the connection was closed, which frees the lock");
-            Ok(Released::Released)
+            if ended_by_server {
+                Ok(Released::NotHeld)
+            } else {
+                Err(e)
+            }
         }
     }
 }
