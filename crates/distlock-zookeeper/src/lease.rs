@@ -254,15 +254,12 @@ fn unconfirmed(
         .collect()
 }
 
-/// How long after a grant the own node's watch is set: the short holds of an acquire/release loop then
-/// cost no extra request (a delete in the meantime is still seen: the `exists` then finds no node).
-const WATCH_DELAY: Duration = Duration::from_millis(100);
-
 /// Resolves when the own node is deleted or replaced, or the session ends for good. Stays pending
 /// while the client merely reconnects (the core's deadline covers a session that may have expired).
 pub(crate) fn loss_signal(session: Arc<Session>, node: String, czxid: i64) -> LossSignal {
+    // The watch is set at once: an operator's delete right after the grant must be Lost before the
+    // next waiter can be granted (a delayed watch saved a request per short hold but left that window).
     Box::pin(async move {
-        tokio::time::sleep(WATCH_DELAY).await;
         let mut backoff =
             distlock_core::retry::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         loop {

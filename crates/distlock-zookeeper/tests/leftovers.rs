@@ -296,11 +296,9 @@ async fn fault_disconnected_holder_is_jeopardy_by_its_next_renewal() {
 /// not still be `Held` once the next waiter has been granted the lock (issue 10: an operator's delete
 /// is Lost within a round trip; the own-node watch must cover the first moments of a hold too).
 ///
-/// Fails today: the own-node watch is set 100 ms after the grant (`lease::WATCH_DELAY`, chosen so short
-/// holds cost no extra request, as etcd's held-key watch), so for up to 100 ms both guards are `Held`.
-/// Ignored until the lead decides between the extra request per acquire and the documented window.
+/// Failed while the own-node watch was set 100 ms after the grant (to save short holds a request, as
+/// etcd's held-key watch does): for up to 100 ms both guards were `Held`. The watch is now set at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known window: own-node watch set 100 ms after the grant (rv-zk review finding; lead decides)"]
 async fn fault_operator_delete_right_after_the_grant_is_lost_before_the_next_holder_is_granted() {
     let server = ZkServer::start_or_panic();
     let raw = raw_client(&server.addr().to_string()).await;
