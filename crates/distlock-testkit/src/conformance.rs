@@ -626,6 +626,9 @@ pub async fn max_hold_caps_the_hold(provider: &impl Provider) {
     let lease = provider.short_lease();
     let cap = lease * 2;
     let lock = a.lock(&name);
+    // The cap counts from the acquire's send, so the clock starts before the call: a slow acquire
+    // (a first one that creates paths or opens a session) must not make a correct cap look early.
+    let started = Instant::now();
     let acquired = lock.options().lease(lease).max_hold(cap).acquire().await;
     if !a.locks.capabilities().server_ttl {
         let err = acquired.expect_err("max_hold without a lease must be refused");
@@ -637,7 +640,6 @@ pub async fn max_hold_caps_the_hold(provider: &impl Provider) {
         return;
     }
     let guard = acquired.expect("acquire");
-    let started = Instant::now();
     tokio::time::timeout(cap + PROMPT, guard.lost())
         .await
         .expect("Lost at max_hold");
