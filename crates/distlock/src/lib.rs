@@ -38,11 +38,12 @@
 //!   [`LockKinds`]).
 //! * **Errors.** Every call returns [`Result`]; an [`Error`] has an [`ErrorKind`] to match on.
 //! * **Backends**, one module each, compiled in by cargo feature: [`memory`] (always), `file`
-//!   (default), `redis`, `etcd`. Each module holds the backend type, its config and the description of
-//!   its on-server layout. Network configs take [`Endpoint`]s and hold their credentials, TLS,
-//!   timeouts and [`RetryPolicy`] in one [`ConnectionOptions`] (`config.connection`). The others
-//!   (Redlock, ZooKeeper, PostgreSQL, MySQL) are being built; their URL schemes are recognised and fail
-//!   with [`ErrorKind::Unsupported`] until they land.
+//!   (default), `redis` (with Redlock as `redis::redlock`), `etcd`, `zookeeper`. Each module holds the
+//!   backend type, its config and the description of its on-server layout. Network configs take
+//!   [`Endpoint`]s and hold their credentials, TLS, timeouts and [`RetryPolicy`] in one
+//!   [`ConnectionOptions`] (`config.connection`). PostgreSQL and MySQL/MariaDB (features `postgres`,
+//!   `mysql`) are reached through [`connect`] with the driver's own URL; their types live in the
+//!   `distlock-sql` crate.
 //! * **For backend authors:** [`raw`], the trait a backend implements and the types it exchanges
 //!   with the core. Users never call it.
 //!
