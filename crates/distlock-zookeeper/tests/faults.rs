@@ -8,9 +8,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{children, name, raw_client, wait_children, Run, HOLD_SCRIPT};
+use common::{children, name, raw_client, wait_children};
 use distlock_core::url::LockUrl;
 use distlock_core::{ErrorKind, LockState, Locks};
+use distlock_testkit::cli_run::{Run, HOLD_SCRIPT};
 use distlock_testkit::proxy::Proxy;
 use distlock_testkit::zookeeper::{ZkEnsemble, ZkServer};
 use distlock_zookeeper::ZkBackend;
