@@ -8,24 +8,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{children, name, raw_client, wait_children};
-use distlock_core::url::LockUrl;
-use distlock_core::{ErrorKind, LockState, Locks};
+use common::{children, locks_at, name, raw_client, wait_children};
+use distlock_core::{ErrorKind, LockState};
 use distlock_testkit::cli_run::{Run, HOLD_SCRIPT};
 use distlock_testkit::proxy::Proxy;
 use distlock_testkit::zookeeper::{ZkEnsemble, ZkServer};
-use distlock_zookeeper::ZkBackend;
 use rustix::process::Signal;
 
 /// Slack for process start and scheduling on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(3);
-
-async fn locks_at(url: &str) -> Locks {
-    let backend = ZkBackend::connect(&LockUrl::parse(url).unwrap())
-        .await
-        .expect("connect");
-    Locks::with_defaults(backend.clone(), backend.default_options())
-}
 
 /// `distlock run` SIGKILLed while holding: its command dies with it, and the lock passes on when the
 /// server expires its session (no sooner than a third of the lease: the session was alive).

@@ -19,6 +19,15 @@ pub fn name(case: &str) -> String {
     )
 }
 
+/// A `Locks` on a ZooKeeper backend connected as `url` says, with the backend's default lease.
+pub async fn locks_at(url: &str) -> distlock_core::Locks {
+    let url = distlock_core::url::LockUrl::parse(url).unwrap();
+    let backend = distlock_zookeeper::ZkBackend::connect(&url)
+        .await
+        .expect("connect");
+    distlock_core::Locks::with_defaults(backend.clone(), backend.default_options())
+}
+
 /// A plain client on `connect` (`h:p[,h:p]`), as an operator's zkCli would be.
 pub async fn raw_client(connect: &str) -> zk::Client {
     zk::Client::connector()
