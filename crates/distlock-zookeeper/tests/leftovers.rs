@@ -71,6 +71,41 @@ async fn fault_release_during_a_disconnect_deletes_the_node_once_reconnected() {
     .await;
 }
 
+/// Two releases on one session that fail during the same cut: both nodes are queued on the session's
+/// one cleanup task, and both are deleted once the client reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_two_releases_during_a_disconnect_both_delete_their_nodes_once_reconnected() {
+    let server = ZkServer::start_or_panic();
+    let proxy = Arc::new(Proxy::start(server.addr()).expect("proxy"));
+    let cut = cut_client(&proxy).await;
+    let other = locks_at(&server.url()).await;
+    let raw = raw_client(&server.addr().to_string()).await;
+    let names = [name("release_cut_a"), name("release_cut_b")];
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(cut.lock(name).unwrap().acquire().await.unwrap());
+    }
+    set_cut(&proxy, true).await;
+    for guard in guards {
+        assert!(
+            guard.release().await.is_err(),
+            "a release while cut off cannot succeed"
+        );
+    }
+    set_cut(&proxy, false).await;
+    let restored = Instant::now();
+    for name in &names {
+        assert_freed_long_before_the_session_expires(
+            &other,
+            &raw,
+            name,
+            restored,
+            "a node of a failed release stayed with its live session",
+        )
+        .await;
+    }
+}
+
 /// A waiter whose wait times out while the connection is down cannot delete its node then; once the
 /// client reconnects within its session the node is deleted, so it never becomes a holder nobody
 /// knows of.
