@@ -73,10 +73,7 @@ impl Cycler for Create {
     type Held = ();
 
     async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
-        self.client
-            .create(&self.prefix, b"x", &ephemeral_sequential())
-            .await
-            .map_err(failure)?;
+        self.acquire_once().await?;
         Ok(Some(()))
     }
 

@@ -12,10 +12,11 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{keys, no_wait_run, wait_keys, Run, HOLD_SCRIPT};
+use common::{keys, wait_keys};
 use distlock_core::url::LockUrl;
 use distlock_core::{LockState, Locks};
 use distlock_etcd::EtcdBackend;
+use distlock_testkit::cli_run::{no_wait_run, Run, HOLD_SCRIPT};
 use distlock_testkit::etcd::{EtcdServer, ETCDCTL};
 use distlock_testkit::sweep::{gone_within, is_alive};
 use rustix::process::Signal;

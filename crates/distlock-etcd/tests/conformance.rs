@@ -27,28 +27,7 @@ impl Provider for Etcd {
         self.proxies.lock().expect("proxies").push(proxy.clone());
         let url = LockUrl::parse(&format!("etcd://{}", proxy.addr())).expect("url");
         let backend = EtcdBackend::connect(&url).await.expect("connect");
-        let (cut, heal) = (proxy.clone(), proxy);
-        Client::new(Locks::new(backend))
-            .with_cut(move || {
-                let p = cut.clone();
-                Box::pin(async move {
-                    tokio::task::spawn_blocking(move || p.blackhole().expect("blackhole"))
-                        .await
-                        .expect("blackhole task");
-                })
-            })
-            .with_heal(move || {
-                let p = heal.clone();
-                Box::pin(async move {
-                    tokio::task::spawn_blocking(move || {
-                        p.pass().expect("pass");
-                        // Bytes dropped mid-frame leave the HTTP/2 connection unusable: start afresh.
-                        p.reset().expect("reset");
-                    })
-                    .await
-                    .expect("heal task");
-                })
-            })
+        Client::new(Locks::new(backend)).with_proxy_cut(vec![proxy])
     }
 
     fn url(&self) -> Option<String> {

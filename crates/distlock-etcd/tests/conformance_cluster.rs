@@ -30,33 +30,7 @@ impl Provider for Cluster {
         let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
         let url = LockUrl::parse(&format!("etcd://{}", hosts.join(","))).expect("url");
         let backend = EtcdBackend::connect(&url).await.expect("connect");
-        let (cut, heal) = (proxies.clone(), proxies);
-        Client::new(Locks::new(backend))
-            .with_cut(move || {
-                let ps = cut.clone();
-                Box::pin(async move {
-                    tokio::task::spawn_blocking(move || {
-                        for p in ps {
-                            p.blackhole().expect("blackhole");
-                        }
-                    })
-                    .await
-                    .expect("cut task");
-                })
-            })
-            .with_heal(move || {
-                let ps = heal.clone();
-                Box::pin(async move {
-                    tokio::task::spawn_blocking(move || {
-                        for p in ps {
-                            p.pass().expect("pass");
-                            p.reset().expect("reset");
-                        }
-                    })
-                    .await
-                    .expect("heal task");
-                })
-            })
+        Client::new(Locks::new(backend)).with_proxy_cut(proxies)
     }
 
     fn url(&self) -> Option<String> {

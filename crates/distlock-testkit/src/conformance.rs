@@ -80,6 +80,39 @@ impl Client {
         self
     }
 
+    /// Cut and heal through the testkit fault proxies this client's connections go through: the cut
+    /// blackholes every one (bytes dropped, sockets kept open, as a partition); the heal passes bytes
+    /// again and resets the connections (bytes dropped mid-frame leave a connection unusable, so the
+    /// client reconnects afresh).
+    pub fn with_proxy_cut(self, proxies: Vec<Arc<crate::proxy::Proxy>>) -> Self {
+        let (cut, heal) = (proxies.clone(), proxies);
+        self.with_cut(move || {
+            let proxies = cut.clone();
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || {
+                    for p in proxies {
+                        p.blackhole().expect("blackhole");
+                    }
+                })
+                .await
+                .expect("cut task");
+            })
+        })
+        .with_heal(move || {
+            let proxies = heal.clone();
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || {
+                    for p in proxies {
+                        p.pass().expect("pass");
+                        p.reset().expect("reset");
+                    }
+                })
+                .await
+                .expect("heal task");
+            })
+        })
+    }
+
     /// A new `Lock` of `name` on this client.
     pub fn lock(&self, name: &str) -> Lock {
         self.locks.lock(name).expect("a valid lock name")

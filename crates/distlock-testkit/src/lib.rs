@@ -31,6 +31,7 @@ pub mod sentinel;
 pub mod tls;
 pub mod zookeeper;
 
+pub mod cli_run;
 pub mod conformance;
 
 pub use error::{Error, Result};

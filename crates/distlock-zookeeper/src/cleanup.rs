@@ -5,9 +5,9 @@
 //! behind a reconnect when its acquire gave up, would stay once the client reconnects within its
 //! session: queued first, it holds the lock for nobody, and every other contender waits behind it until
 //! the process exits. So a release, an abandon or an expiry whose delete got no answer hands the node
-//! to a task that waits until the session is connected again, deletes it (or, when the create's reply
-//! was lost, every child with the acquire's `_c_<uuid>` prefix), and ends once that worked or the
-//! session is gone (expired, closed, or disconnected longer than its timeout: the server has expired
+//! to the session's cleanup task (one per session, started when a first node is queued), which waits
+//! until the session is connected again, deletes the queued nodes (or, when a create's reply was lost,
+//! every child with the acquire's `_c_<uuid>` prefix), and ends once that worked or the session is gone (expired, closed, or disconnected longer than its timeout: the server has expired
 //! it, and its nodes with it).
 
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use crate::config::ZkConfig;
 use crate::error::{session_gone, ZkError};
 use crate::layout;
 use crate::request::once;
-use crate::session::Session;
+use crate::session::{lock, Session};
 
 /// What is left to remove.
 #[derive(Debug, Clone)]
@@ -82,43 +82,79 @@ async fn delete(config: &ZkConfig, session: &Session, path: &str) -> Result<(), 
     }
 }
 
-/// Hands `leftover` to a background task on the current runtime that removes it once the session is
-/// connected again (retrying while requests get no answer), and ends when it is gone or the session is.
+/// The leftovers of one session waiting for it to be connected again, and whether its task is
+/// draining them (one task per session, however many nodes a disconnect left).
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    leftovers: Vec<Leftover>,
+    draining: bool,
+}
+
+/// Queues `leftover` on its session, to be removed once the session is connected again (retrying while
+/// requests get no answer) by the session's cleanup task, started on the current runtime when none
+/// runs. The task ends when the queue is empty or the session is gone (with its nodes).
 pub(crate) fn remove_later(config: &ZkConfig, session: &Arc<Session>, leftover: Leftover) {
+    if session.is_gone() {
+        return;
+    }
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(%leftover, "no tokio runtime to finish a delete on; the node goes with its session");
         return;
     };
-    if session.is_gone() {
+    tracing::debug!(%leftover, session = %session.describe(), "delete got no answer; finishing it once reconnected");
+    let mut pending = lock(&session.cleanup);
+    pending.leftovers.push(leftover);
+    if pending.draining {
         return;
     }
-    tracing::debug!(%leftover, session = %session.describe(), "delete got no answer; finishing it once reconnected");
+    pending.draining = true;
+    drop(pending);
     let (config, session) = (config.clone(), session.clone());
     runtime.spawn(async move {
         tokio::select! {
-            () = remove_when_connected(&config, &session, &leftover) => {}
+            () = drain(&config, &session) => {}
             ended = session_ends(&session) => {
-                tracing::debug!(%leftover, reason = %ended, "session ended; its nodes went with it");
+                tracing::debug!(reason = %ended, "session ended; its pending deletes went with it");
+                let mut pending = lock(&session.cleanup);
+                pending.leftovers.clear();
+                pending.draining = false;
             }
         }
     });
 }
 
-async fn remove_when_connected(config: &ZkConfig, session: &Session, leftover: &Leftover) {
+/// Removes the session's queued leftovers, pipelined, each time the session is connected, until the
+/// queue is empty.
+async fn drain(config: &ZkConfig, session: &Session) {
     let mut backoff =
         distlock_core::retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     loop {
+        let batch = {
+            let mut pending = lock(&session.cleanup);
+            if pending.leftovers.is_empty() {
+                pending.draining = false;
+                return;
+            }
+            std::mem::take(&mut pending.leftovers)
+        };
         connected(session).await;
-        match remove(config, session, leftover).await {
-            Ok(()) => {
-                tracing::debug!(%leftover, "finished an unanswered delete");
-                return;
+        let removals = batch.iter().map(|l| remove(config, session, l));
+        let outcomes = futures_util::future::join_all(removals).await;
+        let mut unanswered = Vec::new();
+        for (leftover, outcome) in batch.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => tracing::debug!(%leftover, "finished an unanswered delete"),
+                Err(e) if e.unanswered() => unanswered.push(leftover),
+                Err(e) => {
+                    tracing::warn!(%leftover, error = %e, "could not delete a lock node; it goes with its session");
+                }
             }
-            Err(e) if e.unanswered() => tokio::time::sleep(backoff.next_delay()).await,
-            Err(e) => {
-                tracing::warn!(%leftover, error = %e, "could not delete a lock node; it goes with its session");
-                return;
-            }
+        }
+        if unanswered.is_empty() {
+            backoff.reset();
+        } else {
+            lock(&session.cleanup).leftovers.extend(unanswered);
+            tokio::time::sleep(backoff.next_delay()).await;
         }
     }
 }

@@ -129,6 +129,9 @@ pub(crate) async fn release(config: &ZkConfig, held: &ZkLease) -> Result<Release
 /// Renews a batch: per session, a `sync` (served through the leader, so a follower cut off from the
 /// leader cannot confirm a session the leader may have expired) followed by an `exists` of each own
 /// node, sent together. Extended by `min(asked, session timeout)` from the moment the requests were sent.
+/// Open (issue 10): through a follower that is later than the leader's view. The `sync` does not touch
+/// the session on the leader (a forwarded request never does); the follower reports touches only in its
+/// replies to the leader's pings (every tickTime/2), so the leader's last touch can predate the send.
 pub(crate) async fn renew(
     config: &ZkConfig,
     batch: &[Renewal<'_, ZkLease>],

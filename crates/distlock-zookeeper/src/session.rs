@@ -32,6 +32,8 @@ pub(crate) struct Session {
     _sentinel: tokio::sync::oneshot::Sender<()>,
     /// The timeout the server negotiated.
     pub(crate) timeout: Duration,
+    /// Deletes that got no answer, finished once the session is connected again (`cleanup`).
+    pub(crate) cleanup: Mutex<crate::cleanup::Pending>,
 }
 
 impl Session {
@@ -217,6 +219,7 @@ impl Sessions {
             runtime_alive,
             _sentinel: sentinel,
             timeout: timeout_negotiated,
+            cleanup: Mutex::default(),
         }))
     }
 

@@ -6,19 +6,12 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{children, name};
+use common::{children, locks_at, name};
 use distlock_core::url::LockUrl;
-use distlock_core::{ErrorKind, Locks};
+use distlock_core::ErrorKind;
 use distlock_testkit::zookeeper::ZkServer;
 use distlock_zookeeper::ZkBackend;
 use zookeeper_client as zk;
-
-async fn locks_at(url: &str) -> Locks {
-    let backend = ZkBackend::connect(&LockUrl::parse(url).unwrap())
-        .await
-        .expect("connect");
-    Locks::with_defaults(backend.clone(), backend.default_options())
-}
 
 /// `distlock run --url URL [--lease L] NAME -- true`: exit code and stderr.
 fn run(url: &str, lease: Option<&str>, name: &str) -> (i32, String) {

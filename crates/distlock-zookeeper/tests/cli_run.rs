@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::{name, raw_client, wait_children, Run, HOLD_SCRIPT};
+use common::{name, raw_client, wait_children};
+use distlock_testkit::cli_run::{Run, HOLD_SCRIPT};
 use distlock_testkit::zookeeper::ZkServer;
 use rustix::process::Signal;
 

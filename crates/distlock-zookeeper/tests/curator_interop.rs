@@ -8,9 +8,10 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{children, name, no_wait_run, raw_client, wait_children, Curator};
+use common::{children, name, raw_client, wait_children, Curator};
 use distlock_core::url::LockUrl;
 use distlock_core::Locks;
+use distlock_testkit::cli_run::no_wait_run;
 use distlock_testkit::zookeeper::ZkServer;
 use distlock_zookeeper::ZkBackend;
 

@@ -10,22 +10,13 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{children, name, raw_client, wait_children};
-use distlock_core::url::LockUrl;
+use common::{children, locks_at, name, raw_client, wait_children};
 use distlock_core::Locks;
 use distlock_testkit::proxy::Proxy;
 use distlock_testkit::zookeeper::{four_letter, ZkServer};
-use distlock_zookeeper::ZkBackend;
 
 /// The session timeout of the cut-off client: far longer than the cut, so the session survives it.
 const SESSION: Duration = Duration::from_secs(20);
-
-async fn locks_at(url: &str) -> Locks {
-    let backend = ZkBackend::connect(&LockUrl::parse(url).unwrap())
-        .await
-        .expect("connect");
-    Locks::with_defaults(backend.clone(), backend.default_options())
-}
 
 /// A client through `proxy` with a 20 s session and a 300 ms request bound (so a delete during the
 /// cut gives up long before the session could expire).
@@ -70,21 +61,49 @@ async fn fault_release_during_a_disconnect_deletes_the_node_once_reconnected() {
     assert!(released.is_err(), "a release while cut off cannot succeed");
     set_cut(&proxy, false).await;
     let restored = Instant::now();
-    let taken = other
-        .lock(&name)
-        .unwrap()
-        .options()
-        .wait(SESSION / 2)
-        .acquire()
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "the node of the failed release stayed with its live session: {e} ({:?})",
-                children_blocking(&raw, &name)
-            )
-        });
-    assert!(restored.elapsed() < SESSION, "freed only by session expiry");
-    taken.release().await.unwrap();
+    assert_freed_long_before_the_session_expires(
+        &other,
+        &raw,
+        &name,
+        restored,
+        "the node of the failed release stayed with its live session",
+    )
+    .await;
+}
+
+/// Two releases on one session that fail during the same cut: both nodes are queued on the session's
+/// one cleanup task, and both are deleted once the client reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_two_releases_during_a_disconnect_both_delete_their_nodes_once_reconnected() {
+    let server = ZkServer::start_or_panic();
+    let proxy = Arc::new(Proxy::start(server.addr()).expect("proxy"));
+    let cut = cut_client(&proxy).await;
+    let other = locks_at(&server.url()).await;
+    let raw = raw_client(&server.addr().to_string()).await;
+    let names = [name("release_cut_a"), name("release_cut_b")];
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(cut.lock(name).unwrap().acquire().await.unwrap());
+    }
+    set_cut(&proxy, true).await;
+    for guard in guards {
+        assert!(
+            guard.release().await.is_err(),
+            "a release while cut off cannot succeed"
+        );
+    }
+    set_cut(&proxy, false).await;
+    let restored = Instant::now();
+    for name in &names {
+        assert_freed_long_before_the_session_expires(
+            &other,
+            &raw,
+            name,
+            restored,
+            "a node of a failed release stayed with its live session",
+        )
+        .await;
+    }
 }
 
 /// A waiter whose wait times out while the connection is down cannot delete its node then; once the
@@ -114,21 +133,14 @@ async fn fault_abandon_during_a_disconnect_deletes_the_node_once_reconnected() {
     set_cut(&proxy, false).await;
     let restored = Instant::now();
     holder.release().await.unwrap();
-    let taken = other
-        .lock(&name)
-        .unwrap()
-        .options()
-        .wait(SESSION / 2)
-        .acquire()
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "the abandoned waiter's node stayed with its live session and now holds the lock for nobody: {e} ({:?})",
-                children_blocking(&raw, &name)
-            )
-        });
-    assert!(restored.elapsed() < SESSION, "freed only by session expiry");
-    taken.release().await.unwrap();
+    assert_freed_long_before_the_session_expires(
+        &other,
+        &raw,
+        &name,
+        restored,
+        "the abandoned waiter's node stayed with its live session and now holds the lock for nobody",
+    )
+    .await;
 }
 
 /// An acquire whose create is queued while the connection is refused gives up (its request bound
@@ -160,21 +172,14 @@ async fn fault_acquire_whose_create_is_queued_while_refused_leaves_no_node_once_
     reconnected(&cut).await;
     let restored = Instant::now();
     holder.release().await.unwrap();
-    let taken = other
-        .lock(&name)
-        .unwrap()
-        .options()
-        .wait(SESSION / 2)
-        .acquire()
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "the queued create's node stayed with its live session and holds the lock for nobody: {e} ({:?})",
-                children_blocking(&raw, &name)
-            )
-        });
-    assert!(restored.elapsed() < SESSION, "freed only by session expiry");
-    taken.release().await.unwrap();
+    assert_freed_long_before_the_session_expires(
+        &other,
+        &raw,
+        &name,
+        restored,
+        "the queued create's node stayed with its live session and holds the lock for nobody",
+    )
+    .await;
 }
 
 /// Waits until `locks`' session answers again: requests on a session are answered in order, so every
@@ -195,13 +200,28 @@ async fn reconnected(locks: &Locks) {
     }
 }
 
-fn children_blocking(raw: &zookeeper_client::Client, name: &str) -> Vec<String> {
-    futures_executor(children(raw, name))
-}
-
-/// Runs a future to completion from inside a panic message (a multi-thread runtime is current).
-fn futures_executor<F: std::future::Future>(f: F) -> F::Output {
-    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+/// Once the cut is over (at `restored`), `other` gets the lock within half the cut client's session:
+/// the node the cut left (`what` says which) was deleted, not left to go with its live session.
+async fn assert_freed_long_before_the_session_expires(
+    other: &Locks,
+    raw: &zookeeper_client::Client,
+    name: &str,
+    restored: Instant,
+    what: &str,
+) {
+    let acquired = other
+        .lock(name)
+        .unwrap()
+        .options()
+        .wait(SESSION / 2)
+        .acquire()
+        .await;
+    let taken = match acquired {
+        Ok(taken) => taken,
+        Err(e) => panic!("{what}: {e} ({:?})", children(raw, name).await),
+    };
+    assert!(restored.elapsed() < SESSION, "freed only by session expiry");
+    taken.release().await.unwrap();
 }
 
 /// The sessions the server has open (`cons` lists one line per connection with a session).
