@@ -43,15 +43,6 @@ fn holding(nodes: &RedlockNodes, name: &str) -> Vec<usize> {
         .collect()
 }
 
-/// One proxy in front of each node, in node order.
-fn proxies(nodes: &RedlockNodes) -> Vec<Proxy> {
-    nodes
-        .addrs()
-        .into_iter()
-        .map(Proxy::start_or_panic)
-        .collect()
-}
-
 /// One acquire and release, so that every node has the scripts loaded before a fault (a first
 /// `EVALSHA` costs a `NOSCRIPT` round trip more).
 async fn load_scripts(locks: &Locks) {
@@ -76,7 +67,7 @@ fn held_elsewhere(nodes: &RedlockNodes, which: std::ops::Range<usize>, name: &st
 
 /// Client A: reaches every node through a proxy; nodes 3 and 4 refuse it.
 async fn client_on_first_three(nodes: &RedlockNodes) -> (Locks, Vec<Proxy>) {
-    let proxies = proxies(nodes);
+    let proxies = nodes.proxies();
     let url = url_of(proxies.iter().map(Proxy::addr));
     let a = locks(&url).await;
     for p in &proxies[3..] {
@@ -266,7 +257,7 @@ async fn fault_key_expired_early_on_one_node_grants_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_late_quorum_from_a_paused_client_is_discarded() {
     let nodes = RedlockNodes::start_or_panic(5);
-    let proxies = proxies(&nodes);
+    let proxies = nodes.proxies();
     // A node timeout above the lease, so that the slow grants are waited for and then judged late.
     let url = format!(
         "{}?node_timeout=3s",
@@ -407,7 +398,7 @@ async fn fault_paused_node_does_not_stall_a_failed_try() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_cancelled_acquires_on_slow_nodes_leave_no_key() {
     let nodes = RedlockNodes::start_or_panic(5);
-    let proxies = proxies(&nodes);
+    let proxies = nodes.proxies();
     let a = locks(&url_of(proxies.iter().map(Proxy::addr))).await;
     let b = locks(&nodes.url()).await;
     load_scripts(&a).await;
