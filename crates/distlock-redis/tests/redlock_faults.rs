@@ -254,6 +254,9 @@ async fn fault_key_expired_early_on_one_node_grants_twice() {
 /// A client whose quorum of grants arrives after the validity deadline (here every reply is delayed
 /// by more than the lease, as for a client paused between sending and reading) discards it: the
 /// acquire fails, the keys it got are released on every node, and another client gets the lock.
+/// A short lease, and no case at the default: the deadline is the core's `sent_at + lease·0.99 − 2 ms`
+/// for every lease (Redlock adds no timer of its own), so the default only scales the delay needed,
+/// to more than 30 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_late_quorum_from_a_paused_client_is_discarded() {
     let nodes = RedlockNodes::start_or_panic(5);
