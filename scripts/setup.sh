@@ -4,10 +4,13 @@
 set -euo pipefail
 
 # Debian packages the tests use today.
-PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-client
-    zookeeper libzookeeper-java libslf4j-java default-jre-headless default-jdk-headless
-    libcurator-client-java libcurator-framework-java libcurator-recipes-java nodejs)
-
+PACKAGES=(redis-server redis-tools redis-sentinel nftables etcd-server etcd-client)
+# ZooKeeper (distlock-testkit/src/zookeeper.rs runs the server jar in a JVM; the Curator interop tests
+# compile a Java program against the Curator jars).
+PACKAGES+=(zookeeper libzookeeper-java libslf4j-java default-jre-headless default-jdk-headless
+    libcurator-client-java libcurator-framework-java libcurator-recipes-java)
+# Redlock's interop tests run node-redlock (npm, see below) with Node.
+PACKAGES+=(nodejs)
 # The SQL backend's MariaDB tests (distlock-testkit/src/mariadb.rs runs /usr/sbin/mariadbd).
 PACKAGES+=(mariadb-server mariadb-client)
 # PostgreSQL 15 (distlock-sql): the tests run initdb + postgres from /usr/lib/postgresql/15/bin in temp dirs.
@@ -50,31 +53,39 @@ fi
 for bin in redis-server redis-cli redis-sentinel etcd etcdctl node; do
     command -v "$bin" >/dev/null || die "$bin not on PATH after installing ${PACKAGES[*]}"
 done
-# ZooKeeper runs as a JVM the testkit starts directly; the Curator interop tests compile a Java
-# program with javac against the Debian jars.
+# ZooKeeper runs as a JVM the testkit starts directly; the Curator interop tests compile with javac.
 for bin in java javac; do
     command -v "$bin" >/dev/null || die "$bin not on PATH after installing ${PACKAGES[*]}"
 done
 for jar in zookeeper slf4j-api slf4j-simple curator-client curator-framework curator-recipes; do
     [ -f "/usr/share/java/$jar.jar" ] || die "/usr/share/java/$jar.jar missing after installing ${PACKAGES[*]}"
 done
+# MariaDB: the testkit runs mariadb-install-db and mariadbd itself, and SQL through the mariadb client.
+[ -x /usr/sbin/mariadbd ] || die "/usr/sbin/mariadbd missing after installing mariadb-server"
+for bin in mariadb-install-db mariadb; do
+    command -v "$bin" >/dev/null || die "$bin not on PATH after installing mariadb-server mariadb-client"
+done
+# PostgreSQL: the testkit runs initdb and postgres from the version's directory, SQL through psql.
+for bin in /usr/lib/postgresql/15/bin/initdb /usr/lib/postgresql/15/bin/postgres /usr/lib/postgresql/15/bin/pg_isready; do
+    [ -x "$bin" ] || die "$bin missing after installing postgresql-15"
+done
+command -v psql >/dev/null || die "psql not on PATH after installing postgresql-client-15"
 
 # node-redlock (npm `redlock` v5 + ioredis) for the Redlock interop tests, pinned by its package-lock.json.
 # nodesource's nodejs package carries npm; Debian's needs the separate npm package.
 if ! command -v npm >/dev/null; then
     [ "$(id -u)" -eq 0 ] || die "npm not found; run as root, or: sudo apt-get install -y --no-install-recommends npm"
     log "installing npm"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm
+    export DEBIAN_FRONTEND=noninteractive
+    # The package lists may be missing or stale when no package above was missing.
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends npm
 fi
 NODE_REDLOCK="$(cd "$(dirname "$0")/.." && pwd)/crates/distlock-redis/tests/node-redlock"
 if [ ! -d "$NODE_REDLOCK/node_modules" ]; then
     log "installing node-redlock (npm ci in $NODE_REDLOCK)"
     npm ci --prefix "$NODE_REDLOCK" --no-audit --no-fund
 fi
-for bin in /usr/lib/postgresql/15/bin/initdb /usr/lib/postgresql/15/bin/postgres /usr/lib/postgresql/15/bin/pg_isready; do
-    [ -x "$bin" ] || die "$bin missing after installing postgresql-15"
-done
-command -v psql >/dev/null || die "psql not on PATH after installing postgresql-client-15"
 
 # Rust tooling: the test runner and the two checks scripts/test.sh runs.
 command -v cargo >/dev/null || die "cargo not found; install a Rust toolchain (rustup) first"

@@ -44,13 +44,12 @@ fairness (min/max acquisitions per task) and the share of re-acquisitions by the
 
 Each run also measures the engine's own round trip and reports every figure as a ratio to it \
 (redis: PING on a multiplexed redis-rs connection; redlock: a PING to every node in parallel; etcd: \
-a put, and a range beside it), and runs a baseline beside distlock (redis: a bare SET NX PX + \
-EVALSHA compare-and-delete loop; redlock: the rslock crate on the same nodes; etcd: \
-etcd's Lock/Unlock RPCs; file: a bare flock + unlock, the floor). memory:// and file:// have \
-(redis: PING on a multiplexed redis-rs connection; etcd: a put, and a range beside it; postgres, mysql: SELECT 1), and runs a \
-baseline beside distlock (redis: a bare SET NX PX + EVALSHA compare-and-delete loop; etcd: \
-etcd's Lock/Unlock RPCs; postgres: a bare tokio-postgres pg_advisory_lock + pg_advisory_unlock pair; mysql: a bare mysql_async GET_LOCK + RELEASE_LOCK pair; file: a bare flock + unlock, the floor). memory:// and file:// have \
-no engine round trip: their figures are absolute.
+a put, and a range beside it; zk: a create, a getChildren and a create + delete; postgres, mysql: \
+SELECT 1), and runs a baseline beside distlock (redis: a bare SET NX PX + EVALSHA \
+compare-and-delete loop; redlock: the rslock crate on the same nodes; etcd: etcd's Lock/Unlock \
+RPCs; postgres: a bare tokio-postgres pg_advisory_lock + pg_advisory_unlock pair; mysql: a bare \
+mysql_async GET_LOCK + RELEASE_LOCK pair; file: a bare flock + unlock, the floor). memory:// and \
+file:// have no engine round trip: their figures are absolute.
 
 A progress bar shows on stderr when it is a terminal; the report goes to stdout (--json: one JSON \
 object). Runs on a tokio multi-thread runtime with 2 workers, like the peers' measurements.";

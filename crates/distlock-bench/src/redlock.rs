@@ -1,5 +1,6 @@
-//! Redlock's round trip and peer: a parallel `PING` to every node (the backend's own fan-out, one
-//! task per node, done when all answered) and rslock (the Rust Redlock crate) on the same nodes.
+//! Redlock's round trip and peer: a parallel `PING` to every node (the backend's own fan-out, the
+//! requests polled together in one task, done when all answered) and rslock (the Rust Redlock crate)
+//! on the same nodes.
 
 use std::time::Duration;
 

@@ -22,13 +22,7 @@ struct FiveNodes {
 #[async_trait::async_trait]
 impl Provider for FiveNodes {
     async fn client(&self) -> Client {
-        let proxies: Arc<Vec<Proxy>> = Arc::new(
-            self.nodes
-                .addrs()
-                .into_iter()
-                .map(Proxy::start_or_panic)
-                .collect(),
-        );
+        let proxies = Arc::new(self.nodes.proxies());
         let url = LockUrl::parse(&url_of(proxies.iter().map(Proxy::addr))).expect("url");
         let backend = RedlockBackend::connect(&url).await.expect("connect");
         let (cut, heal) = (proxies.clone(), proxies);

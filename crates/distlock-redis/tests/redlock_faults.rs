@@ -43,13 +43,31 @@ fn holding(nodes: &RedlockNodes, name: &str) -> Vec<usize> {
         .collect()
 }
 
+/// One acquire and release, so that every node has the scripts loaded before a fault (a first
+/// `EVALSHA` costs a `NOSCRIPT` round trip more).
+async fn load_scripts(locks: &Locks) {
+    let warm = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+}
+
+/// `name` held by another owner for 30 s on the nodes `which`.
+fn held_elsewhere(nodes: &RedlockNodes, which: std::ops::Range<usize>, name: &str) {
+    for i in which {
+        nodes
+            .node(i)
+            .command(&["SET", name, "someone-else", "PX", "30000"])
+            .unwrap();
+    }
+}
+
 /// Client A: reaches every node through a proxy; nodes 3 and 4 refuse it.
 async fn client_on_first_three(nodes: &RedlockNodes) -> (Locks, Vec<Proxy>) {
-    let proxies: Vec<Proxy> = nodes
-        .addrs()
-        .into_iter()
-        .map(Proxy::start_or_panic)
-        .collect();
+    let proxies = nodes.proxies();
     let url = url_of(proxies.iter().map(Proxy::addr));
     let a = locks(&url).await;
     for p in &proxies[3..] {
@@ -236,14 +254,13 @@ async fn fault_key_expired_early_on_one_node_grants_twice() {
 /// A client whose quorum of grants arrives after the validity deadline (here every reply is delayed
 /// by more than the lease, as for a client paused between sending and reading) discards it: the
 /// acquire fails, the keys it got are released on every node, and another client gets the lock.
+/// A short lease, and no case at the default: the deadline is the core's `sent_at + lease·0.99 − 2 ms`
+/// for every lease (Redlock adds no timer of its own), so the default only scales the delay needed,
+/// to more than 30 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_late_quorum_from_a_paused_client_is_discarded() {
     let nodes = RedlockNodes::start_or_panic(5);
-    let proxies: Vec<Proxy> = nodes
-        .addrs()
-        .into_iter()
-        .map(Proxy::start_or_panic)
-        .collect();
+    let proxies = nodes.proxies();
     // A node timeout above the lease, so that the slow grants are waited for and then judged late.
     let url = format!(
         "{}?node_timeout=3s",
@@ -253,9 +270,7 @@ async fn fault_late_quorum_from_a_paused_client_is_discarded() {
     let b = locks(&nodes.url()).await;
     let name = unique("late_quorum");
     let lease = Duration::from_millis(300);
-    // Load the scripts on every node first (a first EVALSHA costs one more slow round trip).
-    let warm = a.lock(&unique("warm")).unwrap().acquire().await.unwrap();
-    warm.release().await.unwrap();
+    load_scripts(&a).await;
     for p in &proxies {
         p.delay(Duration::from_millis(400)).unwrap();
     }
@@ -298,13 +313,7 @@ async fn fault_paused_node_keeps_no_key_after_the_release() {
     let mut nodes = RedlockNodes::start_or_panic(5);
     let url = format!("{}?request_timeout=300ms", nodes.url());
     let locks = locks(&url).await;
-    let warm = locks
-        .lock(&unique("warm"))
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
-    warm.release().await.unwrap();
+    load_scripts(&locks).await;
     let name = unique("paused_release");
     nodes.node_mut(4).pause().unwrap();
     let guard = locks
@@ -332,20 +341,9 @@ async fn fault_paused_node_keeps_no_key_after_a_failed_acquire() {
     let mut nodes = RedlockNodes::start_or_panic(3);
     let url = format!("{}?request_timeout=300ms", nodes.url());
     let locks = locks(&url).await;
-    let warm = locks
-        .lock(&unique("warm"))
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
-    warm.release().await.unwrap();
+    load_scripts(&locks).await;
     let name = unique("paused_failed");
-    for i in 0..2 {
-        nodes
-            .node(i)
-            .command(&["SET", &name, "someone-else", "PX", "30000"])
-            .unwrap();
-    }
+    held_elsewhere(&nodes, 0..2, &name);
     nodes.node_mut(2).pause().unwrap();
     let got = locks
         .lock(&name)
@@ -375,20 +373,9 @@ async fn fault_paused_node_does_not_stall_a_failed_try() {
     let mut nodes = RedlockNodes::start_or_panic(5);
     let url = format!("{}?request_timeout=20s&node_timeout=100ms", nodes.url());
     let locks = locks(&url).await;
-    let warm = locks
-        .lock(&unique("warm"))
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
-    warm.release().await.unwrap();
+    load_scripts(&locks).await;
     let name = unique("paused_stall");
-    for i in 0..2 {
-        nodes
-            .node(i)
-            .command(&["SET", &name, "someone-else", "PX", "30000"])
-            .unwrap();
-    }
+    held_elsewhere(&nodes, 0..2, &name);
     nodes.node_mut(4).pause().unwrap();
     let started = std::time::Instant::now();
     let got = locks
@@ -414,15 +401,10 @@ async fn fault_paused_node_does_not_stall_a_failed_try() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_cancelled_acquires_on_slow_nodes_leave_no_key() {
     let nodes = RedlockNodes::start_or_panic(5);
-    let proxies: Vec<Proxy> = nodes
-        .addrs()
-        .into_iter()
-        .map(Proxy::start_or_panic)
-        .collect();
+    let proxies = nodes.proxies();
     let a = locks(&url_of(proxies.iter().map(Proxy::addr))).await;
     let b = locks(&nodes.url()).await;
-    let warm = a.lock(&unique("warm")).unwrap().acquire().await.unwrap();
-    warm.release().await.unwrap();
+    load_scripts(&a).await;
     for p in &proxies[3..] {
         p.delay(Duration::from_millis(30)).unwrap();
     }

@@ -163,8 +163,8 @@ async fn distlock_holding_makes_node_redlock_fail() {
     );
     let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
     let (n, task_name) = (&nodes, name.clone());
-    let refused = tokio::task::block_in_place(|| node_tries(n, &task_name));
-    assert!(!refused, "node-redlock acquired a lock distlock holds");
+    let node_got_it = tokio::task::block_in_place(|| node_tries(n, &task_name));
+    assert!(!node_got_it, "node-redlock acquired a lock distlock holds");
     guard.release().await.unwrap();
     let got = tokio::task::block_in_place(|| node_tries(n, &name));
     assert!(

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 
 use crate::error::Result;
+use crate::proxy::Proxy;
 use crate::redis::{RedisServer, RedisServerBuilder};
 
 /// N independent Redis masters owned by a test; dropping it kills them all.
@@ -59,6 +60,18 @@ impl RedlockNodes {
     /// If `i` is out of range.
     pub fn node_mut(&mut self, i: usize) -> &mut RedisServer {
         &mut self.nodes[i]
+    }
+
+    /// One fault proxy in front of each node, in node order: a client that reaches the nodes through
+    /// them (`url_of(proxies.iter().map(Proxy::addr))`) can be cut, delayed or refused alone.
+    ///
+    /// # Panics
+    /// If a proxy cannot start (as [`Proxy::start_or_panic`]).
+    pub fn proxies(&self) -> Vec<Proxy> {
+        self.addrs()
+            .into_iter()
+            .map(Proxy::start_or_panic)
+            .collect()
     }
 
     /// Every node.

@@ -14,7 +14,7 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// | `redis`, `rediss` | `redis://[user:pass@]host:port[/db][?wait_replicas=1&wait_timeout=200ms&request_timeout=5s&connect_timeout=3s]`, `rediss://…?ca=/path/ca.pem`: Redisson-compatible layout |
 /// | `redis+sentinel` | `redis+sentinel://[user:pass@]h:p,h:p/<master name>[/db]`: the master re-resolved on every reconnect |
 /// | `redis+cluster` | `redis+cluster://[user:pass@]h:p,h:p`: slot-aware, sharded pub/sub |
-/// | `redlock`, `redlocks` | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=50ms]` (at least 3 independent masters; feature `redis`): node-redlock / redis-py layout, quorum N/2+1, no fencing token |
+/// | `redlock`, `redlocks` | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=50ms]`, `redlocks://…?ca=/path/ca.pem` (at least 3 independent masters; feature `redis`): node-redlock / redis-py layout, quorum N/2+1, no fencing token |
 /// | `mysql`, `mariadb` | `mysql://user:pw@host:3306/db[?mode=advisory|row|lease&table=distlock_locks&schema=db]`: `GET_LOCK`, `SELECT … FOR UPDATE` or a versioned lease row; the rest of the URL is mysql_async's |
 /// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s&request_timeout=5s&connect_timeout=5s]`, `etcds://…?ca=/path/ca.pem`: Go-compatible `concurrency.Mutex` layout |
 /// | `zk` | `zk://[user:pass@]h:p,h:p[/chroot][?session_timeout=60s&request_timeout=5s&connect_timeout=5s]`: Curator `InterProcessMutex`-compatible layout; `zks` (TLS) fails with [`ErrorKind::Unsupported`] |
@@ -35,10 +35,12 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// # }
 /// ```
 pub async fn connect(url: &str) -> Result<Locks> {
-    // The driver's own URL (unix-socket forms such as `postgresql:///db?host=/dir` included), read by
-    // the SQL crate rather than LockUrl.
-    if let Some(("postgres" | "postgresql", _)) = url.split_once("://") {
-        return postgres(url).await;
+    // The SQL drivers' own URLs (unix-socket forms such as `postgresql:///db?host=/dir` included), read
+    // by the SQL crate (`SqlConfig::from_url`, `?lease=` included) rather than LockUrl.
+    match url.split_once("://") {
+        Some(("postgres" | "postgresql", _)) => return postgres(url).await,
+        Some(("mysql" | "mariadb", _)) => return mysql(url).await,
+        _ => {}
     }
     let parsed = LockUrl::parse(url)?;
     let lease = parsed.query_duration("lease")?;
@@ -57,11 +59,10 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "zk" | "zks" => zookeeper(&parsed, lease).await,
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis(&parsed, defaults).await,
         "redlock" | "redlocks" => redlock(&parsed, defaults).await,
-        "mysql" | "mariadb" => mysql(url, defaults).await,
         other => Err(Error::new(
             ErrorKind::InvalidConfig,
             format!(
-                "unknown URL scheme {other:?} in {:?}; known: memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, etcds, zk, zks, postgres, mysql",
+                "unknown URL scheme {other:?} in {:?}; known: memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, redlocks, etcd, etcds, zk, zks, postgres, postgresql, mysql, mariadb",
                 redact(url)
             ),
         )),
@@ -167,16 +168,29 @@ async fn zookeeper(url: &LockUrl, _lease: Option<std::time::Duration>) -> Result
     ))
 }
 
-/// MySQL / MariaDB: `mysql://` and `mariadb://` (`?mode=advisory|row|lease&table=&schema=`), the URL
-/// handed to mysql_async as written (`mariadb://` spelled `mysql://`).
+/// The default options of an SQL URL's locks (`?lease=`), checked before any I/O.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+fn sql_defaults(config: &distlock_sql::SqlConfig) -> Result<LockOptions> {
+    let mut defaults = LockOptions::default();
+    if let Some(lease) = config.lease {
+        defaults = defaults.with_lease(lease);
+    }
+    defaults.validate()?;
+    Ok(defaults)
+}
+
+/// MySQL / MariaDB: `mysql://` and `mariadb://` (`?mode=advisory|row|lease&table=&schema=&lease=`),
+/// the rest of the URL handed to mysql_async as written (`mariadb://` spelled `mysql://`).
 #[cfg(feature = "mysql")]
-async fn mysql(url: &str, defaults: LockOptions) -> Result<Locks> {
-    let backend = Box::pin(distlock_sql::mysql::connect(url)).await?;
+async fn mysql(url: &str) -> Result<Locks> {
+    let config = distlock_sql::SqlConfig::from_url(url)?;
+    let defaults = sql_defaults(&config)?;
+    let backend = Box::pin(distlock_sql::mysql::MysqlBackend::from_config(config)).await?;
     Ok(Locks::with_defaults(backend, defaults))
 }
 
 #[cfg(not(feature = "mysql"))]
-async fn mysql(_url: &str, _defaults: LockOptions) -> Result<Locks> {
+async fn mysql(_url: &str) -> Result<Locks> {
     Err(Error::new(
         ErrorKind::InvalidConfig,
         "mysql:// and mariadb:// need distlock's `mysql` cargo feature, which is not enabled",
@@ -187,12 +201,9 @@ async fn mysql(_url: &str, _defaults: LockOptions) -> Result<Locks> {
 /// `?mode=advisory|row|lease&table=&schema=&key=&lease=` (see `distlock_sql::SqlConfig::from_url`).
 #[cfg(feature = "postgres")]
 async fn postgres(url: &str) -> Result<Locks> {
-    let backend = Box::pin(distlock_sql::postgres::connect(url)).await?;
-    let mut defaults = LockOptions::default();
-    if let Some(lease) = backend.config().lease {
-        defaults = defaults.with_lease(lease);
-    }
-    defaults.validate()?;
+    let config = distlock_sql::SqlConfig::from_url(url)?;
+    let defaults = sql_defaults(&config)?;
+    let backend = Box::pin(distlock_sql::postgres::PostgresBackend::from_config(config)).await?;
     Ok(Locks::with_defaults(backend, defaults))
 }
 
@@ -215,4 +226,25 @@ pub fn default_file_dir() -> PathBuf {
         return PathBuf::from(home).join(".local/state/distlock");
     }
     std::env::temp_dir().join(format!("distlock-{}", rustix::process::getuid().as_raw()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An SQL URL's `?lease=` is checked before any I/O, as every other scheme's is (port 1 would
+    /// answer `Unavailable` if a connect were tried).
+    #[cfg(all(feature = "mysql", feature = "postgres"))]
+    #[tokio::test]
+    async fn sql_lease_is_checked_before_connecting() {
+        for url in [
+            "mysql://u@127.0.0.1:1/db?lease=0s",
+            "mariadb://u@127.0.0.1:1/db?lease=0s",
+            "postgres://u@127.0.0.1:1/db?lease=0s",
+            "postgresql://u@127.0.0.1:1/db?lease=bogus",
+        ] {
+            let err = connect(url).await.err().map(|e| e.kind());
+            assert_eq!(err, Some(ErrorKind::InvalidConfig), "{url}");
+        }
+    }
 }

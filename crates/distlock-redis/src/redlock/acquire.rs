@@ -53,8 +53,8 @@ impl Unanswered {
         all.push((node.to_string(), conn));
     }
 
-    /// The connections recorded so far (the release takes them: it is ordered after them).
-    pub(crate) fn take(&self) -> Vec<(String, Conn)> {
+    /// The connections recorded so far.
+    fn take(&self) -> Vec<(String, Conn)> {
         std::mem::take(
             &mut *self
                 .0
@@ -75,8 +75,16 @@ pub(crate) enum Straggling {
 }
 
 impl Stragglers {
+    /// What a release (or undo) is ordered after: waits until every request of the last try has its
+    /// reply (or its bound ran out), then takes the connections of the acquire requests that got none
+    /// (see [`Unanswered`]), for the release to go on them too.
+    pub(crate) async fn settle_for_release(&self, nodes: usize) -> Vec<(String, Conn)> {
+        self.settle(nodes).await;
+        self.unanswered.take()
+    }
+
     /// Waits until every request of the last try has its reply (or its bound ran out).
-    pub(crate) async fn settle(&self, nodes: usize) {
+    async fn settle(&self, nodes: usize) {
         let pending = std::mem::take(&mut *self.replies.lock().await);
         match pending {
             Straggling::None => {}
@@ -147,6 +155,16 @@ struct Tally {
     failed: Vec<(String, RedisError)>,
 }
 
+impl Tally {
+    fn count(&mut self, node: String, vote: Vote) {
+        match vote {
+            Vote::Granted => self.granted += 1,
+            Vote::Busy(pttl) => self.busy.push(pttl),
+            Vote::Failed(e) => self.failed.push((node, e)),
+        }
+    }
+}
+
 impl RedlockBackend {
     /// Steps 2 and 3: the acquire script to every node at once, success on a quorum of grants.
     /// Returns as soon as a quorum granted (the other nodes' requests are kept, see [`Stragglers`]) or can no
@@ -204,11 +222,7 @@ impl RedlockBackend {
         };
         let mut tally = Tally::default();
         while let Some((_, (node, vote))) = replies.next().await {
-            match vote {
-                Vote::Granted => tally.granted += 1,
-                Vote::Busy(pttl) => tally.busy.push(pttl),
-                Vote::Failed(e) => tally.failed.push((node, e)),
-            }
+            tally.count(node, vote);
             if tally.granted >= quorum {
                 acquisition.backoff.reset();
                 if let Straggling::Here(mut rest) = std::mem::take(&mut *pending) {
@@ -233,11 +247,7 @@ impl RedlockBackend {
         // No quorum: wait for the stragglers (each bounded), so that the release goes after them on
         // their connections, then release everywhere at once.
         while let Some((_, (node, vote))) = replies.next().await {
-            match vote {
-                Vote::Granted => tally.granted += 1,
-                Vote::Busy(pttl) => tally.busy.push(pttl),
-                Vote::Failed(e) => tally.failed.push((node, e)),
-            }
+            tally.count(node, vote);
         }
         *pending = Straggling::None;
         drop(pending);
@@ -289,8 +299,10 @@ impl RedlockBackend {
         if !acquisition.sent {
             return;
         }
-        acquisition.stragglers.settle(self.nodes().len()).await;
-        let unanswered = acquisition.stragglers.unanswered.take();
+        let unanswered = acquisition
+            .stragglers
+            .settle_for_release(self.nodes().len())
+            .await;
         if let Err(e) = self
             .release_everywhere(
                 &request.name,

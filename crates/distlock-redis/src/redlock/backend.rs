@@ -367,8 +367,10 @@ impl Backend for RedlockBackend {
     /// Waits for the granting try's requests still on their way (a release must not reach a node
     /// before its acquire), then compare-and-delete on every node.
     async fn release(&self, lease: &RedlockLease, name: &str, owner: &str) -> Result<Released> {
-        lease.stragglers.settle(self.nodes().len()).await;
-        let unanswered = lease.stragglers.unanswered.take();
+        let unanswered = lease
+            .stragglers
+            .settle_for_release(self.nodes().len())
+            .await;
         self.release_everywhere(name, owner, unanswered, self.request_timeout())
             .await
     }

@@ -11,8 +11,8 @@
 //!
 //! **Not the `redis://` lock.** The `redis://` backend keeps Redisson's *hash* at the same key, so
 //! `redis://…` and `redlock://…` locks of one name are different locks; where both are used on the same
-//! server, the scripts here meet a hash and Redis answers `WRONGTYPE`, which distlock reports as a
-//! `Protocol` error saying so.
+//! server, the scripts here meet a hash and Redis answers `WRONGTYPE`: a failed vote, like a node down.
+//! When the failed votes leave no quorum possible, the acquire fails with a `Protocol` error saying so.
 //!
 //! # The scripts
 //!

@@ -12,6 +12,7 @@ use crate::config::RedisConfig;
 use crate::conn::{Conn, Link, Sent, Target};
 use crate::error::RedisError;
 use crate::redlock::config::{RedlockConfig, BACKEND};
+use crate::rpc::request_error;
 
 /// One node and its connection.
 pub(crate) struct Node {
@@ -62,13 +63,16 @@ impl Node {
         Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
     {
         let run = self.link.run(&self.target, what, bound, request, sent);
-        match tokio::time::timeout(bound, run).await {
-            Ok(result) => result,
-            Err(_) => Err(RedisError::Timeout {
-                what,
-                target: self.target.shown.clone(),
-                after: bound,
-            }),
+        tokio::time::timeout(bound, run)
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out(what, bound)))
+    }
+
+    fn timed_out(&self, what: &'static str, bound: Duration) -> RedisError {
+        RedisError::Timeout {
+            what,
+            target: self.target.shown.clone(),
+            after: bound,
         }
     }
 
@@ -95,11 +99,7 @@ impl Node {
         args: &[&str],
         sent: &mut Sent,
     ) -> Result<Value, RedisError> {
-        let mut invocation = script.key(key);
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        let invocation = &invocation;
+        let invocation = &invocation(script, key, args);
         self.run_recorded(
             what,
             bound,
@@ -120,24 +120,25 @@ impl Node {
         key: &str,
         args: &[&str],
     ) -> Result<Value, RedisError> {
-        let mut invocation = script.key(key);
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        match tokio::time::timeout(bound, invocation.invoke_async::<Value>(&mut conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(RedisError::Request {
-                what,
-                target: self.target.shown.clone(),
-                source,
-            }),
-            Err(_) => Err(RedisError::Timeout {
-                what,
-                target: self.target.shown.clone(),
-                after: bound,
-            }),
+        let call = invocation(script, key, args);
+        match tokio::time::timeout(bound, call.invoke_async::<Value>(&mut conn)).await {
+            Ok(reply) => reply.map_err(|source| request_error(what, &self.target, source)),
+            Err(_) => Err(self.timed_out(what, bound)),
         }
     }
+}
+
+/// `script` called with `key` and `args`.
+fn invocation<'a>(
+    script: &'a redis::Script,
+    key: &str,
+    args: &[&str],
+) -> redis::ScriptInvocation<'a> {
+    let mut invocation = script.key(key);
+    for arg in args {
+        invocation.arg(*arg);
+    }
+    invocation
 }
 
 /// Whether the node refused because the key holds another type (a `redis://` lock's hash).
