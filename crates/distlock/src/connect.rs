@@ -35,10 +35,12 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// # }
 /// ```
 pub async fn connect(url: &str) -> Result<Locks> {
-    // The driver's own URL (unix-socket forms such as `postgresql:///db?host=/dir` included), read by
-    // the SQL crate rather than LockUrl.
-    if let Some(("postgres" | "postgresql", _)) = url.split_once("://") {
-        return postgres(url).await;
+    // The SQL drivers' own URLs (unix-socket forms such as `postgresql:///db?host=/dir` included), read
+    // by the SQL crate (`SqlConfig::from_url`, `?lease=` included) rather than LockUrl.
+    match url.split_once("://") {
+        Some(("postgres" | "postgresql", _)) => return postgres(url).await,
+        Some(("mysql" | "mariadb", _)) => return mysql(url).await,
+        _ => {}
     }
     let parsed = LockUrl::parse(url)?;
     let lease = parsed.query_duration("lease")?;
@@ -57,7 +59,6 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "zk" | "zks" => zookeeper(&parsed, lease).await,
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis(&parsed, defaults).await,
         "redlock" | "redlocks" => redlock(&parsed, defaults).await,
-        "mysql" | "mariadb" => mysql(url, defaults).await,
         other => Err(Error::new(
             ErrorKind::InvalidConfig,
             format!(
@@ -167,16 +168,17 @@ async fn zookeeper(url: &LockUrl, _lease: Option<std::time::Duration>) -> Result
     ))
 }
 
-/// MySQL / MariaDB: `mysql://` and `mariadb://` (`?mode=advisory|row|lease&table=&schema=`), the URL
-/// handed to mysql_async as written (`mariadb://` spelled `mysql://`).
+/// MySQL / MariaDB: `mysql://` and `mariadb://` (`?mode=advisory|row|lease&table=&schema=&lease=`), the
+/// URL handed to mysql_async as written (`mariadb://` spelled `mysql://`).
 #[cfg(feature = "mysql")]
-async fn mysql(url: &str, defaults: LockOptions) -> Result<Locks> {
-    let backend = Box::pin(distlock_sql::mysql::connect(url)).await?;
+async fn mysql(url: &str) -> Result<Locks> {
+    let (config, defaults) = sql_config(url)?;
+    let backend = Box::pin(distlock_sql::mysql::MysqlBackend::from_config(config)).await?;
     Ok(Locks::with_defaults(backend, defaults))
 }
 
 #[cfg(not(feature = "mysql"))]
-async fn mysql(_url: &str, _defaults: LockOptions) -> Result<Locks> {
+async fn mysql(_url: &str) -> Result<Locks> {
     Err(Error::new(
         ErrorKind::InvalidConfig,
         "mysql:// and mariadb:// need distlock's `mysql` cargo feature, which is not enabled",
@@ -187,13 +189,21 @@ async fn mysql(_url: &str, _defaults: LockOptions) -> Result<Locks> {
 /// `?mode=advisory|row|lease&table=&schema=&key=&lease=` (see `distlock_sql::SqlConfig::from_url`).
 #[cfg(feature = "postgres")]
 async fn postgres(url: &str) -> Result<Locks> {
-    let backend = Box::pin(distlock_sql::postgres::connect(url)).await?;
+    let (config, defaults) = sql_config(url)?;
+    let backend = Box::pin(distlock_sql::postgres::PostgresBackend::from_config(config)).await?;
+    Ok(Locks::with_defaults(backend, defaults))
+}
+
+/// A SQL URL's config and the default options of its locks (its `?lease=`), checked before connecting.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn sql_config(url: &str) -> Result<(distlock_sql::SqlConfig, LockOptions)> {
+    let config = distlock_sql::SqlConfig::from_url(url)?;
     let mut defaults = LockOptions::default();
-    if let Some(lease) = backend.config().lease {
+    if let Some(lease) = config.lease {
         defaults = defaults.with_lease(lease);
     }
     defaults.validate()?;
-    Ok(Locks::with_defaults(backend, defaults))
+    Ok((config, defaults))
 }
 
 #[cfg(not(feature = "postgres"))]
