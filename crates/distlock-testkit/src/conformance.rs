@@ -25,6 +25,7 @@ use async_trait::async_trait;
 use distlock_core::{ErrorKind, Fencing, Lock, LockGuard, LockState, Locks};
 
 use crate::holder::HolderProcess;
+use crate::proxy::Proxy;
 
 /// A future a [`Client`]'s cut hook returns.
 pub type CutFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -78,6 +79,33 @@ impl Client {
     pub fn with_cut(mut self, cut: impl Fn() -> CutFuture + Send + Sync + 'static) -> Self {
         self.cut = Some(Box::new(cut));
         self
+    }
+
+    /// Adds cut and heal hooks that act on `proxy`, the fault proxy this client alone reaches its server
+    /// through: cut blackholes it (a partition: bytes are dropped, nothing is closed), heal passes bytes
+    /// again and resets its connections (bytes dropped mid-message leave a connection unusable), so the
+    /// client reconnects.
+    pub fn with_proxy_cut(self, proxy: Arc<Proxy>) -> Self {
+        let cut = proxy.clone();
+        self.with_cut(move || {
+            let proxy = cut.clone();
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || proxy.blackhole().expect("blackhole"))
+                    .await
+                    .expect("blackhole task");
+            })
+        })
+        .with_heal(move || {
+            let proxy = proxy.clone();
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || {
+                    proxy.pass().expect("pass");
+                    proxy.reset().expect("reset");
+                })
+                .await
+                .expect("heal task");
+            })
+        })
     }
 
     /// A new `Lock` of `name` on this client.
