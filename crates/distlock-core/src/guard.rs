@@ -592,7 +592,9 @@ impl LockGuard {
     }
 
     /// Until when ownership can be assumed without another confirmed renewal; `None` for locks with no
-    /// server-side expiry (file locks, SQL advisory locks: held until the process or connection ends).
+    /// server-side expiry (file locks: held until the process ends). SQL session locks (advisory, row)
+    /// have one: the server ends an idle session after the lease (PostgreSQL's
+    /// `idle_session_timeout`, MariaDB's `wait_timeout`), so each confirmed probe moves it on.
     pub fn validity_deadline(&self) -> Option<std::time::Instant> {
         lock(&self.holding.status).deadline.map(Instant::to_std)
     }

@@ -82,7 +82,7 @@ impl FromStr for Mode {
             other => Err(SqlError::Config(format!(
                 "URL parameter mode={other:?} is not a lock mode; use advisory, row or lease"
             ))
-            .into_core("sql", None)),
+            .into_core(UNKNOWN_ENGINE, None)),
         }
     }
 }
@@ -106,7 +106,7 @@ impl FromStr for AdvisoryKey {
             SqlError::Config(format!(
                 "URL parameter key={s:?}: expected a 64-bit integer (key=42) or two 32-bit integers (key=1,2)"
             ))
-            .into_core("sql", None)
+            .into_core(UNKNOWN_ENGINE, None)
         };
         match s.split_once(',') {
             None => s.trim().parse().map(AdvisoryKey::Single).map_err(|_| bad()),
@@ -195,9 +195,17 @@ impl SqlConfig {
     ///             "postgres://h?schema=", "postgres://h?request_timeout=0s"] {
     ///     assert_eq!(SqlConfig::from_url(bad).unwrap_err().kind(), distlock_core::ErrorKind::InvalidConfig, "{bad}");
     /// }
+    /// // Errors name the engine of the URL's scheme, as the backend's own errors do.
+    /// assert_eq!(SqlConfig::from_url("postgresql://h?mode=x").unwrap_err().backend(), "postgres");
+    /// assert_eq!(SqlConfig::from_url("mariadb://h?table=a;b").unwrap_err().backend(), "mysql");
+    /// assert_eq!(SqlConfig::new("mysql://h").with_table("").validate().unwrap_err().backend(), "mysql");
     /// # Ok::<(), distlock_core::Error>(())
     /// ```
     pub fn from_url(text: &str) -> Result<Self> {
+        Self::parse(text).map_err(|e| e.with_backend(engine_of(text)))
+    }
+
+    fn parse(text: &str) -> Result<Self> {
         let (base, query) = match text.split_once('?') {
             Some((base, query)) => (base, query),
             None => (text, ""),
@@ -218,7 +226,7 @@ impl SqlConfig {
                 "lease" => {
                     config.lease = Some(distlock_core::duration::parse(&value).map_err(|e| {
                         SqlError::Config(format!("URL parameter lease: {}", e.message()))
-                            .into_core("sql", None)
+                            .into_core(UNKNOWN_ENGINE, None)
                     })?);
                 }
                 _ => kept.push(pair),
@@ -273,23 +281,38 @@ impl SqlConfig {
     /// [`MAX_IDENTIFIER_LEN`] bytes: they are put in SQL quoted, but distlock accepts only names that
     /// need no quoting to be safe and portable) and the timeouts.
     pub fn validate(&self) -> Result<()> {
-        check_identifier("table", &self.table)?;
-        if let Some(schema) = &self.schema {
-            check_identifier("schema", schema)?;
-        }
-        self.connection.validate()
+        let checked = check_identifier("table", &self.table)
+            .and_then(|()| match &self.schema {
+                Some(schema) => check_identifier("schema", schema),
+                None => Ok(()),
+            })
+            .and_then(|()| self.connection.validate());
+        checked.map_err(|e| e.with_backend(engine_of(&self.url)))
+    }
+}
+
+/// The backend name a config error is tagged with before the engine is known (a bare [`Mode`] or
+/// [`AdvisoryKey`] parse); [`SqlConfig::from_url`] and [`SqlConfig::validate`] retag with the engine.
+const UNKNOWN_ENGINE: &str = "sql";
+
+/// The engine's backend name (`"postgres"`, `"mysql"`, as its errors are tagged) from a URL's scheme.
+fn engine_of(url: &str) -> &'static str {
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("postgres" | "postgresql") => "postgres",
+        Some("mysql" | "mariadb") => "mysql",
+        _ => UNKNOWN_ENGINE,
     }
 }
 
 fn parse_timeout(value: &str) -> Result<Duration> {
     let d = distlock_core::duration::parse(value).map_err(|e| {
         SqlError::Config(format!("URL parameter request_timeout: {}", e.message()))
-            .into_core("sql", None)
+            .into_core(UNKNOWN_ENGINE, None)
     })?;
     if d.is_zero() {
         return Err(
             SqlError::Config("URL parameter request_timeout must not be 0".into())
-                .into_core("sql", None),
+                .into_core(UNKNOWN_ENGINE, None),
         );
     }
     Ok(d)
@@ -306,6 +329,6 @@ fn check_identifier(what: &str, name: &str) -> Result<()> {
         Err(SqlError::Config(format!(
             "{what} {name:?} is not accepted: use 1 to {MAX_IDENTIFIER_LEN} ASCII letters, digits and _, not starting with a digit"
         ))
-        .into_core("sql", None))
+        .into_core(UNKNOWN_ENGINE, None))
     }
 }

@@ -8,7 +8,6 @@
 use std::sync::{Arc, Mutex};
 
 use distlock_core::Locks;
-use distlock_sql::mysql::MysqlBackend;
 use distlock_testkit::conformance::{Client, Provider};
 use distlock_testkit::mariadb::MariaDbServer;
 use distlock_testkit::proxy::Proxy;
@@ -26,28 +25,7 @@ impl Provider for Mariadb {
         self.proxies.lock().expect("proxies").push(proxy.clone());
         let url = format!("{}?mode={}", self.server.url_via(proxy.addr()), self.mode);
         let backend = distlock_sql::mysql::connect(&url).await.expect("connect");
-        let _: &MysqlBackend = &backend;
-        let (cut, heal) = (proxy.clone(), proxy);
-        Client::new(Locks::new(backend))
-            .with_cut(move || {
-                let p = cut.clone();
-                Box::pin(async move {
-                    tokio::task::spawn_blocking(move || p.blackhole().expect("blackhole"))
-                        .await
-                        .expect("blackhole task");
-                })
-            })
-            .with_heal(move || {
-                let p = heal.clone();
-                Box::pin(async move {
-                    tokio::task::spawn_blocking(move || {
-                        p.pass().expect("pass");
-                        p.reset().expect("reset");
-                    })
-                    .await
-                    .expect("heal task");
-                })
-            })
+        Client::new(Locks::new(backend)).with_proxy_cut(vec![proxy])
     }
 
     fn url(&self) -> Option<String> {

@@ -36,6 +36,10 @@ async fn blackholed_advisory_holder_is_freed_by_wait_timeout_after_its_deadline_
             .expect("connect"),
     );
     let name = unique("blackhole");
+    // A short lease is the tight case, so the default (30 s) needs no run of its own: the server frees
+    // the lock `wait_timeout` = the lease rounded up to whole seconds after the last statement it
+    // received, while the guard's deadline is the last confirmed probe's send time + 0.99 × lease − 2 ms;
+    // the margin between the two (0.01 × lease + 2 ms, plus the rounding) only grows with the lease.
     let lease = Duration::from_secs(2);
     let guard = locks
         .lock(&name)

@@ -13,6 +13,10 @@ use distlock_sql::AdvisoryKey;
 use distlock_testkit::postgres::PostgresServer;
 use distlock_testkit::proxy::Proxy;
 
+/// A short lease is the tight case, so the default (30 s) needs no run of its own: the server ends the
+/// idle session `idle_session_timeout` = the lease (in ms) after the last statement it received, while
+/// the guard's deadline is the last confirmed probe's send time + 0.99 × lease − 2 ms; the margin between
+/// the two (0.01 × lease + 2 ms) only grows with the lease.
 const LEASE: Duration = Duration::from_secs(2);
 
 fn held_on_server(server: &PostgresServer, mode: &str, name: &str) -> bool {

@@ -25,6 +25,7 @@ use async_trait::async_trait;
 use distlock_core::{ErrorKind, Fencing, Lock, LockGuard, LockState, Locks};
 
 use crate::holder::HolderProcess;
+use crate::proxy::Proxy;
 
 /// A future a [`Client`]'s cut hook returns.
 pub type CutFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -84,7 +85,7 @@ impl Client {
     /// blackholes every one (bytes dropped, sockets kept open, as a partition); the heal passes bytes
     /// again and resets the connections (bytes dropped mid-frame leave a connection unusable, so the
     /// client reconnects afresh).
-    pub fn with_proxy_cut(self, proxies: Vec<Arc<crate::proxy::Proxy>>) -> Self {
+    pub fn with_proxy_cut(self, proxies: Vec<Arc<Proxy>>) -> Self {
         let (cut, heal) = (proxies.clone(), proxies);
         self.with_cut(move || {
             let proxies = cut.clone();

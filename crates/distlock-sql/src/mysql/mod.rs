@@ -305,29 +305,16 @@ impl Backend for MysqlBackend {
     async fn renew(&self, batch: &[Renewal<'_, Self::Lease>]) -> Vec<(RenewalId, Result<Renewed>)> {
         let inner = &self.inner;
         let mut leases = Vec::new();
-        let mut probes: Vec<
-            std::pin::Pin<
-                Box<
-                    dyn std::future::Future<Output = (RenewalId, &str, Result<Renewed, SqlError>)>
-                        + Send
-                        + '_,
-                >,
-            >,
-        > = Vec::new();
+        let mut probes = Vec::new();
         for entry in batch {
             match entry.lease {
                 MysqlLease::Lease(held) => {
                     leases.push((entry.id, entry.name, entry.owner, held, entry.ttl))
                 }
-                MysqlLease::Advisory(held) => {
-                    probes.push(Box::pin(advisory::probe(
+                MysqlLease::Advisory(held) | MysqlLease::Row(held) => {
+                    probes.push(advisory::probe(
                         inner, entry.id, held, entry.name, entry.ttl,
-                    )));
-                }
-                MysqlLease::Row(held) => {
-                    probes.push(Box::pin(advisory::probe(
-                        inner, entry.id, held, entry.name, entry.ttl,
-                    )));
+                    ));
                 }
             }
         }
@@ -345,8 +332,9 @@ impl Backend for MysqlBackend {
     async fn release(&self, lease: &Self::Lease, name: &str, owner: &str) -> Result<Released> {
         let inner = &self.inner;
         let released = match lease {
-            MysqlLease::Advisory(held) => advisory::release(inner, held).await,
-            MysqlLease::Row(held) => advisory::release(inner, held).await,
+            MysqlLease::Advisory(held) | MysqlLease::Row(held) => {
+                advisory::release(inner, held).await
+            }
             MysqlLease::Lease(held) => lease::release(inner, held, name, owner).await,
         };
         released.map_err(|e| inner.error(e, Some(name)))
