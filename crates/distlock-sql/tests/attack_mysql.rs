@@ -274,3 +274,39 @@ fn mysql_run_a_sigkilled_runs_whole_tree_dies_before_the_next_holder_fault() {
 fn mysql_run_leftover_descendants_die_before_the_release() {
     tree_dies_before_the_next_holder(tree::Ending::CommandExits);
 }
+
+/// A lease longer than the server's largest `wait_timeout` (31,536,000 s: MariaDB and MySQL clamp a
+/// larger value with only a warning) cannot get a server-enforced loss deadline: the server would end
+/// a cut-off holder's session (freeing the lock) a year after its last probe while the guard still
+/// counts on its longer lease. Such an acquire is refused as bad input, and leaves nothing locked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_beyond_the_servers_wait_timeout_is_refused_and_leaves_nothing_locked() {
+    let server = MariaDbServer::start_or_panic();
+    // The clamp this guards against.
+    let clamped = server
+        .sql("SET SESSION wait_timeout = 34560000; SELECT @@wait_timeout")
+        .unwrap();
+    assert_eq!(clamped.trim(), "31536000");
+    for mode in ["advisory", "row"] {
+        let locks = backend(&format!("{}?mode={mode}", server.url())).await;
+        let name = unique(&format!("long-lease/{mode}"));
+        let got = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(400 * 24 * 3600))
+            .try_acquire()
+            .await;
+        let err = got.expect_err("a 400-day lease the server cannot enforce was granted");
+        assert_eq!(
+            err.kind(),
+            distlock_core::ErrorKind::InvalidConfig,
+            "{mode}: {err}"
+        );
+        assert!(err.to_string().contains("wait_timeout"), "{mode}: {err}");
+        assert_eq!(held_by(&server, &name), None, "{mode}: left locked");
+        // The name is free for a normal lease.
+        let g = locks.lock(&name).unwrap().try_acquire().await.unwrap();
+        g.expect("free").release().await.unwrap();
+    }
+}

@@ -327,3 +327,34 @@ fn postgres_run_a_sigkilled_runs_whole_tree_dies_before_the_next_holder_fault() 
 fn postgres_run_leftover_descendants_die_before_the_release() {
     tree_dies_before_the_next_holder("advisory", tree::Ending::CommandExits);
 }
+
+/// A lease longer than `idle_session_timeout` can hold (2,147,483,647 ms, about 24.8 days) cannot get
+/// a server-enforced loss deadline: such an acquire is refused as bad input (InvalidConfig naming the
+/// limit, not a transient-looking server error), and leaves nothing locked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_beyond_idle_session_timeouts_range_is_refused_and_leaves_nothing_locked() {
+    let server = PostgresServer::start_or_panic();
+    for mode in ["advisory", "row"] {
+        let locks = backend(&format!("{}?mode={mode}", server.url())).await;
+        let name = unique(&format!("long-lease/{mode}"));
+        let got = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(30 * 24 * 3600))
+            .try_acquire()
+            .await;
+        let err = got.expect_err("a 30-day lease the server cannot enforce was granted");
+        assert_eq!(
+            err.kind(),
+            distlock_core::ErrorKind::InvalidConfig,
+            "{mode}: {err}"
+        );
+        assert!(err.to_string().contains("idle_session_timeout"), "{mode}: {err}");
+        assert_eq!(advisory_holders(&server, &name), 0, "{mode}: left locked");
+        let g = locks.lock(&name).unwrap().try_acquire().await.unwrap();
+        g.expect("free").release().await.unwrap();
+        let state = distlock_server_state(&server);
+        assert_eq!(state, "0 advisory, 0 in transaction, 0 waiting", "{mode}");
+    }
+}
