@@ -160,8 +160,14 @@ async fn blackholed_holder_at_the_default_lease_is_lost_before_the_server_frees_
                 lost_at - cut,
                 freed_at - cut
             );
-            assert!(lost_at <= freed_at, "{mode}: Lost after the server freed the lock");
-            assert!(freed_at >= deadline, "{mode}: freed before the guard's deadline");
+            assert!(
+                lost_at <= freed_at,
+                "{mode}: Lost after the server freed the lock"
+            );
+            assert!(
+                freed_at >= deadline,
+                "{mode}: freed before the guard's deadline"
+            );
         }
     });
     let [a, b] = cases;

@@ -216,7 +216,9 @@ async fn release_after_the_session_was_terminated_is_not_released_fault() {
                  AND (backend_xid IS NOT NULL OR pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory'))",
             )
             .unwrap();
-        tokio::time::timeout(SLACK, guard.lost()).await.expect("Lost");
+        tokio::time::timeout(SLACK, guard.lost())
+            .await
+            .expect("Lost");
         let released = guard.release().await;
         assert!(released.is_err(), "{mode}: a lost hold released Ok");
         let next = locks
@@ -350,7 +352,10 @@ async fn a_lease_beyond_idle_session_timeouts_range_is_refused_and_leaves_nothin
             distlock_core::ErrorKind::InvalidConfig,
             "{mode}: {err}"
         );
-        assert!(err.to_string().contains("idle_session_timeout"), "{mode}: {err}");
+        assert!(
+            err.to_string().contains("idle_session_timeout"),
+            "{mode}: {err}"
+        );
         assert_eq!(advisory_holders(&server, &name), 0, "{mode}: left locked");
         let g = locks.lock(&name).unwrap().try_acquire().await.unwrap();
         g.expect("free").release().await.unwrap();
