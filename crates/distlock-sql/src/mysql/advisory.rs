@@ -116,13 +116,30 @@ impl Held {
     }
 }
 
+/// The largest `wait_timeout` MariaDB and MySQL accept; a larger one is clamped with only a warning.
+const MAX_WAIT_TIMEOUT_SECS: u64 = 31_536_000;
+
+/// `lease` in whole seconds for `wait_timeout`, refused when the server would clamp it: the server
+/// would then end a cut-off holder's session (and free its lock) before the guard's validity deadline.
+pub(crate) fn wait_timeout_secs(lease: Duration) -> Result<u64, SqlError> {
+    let secs = whole_seconds(lease).max(1);
+    if secs > MAX_WAIT_TIMEOUT_SECS {
+        return Err(SqlError::Config(format!(
+            "a lease of {secs} s is longer than the server's largest wait_timeout ({MAX_WAIT_TIMEOUT_SECS} s), \
+             which bounds how long a held session lives without a probe; use a shorter lease (the watchdog \
+             renews it) or ?mode=lease"
+        )));
+    }
+    Ok(secs)
+}
+
 /// Sets the session's `wait_timeout` to `lease` (whole seconds) if it is set to something else.
 pub(crate) async fn set_wait_timeout(
     inner: &Inner,
     session: &mut Session,
     lease: Duration,
 ) -> Result<(), SqlError> {
-    let secs = whole_seconds(lease).max(1);
+    let secs = wait_timeout_secs(lease)?;
     if session.wait_timeout != Some(secs) {
         bounded(
             "setting wait_timeout",
@@ -271,7 +288,10 @@ pub(crate) async fn probe<'a>(
     let slot = held.session.clone().lock_owned().await;
     let flavor = held.flavor.clone();
     let request = inner.limits.request;
-    let wait_secs = whole_seconds(ttl).max(1);
+    let wait_secs = match wait_timeout_secs(ttl) {
+        Ok(secs) => secs,
+        Err(e) => return (id, name, Err(e)),
+    };
     let task = tokio::spawn(async move {
         let mut slot = slot;
         let Some(session) = slot.as_mut() else {

@@ -89,7 +89,9 @@ pub async fn execute_fenced(
     token: FencingToken,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Fenced, tokio_postgres::Error> {
-    let token = i64::try_from(token.get()).unwrap_or(i64::MAX);
+    // Never clamped: two tokens beyond `i64::MAX` would both become `i64::MAX`, and the lower one
+    // would pass. Such a token fails as a parameter (the statement is not sent).
+    let token = TokenParam(token.get());
     let mut all: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(params.len() + 1);
     all.push(&token);
     all.extend_from_slice(params);
@@ -99,4 +101,30 @@ pub async fn execute_fenced(
     } else {
         Fenced::Applied(rows)
     })
+}
+
+/// The token as a `bigint` parameter; a token beyond `i64::MAX` is a serialization error.
+#[derive(Debug)]
+struct TokenParam(u64);
+
+impl ToSql for TokenParam {
+    fn to_sql(
+        &self,
+        ty: &tokio_postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        let token = i64::try_from(self.0).map_err(|_| {
+            format!(
+                "fencing token {} is beyond bigint's range (i64::MAX); a fence column cannot hold it",
+                self.0
+            )
+        })?;
+        token.to_sql(ty, out)
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        <i64 as ToSql>::accepts(ty)
+    }
+
+    tokio_postgres::types::to_sql_checked!();
 }

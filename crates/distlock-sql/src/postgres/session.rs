@@ -77,7 +77,17 @@ async fn probe(
     expected: i32,
     then: Option<&str>,
 ) -> Result<Option<String>, SqlError> {
-    let mut sql = layout::session_bound(ttl_ms(ttl));
+    let ms = ttl_ms(ttl);
+    if ms > i32::MAX as u64 {
+        // The server refuses a longer idle bound, so it could not end a cut-off holder's session.
+        return Err(SqlError::Config(format!(
+            "a lease of {ms} ms is longer than idle_session_timeout can be ({} ms, about 24.8 days), which \
+             bounds how long a held session lives without a probe; use a shorter lease (the watchdog renews \
+             it) or ?mode=lease",
+            i32::MAX
+        )));
+    }
+    let mut sql = layout::session_bound(ms);
     if let Some(then) = then {
         sql = format!("{sql}; {then}");
     }
