@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use distlock_core::{LockState, Locks};
+use distlock_core::{ErrorKind, LockState, Locks};
 use distlock_sql::mysql::advisory_name;
 use distlock_testkit::holder::distlock_bin;
 use distlock_testkit::mariadb::MariaDbServer;
@@ -69,10 +69,14 @@ async fn cancelled_waits_never_take_the_lock_later_nor_leave_a_wait_running() {
                 .unwrap()
                 .options()
                 .wait(Duration::from_millis(wait_ms))
-                .try_acquire()
-                .await
-                .unwrap();
-            assert!(got.is_none(), "{mode}/{wait_ms}: acquired while held");
+                .acquire()
+                .await;
+            // `acquire`, not `try_acquire` (which ignores the wait limit): the wait must reach the
+            // server and be given up there.
+            let err = got
+                .err()
+                .unwrap_or_else(|| panic!("{mode}/{wait_ms}: acquired while held"));
+            assert_eq!(err.kind(), ErrorKind::Timeout, "{mode}/{wait_ms}: {err}");
             // The abandon (KILL QUERY) runs in the background.
             tokio::time::sleep(Duration::from_millis(200)).await;
             held.release().await.unwrap();

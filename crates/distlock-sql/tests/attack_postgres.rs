@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use distlock_core::{FencingToken, LockState, Locks};
+use distlock_core::{ErrorKind, FencingToken, LockState, Locks};
 use distlock_sql::postgres::fence::{execute_fenced, Fenced, FencedUpdate};
 use distlock_sql::postgres::layout::{advisory_key, pg_locks_row};
 use distlock_sql::postgres::{tokio_postgres, PostgresBackend};
@@ -151,10 +151,14 @@ async fn cancelled_waits_never_take_the_lock_later_nor_leave_it_on_a_pooled_conn
                 .unwrap()
                 .options()
                 .wait(Duration::from_millis(wait_ms))
-                .try_acquire()
-                .await
-                .unwrap();
-            assert!(got.is_none(), "{mode}/{wait_ms}: acquired while held");
+                .acquire()
+                .await;
+            // `acquire`, not `try_acquire` (which ignores the wait limit): the wait must reach the
+            // server and be given up there.
+            let err = got
+                .err()
+                .unwrap_or_else(|| panic!("{mode}/{wait_ms}: acquired while held"));
+            assert_eq!(err.kind(), ErrorKind::Timeout, "{mode}/{wait_ms}: {err}");
             // The abandon runs in the background: give it the cancel's bound.
             tokio::time::sleep(Duration::from_millis(100)).await;
             held.release().await.unwrap();
