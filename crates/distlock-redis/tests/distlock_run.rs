@@ -5,10 +5,13 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use distlock_redis::layout;
+// A `distlock run` process, SIGKILLed (this child only) if the test ends with it still running; its
+// supervisor then kills everything the command started.
+use distlock_testkit::cli_run::ChildGuard as Run;
 use distlock_testkit::holder::distlock_bin;
 use distlock_testkit::redis::RedisServer;
 use distlock_testkit::sweep::{gone_within, is_alive};
@@ -23,54 +26,6 @@ const LEASE: Duration = Duration::from_secs(1);
 
 fn unique(case: &str) -> String {
     format!("run/{case}/{}", uuid::Uuid::new_v4().simple())
-}
-
-/// A `distlock run` process, SIGKILLed (this child only) if the test ends with it still running; its
-/// supervisor then kills everything the command started.
-struct Run {
-    child: Option<Child>,
-}
-
-impl Run {
-    fn spawn(command: &mut Command) -> Run {
-        let child = command.spawn().expect("spawn distlock");
-        Run { child: Some(child) }
-    }
-
-    /// Waits for the exit; `None` if it is still running after `limit`.
-    fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let child = self.child.as_mut().expect("not yet waited");
-        let started = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.child = None;
-                return Some(status);
-            }
-            if started.elapsed() > limit {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
-    }
-
-    fn kill9(&mut self) {
-        let mut child = self.child.take().expect("running");
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 /// A temp dir for the commands' records, and `distlock run` commands on one server.

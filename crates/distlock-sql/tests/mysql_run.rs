@@ -7,12 +7,13 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use distlock_core::{FencingToken, Locks};
 use distlock_sql::mysql::advisory_name;
 use distlock_sql::mysql::fence::{FenceOutcome, FencedUpdate};
+use distlock_testkit::cli_run::ChildGuard;
 use distlock_testkit::holder::distlock_bin;
 use distlock_testkit::mariadb::MariaDbServer;
 
@@ -25,7 +26,7 @@ fn unique(case: &str) -> String {
 
 /// A `distlock run` child, killed if the test ends with it running.
 struct Run {
-    child: Option<Child>,
+    child: ChildGuard,
     dir: PathBuf,
 }
 
@@ -35,22 +36,19 @@ impl Run {
         let dir =
             std::env::temp_dir().join(format!("distlock-my-run-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir(&dir).unwrap();
-        let child = Command::new(distlock_bin().expect("the distlock binary"))
-            .current_dir(&dir)
-            .env_remove("DISTLOCK_URL")
-            .env_remove("RUST_LOG")
-            .args(["run", "--url", url])
-            .args(args)
-            .args([name, "--", "sh", "-c", script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
-            .spawn()
-            .expect("spawn distlock");
-        Run {
-            child: Some(child),
-            dir,
-        }
+        let child = ChildGuard::spawn(
+            Command::new(distlock_bin().expect("the distlock binary"))
+                .current_dir(&dir)
+                .env_remove("DISTLOCK_URL")
+                .env_remove("RUST_LOG")
+                .args(["run", "--url", url])
+                .args(args)
+                .args([name, "--", "sh", "-c", script])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join("stderr")).unwrap()),
+        );
+        Run { child, dir }
     }
 
     fn path(&self, file: &str) -> PathBuf {
@@ -58,7 +56,7 @@ impl Run {
     }
 
     fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
+        self.child.pid()
     }
 
     fn stderr(&self) -> String {
@@ -83,29 +81,13 @@ impl Run {
     }
 
     fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let child = self.child.as_mut().expect("not yet waited");
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.child = None;
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        None
+        self.child.wait(limit)
     }
 }
 
 impl Drop for Run {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_child(&child),
-                rustix::process::Signal::CONT,
-            );
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.child.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -4,7 +4,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use distlock_core::{FencingToken, Locks};
@@ -12,6 +12,7 @@ use distlock_sql::postgres::fence::{execute_fenced, Fenced, FencedUpdate};
 use distlock_sql::postgres::layout::{advisory_key, pg_locks_row};
 use distlock_sql::postgres::{tokio_postgres, PostgresBackend};
 use distlock_sql::AdvisoryKey;
+use distlock_testkit::cli_run::ChildGuard as Proc;
 use distlock_testkit::holder::distlock_bin;
 use distlock_testkit::postgres::PostgresServer;
 use distlock_testkit::sweep::is_alive;
@@ -21,48 +22,6 @@ const SLACK: Duration = Duration::from_secs(3);
 
 fn unique(case: &str) -> String {
     format!("run/{case}/{}", uuid::Uuid::new_v4().simple())
-}
-
-/// A child process killed if the test ends with it still running.
-struct Proc {
-    child: Option<Child>,
-}
-
-impl Proc {
-    fn spawn(command: &mut Command) -> Proc {
-        Proc {
-            child: Some(command.spawn().expect("spawn")),
-        }
-    }
-
-    /// Waits for the exit; `None` if it is still running after `limit`.
-    fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let child = self.child.as_mut().expect("not yet waited");
-        let started = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.child = None;
-                return Some(status);
-            }
-            if started.elapsed() > limit {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 fn signal(pid: u32, sig: &str) {

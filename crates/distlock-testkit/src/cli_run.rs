@@ -133,6 +133,63 @@ impl Drop for Run {
     }
 }
 
+/// A child process of a test (a `distlock run`, a `psql`, a holder script), resumed if stopped and
+/// SIGKILLed if the test ends with it still running: a failed assertion leaves nothing behind.
+#[derive(Debug)]
+pub struct ChildGuard {
+    child: Option<Child>,
+}
+
+impl ChildGuard {
+    pub fn spawn(command: &mut Command) -> ChildGuard {
+        ChildGuard {
+            child: Some(command.spawn().expect("spawning a child")),
+        }
+    }
+
+    /// Waits for the exit (reaping the child); `None` if it is still running after `limit`.
+    pub fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut().expect("not yet waited for");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return Some(status);
+            }
+            if started.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("still running").id()
+    }
+
+    /// SIGKILL (this child only) and reap it.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("still running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reaping");
+    }
+
+    /// If still running: resumed (if stopped), SIGKILLed and reaped. Idempotent.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = kill_process(Pid::from_child(&child), Signal::CONT);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// `distlock run --url URL --no-wait NAME -- true` to completion: its exit code.
 pub fn no_wait_run(url: &str, name: &str) -> i32 {
     let bin = crate::holder::distlock_bin().expect("the distlock binary");
