@@ -69,9 +69,9 @@ impl Session {
         ttl_within(self.timeout, floor, asked, sent_at)
     }
 
-    /// The send time of the newest request answered through the leader, or of the establishment.
-    fn last_leader_confirmed(&self) -> Instant {
-        lock(&self.leader_touch).newest()
+    /// The send time of the newest request answered through the leader whose touch is not yet proven.
+    fn newest_unproven(&self) -> Option<Instant> {
+        lock(&self.leader_touch).newest_unproven()
     }
 
     /// A description of the session for messages.
@@ -175,9 +175,9 @@ impl LeaderTouch {
         self.floor
     }
 
-    /// The newest send time known answered through the leader (proven or not).
-    fn newest(&self) -> Instant {
-        self.unproven.back().copied().unwrap_or(self.floor)
+    /// The newest send time answered through the leader whose touch is not yet proven.
+    fn newest_unproven(&self) -> Option<Instant> {
+        self.unproven.back().copied()
     }
 }
 
@@ -383,9 +383,11 @@ impl Sessions {
 }
 
 /// Keeps the proven leader touch recent while nothing else does (a session with no held lock, a waiter):
-/// a `sync` through the leader every timeout/6 that no other request answered through the leader
-/// made unnecessary. Without it, a grant on a session idle for longer than its timeout would have no
-/// proven touch within the timeout and could not be trusted. Ends with the session.
+/// a `sync` through the leader at once, then every timeout/6 unless another request answered through
+/// the leader in the last timeout/6 still waits for its proof. A touch is proven only by a confirmation
+/// a lag (≈ 0.4·timeout by default) after it, so without one soon after the establishment a lock granted
+/// then would see its TTL shrink to nothing before any proof came; and a grant on a session idle for
+/// longer than its timeout would have no proven touch within the timeout. Ends with the session.
 fn spawn_touch_keeper(session: Weak<Session>, config: &ZkConfig) {
     let Some(period) = session.upgrade().map(|s| keeper_period(s.timeout)) else {
         return;
@@ -393,22 +395,25 @@ fn spawn_touch_keeper(session: Weak<Session>, config: &ZkConfig) {
     let bound = config.connection.request_timeout.min(period);
     tokio::spawn(async move {
         loop {
-            tokio::time::sleep(period).await;
-            let Some(session) = session.upgrade() else {
-                return;
-            };
-            if session.is_gone() {
-                return;
-            }
-            if session.client.state() != zk::SessionState::SyncConnected
-                || session.last_leader_confirmed().elapsed() < period
             {
-                continue;
+                let Some(session) = session.upgrade() else {
+                    return;
+                };
+                if session.is_gone() {
+                    return;
+                }
+                let recent = session
+                    .newest_unproven()
+                    .is_some_and(|p| p.elapsed() < period);
+                if session.client.state() == zk::SessionState::SyncConnected && !recent {
+                    let sent_at = Instant::now();
+                    if let Ok(Ok(())) = tokio::time::timeout(bound, session.client.sync("/")).await
+                    {
+                        session.leader_confirmed(sent_at);
+                    }
+                }
             }
-            let sent_at = Instant::now();
-            if let Ok(Ok(())) = tokio::time::timeout(bound, session.client.sync("/")).await {
-                session.leader_confirmed(sent_at);
-            }
+            tokio::time::sleep(period).await;
         }
     });
 }
@@ -463,14 +468,18 @@ mod tests {
         touch.confirmed(t0 + 10 * MS, lag);
         // Answered through the leader 99 ms after p: the follower may not have been pinged in between.
         touch.confirmed(t0 + 109 * MS, lag);
-        assert_eq!(touch.floor(), t0, "promoted by a confirmation less than the lag later");
+        assert_eq!(
+            touch.floor(),
+            t0,
+            "promoted by a confirmation less than the lag later"
+        );
         // 100 ms after p: the ping reply carrying p preceded it.
         touch.confirmed(t0 + 110 * MS, lag);
         assert_eq!(touch.floor(), t0 + 10 * MS);
         // The newest proven one wins; the younger ones wait.
         touch.confirmed(t0 + 300 * MS, lag);
         assert_eq!(touch.floor(), t0 + 110 * MS);
-        assert_eq!(touch.newest(), t0 + 300 * MS);
+        assert_eq!(touch.newest_unproven(), Some(t0 + 300 * MS));
         // A confirmation of an old request (a slow reply) never moves the floor back.
         touch.confirmed(t0 + 50 * MS, lag);
         assert_eq!(touch.floor(), t0 + 110 * MS);
@@ -485,7 +494,11 @@ mod tests {
             touch.confirmed(t0 + i * MS, lag);
         }
         assert!(touch.unproven.len() <= MAX_UNPROVEN);
-        assert!(touch.unproven.iter().zip(touch.unproven.iter().skip(1)).all(|(a, b)| a < b));
+        assert!(touch
+            .unproven
+            .iter()
+            .zip(touch.unproven.iter().skip(1))
+            .all(|(a, b)| a < b));
         touch.confirmed(t0 + lag + 200 * MS, lag);
         assert_eq!(touch.floor(), t0 + 200 * MS);
     }
@@ -498,46 +511,79 @@ mod tests {
             let sent_at = floor + after * MS;
             let ttl = ttl_within(timeout, floor, Duration::MAX, sent_at).unwrap();
             let core_deadline = sent_at + ttl.mul_f64(DRIFT) - 2 * MS;
-            assert!(core_deadline <= floor + timeout.mul_f64(DRIFT), "{after} ms");
+            assert!(
+                core_deadline <= floor + timeout.mul_f64(DRIFT),
+                "{after} ms"
+            );
         }
-        assert_eq!(ttl_within(timeout, floor, 100 * MS, floor + 10 * MS), Some(100 * MS));
-        assert_eq!(ttl_within(timeout, floor, Duration::MAX, floor), Some(timeout));
-        assert_eq!(ttl_within(timeout, floor, Duration::MAX, floor + 594 * MS), None);
-        assert_eq!(ttl_within(timeout, floor, Duration::MAX, floor + timeout), None);
+        assert_eq!(
+            ttl_within(timeout, floor, 100 * MS, floor + 10 * MS),
+            Some(100 * MS)
+        );
+        assert_eq!(
+            ttl_within(timeout, floor, Duration::MAX, floor),
+            Some(timeout)
+        );
+        assert_eq!(
+            ttl_within(timeout, floor, Duration::MAX, floor + 594 * MS),
+            None
+        );
+        assert_eq!(
+            ttl_within(timeout, floor, Duration::MAX, floor + timeout),
+            None
+        );
     }
 
     #[test]
     fn tick_time_guess_and_lag() {
-        assert_eq!(touch_report_lag(Duration::from_secs(30)), Duration::from_millis(22_550));
-        assert_eq!(touch_report_lag(Duration::from_millis(300)), Duration::from_millis(275));
+        assert_eq!(
+            touch_report_lag(Duration::from_secs(30)),
+            Duration::from_millis(22_550)
+        );
+        assert_eq!(
+            touch_report_lag(Duration::from_millis(300)),
+            Duration::from_millis(275)
+        );
     }
 
     /// The cadence the core settles into (it renews after a third of each reported TTL), with the
-    /// touch keeper, a round trip of `rtt` and renewals that go out `late` after they are due: every
+    /// touch keeper, a grant `idle` after the establishment, a round trip of `rtt` and renewals that go out `late` after they are due: every
     /// renewal reports a TTL, and is answered well before (a quarter TTL) the deadline the previous one
     /// set, at the default
     /// timeout and at the 600 ms of the follower-cut test. Returns the TTLs reported.
-    fn steady_state(timeout: Duration, rtt: Duration, late: Duration) -> Vec<Duration> {
+    fn steady_state(
+        timeout: Duration,
+        idle: Duration,
+        rtt: Duration,
+        late: Duration,
+    ) -> Vec<Duration> {
         let lag = touch_report_lag(timeout / 2);
         let keeper = keeper_period(timeout);
         let start = Instant::now();
         let mut touch = LeaderTouch::new(start);
-        // The grant: its create sent a round trip after the establishment.
-        let mut sent = start + rtt;
-        touch.confirmed(sent, lag);
-        let mut ttl = ttl_within(timeout, touch.floor(), timeout, sent + rtt).unwrap();
-        let mut next_keeper = start + keeper;
-        let mut ttls = vec![ttl];
-        while sent < start + timeout * 20 {
-            let deadline = sent + ttl.mul_f64(DRIFT) - 2 * MS;
-            let renew_at = sent + ttl / 3 + late;
-            // The keeper's syncs due before the renewal (skipped after a recent confirmation).
-            while next_keeper < renew_at {
-                if next_keeper.duration_since(touch.newest()) >= keeper {
+        let mut next_keeper = start;
+        // The keeper's syncs due before `until` (skipped while a recent confirmation waits for proof).
+        let mut keep_until = |touch: &mut LeaderTouch, until: Instant| {
+            while next_keeper < until {
+                if touch
+                    .newest_unproven()
+                    .is_none_or(|p| next_keeper.duration_since(p) >= keeper)
+                {
                     touch.confirmed(next_keeper, lag);
                 }
                 next_keeper += keeper;
             }
+        };
+        // The grant: its create sent `idle` after the establishment, granted a round trip later.
+        let mut sent = start + idle;
+        keep_until(&mut touch, sent);
+        touch.confirmed(sent, lag);
+        let mut ttl = ttl_within(timeout, touch.floor(), timeout, sent + rtt).unwrap();
+        let mut ttls = vec![ttl];
+        while sent < start + idle + timeout * 20 {
+            let deadline = sent + ttl.mul_f64(DRIFT) - 2 * MS;
+            let renew_at = sent + ttl / 3 + late;
+            keep_until(&mut touch, renew_at);
             assert!(
                 renew_at + rtt < deadline - ttl / 4,
                 "a renewal due too close to its deadline: {timeout:?}, ttl {ttl:?}"
@@ -553,10 +599,24 @@ mod tests {
 
     #[test]
     fn steady_state_renewals_stay_confirmed_at_the_default_and_the_test_timeouts() {
-        for timeout in [Duration::from_secs(60), Duration::from_secs(40), 2000 * MS, 600 * MS] {
-            for (rtt, late) in [(MS, Duration::ZERO), (20 * MS, 30 * MS)] {
-                let ttls = steady_state(timeout, rtt, late);
-                eprintln!("{timeout:?} rtt {rtt:?} late {late:?}: {:?}", &ttls[ttls.len() - 4..]);
+        for timeout in [
+            Duration::from_secs(60),
+            Duration::from_secs(40),
+            2000 * MS,
+            600 * MS,
+        ] {
+            for (idle, rtt, late) in [
+                (Duration::ZERO, MS, Duration::ZERO),
+                (timeout / 2, 20 * MS, 30 * MS),
+                (timeout * 7 / 3, MS, Duration::ZERO),
+                (timeout * 10, 20 * MS, 30 * MS),
+            ] {
+                let ttls = steady_state(timeout, idle, rtt, late);
+                eprintln!(
+                    "{timeout:?} idle {idle:?} rtt {rtt:?} late {late:?}: {:?} .. {:?}",
+                    &ttls[..3],
+                    &ttls[ttls.len() - 2..]
+                );
                 let settled = ttls.last().unwrap();
                 assert!(
                     *settled >= timeout.mul_f64(0.4),
@@ -565,7 +625,12 @@ mod tests {
             }
         }
         // The default timeout settles at 0.5–0.6 × timeout (renewals every timeout/6 to timeout/5).
-        let settled = *steady_state(Duration::from_secs(60), MS, Duration::ZERO).last().unwrap();
-        assert!(settled > Duration::from_secs(29) && settled < Duration::from_secs(37), "{settled:?}");
+        let settled = *steady_state(Duration::from_secs(60), Duration::ZERO, MS, Duration::ZERO)
+            .last()
+            .unwrap();
+        assert!(
+            settled > Duration::from_secs(29) && settled < Duration::from_secs(37),
+            "{settled:?}"
+        );
     }
 }
