@@ -5,7 +5,7 @@
 //! acquire deleting its node.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
 use distlock_core::FencingToken;
@@ -104,7 +104,7 @@ impl ZkBackend {
             layout::sort_children(&mut sorted);
             self.drop_duplicates(&session, acq, &own, &mut sorted).await;
             match layout::position(&sorted, &own) {
-                Ok(None) => return Ok(Attempt::Acquired(self.grant(&session, acq, request))),
+                Ok(None) => return self.grant(&session, acq, request).map(Attempt::Acquired),
                 Ok(Some(predecessor)) => {
                     acq.predecessor = Some(predecessor.to_string());
                     return Ok(Attempt::Busy { retry_after: None });
@@ -129,18 +129,23 @@ impl ZkBackend {
         session: &Arc<Session>,
         acq: &ZkAcquisition,
         request: &AcquireRequest,
-    ) -> Grant<ZkLease> {
+    ) -> Result<Grant<ZkLease>, ZkError> {
         let node = layout::join(&acq.path, acq.node.as_deref().unwrap_or_default());
-        let ttl = request.lease.min(session.timeout);
+        // Counted from now, later than the core's send time: the core's deadline stays within what the
+        // proven leader touch allows (issue 10). The touch keeper keeps it recent on an idle session, so
+        // none left means the server has not reached the leader lately: the core abandons the node.
+        let ttl = session
+            .leader_ttl(request.lease.min(session.timeout), Instant::now())
+            .ok_or_else(|| lease::unproven_touch(session))?;
         let held = ZkLease::new(session.clone(), node.clone(), acq.czxid, ttl);
         held.arm_expiry(self.sessions().config().clone());
         let loss = lease::loss_signal(session.clone(), node, acq.czxid);
         // czxid is positive (zxids start above 0); a negative one would be a server bug.
         let token = FencingToken::new(u64::try_from(acq.czxid).unwrap_or(0));
-        Grant::new(held)
+        Ok(Grant::new(held)
             .with_token(token)
             .with_ttl(ttl)
-            .with_loss(loss)
+            .with_loss(loss))
     }
 
     /// Creates the own node in protected mode; on a lost reply, looks for it by its prefix before
@@ -163,10 +168,13 @@ impl ZkBackend {
         let mut recreated = 0;
         loop {
             acq.create_sent = true;
+            let sent_at = Instant::now();
             let (parent, created, listed) =
                 send_create(config, client, &acq.path, &prefix, owner, parent_missing).await;
             let failure = match created {
                 Ok((stat, sequence)) => {
+                    // A write: answered through the leader.
+                    session.leader_confirmed(sent_at);
                     acq.node = Some(format!(
                         "{}{sequence}",
                         layout::node_name_prefix(&acq.protection)

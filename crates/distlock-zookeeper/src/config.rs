@@ -13,7 +13,7 @@ use crate::layout;
 
 /// Query parameters a ZooKeeper URL may carry besides [`connection::URL_QUERY`]. `lease` is read by
 /// the facade (the default lease of the locks it hands out); `session_timeout` is ours.
-const KNOWN_QUERY: &[&str] = &["lease", "session_timeout"];
+const KNOWN_QUERY: &[&str] = &["lease", "session_timeout", "tick_time"];
 
 /// The session timeout asked for by default: 60 s, Curator's default. The server bounds it by its
 /// `minSessionTimeout`/`maxSessionTimeout` (2 and 20 ticks unless set: 40 s with the default 2 s tick);
@@ -63,6 +63,14 @@ pub struct ZkConfig {
     pub session_timeout: Duration,
     /// A path every lock path is put under (`/locks`), created when absent; `None` for the root.
     pub chroot: Option<String>,
+    /// The servers' `tickTime`, or an upper bound of it; `None` (the default) assumes half the
+    /// negotiated session timeout, the largest tickTime a server with ZooKeeper's default
+    /// `minSessionTimeout` (2 ticks) can have with that timeout. A server a client reaches through a
+    /// follower reports the client's activity to the leader only when the leader pings it (every
+    /// tickTime/2), so grants and renewals are trusted for less than the session timeout by about
+    /// 0.75·tickTime (see GUARANTEES); a smaller, true tickTime gives longer validity and fewer
+    /// renewals. Setting it lower than the servers' real tickTime voids that guarantee.
+    pub tick_time: Option<Duration>,
 }
 
 impl ZkConfig {
@@ -81,13 +89,14 @@ impl ZkConfig {
             ),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             chroot: None,
+            tick_time: None,
         }
     }
 
-    /// Parses `zk://[user:password@]h:p[,h:p…][/chroot][?session_timeout=60s&connect_timeout=5s&request_timeout=5s]`.
+    /// Parses `zk://[user:password@]h:p[,h:p…][/chroot][?session_timeout=60s&tick_time=2s&connect_timeout=5s&request_timeout=5s]`.
     /// Refused with [`ErrorKind::InvalidConfig`](distlock_core::ErrorKind::InvalidConfig): another
-    /// scheme, no host, unknown parameters, a bad chroot, a session timeout under 1 ms, a user without a
-    /// password; `zks://` is [`ErrorKind::Unsupported`](distlock_core::ErrorKind::Unsupported).
+    /// scheme, no host, unknown parameters, a bad chroot, a session timeout under 1 ms, a zero
+    /// tick time, a user without a password; `zks://` is [`ErrorKind::Unsupported`](distlock_core::ErrorKind::Unsupported).
     ///
     /// ```
     /// use distlock_core::{url::LockUrl, ErrorKind};
@@ -98,9 +107,13 @@ impl ZkConfig {
     /// assert_eq!(c.chroot.as_deref(), Some("/app/locks"));
     /// assert_eq!(c.connection.username.as_deref(), Some("u"));
     /// assert_eq!(c.session_timeout, std::time::Duration::from_secs(10));
+    /// assert_eq!(c.tick_time, None);
+    /// let c = ZkConfig::from_url(&LockUrl::parse("zk://h:1?tick_time=2s")?)?;
+    /// assert_eq!(c.tick_time, Some(std::time::Duration::from_secs(2)));
     ///
     /// for bad in ["zk://", "zk://h:1?bogus=1", "zk://u@h:1", "redis://h:1", "zk://h:1/a//b",
-    ///             "zk://h:1/zookeeper", "zk://h:1?session_timeout=0s", "zk://h:1/a/"] {
+    ///             "zk://h:1/zookeeper", "zk://h:1?session_timeout=0s", "zk://h:1/a/",
+    ///             "zk://h:1?tick_time=0s", "zk://h:1?tick_time=soon"] {
     ///     let err = ZkConfig::from_url(&LockUrl::parse(bad)?).unwrap_err();
     ///     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad}");
     /// }
@@ -139,6 +152,7 @@ impl ZkConfig {
         {
             config.session_timeout = timeout;
         }
+        config.tick_time = url.query_duration("tick_time").map_err(config_error)?;
         config
             .connection
             .read_url(url, false)
@@ -157,6 +171,12 @@ impl ZkConfig {
         self
     }
 
+    /// Sets [`tick_time`](Self::tick_time): the servers' `tickTime` (or an upper bound of it).
+    pub fn with_tick_time(mut self, tick_time: Duration) -> Self {
+        self.tick_time = Some(tick_time);
+        self
+    }
+
     /// Sets [`chroot`](Self::chroot) (`/locks`).
     pub fn with_chroot(mut self, chroot: impl Into<String>) -> Self {
         self.chroot = Some(chroot.into());
@@ -164,7 +184,7 @@ impl ZkConfig {
     }
 
     /// Checks what the builder allows but the backend cannot honour: no endpoint or one that is not
-    /// `host[:port]`, a session timeout under 1 ms or over `i32::MAX` ms, a chroot ZooKeeper cannot
+    /// `host[:port]`, a session timeout under 1 ms or over `i32::MAX` ms, a zero tick time, a chroot ZooKeeper cannot
     /// store, a zero timeout ([`ConnectionOptions::validate`]), TLS (not supported), a username without
     /// a password (or the reverse). [`ZkBackend::from_config`](crate::ZkBackend::from_config) calls it.
     pub fn validate(&self) -> Result<()> {
@@ -181,6 +201,11 @@ impl ZkConfig {
                 i32::MAX,
                 self.session_timeout
             )));
+        }
+        if self.tick_time.is_some_and(|t| t.is_zero()) {
+            return Err(ZkError::Config(
+                "tick_time must be the servers' tickTime (or more), not 0".into(),
+            ));
         }
         if let Some(chroot) = &self.chroot {
             layout::check_chroot(chroot).map_err(ZkError::Config)?;

@@ -31,6 +31,9 @@ pub(crate) enum ZkError {
     /// The session this acquire queued on expired or closed: a waiter never waits on (etcd #19597's
     /// analogue).
     SessionLost(String),
+    /// The session's touch by the leader is not proven recent enough for a grant or renewal to be
+    /// trusted (issue 10); it may well be alive.
+    Unconfirmed(String),
     /// What this backend does not do (TLS).
     Unsupported(String),
     /// The server negotiated a session timeout other than the lease asked for.
@@ -123,7 +126,7 @@ impl fmt::Display for ZkError {
             ZkError::Timeout { action, after } => {
                 write!(f, "ZooKeeper {action} got no answer within {after:?}")
             }
-            ZkError::SessionLost(why) | ZkError::Unsupported(why) => f.write_str(why),
+            ZkError::SessionLost(why) | ZkError::Unconfirmed(why) | ZkError::Unsupported(why) => f.write_str(why),
             ZkError::LeaseNotHonoured { asked, negotiated } => write!(
                 f,
                 "the lease {asked:?} needs a ZooKeeper session timeout of {asked:?}, but the server negotiated {negotiated:?} (its minSessionTimeout/maxSessionTimeout bound it; the default is 2 to 20 ticks): use a lease the server accepts, or leave the lease out to use the session timeout"
@@ -142,7 +145,9 @@ impl From<ZkError> for Error {
                 _ => ErrorKind::Unavailable,
             },
             ZkError::Request { source, .. } => request_kind(source),
-            ZkError::Timeout { .. } | ZkError::SessionLost(_) => ErrorKind::Unavailable,
+            ZkError::Timeout { .. } | ZkError::SessionLost(_) | ZkError::Unconfirmed(_) => {
+                ErrorKind::Unavailable
+            }
         };
         let message = error.to_string();
         let error = match error {

@@ -128,10 +128,20 @@ pub(crate) async fn release(config: &ZkConfig, held: &ZkLease) -> Result<Release
 
 /// Renews a batch: per session, a `sync` (served through the leader, so a follower cut off from the
 /// leader cannot confirm a session the leader may have expired) followed by an `exists` of each own
-/// node, sent together. Extended by `min(asked, session timeout)` from the moment the requests were sent.
-/// Open (issue 10): through a follower that is later than the leader's view. The `sync` does not touch
-/// the session on the leader (a forwarded request never does); the follower reports touches only in its
-/// replies to the leader's pings (every tickTime/2), so the leader's last touch can predate the send.
+/// node, sent together. Extended by `min(asked, session timeout)` from the moment the requests were sent,
+/// cut to what the proven leader touch leaves (issue 10: the `sync` does not touch the session on the
+/// leader, so the leader's last touch can predate the send; see `session::LeaderTouch`). Nothing left:
+/// unconfirmed (Jeopardy).
+///
+/// Cadence: the core renews after a third of the TTL reported. The floor is the newest earlier
+/// confirmation at least the touch report lag `L` old (0.375·timeout + 50 ms with the default tickTime
+/// guess), so with renewals every `R = TTL/3` the TTL is `timeout − k·R` for the smallest `k` with
+/// `k·R ≥ L`. At the default 60 s timeout, `L` = 22.55 s: `k = 1` (`R` = 15 s) is too recent; `k = 2`
+/// (`R = timeout/5` = 12 s, TTL 0.6·timeout) and `k = 3` (`R = timeout/6`, TTL 0.5·timeout, where it
+/// lands from a fresh grant) both hold. At 600 ms, `L` = 275 ms: `k = 3`, TTL ≈ 255 ms, renewed every
+/// ≈ 85 ms. Either way each renewal is answered more than a third of a TTL before the deadline the last
+/// one set, so the guard stays Held while the follower reaches the leader (unit test
+/// `steady_state_renewals_stay_confirmed_at_the_default_and_the_test_timeouts`).
 pub(crate) async fn renew(
     config: &ZkConfig,
     batch: &[Renewal<'_, ZkLease>],
@@ -204,6 +214,9 @@ async fn renew_session(
             return unconfirmed(&entries, &error.to_string());
         }
     };
+    if synced.is_ok() {
+        session.leader_confirmed(sent_at);
+    }
     entries
         .iter()
         .zip(stats)
@@ -225,9 +238,13 @@ async fn renew_session(
                 }
                 .into_core(Some(entry.name))),
                 (Ok(()), Ok(Some(stat))) if stat.czxid == entry.lease.czxid => {
-                    let ttl = entry.ttl.min(session.timeout);
-                    entry.lease.extend_to(sent_at + ttl);
-                    Ok(Renewed::Extended { ttl })
+                    match session.leader_ttl(entry.ttl.min(session.timeout), sent_at) {
+                        Some(ttl) => {
+                            entry.lease.extend_to(sent_at + ttl);
+                            Ok(Renewed::Extended { ttl })
+                        }
+                        None => Err(unproven_touch(&session).into_core(Some(entry.name))),
+                    }
                 }
                 (Ok(()), Ok(_)) => Ok(Renewed::Gone {
                     reason: format!(
@@ -239,6 +256,14 @@ async fn renew_session(
             (entry.id, outcome)
         })
         .collect()
+}
+
+/// The session's last touch on the leader is not proven recent enough to trust it any longer.
+pub(crate) fn unproven_touch(session: &Session) -> ZkError {
+    ZkError::Unconfirmed(format!(
+        "the ZooKeeper {} has no touch by the leader proven within its timeout (is the server cut off from the leader?)",
+        session.describe()
+    ))
 }
 
 /// Every entry's renewal unconfirmed (`Unavailable`: Jeopardy, retried soon).

@@ -10,9 +10,10 @@
 //!   timeout) make it `Lost` at the latest then, even when the client never hears of the expiry
 //!   (CURATOR-206/604/696: never `Held` after the session could have expired).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex as AsyncMutex;
 use zookeeper_client as zk;
@@ -34,6 +35,10 @@ pub(crate) struct Session {
     pub(crate) timeout: Duration,
     /// Deletes that got no answer, finished once the session is connected again (`cleanup`).
     pub(crate) cleanup: Mutex<crate::cleanup::Pending>,
+    /// What is proven of the leader's last touch of the session (issue 10).
+    leader_touch: Mutex<LeaderTouch>,
+    /// How long after a request reached the follower the leader has surely heard of its touch.
+    touch_report_lag: Duration,
 }
 
 impl Session {
@@ -47,6 +52,26 @@ impl Session {
     /// until it expires there).
     pub(crate) fn runtime_gone(&self) -> bool {
         !self.runtime_alive.load(Ordering::Acquire)
+    }
+
+    /// A request sent at `sent_at` was answered through the leader (a `sync` or a write): it proves the
+    /// touches reported before it (see [`LeaderTouch`]).
+    pub(crate) fn leader_confirmed(&self, sent_at: Instant) {
+        lock(&self.leader_touch).confirmed(sent_at, self.touch_report_lag);
+    }
+
+    /// The TTL a grant or renewal confirmed by a request sent at `sent_at` may report: `asked`, cut so
+    /// that the core's deadline (`≤ sent_at + ttl·0.99`) stays within `floor + timeout·0.99`, where
+    /// `floor` is the proven lower bound of the leader's last touch. `None` when nothing is left: the
+    /// leader may expire the session by then.
+    pub(crate) fn leader_ttl(&self, asked: Duration, sent_at: Instant) -> Option<Duration> {
+        let floor = lock(&self.leader_touch).floor();
+        ttl_within(self.timeout, floor, asked, sent_at)
+    }
+
+    /// The send time of the newest request answered through the leader whose touch is not yet proven.
+    fn newest_unproven(&self) -> Option<Instant> {
+        lock(&self.leader_touch).newest_unproven()
     }
 
     /// A description of the session for messages.
@@ -65,6 +90,102 @@ pub(crate) fn state_is_terminal(state: zk::SessionState) -> bool {
         state,
         zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
     )
+}
+
+/// The share of the session timeout trusted (the core's drift allowance: its deadlines are
+/// `sent_at + ttl·0.99 − 2 ms`).
+const DRIFT: f64 = 0.99;
+
+/// The TTL to report for a confirmation sent at `sent_at`: the core's deadline `sent_at + ttl·0.99`
+/// must not pass `floor + timeout·0.99`, the earliest time the leader may expire the session (it
+/// touched it at or after `floor`, with its own clock, and expires it a timeout later). So
+/// `ttl = (timeout·0.99 − (sent_at − floor)) / 0.99`, at most `asked` and the timeout; `None` when
+/// nothing is left.
+pub(crate) fn ttl_within(
+    timeout: Duration,
+    floor: Instant,
+    asked: Duration,
+    sent_at: Instant,
+) -> Option<Duration> {
+    let left = timeout
+        .mul_f64(DRIFT)
+        .checked_sub(sent_at.saturating_duration_since(floor))?;
+    let ttl = left.div_f64(DRIFT).min(asked).min(timeout);
+    (!ttl.is_zero()).then_some(ttl)
+}
+
+/// A lower bound of when the leader last touched a session (issue 10). A request a follower forwards
+/// (`sync`, `create`) does not touch the session on the leader (`ZooKeeperServer.submitRequestNow`
+/// touches the request's connection, which is null for a forwarded one); the follower only lists the
+/// sessions it saw in its reply to the leader's next ping (`LearnerSessionTracker`'s touch table; the
+/// leader pings every tickTime/2 from `Leader.lead`), and the leader then touches them with its own
+/// clock. So a request answered at all proves the follower touched the session at or after its send
+/// time `p`, but the leader's touch comes up to a ping interval later, or never if the follower lost the
+/// leader meanwhile. It is proven once a request sent at `s ≥ p + lag` is answered through the leader:
+/// the follower's ping reply carrying `p` was on the same TCP stream before that forwarded request
+/// (`lag` covers the wait for the ping). A session that moved to another server was revalidated by
+/// the leader on reconnecting, which touches it then, later than any `p` answered before.
+#[derive(Debug)]
+pub(crate) struct LeaderTouch {
+    /// The leader touched the session at or after this instant.
+    floor: Instant,
+    /// Send times of requests answered through the leader whose touch is not yet proven, oldest first.
+    unproven: VecDeque<Instant>,
+}
+
+/// Unproven confirmations kept per session; the oldest go first (the floor then moves less).
+const MAX_UNPROVEN: usize = 64;
+
+impl LeaderTouch {
+    /// A session whose establishment was sent at `sent_at`: the leader creates a session (it is never
+    /// created on a follower) and touches it then, with its own clock, after that send.
+    pub(crate) fn new(sent_at: Instant) -> Self {
+        Self {
+            floor: sent_at,
+            unproven: VecDeque::new(),
+        }
+    }
+
+    /// A request sent at `sent_at` was answered through the leader: every unproven `p ≤ sent_at − lag`
+    /// is proven (the newest becomes the floor) and `sent_at` waits for a later proof.
+    pub(crate) fn confirmed(&mut self, sent_at: Instant, lag: Duration) {
+        if let Some(proven_until) = sent_at.checked_sub(lag) {
+            while let Some(&p) = self.unproven.front() {
+                if p > proven_until {
+                    break;
+                }
+                self.floor = self.floor.max(p);
+                self.unproven.pop_front();
+            }
+        }
+        if sent_at <= self.floor {
+            return;
+        }
+        let at = self.unproven.partition_point(|p| *p <= sent_at);
+        if self.unproven.get(at.wrapping_sub(1)) != Some(&sent_at) {
+            self.unproven.insert(at, sent_at);
+        }
+        if self.unproven.len() > MAX_UNPROVEN {
+            self.unproven.pop_front();
+        }
+    }
+
+    /// The proven lower bound of the leader's last touch.
+    pub(crate) fn floor(&self) -> Instant {
+        self.floor
+    }
+
+    /// The newest send time answered through the leader whose touch is not yet proven.
+    fn newest_unproven(&self) -> Option<Instant> {
+        self.unproven.back().copied()
+    }
+}
+
+/// How long after a follower saw a request the leader has surely processed the follower's report of
+/// it: the leader pings every tickTime/2; ×1.5 for its loop overrunning on a loaded machine (the wait
+/// starts after the previous round's work), + 50 ms for the ping's and the reply's trip and scheduling.
+pub(crate) fn touch_report_lag(tick_time: Duration) -> Duration {
+    (tick_time / 2).mul_f64(1.5) + Duration::from_millis(50)
 }
 
 /// The sessions of one backend (and its clones).
@@ -168,6 +289,8 @@ impl Sessions {
     /// Connects a new session asking for `timeout`, adds the digest credentials and makes sure the
     /// chroot exists (created as a persistent node when absent).
     async fn establish(&self, timeout: Duration) -> Result<Arc<Session>, ZkError> {
+        // The leader touches a new session after this (see `LeaderTouch::new`).
+        let sent_at = Instant::now();
         let mut connector = zk::Client::connector()
             .with_session_timeout(timeout)
             .with_connection_timeout(self.config.connection.connect_timeout);
@@ -214,13 +337,20 @@ impl Sessions {
             negotiated = ?timeout_negotiated,
             "ZooKeeper session established"
         );
-        Ok(Arc::new(Session {
+        // Unless set, the largest tickTime a server with ZooKeeper's default `minSessionTimeout`
+        // (2 ticks, which the negotiated timeout is clamped to at least) can have with this timeout.
+        let tick_time = self.config.tick_time.unwrap_or(timeout_negotiated / 2);
+        let session = Arc::new(Session {
             client,
             runtime_alive,
             _sentinel: sentinel,
             timeout: timeout_negotiated,
             cleanup: Mutex::default(),
-        }))
+            leader_touch: Mutex::new(LeaderTouch::new(sent_at)),
+            touch_report_lag: touch_report_lag(tick_time),
+        });
+        spawn_touch_keeper(Arc::downgrade(&session), &self.config);
+        Ok(session)
     }
 
     async fn enter_chroot(&self, client: zk::Client, chroot: &str) -> Result<zk::Client, ZkError> {
@@ -252,6 +382,47 @@ impl Sessions {
     }
 }
 
+/// Keeps the proven leader touch recent while nothing else does (a session with no held lock, a waiter):
+/// a `sync` through the leader at once, then every timeout/6 unless another request answered through
+/// the leader in the last timeout/6 still waits for its proof. A touch is proven only by a confirmation
+/// a lag (≈ 0.4·timeout by default) after it, so without one soon after the establishment a lock granted
+/// then would see its TTL shrink to nothing before any proof came; and a grant on a session idle for
+/// longer than its timeout would have no proven touch within the timeout. Ends with the session.
+fn spawn_touch_keeper(session: Weak<Session>, config: &ZkConfig) {
+    let Some(period) = session.upgrade().map(|s| keeper_period(s.timeout)) else {
+        return;
+    };
+    let bound = config.connection.request_timeout.min(period);
+    tokio::spawn(async move {
+        loop {
+            {
+                let Some(session) = session.upgrade() else {
+                    return;
+                };
+                if session.is_gone() {
+                    return;
+                }
+                let recent = session
+                    .newest_unproven()
+                    .is_some_and(|p| p.elapsed() < period);
+                if session.client.state() == zk::SessionState::SyncConnected && !recent {
+                    let sent_at = Instant::now();
+                    if let Ok(Ok(())) = tokio::time::timeout(bound, session.client.sync("/")).await
+                    {
+                        session.leader_confirmed(sent_at);
+                    }
+                }
+            }
+            tokio::time::sleep(period).await;
+        }
+    });
+}
+
+/// How often the touch keeper makes sure of a confirmation through the leader.
+pub(crate) fn keeper_period(timeout: Duration) -> Duration {
+    (timeout / 6).max(Duration::from_millis(10))
+}
+
 /// A flag that turns false when the current tokio runtime is dropped: a task on it holds a guard that
 /// clears the flag when the runtime drops the task. The task ends when the returned sender is dropped
 /// (with its session).
@@ -281,4 +452,185 @@ fn round_to_millis(d: Duration) -> Duration {
 /// Locks a std mutex, ignoring poisoning (the data are plain values, consistent at every unlock).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_confirmation_is_proven_only_by_one_sent_a_lag_later() {
+        let t0 = Instant::now();
+        let lag = 100 * MS;
+        let mut touch = LeaderTouch::new(t0);
+        touch.confirmed(t0 + 10 * MS, lag);
+        // Answered through the leader 99 ms after p: the follower may not have been pinged in between.
+        touch.confirmed(t0 + 109 * MS, lag);
+        assert_eq!(
+            touch.floor(),
+            t0,
+            "promoted by a confirmation less than the lag later"
+        );
+        // 100 ms after p: the ping reply carrying p preceded it.
+        touch.confirmed(t0 + 110 * MS, lag);
+        assert_eq!(touch.floor(), t0 + 10 * MS);
+        // The newest proven one wins; the younger ones wait.
+        touch.confirmed(t0 + 300 * MS, lag);
+        assert_eq!(touch.floor(), t0 + 110 * MS);
+        assert_eq!(touch.newest_unproven(), Some(t0 + 300 * MS));
+        // A confirmation of an old request (a slow reply) never moves the floor back.
+        touch.confirmed(t0 + 50 * MS, lag);
+        assert_eq!(touch.floor(), t0 + 110 * MS);
+    }
+
+    #[test]
+    fn the_unproven_list_is_bounded_and_sorted() {
+        let t0 = Instant::now();
+        let lag = Duration::from_secs(10);
+        let mut touch = LeaderTouch::new(t0);
+        for i in (1..=200u32).rev() {
+            touch.confirmed(t0 + i * MS, lag);
+        }
+        assert!(touch.unproven.len() <= MAX_UNPROVEN);
+        assert!(touch
+            .unproven
+            .iter()
+            .zip(touch.unproven.iter().skip(1))
+            .all(|(a, b)| a < b));
+        touch.confirmed(t0 + lag + 200 * MS, lag);
+        assert_eq!(touch.floor(), t0 + 200 * MS);
+    }
+
+    #[test]
+    fn the_ttl_keeps_the_core_deadline_within_the_leader_expiry() {
+        let floor = Instant::now();
+        let timeout = Duration::from_millis(600);
+        for after in [0, 1, 100, 300, 590, 593] {
+            let sent_at = floor + after * MS;
+            let ttl = ttl_within(timeout, floor, Duration::MAX, sent_at).unwrap();
+            let core_deadline = sent_at + ttl.mul_f64(DRIFT) - 2 * MS;
+            assert!(
+                core_deadline <= floor + timeout.mul_f64(DRIFT),
+                "{after} ms"
+            );
+        }
+        assert_eq!(
+            ttl_within(timeout, floor, 100 * MS, floor + 10 * MS),
+            Some(100 * MS)
+        );
+        assert_eq!(
+            ttl_within(timeout, floor, Duration::MAX, floor),
+            Some(timeout)
+        );
+        assert_eq!(
+            ttl_within(timeout, floor, Duration::MAX, floor + 594 * MS),
+            None
+        );
+        assert_eq!(
+            ttl_within(timeout, floor, Duration::MAX, floor + timeout),
+            None
+        );
+    }
+
+    #[test]
+    fn tick_time_guess_and_lag() {
+        assert_eq!(
+            touch_report_lag(Duration::from_secs(30)),
+            Duration::from_millis(22_550)
+        );
+        assert_eq!(
+            touch_report_lag(Duration::from_millis(300)),
+            Duration::from_millis(275)
+        );
+    }
+
+    /// The cadence the core settles into (it renews after a third of each reported TTL), with the
+    /// touch keeper, a grant `idle` after the establishment, a round trip of `rtt` and renewals that go out `late` after they are due: every
+    /// renewal reports a TTL, and is answered well before (a quarter TTL) the deadline the previous one
+    /// set, at the default
+    /// timeout and at the 600 ms of the follower-cut test. Returns the TTLs reported.
+    fn steady_state(
+        timeout: Duration,
+        idle: Duration,
+        rtt: Duration,
+        late: Duration,
+    ) -> Vec<Duration> {
+        let lag = touch_report_lag(timeout / 2);
+        let keeper = keeper_period(timeout);
+        let start = Instant::now();
+        let mut touch = LeaderTouch::new(start);
+        let mut next_keeper = start;
+        // The keeper's syncs due before `until` (skipped while a recent confirmation waits for proof).
+        let mut keep_until = |touch: &mut LeaderTouch, until: Instant| {
+            while next_keeper < until {
+                if touch
+                    .newest_unproven()
+                    .is_none_or(|p| next_keeper.duration_since(p) >= keeper)
+                {
+                    touch.confirmed(next_keeper, lag);
+                }
+                next_keeper += keeper;
+            }
+        };
+        // The grant: its create sent `idle` after the establishment, granted a round trip later.
+        let mut sent = start + idle;
+        keep_until(&mut touch, sent);
+        touch.confirmed(sent, lag);
+        let mut ttl = ttl_within(timeout, touch.floor(), timeout, sent + rtt).unwrap();
+        let mut ttls = vec![ttl];
+        while sent < start + idle + timeout * 20 {
+            let deadline = sent + ttl.mul_f64(DRIFT) - 2 * MS;
+            let renew_at = sent + ttl / 3 + late;
+            keep_until(&mut touch, renew_at);
+            assert!(
+                renew_at + rtt < deadline - ttl / 4,
+                "a renewal due too close to its deadline: {timeout:?}, ttl {ttl:?}"
+            );
+            sent = renew_at;
+            touch.confirmed(sent, lag);
+            ttl = ttl_within(timeout, touch.floor(), timeout, sent)
+                .unwrap_or_else(|| panic!("a renewal in steady state unconfirmed at {timeout:?}"));
+            ttls.push(ttl);
+        }
+        ttls
+    }
+
+    #[test]
+    fn steady_state_renewals_stay_confirmed_at_the_default_and_the_test_timeouts() {
+        for timeout in [
+            Duration::from_secs(60),
+            Duration::from_secs(40),
+            2000 * MS,
+            600 * MS,
+        ] {
+            for (idle, rtt, late) in [
+                (Duration::ZERO, MS, Duration::ZERO),
+                (timeout / 2, 20 * MS, 30 * MS),
+                (timeout * 7 / 3, MS, Duration::ZERO),
+                (timeout * 10, 20 * MS, 30 * MS),
+            ] {
+                let ttls = steady_state(timeout, idle, rtt, late);
+                eprintln!(
+                    "{timeout:?} idle {idle:?} rtt {rtt:?} late {late:?}: {:?} .. {:?}",
+                    &ttls[..3],
+                    &ttls[ttls.len() - 2..]
+                );
+                let settled = ttls.last().unwrap();
+                assert!(
+                    *settled >= timeout.mul_f64(0.4),
+                    "{timeout:?}: settled at {settled:?}"
+                );
+            }
+        }
+        // The default timeout settles at 0.5–0.6 × timeout (renewals every timeout/6 to timeout/5).
+        let settled = *steady_state(Duration::from_secs(60), Duration::ZERO, MS, Duration::ZERO)
+            .last()
+            .unwrap();
+        assert!(
+            settled > Duration::from_secs(29) && settled < Duration::from_secs(37),
+            "{settled:?}"
+        );
+    }
 }

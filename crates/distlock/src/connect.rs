@@ -17,7 +17,7 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// | `redlock`, `redlocks` | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=50ms]`, `redlocks://…?ca=/path/ca.pem` (at least 3 independent masters; feature `redis`): node-redlock / redis-py layout, quorum N/2+1, no fencing token |
 /// | `mysql`, `mariadb` | `mysql://user:pw@host:3306/db[?mode=advisory|row|lease&table=distlock_locks&schema=db]`: `GET_LOCK`, `SELECT … FOR UPDATE` or a versioned lease row; the rest of the URL is mysql_async's |
 /// | `etcd`, `etcds` | `etcd://[user:pass@]h:p,h:p[?session_ttl=60s&request_timeout=5s&connect_timeout=5s]`, `etcds://…?ca=/path/ca.pem`: Go-compatible `concurrency.Mutex` layout |
-/// | `zk` | `zk://[user:pass@]h:p,h:p[/chroot][?session_timeout=60s&request_timeout=5s&connect_timeout=5s]`: Curator `InterProcessMutex`-compatible layout; `zks` (TLS) fails with [`ErrorKind::Unsupported`] |
+/// | `zk` | `zk://[user:pass@]h:p,h:p[/chroot][?session_timeout=60s&tick_time=2s&request_timeout=5s&connect_timeout=5s]`: Curator `InterProcessMutex`-compatible layout; `zks` (TLS) fails with [`ErrorKind::Unsupported`] |
 /// | `postgres`, `postgresql` | `postgres://user:pass@host:port/db[?mode=advisory|row|lease&table=…&schema=…&key=…]`: the driver's URL as written (distlock's parameters stripped) |
 ///
 /// Every URL may carry `?lease=DURATION` (default 30 s; for etcd the session TTL, for ZooKeeper the
