@@ -64,6 +64,8 @@ pub enum Engine {
     Postgres {
         url: String,
         advisory: bool,
+        /// `?mode=lease`: the lease row's cycle is compared with one conditional update.
+        lease: bool,
     },
     /// MySQL / MariaDB: the driver's URL (distlock's parameters stripped); `advisory` when the lock
     /// mode is.
@@ -83,6 +85,7 @@ impl Engine {
             let config = distlock_sql::SqlConfig::from_url(url)?;
             return Ok(Engine::Postgres {
                 advisory: config.mode == distlock_sql::Mode::Advisory,
+                lease: config.mode == distlock_sql::Mode::Lease,
                 url: config.url,
             });
         }

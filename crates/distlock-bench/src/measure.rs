@@ -156,29 +156,35 @@ impl Run<'_> {
             }
             Baseline::Postgres { url } => {
                 runner.step("(a) bare pg_advisory_lock + pg_advisory_unlock");
-                let bare = crate::postgres::BarePair {
-                    client: crate::postgres::connect(url).await?,
-                    key: bench_key(run, "a"),
-                };
+                let bare = crate::postgres::BarePair::new(url, bench_key(run, "a")).await?;
                 let cycles = run_cycles(vec![bare], WARMUP_ONE, d).await?;
                 baselines.push(CycleFigures::new(
                     "bare pg_advisory_lock + unlock (tokio-postgres)",
                     &cycles,
                     rtt,
                 ));
+                // Second: the like-for-like peer of the advisory mode, which commits a counter.
+                runner.step("(a) bare advisory pair + one counter commit");
+                let name = format!("distlock-bench-bare/{run}/a");
+                let fenced =
+                    crate::postgres::BarePair::fenced(url, bench_key(run, "a"), &name).await?;
+                let cycles = run_cycles(vec![fenced], WARMUP_ONE, d).await?;
+                baselines.push(CycleFigures::new(FENCED_PAIR, &cycles, rtt));
             }
             Baseline::Mysql { url } => {
                 runner.step("(a) bare GET_LOCK + RELEASE_LOCK");
-                let bare = crate::mysql::BarePair {
-                    conn: crate::mysql::connect(url).await?,
-                    key: crate::mysql::bench_key(run, "a"),
-                };
+                let key = crate::mysql::bench_key(run, "a");
+                let bare = crate::mysql::BarePair::new(url, key.clone()).await?;
                 let cycles = run_cycles(vec![bare], WARMUP_ONE, d).await?;
                 baselines.push(CycleFigures::new(
                     "bare GET_LOCK + RELEASE_LOCK (mysql_async)",
                     &cycles,
                     rtt,
                 ));
+                runner.step("(a) bare GET_LOCK pair + one counter commit");
+                let fenced = crate::mysql::BarePair::fenced(url, key).await?;
+                let cycles = run_cycles(vec![fenced], WARMUP_ONE, d).await?;
+                baselines.push(CycleFigures::new(FENCED_PAIR, &cycles, rtt));
             }
             Baseline::File { dir, sync } => {
                 // The synced floor first: it is what the backend's default (sync on) compares to.
@@ -325,10 +331,10 @@ impl Run<'_> {
                 runner.step("(b) bare advisory pair, one connection per task");
                 let mut clients = Vec::with_capacity(n);
                 for i in 0..n {
-                    clients.push(crate::postgres::BarePair {
-                        client: crate::postgres::connect(url).await?,
-                        key: bench_key(run, &format!("b{i}")),
-                    });
+                    clients.push(
+                        crate::postgres::BarePair::new(url, bench_key(run, &format!("b{i}")))
+                            .await?,
+                    );
                 }
                 let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
                 baselines.push(CycleFigures::new(
@@ -341,10 +347,8 @@ impl Run<'_> {
                 runner.step("(b) bare GET_LOCK pair, one connection per task");
                 let mut clients = Vec::with_capacity(n);
                 for i in 0..n {
-                    clients.push(crate::mysql::BarePair {
-                        conn: crate::mysql::connect(url).await?,
-                        key: crate::mysql::bench_key(run, &format!("b{i}")),
-                    });
+                    let key = crate::mysql::bench_key(run, &format!("b{i}"));
+                    clients.push(crate::mysql::BarePair::new(url, key).await?);
                 }
                 let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
                 let label = "bare GET_LOCK pair, one connection per task";
@@ -429,14 +433,23 @@ impl Run<'_> {
             let key = bench_key(&self.config.run, "c");
             let mut clients = Vec::with_capacity(n);
             for _ in 0..n {
-                clients.push(crate::postgres::BarePair {
-                    client: crate::postgres::connect(url).await?,
-                    key,
-                });
+                clients.push(crate::postgres::BarePair::new(url, key).await?);
             }
             let result = run_contended(clients, hold, d).await?;
             baselines.push(ContendedFigures::new(
                 "bare advisory pair, one connection per task",
+                &result,
+                self.round_trip,
+            ));
+            runner.step("(c) bare advisory pair + one counter commit, contended");
+            let name = format!("distlock-bench-bare/{}/c", self.config.run);
+            let mut clients = Vec::with_capacity(n);
+            for _ in 0..n {
+                clients.push(crate::postgres::BarePair::fenced(url, key, &name).await?);
+            }
+            let result = run_contended(clients, hold, d).await?;
+            baselines.push(ContendedFigures::new(
+                FENCED_PAIR_CONTENDED,
                 &result,
                 self.round_trip,
             ));
@@ -446,14 +459,22 @@ impl Run<'_> {
             let key = crate::mysql::bench_key(&self.config.run, "c");
             let mut clients = Vec::with_capacity(n);
             for _ in 0..n {
-                clients.push(crate::mysql::BarePair {
-                    conn: crate::mysql::connect(url).await?,
-                    key: key.clone(),
-                });
+                clients.push(crate::mysql::BarePair::new(url, key.clone()).await?);
             }
             let result = run_contended(clients, hold, d).await?;
             let label = "bare GET_LOCK pair, one connection per task";
             baselines.push(ContendedFigures::new(label, &result, self.round_trip));
+            runner.step("(c) bare GET_LOCK pair + one counter commit, contended");
+            let mut clients = Vec::with_capacity(n);
+            for _ in 0..n {
+                clients.push(crate::mysql::BarePair::fenced(url, key.clone()).await?);
+            }
+            let result = run_contended(clients, hold, d).await?;
+            baselines.push(ContendedFigures::new(
+                FENCED_PAIR_CONTENDED,
+                &result,
+                self.round_trip,
+            ));
         }
         Ok(
             (distlock.is_some() || !baselines.is_empty()).then_some(ContendedSection {
@@ -465,6 +486,17 @@ impl Run<'_> {
         )
     }
 }
+
+/// The label of the SQL baselines' second peer: the bare advisory pair plus one fencing-counter commit
+/// after each lock. distlock's advisory mode always commits its counter before it reports a grant, so
+/// its targets compare with this peer (the "+ one commit when fenced").
+pub(crate) const FENCED_PAIR: &str = "bare advisory pair + one counter commit (autocommit upsert)";
+/// The label of PostgreSQL's second round trip: one conditional `UPDATE` (autocommit), the peer of
+/// the lease mode's cycle target.
+pub(crate) const CONDITIONAL_UPDATE: &str = "one conditional UPDATE (autocommit, simple query)";
+/// [`FENCED_PAIR`] in the contended workload.
+pub(crate) const FENCED_PAIR_CONTENDED: &str =
+    "bare advisory pair + one counter commit, one connection per task";
 
 /// A key for the bare advisory baselines, apart from distlock's own names.
 fn bench_key(run: &str, case: &str) -> i64 {
@@ -668,6 +700,10 @@ async fn postgres_round_trip(
         client: crate::postgres::connect(url).await?,
     };
     let cycles = run_cycles(vec![probe], WARMUP_ONE, config.duration).await?;
+    runner.step("one conditional UPDATE");
+    let name = format!("distlock-bench-bare/{}/update", config.run);
+    let update = crate::postgres::ConditionalUpdate::new(url, &name).await?;
+    let updates = run_cycles(vec![update], WARMUP_ONE, config.duration).await?;
     Ok((
         Baseline::Postgres {
             url: url.to_string(),
@@ -677,7 +713,7 @@ async fn postgres_round_trip(
                 "SELECT 1 (tokio-postgres, simple query)",
                 &cycles,
             )),
-            others: Vec::new(),
+            others: vec![Probe::new(CONDITIONAL_UPDATE, &updates)],
             note: None,
         },
     ))

@@ -1,6 +1,7 @@
 //! MySQL / MariaDB baselines: the engine's round trip (`SELECT 1`) and a bare mysql_async
 //! `GET_LOCK`/`RELEASE_LOCK` pair (one text query each, on a connection of its own), the peer the
-//! issue's advisory targets compare with.
+//! issue's advisory targets compare with; and the same pair plus one fencing-counter commit after
+//! each lock ([`BarePair::fenced`]), what distlock's advisory mode does at the least.
 
 use std::time::Duration;
 
@@ -47,10 +48,48 @@ impl Cycler for SelectOne {
     }
 }
 
-/// A bare `GET_LOCK`/`RELEASE_LOCK` pair on its own connection (waiting in the server when contended).
+/// A bare `GET_LOCK`/`RELEASE_LOCK` pair on its own connection (waiting in the server when contended);
+/// with `fence`, each lock is followed by that counter bump (autocommit: one commit).
 pub struct BarePair {
     pub conn: Mutex<Conn>,
     pub key: String,
+    pub fence: Option<String>,
+}
+
+/// The counter table of the fenced pair (created if missing; one row per bench name).
+const FENCE_TABLE: &str = "distlock_bench_fence";
+
+impl BarePair {
+    /// The plain pair.
+    pub async fn new(url: &str, key: String) -> Result<BarePair, Error> {
+        Ok(BarePair {
+            conn: connect(url).await?,
+            key,
+            fence: None,
+        })
+    }
+
+    /// The pair plus one counter commit per lock, on the row `key` of the bench's counter table.
+    pub async fn fenced(url: &str, key: String) -> Result<BarePair, Error> {
+        let conn = connect(url).await?;
+        conn.lock()
+            .await
+            .query_drop(format!(
+                "CREATE TABLE IF NOT EXISTS {FENCE_TABLE} (name VARBINARY(255) PRIMARY KEY, \
+                 fence BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+            ))
+            .await
+            .map_err(failure)?;
+        let fence = format!(
+            "INSERT INTO {FENCE_TABLE} (name, fence) VALUES ('{key}', LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)"
+        );
+        Ok(BarePair {
+            conn,
+            key,
+            fence: Some(fence),
+        })
+    }
 }
 
 impl Cycler for BarePair {
@@ -60,6 +99,9 @@ impl Cycler for BarePair {
         let mut conn = self.conn.lock().await;
         let sql = format!("SELECT GET_LOCK('{}', 3600)", self.key);
         conn.query_drop(sql).await.map_err(failure)?;
+        if let Some(fence) = &self.fence {
+            conn.query_drop(fence).await.map_err(failure)?;
+        }
         Ok(Some(()))
     }
 

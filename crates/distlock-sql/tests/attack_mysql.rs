@@ -320,3 +320,69 @@ async fn a_lease_beyond_the_servers_wait_timeout_is_refused_and_leaves_nothing_l
         g.expect("free").release().await.unwrap();
     }
 }
+
+/// The advisory try sends `GET_LOCK` and the counter bump in one multi-statement query: when the bump
+/// fails after `GET_LOCK` got the lock, the acquire must fail and the session (dropped, never pooled)
+/// must not keep the lock. Likewise when the bump after a won wait fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fence_bump_fails_the_acquire_and_leaves_the_lock_free() {
+    let server = MariaDbServer::start_or_panic();
+    let locks = backend(&server.url()).await;
+    let holder = backend(&server.url()).await;
+    let other = backend(&server.url()).await;
+    let refuse = "CREATE TRIGGER distlock.refuse_insert BEFORE INSERT ON distlock.distlock_locks FOR EACH ROW \
+                  SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'; \
+                  CREATE TRIGGER distlock.refuse_update BEFORE UPDATE ON distlock.distlock_locks FOR EACH ROW \
+                  SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'";
+    let allow = "DROP TRIGGER distlock.refuse_insert; DROP TRIGGER distlock.refuse_update";
+    let freed = |name: &str| {
+        let started = Instant::now();
+        while held_by(&server, name).is_some() {
+            assert!(started.elapsed() < SLACK, "the lock of {name} stayed held");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+
+    // The try path.
+    let name = unique("bump-fails/try");
+    server.sql(refuse).unwrap();
+    let err = locks.lock(&name).unwrap().try_acquire().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    freed(&name);
+    server.sql(allow).unwrap();
+    let g = other.lock(&name).unwrap().try_acquire().await.unwrap();
+    g.expect("the name is free").release().await.unwrap();
+
+    // The wait path.
+    let name = unique("bump-fails/wait");
+    let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        let name = name.clone();
+        tokio::spawn(async move {
+            locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    let started = Instant::now();
+    while !running_statements(&server).contains("GET_LOCK") {
+        assert!(
+            started.elapsed() < SLACK,
+            "the waiter never waited in the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.sql(refuse).unwrap();
+    held.release().await.unwrap();
+    let err = waiter.await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    freed(&name);
+    server.sql(allow).unwrap();
+    let g = other.lock(&name).unwrap().try_acquire().await.unwrap();
+    g.expect("the name is free").release().await.unwrap();
+}

@@ -367,3 +367,76 @@ async fn a_lease_beyond_idle_session_timeouts_range_is_refused_and_leaves_nothin
         assert_eq!(state, "0 advisory, 0 in transaction, 0 waiting", "{mode}");
     }
 }
+
+/// The advisory try takes the lock and bumps the counter in one statement, and a session advisory lock
+/// ignores transactions: when the bump fails, the acquire must fail and the lock must not stay with the
+/// session (its connection is closed, never pooled). Likewise after a won wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fence_bump_fails_the_acquire_and_leaves_the_lock_free() {
+    let server = PostgresServer::start_or_panic();
+    let locks = backend(&server.url()).await;
+    let holder = backend(&server.url()).await;
+    let other = backend(&server.url()).await;
+    let refuse = "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+                  $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$; \
+                  CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON distlock_locks_fence \
+                  FOR EACH ROW EXECUTE FUNCTION refuse()";
+    let allow = "DROP TRIGGER refuse ON distlock_locks_fence; DROP FUNCTION refuse()";
+
+    // The try path.
+    let name = unique("bump-fails/try");
+    server.psql(refuse).unwrap();
+    let err = locks.lock(&name).unwrap().try_acquire().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let started = Instant::now();
+    while advisory_holders(&server, &name) != 0 {
+        assert!(
+            started.elapsed() < SLACK,
+            "the failed try's lock stayed held"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.psql(allow).unwrap();
+    let g = other.lock(&name).unwrap().try_acquire().await.unwrap();
+    g.expect("the name is free").release().await.unwrap();
+
+    // The wait path: the bump after a won wait fails.
+    let name = unique("bump-fails/wait");
+    let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        let name = name.clone();
+        tokio::spawn(async move {
+            locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    let started = Instant::now();
+    while distlock_server_state(&server).ends_with("0 waiting") {
+        assert!(
+            started.elapsed() < SLACK,
+            "the waiter never waited in the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.psql(refuse).unwrap();
+    held.release().await.unwrap();
+    let err = waiter.await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let started = Instant::now();
+    while advisory_holders(&server, &name) != 0 {
+        assert!(
+            started.elapsed() < SLACK,
+            "the failed wait's lock stayed held"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.psql(allow).unwrap();
+    let g = other.lock(&name).unwrap().try_acquire().await.unwrap();
+    g.expect("the name is free").release().await.unwrap();
+}

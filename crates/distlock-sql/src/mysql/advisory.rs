@@ -172,15 +172,26 @@ pub(crate) async fn try_acquire(
             None => inner.pool.checkout(&inner.opts, &inner.limits).await?,
         };
         set_wait_timeout(inner, &mut session, request.lease).await?;
-        let row: Option<(Option<i64>, u64)> = bounded(
-            "GET_LOCK",
-            inner.limits.request,
-            session
-                .conn
-                .query_first(format!("SELECT GET_LOCK('{key}', 0), CONNECTION_ID()")),
-        )
+        // The try and, when it got the lock, the counter bump: one multi-statement query, one round
+        // trip. The bump's OK packet carries the token as its insert id.
+        let sql = format!(
+            "SELECT GET_LOCK('{key}', 0), CONNECTION_ID(); {}",
+            layout::bump_fence_if_locked(&inner.table, &request.name, &key)
+        );
+        let (row, bumped, token) = bounded("GET_LOCK", inner.limits.request, async {
+            let mut result = session.conn.query_iter(sql).await?;
+            let row: Vec<(Option<i64>, u64)> = result.collect().await?;
+            // `collect` has moved to the second statement's answer: the bump's OK packet.
+            let bumped = result.affected_rows();
+            let token = result.last_insert_id();
+            result.drop_result().await?;
+            Ok((row, bumped, token))
+        })
         .await?;
-        let (got, id) = row.ok_or_else(|| SqlError::Protocol("GET_LOCK returned no row".into()))?;
+        let (got, id) = row
+            .first()
+            .copied()
+            .ok_or_else(|| SqlError::Protocol("GET_LOCK returned no row".into()))?;
         if id != session.id {
             // Dropping the session closes it, which frees whatever it got.
             return Err(session_changed(session.id, id));
@@ -189,10 +200,29 @@ pub(crate) async fn try_acquire(
             waiting.session = Some(session);
             return Ok(Attempt::Busy { retry_after: None });
         }
-        session
+        let token = match token {
+            Some(token) if token > 0 && bumped > 0 => token,
+            // The session is dropped, which closes it and frees the lock.
+            other => {
+                return Err(SqlError::Protocol(format!(
+                    "the fencing counter statement changed {bumped} rows, insert id {other:?}"
+                )))
+            }
+        };
+        return grant(session, key, token, request);
     };
-    // Won. On any error from here the session is dropped, which closes it and frees the lock.
+    // Won in a wait. On any error from here the session is dropped, which closes it and frees the lock.
     let token = inner.bump_fence(&mut session.conn, &request.name).await?;
+    grant(session, key, token, request)
+}
+
+/// The grant of a session that holds `key`, with its committed token.
+fn grant(
+    session: Session,
+    key: String,
+    token: u64,
+    request: &AcquireRequest,
+) -> Result<Attempt<MysqlLease>, SqlError> {
     let loss = session.loss_signal();
     let held = Held::new(session, Flavor::Advisory { key });
     let mut grant = Grant::new(MysqlLease::Advisory(held))

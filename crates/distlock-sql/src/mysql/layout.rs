@@ -88,6 +88,18 @@ pub(crate) fn bump_fence(table: &str, name: &str) -> String {
     )
 }
 
+/// As [`bump_fence`], only when this session holds the `GET_LOCK` name `key` (sent after the
+/// `GET_LOCK` in the same multi-statement query: one round trip; no row is written when the lock was
+/// busy).
+pub(crate) fn bump_fence_if_locked(table: &str, name: &str, key: &str) -> String {
+    format!(
+        "INSERT INTO {table} (name, fence) SELECT {}, LAST_INSERT_ID(1) FROM DUAL \
+         WHERE IS_USED_LOCK('{key}') = CONNECTION_ID() \
+         ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)",
+        literal(name.as_bytes())
+    )
+}
+
 /// The counter of a name (`NULL`-free: no row → no result).
 pub(crate) fn read_fence(table: &str, name: &str) -> String {
     format!(

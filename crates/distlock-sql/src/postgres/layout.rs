@@ -147,6 +147,22 @@ impl Tables {
         )
     }
 
+    /// Advisory mode's try: `pg_try_advisory_lock` and, only when it got the lock, the fencing counter
+    /// bump of `$1`, in one autocommit statement (one round trip; the counter is committed before the
+    /// answer). Returns one row: whether it got the lock, and the new token (`NULL` when busy). A
+    /// session advisory lock ignores transactions, so the lock stays if the bump fails: the caller
+    /// closes the connection then.
+    pub(crate) fn try_lock_and_next_token(&self, key: AdvisoryKey) -> String {
+        let lock = advisory_call(key, "pg_try_advisory_lock");
+        format!(
+            "WITH l AS (SELECT {lock} AS got), \
+             t AS (INSERT INTO {fence} AS f (name, token) SELECT $1, 1 FROM l WHERE l.got \
+             ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token) \
+             SELECT l.got, (SELECT token FROM t) FROM l",
+            fence = self.fence
+        )
+    }
+
     /// The last token minted for `$1`.
     pub(crate) fn last_token(&self) -> String {
         format!("SELECT token FROM {} WHERE name = $1", self.fence)
@@ -252,8 +268,13 @@ pub(crate) const HOLDER_SETTINGS: &str = "SET statement_timeout = 0; SET lock_ti
 
 /// Advisory mode statements for a key.
 pub(crate) fn advisory(key: AdvisoryKey, function: &str) -> String {
+    format!("SELECT {}", advisory_call(key, function))
+}
+
+/// `function(key)`, the call alone.
+fn advisory_call(key: AdvisoryKey, function: &str) -> String {
     match key {
-        AdvisoryKey::Pair(a, b) => format!("SELECT {function}({a}, {b})"),
-        AdvisoryKey::Single(k) => format!("SELECT {function}({k})"),
+        AdvisoryKey::Pair(a, b) => format!("{function}({a}, {b})"),
+        AdvisoryKey::Single(k) => format!("{function}({k})"),
     }
 }

@@ -67,16 +67,8 @@ fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Sets the session's idle bound to `ttl` and reads `pg_backend_pid()`, refusing another pid than
-/// `expected`; then runs `then` (a statement without parameters) in the same round trip and returns
-/// the first column of its first row.
-async fn probe(
-    conn: &Conn,
-    ttl: Duration,
-    bound: Duration,
-    expected: i32,
-    then: Option<&str>,
-) -> Result<Option<String>, SqlError> {
+/// The statements that set the session's idle bound to `ttl` and read `pg_backend_pid()`.
+fn bound_sql(ttl: Duration) -> Result<String, SqlError> {
     let ms = ttl_ms(ttl);
     if ms > i32::MAX as u64 {
         // The server refuses a longer idle bound, so it could not end a cut-off holder's session.
@@ -87,12 +79,12 @@ async fn probe(
             i32::MAX
         )));
     }
-    let mut sql = layout::session_bound(ms);
-    if let Some(then) = then {
-        sql = format!("{sql}; {then}");
-    }
-    let messages =
-        Conn::bounded("probing the session", bound, conn.client.simple_query(&sql)).await?;
+    Ok(layout::session_bound(ms))
+}
+
+/// Reads the answer of [`bound_sql`] (plus what followed it): refuses another pid than `expected`,
+/// returns the first column of the next row.
+fn check_pid(messages: &[SimpleQueryMessage], expected: i32) -> Result<Option<String>, SqlError> {
     let mut rows = messages.iter().filter_map(|m| match m {
         SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_string)),
         _ => None,
@@ -107,6 +99,25 @@ async fn probe(
         ))),
         None => Err(SqlError::Protocol("the probe returned no pg_backend_pid()".into())),
     }
+}
+
+/// Sets the session's idle bound to `ttl` and reads `pg_backend_pid()`, refusing another pid than
+/// `expected`; then runs `then` (a statement without parameters) in the same round trip and returns
+/// the first column of its first row.
+async fn probe(
+    conn: &Conn,
+    ttl: Duration,
+    bound: Duration,
+    expected: i32,
+    then: Option<&str>,
+) -> Result<Option<String>, SqlError> {
+    let mut sql = bound_sql(ttl)?;
+    if let Some(then) = then {
+        sql = format!("{sql}; {then}");
+    }
+    let messages =
+        Conn::bounded("probing the session", bound, conn.client.simple_query(&sql)).await?;
+    check_pid(&messages, expected)
 }
 
 /// The dedicated connection of this acquire, opened (with the holder settings and the idle bound) on
@@ -150,25 +161,56 @@ pub(crate) async fn try_acquire(
     let stage = acquiring.stage;
     let conn = conn_of(acquiring)?;
     let lease = request.lease;
-    if stage == Stage::Locked {
-        probe(conn, lease, bound, conn.pid, None).await?;
-    } else {
-        let locked = match key {
-            Some(key) => {
-                let sql = layout::advisory(key, "pg_try_advisory_lock");
-                probe(conn, lease, bound, conn.pid, Some(&sql))
-                    .await?
-                    .as_deref()
-                    == Some("t")
-            }
-            None => try_row(inner, conn, &request.name, lease, bound).await?,
-        };
-        if !locked {
-            acquiring.clean = true;
-            return Ok(Attempt::Busy { retry_after: None });
+    let name = request.name.as_str();
+    // Every branch sends its statements pipelined (tokio-postgres writes the requests of futures
+    // polled together back to back), so each is one round trip. The probe comes after the core read
+    // its clock, so the server's idle clock restarts after the guard's validity window began.
+    let token = match (stage, key) {
+        (Stage::Locked, _) => {
+            // The wait got the lock: the probe and the counter bump.
+            let (probed, token) = futures_util::future::join(
+                probe(conn, lease, bound, conn.pid, None),
+                next_token(inner, conn, key.is_some(), name),
+            )
+            .await;
+            probed?;
+            token?
         }
-    }
-    let token = next_token(inner, conn, key.is_some(), &request.name).await?;
+        (_, Some(key)) => {
+            let sql = inner.tables.try_lock_and_next_token(key);
+            let (probed, locked) = futures_util::future::join(
+                probe(conn, lease, bound, conn.pid, None),
+                Conn::bounded(
+                    "pg_try_advisory_lock",
+                    bound,
+                    conn.client.query_typed_one(&sql, &[(&name, Type::TEXT)]),
+                ),
+            )
+            .await;
+            // On an error the connection may hold the lock: the core abandons the acquire, which
+            // closes it (`clean` stays false).
+            probed?;
+            let row = locked?;
+            let got: bool = row
+                .try_get(0)
+                .map_err(|e| SqlError::Protocol(format!("pg_try_advisory_lock returned {e}")))?;
+            if !got {
+                acquiring.clean = true;
+                return Ok(Attempt::Busy { retry_after: None });
+            }
+            let token: Option<i64> = row
+                .try_get(1)
+                .map_err(|e| SqlError::Protocol(format!("the fencing counter returned {e}")))?;
+            token_of(token, name)?
+        }
+        (_, None) => {
+            if !try_row(inner, conn, name, lease, bound).await? {
+                acquiring.clean = true;
+                return Ok(Attempt::Busy { retry_after: None });
+            }
+            next_token(inner, conn, false, name).await?
+        }
+    };
     let loss = conn.closed();
     let Some(conn) = acquiring.conn.take() else {
         return Err(SqlError::Protocol("internal error: no connection".into()));
@@ -259,11 +301,16 @@ async fn next_token(
     let token: i64 = row
         .try_get(0)
         .map_err(|e| SqlError::Protocol(format!("the fencing counter returned {e}")))?;
-    u64::try_from(token)
-        .ok()
+    token_of(Some(token), name)
+}
+
+/// A counter value as a token: positive, or the counter is not distlock's.
+fn token_of(token: Option<i64>, name: &str) -> Result<FencingToken, SqlError> {
+    token
+        .and_then(|t| u64::try_from(t).ok())
         .filter(|t| *t > 0)
         .map(FencingToken::new)
-        .ok_or_else(|| SqlError::Protocol(format!("the fencing counter of {name:?} is {token}")))
+        .ok_or_else(|| SqlError::Protocol(format!("the fencing counter of {name:?} is {token:?}")))
 }
 
 /// Waits in the server until the lock is this session's (`pg_advisory_lock`, or `FOR UPDATE` in a
@@ -277,26 +324,38 @@ pub(crate) async fn wait(
     let advisory = inner.config.mode == Mode::Advisory;
     let key = layout::key_for(&request.name, inner.config.key);
     connection(inner, acquiring).await?;
+    let name = request.name.as_str();
+    if advisory {
+        // The probe and the wait in one message: the idle bound is set before the wait starts, and a
+        // changed pid is refused when the wait returns, before any grant (the lock it got goes with the
+        // connection, which the abandon closes).
+        let sql = format!(
+            "{}; {}",
+            bound_sql(request.lease)?,
+            layout::advisory(key, "pg_advisory_lock")
+        );
+        acquiring.clean = false;
+        acquiring.stage = Stage::Waiting;
+        let conn = conn_of(acquiring)?;
+        let pid = conn.pid;
+        let waited = conn
+            .client
+            .simple_query(&sql)
+            .await
+            .map_err(|e| map_error("waiting for the lock", e))?;
+        acquiring.stage = Stage::Locked;
+        check_pid(&waited, pid)?;
+        return Ok(());
+    }
     {
         let conn = conn_of(acquiring)?;
-        let begin = (!advisory).then_some("BEGIN");
-        probe(conn, request.lease, bound, conn.pid, begin).await?;
+        probe(conn, request.lease, bound, conn.pid, Some("BEGIN")).await?;
     }
-    let sql = if advisory {
-        layout::advisory(key, "pg_advisory_lock")
-    } else {
-        inner.tables.lock_row(false)
-    };
-    let name = request.name.as_str();
+    let sql = inner.tables.lock_row(false);
     acquiring.clean = false;
     acquiring.stage = Stage::Waiting;
     let client = &conn_of(acquiring)?.client;
-    let waited = if advisory {
-        client.query(&sql, &[]).await
-    } else {
-        client.query_typed(&sql, &[(&name, Type::TEXT)]).await
-    };
-    match waited {
+    match client.query_typed(&sql, &[(&name, Type::TEXT)]).await {
         Ok(_) => {
             acquiring.stage = Stage::Locked;
             Ok(())
