@@ -33,6 +33,7 @@ mod inspect;
 pub mod layout;
 mod lease;
 mod session;
+mod tls;
 
 pub use backend::{PgAcquisition, PgLease, PostgresBackend};
 /// The driver, for [`fence`] and for tests that talk to the server directly.
