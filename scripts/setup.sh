@@ -15,6 +15,9 @@ PACKAGES+=(nodejs)
 PACKAGES+=(mariadb-server mariadb-client)
 # PostgreSQL 15 (distlock-sql): the tests run initdb + postgres from /usr/lib/postgresql/15/bin in temp dirs.
 PACKAGES+=(postgresql-15 postgresql-client-15)
+# PgBouncer (distlock-sql's pooler tests): the testkit runs /usr/sbin/pgbouncer with a config of its own,
+# never the system service.
+PACKAGES+=(pgbouncer)
 
 # The rest of the list in shared/reference/infra.md §9, to move into PACKAGES as the tests that need
 # them land (not installed now: they cost minutes and hundreds of MiB):
@@ -70,6 +73,7 @@ for bin in /usr/lib/postgresql/15/bin/initdb /usr/lib/postgresql/15/bin/postgres
     [ -x "$bin" ] || die "$bin missing after installing postgresql-15"
 done
 command -v psql >/dev/null || die "psql not on PATH after installing postgresql-client-15"
+[ -x /usr/sbin/pgbouncer ] || die "/usr/sbin/pgbouncer missing after installing pgbouncer"
 
 # node-redlock (npm `redlock` v5 + ioredis) for the Redlock interop tests, pinned by its package-lock.json.
 # nodesource's nodejs package carries npm; Debian's needs the separate npm package.

@@ -12,11 +12,15 @@ use distlock_sql::postgres::PostgresBackend;
 use distlock_testkit::conformance::{Client, Provider};
 use distlock_testkit::postgres::PostgresServer;
 use distlock_testkit::proxy::Proxy;
+use distlock_testkit::tls::TestCa;
 
 struct Postgres {
     server: PostgresServer,
-    mode: &'static str,
+    /// `mode=…`, and the TLS parameters in the TLS run.
+    query: String,
     proxies: Mutex<Vec<Arc<Proxy>>>,
+    /// The TLS run's CA (its files live as long as this).
+    _ca: Option<TestCa>,
 }
 
 #[async_trait::async_trait]
@@ -24,21 +28,37 @@ impl Provider for Postgres {
     async fn client(&self) -> Client {
         let proxy = Arc::new(Proxy::start(self.server.addr()).expect("proxy"));
         self.proxies.lock().expect("proxies").push(proxy.clone());
-        let url = format!("{}?mode={}", self.server.url_for(proxy.addr()), self.mode);
+        let url = format!("{}?{}", self.server.url_for(proxy.addr()), self.query);
         let backend = PostgresBackend::connect(&url).await.expect("connect");
         Client::new(Locks::new(backend)).with_proxy_cut(vec![proxy])
     }
 
     fn url(&self) -> Option<String> {
-        Some(format!("{}?mode={}", self.server.url(), self.mode))
+        Some(format!("{}?{}", self.server.url(), self.query))
     }
 }
 
 fn start(mode: &'static str) -> Postgres {
     Postgres {
         server: PostgresServer::start_or_panic(),
-        mode,
+        query: format!("mode={mode}"),
         proxies: Mutex::new(Vec::new()),
+        _ca: None,
+    }
+}
+
+/// Advisory mode over `sslmode=verify-full` (the proxy is on 127.0.0.1, in the certificate).
+fn start_tls() -> Postgres {
+    let ca = TestCa::new_or_panic();
+    let server = PostgresServer::start_tls(&ca, &[]).expect("start PostgreSQL with TLS");
+    Postgres {
+        server,
+        query: format!(
+            "mode=advisory&sslmode=verify-full&sslrootcert={}",
+            ca.ca_cert().display()
+        ),
+        proxies: Mutex::new(Vec::new()),
+        _ca: Some(ca),
     }
 }
 
@@ -59,6 +79,13 @@ mod row {
 mod lease {
     async fn provider() -> super::Postgres {
         super::start("lease")
+    }
+    distlock_testkit::conformance_suite!(provider);
+}
+
+mod tls {
+    async fn provider() -> super::Postgres {
+        super::start_tls()
     }
     distlock_testkit::conformance_suite!(provider);
 }

@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod etcd;
 pub mod mariadb;
 pub mod netcut;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod proxy;
 pub mod sentinel;

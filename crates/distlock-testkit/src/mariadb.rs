@@ -127,12 +127,33 @@ pub fn ready_probe(addr: SocketAddr) -> ReadyProbe {
 #[derive(Debug, Clone, Default)]
 pub struct MariaDbServerBuilder {
     args: Vec<String>,
+    tls: bool,
 }
 
 impl MariaDbServerBuilder {
     /// Appends a `mariadbd` option, e.g. `--wait-timeout=5`.
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.args.push(arg.into());
+        self
+    }
+
+    /// TLS on: `ca`'s server certificate (for `localhost` and `127.0.0.1`) and key, and its CA as
+    /// `--ssl-ca`. The files are read where `ca` keeps them, so keep `ca` alive while the server runs.
+    /// Plain connections are still accepted unless [`require_secure_transport`](Self::require_secure_transport).
+    pub fn tls(mut self, ca: &crate::tls::TestCa) -> Self {
+        self.args.extend([
+            format!("--ssl-cert={}", ca.server_cert().display()),
+            format!("--ssl-key={}", ca.server_key().display()),
+            format!("--ssl-ca={}", ca.ca_cert().display()),
+        ]);
+        self.tls = true;
+        self
+    }
+
+    /// `--require-secure-transport=ON`: the server refuses every TCP session without TLS, so a client
+    /// that gets in is encrypted. Needs [`tls`](Self::tls); [`MariaDbServer::client`] then speaks TLS.
+    pub fn require_secure_transport(mut self) -> Self {
+        self.args.push("--require-secure-transport=ON".into());
         self
     }
 
@@ -167,6 +188,7 @@ impl MariaDbServerBuilder {
                 "--max-connections=500",
             ])
             .args(self.args);
+        let tls = self.tls;
         if is_root() {
             spec = spec.arg("--user=root");
         }
@@ -175,6 +197,7 @@ impl MariaDbServerBuilder {
             process,
             addr,
             socket,
+            tls,
         };
         server.sql(&format!("CREATE DATABASE IF NOT EXISTS {DATABASE}"))?;
         Ok(server)
@@ -195,6 +218,8 @@ pub struct MariaDbServer {
     process: ServerProcess,
     addr: SocketAddr,
     socket: PathBuf,
+    /// Started with TLS: the `mariadb` client speaks it (unverified: the tests check distlock's side).
+    tls: bool,
 }
 
 impl MariaDbServer {
@@ -280,6 +305,9 @@ impl MariaDbServer {
         cmd.args(["--no-defaults", "--protocol=tcp", "-h127.0.0.1"])
             .arg(format!("-P{}", self.addr.port()))
             .args(["-uroot", "--batch", "--skip-column-names"]);
+        if self.tls {
+            cmd.arg("--ssl");
+        }
         cmd
     }
 

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::ports::{self, PortLease};
 use crate::process::{self, Probe, ReadyProbe, ServerProcess, ServerSpec};
+use crate::tls::TestCa;
 
 /// Where the PostgreSQL 15 binaries are installed on Debian.
 pub const DEFAULT_BIN_DIR: &str = "/usr/lib/postgresql/15/bin";
@@ -42,7 +43,7 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// `(uid, gid)` to run the server as: `None` when not root; the `postgres` user, else `nobody`.
-fn server_user() -> Result<Option<(u32, u32)>> {
+pub(crate) fn server_user() -> Result<Option<(u32, u32)>> {
     if !rustix::process::getuid().is_root() {
         return Ok(None);
     }
@@ -64,7 +65,7 @@ fn server_user() -> Result<Option<(u32, u32)>> {
     ))
 }
 
-fn chown(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
+pub(crate) fn chown(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
     if let Some((uid, gid)) = user {
         std::os::unix::fs::chown(path, Some(uid), Some(gid))
             .map_err(|e| Error::io(format!("chown {}", path.display()), e))?;
@@ -87,6 +88,17 @@ impl PostgresServer {
 
     /// As [`start`](Self::start), with extra `-c name=value` settings.
     pub fn start_with(settings: &[&str]) -> Result<PostgresServer> {
+        Self::start_inner(settings, None)
+    }
+
+    /// As [`start`](Self::start), with TLS on (`ssl=on`) serving `ca`'s server certificate (for
+    /// `localhost` and `127.0.0.1`); plain connections are still accepted, as a default `pg_hba.conf`
+    /// allows both.
+    pub fn start_tls(ca: &TestCa, settings: &[&str]) -> Result<PostgresServer> {
+        Self::start_inner(settings, Some(ca))
+    }
+
+    fn start_inner(settings: &[&str], tls: Option<&TestCa>) -> Result<PostgresServer> {
         let bin = bin_dir();
         let initdb = bin.join("initdb");
         let postgres = bin.join("postgres");
@@ -149,6 +161,24 @@ impl PostgresServer {
             .env_remove("PGPORT");
         for setting in settings {
             spec = spec.args(["-c", setting]);
+        }
+        if let Some(ca) = tls {
+            // Copies the server owns: PostgreSQL refuses a key file others can read or it does not own.
+            let cert = dir.path().join("server.pem");
+            let key = dir.path().join("server.key");
+            for (from, to) in [(ca.server_cert(), &cert), (ca.server_key(), &key)] {
+                std::fs::copy(from, to)
+                    .map_err(|e| Error::io(format!("copying {}", from.display()), e))?;
+                chown(to, user)?;
+            }
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .map_err(|e| Error::io("restricting the server key", e))?;
+            spec = spec
+                .args(["-c", "ssl=on"])
+                .arg("-c")
+                .arg(format!("ssl_cert_file={}", cert.display()))
+                .arg("-c")
+                .arg(format!("ssl_key_file={}", key.display()));
         }
         if let Some((uid, gid)) = user {
             spec = spec.uid(uid).gid(gid);

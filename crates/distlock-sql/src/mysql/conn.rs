@@ -37,11 +37,16 @@ pub(crate) struct Limits {
 /// `prefer_socket` is off unless the URL sets it (mysql_async would otherwise switch a loopback TCP
 /// connection to the server's unix socket, bypassing whatever the URL points at). `client_found_rows` is
 /// always off.
+///
+/// TLS is mysql_async's (`require_ssl=true`, `verify_ca=`, `verify_identity=`, `built_in_roots=`), with
+/// one parameter of distlock's, as mysql_async 0.36 has no URL spelling for it: `ssl_ca=<file>` (PEM),
+/// the CA trusted instead of the built-in roots; it needs `require_ssl=true`.
 pub(crate) fn driver_opts(url: &str) -> Result<Opts, SqlError> {
     let url = match url.strip_prefix("mariadb://") {
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_string(),
     };
+    let (url, ssl_ca) = take_ssl_ca(&url)?;
     let opts = Opts::from_url(&url).map_err(|e| {
         SqlError::Config(format!(
             "the MySQL driver refused the URL: {e} (driver parameters are mysql_async's, e.g. require_ssl=true)"
@@ -53,7 +58,73 @@ pub(crate) fn driver_opts(url: &str) -> Result<Opts, SqlError> {
     if !url.contains("prefer_socket=") {
         builder = builder.prefer_socket(false);
     }
+    if let Some(path) = ssl_ca {
+        let Some(ssl) = opts_ssl(&builder) else {
+            return Err(SqlError::Config(
+                "URL parameter ssl_ca needs TLS: add require_ssl=true".into(),
+            ));
+        };
+        let pem = std::fs::read(&path).map_err(|e| {
+            SqlError::Config(format!("cannot read the TLS CA file {path} (ssl_ca=): {e}"))
+        })?;
+        if !pem
+            .windows(b"-----BEGIN CERTIFICATE-----".len())
+            .any(|w| w == b"-----BEGIN CERTIFICATE-----")
+        {
+            return Err(SqlError::Config(format!(
+                "the TLS CA file {path} (ssl_ca=) holds no PEM certificate"
+            )));
+        }
+        let ssl = ssl
+            .with_root_certs(vec![pem.into()])
+            .with_disable_built_in_roots(true);
+        builder = builder.ssl_opts(ssl);
+    }
     Ok(Opts::from(builder))
+}
+
+fn opts_ssl(builder: &OptsBuilder) -> Option<mysql_async::SslOpts> {
+    Opts::from(builder.clone()).ssl_opts().cloned()
+}
+
+/// Takes `ssl_ca=` out of the URL's query (mysql_async would refuse it as unknown).
+fn take_ssl_ca(url: &str) -> Result<(String, Option<String>), SqlError> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_string(), None));
+    };
+    let mut kept = Vec::new();
+    let mut ca = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("ssl_ca", value)) => {
+                let value = distlock_core::url::percent_decode(value);
+                if value.is_empty() {
+                    return Err(SqlError::Config(
+                        "URL parameter ssl_ca is empty: name the CA certificate file (PEM)".into(),
+                    ));
+                }
+                ca = Some(value);
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, ca))
+}
+
+/// Whether a driver error is a failed TLS handshake (told by type: a rustls error under it).
+fn is_tls_failure(e: &mysql_async::Error) -> bool {
+    match e {
+        mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => true,
+        mysql_async::Error::Io(mysql_async::IoError::Io(io)) => io
+            .get_ref()
+            .is_some_and(|inner| inner.is::<rustls::Error>()),
+        _ => false,
+    }
 }
 
 /// Maps a mysql_async error, by its typed variant and the server's error code.
@@ -84,6 +155,14 @@ pub(crate) fn map_error(action: &'static str, e: mysql_async::Error) -> SqlError
             },
         },
         E::Url(_) => SqlError::Config(format!("{action}: {e}")),
+        E::Io(_) if is_tls_failure(&e) => SqlError::Unavailable {
+            action,
+            message: format!(
+                "the TLS handshake failed: {e} (check require_ssl, verify_ca, verify_identity and ssl_ca= in the \
+                 URL: ssl_ca must name the CA that signed the server's certificate)"
+            ),
+            source: Some(Box::new(e)),
+        },
         E::Io(_) => SqlError::Unavailable {
             action,
             message: e.to_string(),

@@ -10,6 +10,17 @@
 //! two changes: `mariadb://` is spelled `mysql://`, and `prefer_socket` is off unless the URL sets it.
 //! distlock's parameters (`mode`, `table`, `schema`, `request_timeout`, `lease`) are stripped first.
 //!
+//! **TLS** is mysql_async's, through rustls (ring): `require_ssl=true` turns it on, and verifies the
+//! chain and the host name unless `verify_ca=false` / `verify_identity=false`; `built_in_roots=false`
+//! drops mysql_async's built-in roots. mysql_async 0.36 has no URL spelling for a CA file, so distlock
+//! adds one, stripped before the driver sees the URL: `ssl_ca=<file>` (PEM), trusted **instead of** the
+//! built-in roots (the rule for a CA file everywhere in distlock); it needs `require_ssl=true`. A failed
+//! handshake is `Unavailable` with a message that says so.
+//!
+//! ```text
+//! mariadb://app:pw@db.example/app?require_ssl=true&ssl_ca=/etc/ssl/db-ca.pem
+//! ```
+//!
 //! **Modes** (see the crate docs): `advisory` — `GET_LOCK(`[`advisory_name`]`(name), …)` on a dedicated
 //! session held for the guard's life, waiting in the server, a cancelled wait ended by `KILL QUERY`;
 //! `row` — the name's row `SELECT … FOR UPDATE` in a transaction held open on a dedicated session;

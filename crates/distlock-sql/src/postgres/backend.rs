@@ -12,7 +12,7 @@ use distlock_core::{Capabilities, Fencing, Result};
 use tokio::sync::{broadcast, Mutex};
 use tokio_postgres::types::Type;
 
-use super::conn::{driver_config, Conn};
+use super::conn::{driver_config, Conn, Driver};
 use super::layout::{self, Tables};
 use super::{inspect, lease, session};
 use crate::config::{Mode, SqlConfig};
@@ -38,7 +38,7 @@ impl std::fmt::Debug for PostgresBackend {
 
 pub(crate) struct Inner {
     pub(crate) config: SqlConfig,
-    pub(crate) driver: tokio_postgres::Config,
+    pub(crate) driver: Driver,
     pub(crate) tables: Tables,
     /// The control connection: fence counters in row mode, every lease-mode statement, `LISTEN`.
     control: Mutex<Option<Arc<Conn>>>,
@@ -107,6 +107,7 @@ impl Inner {
 
     async fn open_dedicated(&self) -> std::result::Result<Conn, SqlError> {
         let conn = self.open(false).await?;
+        conn.refuse_pooler()?;
         let setup = format!("{}; {}", layout::HOLDER_SETTINGS, self.tables.warm_up());
         Conn::bounded(
             "setting up the session",

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, CancelToken, Client, NoTls};
+use tokio_postgres::{AsyncMessage, CancelToken, Client};
 
+use super::tls::{self, MakeRustls};
 use crate::error::SqlError;
 use crate::SqlConfig;
 
@@ -18,7 +19,12 @@ pub(crate) struct Conn {
     pub(crate) client: Client,
     /// `pg_backend_pid()` when it was opened.
     pub(crate) pid: i32,
+    /// The process id of the cancel key the login handed out (BackendKeyData): the backend's pid when
+    /// distlock talks to PostgreSQL itself, a pooler's own key otherwise (see [`Conn::refuse_pooler`]).
+    key_pid: Option<i32>,
     cancel: CancelToken,
+    /// The connection's TLS, for the cancel request.
+    tls: MakeRustls,
     closed: watch::Receiver<Option<String>>,
     /// The task driving the connection future: aborted on drop, so the socket closes at once even
     /// with a statement still waiting in the server (dropping only the client would keep the socket
@@ -40,9 +46,19 @@ impl std::fmt::Debug for Conn {
     }
 }
 
-/// The driver's config from the URL as written, with distlock's defaults where the URL says nothing.
-pub(crate) fn driver_config(config: &SqlConfig) -> Result<tokio_postgres::Config, SqlError> {
-    let mut driver = tokio_postgres::Config::from_str(&config.url).map_err(|e| {
+/// How to connect: the driver's config and the TLS hook (see [`tls`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Driver {
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) tls: MakeRustls,
+}
+
+/// The driver's config from the URL as written (libpq's `sslmode=verify-*` and `sslrootcert=` taken
+/// out first, as tokio-postgres knows neither), with distlock's defaults where the URL says nothing.
+pub(crate) fn driver_config(config: &SqlConfig) -> Result<Driver, SqlError> {
+    let request = tls::read_url(&config.url)?;
+    let tls = MakeRustls::new(tls::client_config(&request)?);
+    let mut driver = tokio_postgres::Config::from_str(&request.url).map_err(|e| {
         SqlError::Config(format!(
             "the PostgreSQL URL is not one tokio-postgres accepts: {e}"
         ))
@@ -53,17 +69,21 @@ pub(crate) fn driver_config(config: &SqlConfig) -> Result<tokio_postgres::Config
     if driver.get_connect_timeout().is_none() {
         driver.connect_timeout(config.connection.connect_timeout);
     }
-    Ok(driver)
+    Ok(Driver {
+        config: driver,
+        tls,
+    })
 }
 
 impl Conn {
     /// Opens a connection; `notify` receives the payloads of `NOTIFY`s this connection listens to.
     pub(crate) async fn open(
-        driver: &tokio_postgres::Config,
+        driver: &Driver,
         bound: Duration,
         notify: Option<broadcast::Sender<String>>,
     ) -> Result<Conn, SqlError> {
-        let connecting = driver.connect(NoTls);
+        let tls = driver.tls.clone();
+        let connecting = driver.config.connect(tls.clone());
         let (client, mut connection) = tokio::time::timeout(bound, connecting)
             .await
             .map_err(|_| SqlError::Timeout {
@@ -90,6 +110,7 @@ impl Conn {
         })
         .abort_handle();
         let cancel = client.cancel_token();
+        let key_pid = key_pid(&cancel).await;
         let row = tokio::time::timeout(bound, client.query_one("SELECT pg_backend_pid()", &[]))
             .await
             .map_err(|_| SqlError::Timeout {
@@ -103,10 +124,31 @@ impl Conn {
         Ok(Conn {
             client,
             pid,
+            key_pid,
             cancel,
+            tls,
             closed,
             driver,
         })
+    }
+
+    /// Refuses a connection whose server session is not its own: a pooler (PgBouncer) hands clients a
+    /// cancel key of its own at login, so the key's process id is not `pg_backend_pid()`. A
+    /// transaction pooler moves the client between server sessions from one transaction to the next,
+    /// so a session advisory lock would stay behind on a server connection other clients then get.
+    /// Checked at login, before any lock: the pid comparison of each probe only notices the move once
+    /// the pooler happens to make it.
+    pub(crate) fn refuse_pooler(&self) -> Result<(), SqlError> {
+        match self.key_pid {
+            Some(key) if key != self.pid => Err(SqlError::SessionChanged(format!(
+                "the login's cancel key names process {key} but pg_backend_pid() is {}: a connection pooler \
+                 (PgBouncer) sits between distlock and PostgreSQL, and advisory and row locks live in a server \
+                 session, which a transaction pooler does not keep for one client; connect to PostgreSQL \
+                 directly or use ?mode=lease",
+                self.pid
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Whether the driver task has seen the connection end.
@@ -128,7 +170,7 @@ impl Conn {
     /// Asks the server to cancel whatever this connection is running (a wait), on a connection of its
     /// own, bounded by `bound`. Best effort: the caller closes this connection afterwards anyway.
     pub(crate) async fn cancel(&self, bound: Duration) {
-        match tokio::time::timeout(bound, self.cancel.cancel_query(NoTls)).await {
+        match tokio::time::timeout(bound, self.cancel.cancel_query(self.tls.clone())).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::debug!(error = %e, "cancel request failed"),
             Err(_) => tracing::debug!("cancel request timed out"),
@@ -151,6 +193,33 @@ impl Conn {
     }
 }
 
+/// The process id in a connection's cancel key. tokio-postgres keeps the key private but writes it
+/// out as a cancel request on any stream: here an in-memory one, answered as a server would (`S` to
+/// the TLS request, then the handshake is a no-op), so nothing reaches the network. `None` if the
+/// request could not be read back.
+async fn key_pid(cancel: &CancelToken) -> Option<i32> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (client, mut server) = tokio::io::duplex(64);
+    let reader = async move {
+        let mut head = [0u8; 8];
+        server.read_exact(&mut head).await.ok()?;
+        // SSLRequest: length 8, code 80877103.
+        if head[4..8] == 80_877_103_i32.to_be_bytes() {
+            server.write_all(b"S").await.ok()?;
+            server.read_exact(&mut head).await.ok()?;
+        }
+        // CancelRequest: length 16, code 80877102, process id, secret key.
+        if head[4..8] != 80_877_102_i32.to_be_bytes() {
+            return None;
+        }
+        let mut pid = [0u8; 4];
+        server.read_exact(&mut pid).await.ok()?;
+        Some(i32::from_be_bytes(pid))
+    };
+    let (_, pid) = tokio::join!(cancel.cancel_query_raw(client, tls::Plain), reader);
+    pid
+}
+
 /// What a driver error means, by SQLSTATE where the server sent one.
 pub(crate) fn map_error(action: &'static str, e: tokio_postgres::Error) -> SqlError {
     let message = e.as_db_error().map_or_else(
@@ -164,10 +233,16 @@ pub(crate) fn map_error(action: &'static str, e: tokio_postgres::Error) -> SqlEr
         |db| db.message().to_string(),
     );
     let Some(code) = e.code() else {
-        if message.contains("TLS") || message.contains("tls") {
-            return SqlError::Unsupported(format!(
-                "{action}: {message}; distlock's PostgreSQL backend connects without TLS for now (use sslmode=disable or prefer)"
-            ));
+        if tls::is_tls_failure(&e) {
+            // Told by the error's type (a rustls error under the driver's), not by its words.
+            return SqlError::Unavailable {
+                action,
+                message: format!(
+                    "the TLS handshake failed: {message} (check sslmode and sslrootcert= in the URL: \
+                     sslrootcert must name the CA that signed the server's certificate)"
+                ),
+                source: Some(Box::new(e)),
+            };
         }
         return SqlError::Unavailable {
             action,

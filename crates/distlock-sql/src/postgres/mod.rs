@@ -3,7 +3,28 @@
 //! The URL is tokio-postgres' own (libpq's key/value options as query parameters: `host=/socket/dir`,
 //! `sslmode=`, `connect_timeout=`, `application_name=`, …), handed to the driver as written once
 //! distlock's own parameters ([`crate::DISTLOCK_QUERY`]: `mode`, `table`, `schema`, `key`, `lease`,
-//! `request_timeout`) are stripped. TLS is not wired yet: `sslmode=require` fails with `Unsupported`.
+//! `request_timeout`) are stripped.
+//!
+//! **TLS** is rustls (ring), with libpq's spellings: `sslmode=disable|prefer|require|verify-ca|verify-full`
+//! (default `prefer`) and `sslrootcert=<file>` (a PEM CA trusted instead of the system roots). `require`
+//! encrypts without checking the certificate, as libpq does, unless `sslrootcert` is given (then the
+//! chain is checked, as libpq does); `verify-ca` checks the chain, `verify-full` the chain and the host
+//! name (an IP address in the URL is checked against the certificate's IP names). The cancel request of
+//! a given-up wait uses the same TLS. tokio-postgres knows neither `verify-*` nor `sslrootcert`, so
+//! distlock takes them out of the URL and hands the driver `sslmode=require`. SCRAM runs without
+//! channel binding (`channel_binding=require` is refused by the driver). A failed handshake is
+//! `Unavailable` with a message that says so.
+//!
+//! ```text
+//! postgres://app:pw@db.example:5432/app?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem
+//! ```
+//!
+//! **Poolers.** Advisory and row locks live in a server session. A connection pooler (PgBouncer) hands
+//! the client a cancel key of its own at login, whose process id is not `pg_backend_pid()`; distlock
+//! compares the two on every connection it opens for a lock and refuses (`Unsupported`, the message names
+//! the pooler and says to use `?mode=lease`) before anything is locked. Lease mode holds no session and
+//! works through a transaction pooler. (A session-mode pooler, which would be safe, is refused too: the
+//! two look the same at login.)
 //!
 //! * **advisory** (default): `pg_advisory_lock(key)` on a dedicated connection held for the life of the
 //!   guard; the key is [`layout::advisory_key`] of the name (or `?key=`).
@@ -33,6 +54,7 @@ mod inspect;
 pub mod layout;
 mod lease;
 mod session;
+mod tls;
 
 pub use backend::{PgAcquisition, PgLease, PostgresBackend};
 /// The driver, for [`fence`] and for tests that talk to the server directly.
