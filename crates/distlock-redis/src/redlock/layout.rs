@@ -11,8 +11,9 @@
 //!
 //! **Not the `redis://` lock.** The `redis://` backend keeps Redisson's *hash* at the same key, so
 //! `redis://…` and `redlock://…` locks of one name are different locks; where both are used on the same
-//! server, the scripts here meet a hash and Redis answers `WRONGTYPE`: a failed vote, like a node down.
-//! When the failed votes leave no quorum possible, the acquire fails with a `Protocol` error saying so.
+//! server, the scripts here meet a hash and Redis answers `WRONGTYPE`. That is a clear error (`Protocol`,
+//! naming the clash) only when the failed votes make a quorum impossible; otherwise a failed vote, like
+//! a node down.
 //!
 //! # The scripts
 //!
