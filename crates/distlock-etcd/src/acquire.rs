@@ -123,7 +123,9 @@ impl EtcdBackend {
             // Kept in the acquisition too: a grant the core refuses (it came after its deadline) is abandoned.
             let claim = acq.claim.unwrap_or(FOREIGN);
             acq.granted = true;
-            return Ok(Attempt::Acquired(self.grant(found, claim, request.lease)));
+            return Ok(Attempt::Acquired(
+                self.grant(found, claim, request.lease).await,
+            ));
         }
         acq.watch = found
             .predecessor

@@ -3,14 +3,16 @@
 //! revoke`, a lease expiry) makes its guard `Lost` within one round trip of the delete instead of at the
 //! next keep-alive (a third of the session TTL: 20 s at the default 60 s).
 //!
-//! Each watch starts at the revision of the read that granted the key + 1 and filters out puts, so the
-//! only event it can see is the delete of that very key (a key recreated later has a newer
-//! create_revision and comes after our delete). Because of that start revision a watch need not exist
-//! from the grant's first instant: it is created `WATCH_DELAY` (100 ms) after the grant, so the short
-//! holds of a busy acquire/release loop cost the server nothing, and a delete in the first 100 ms is
-//! reported up to about 200 ms after the grant (a watch starting in the past is served by etcd's 100 ms
-//! unsynced-watcher loop until it has caught up). A broken stream is reopened and every watch recreated
-//! from its start revision, so a delete that happened while disconnected is still reported; a watch
+//! Each watch filters out puts, so the only event it can see is the delete of that very key (a key
+//! recreated later has a newer create_revision and comes after our delete). It is created at the grant,
+//! and the grant waits for its confirmation: a delete after that reaches this watch as soon as it
+//! reaches the next waiter's watch, so the guard is `Lost` before that waiter can be granted. It
+//! starts at the server's current revision, not at the grant's: a watch starting in the past is
+//! "unsynced" in etcd and served by its 100 ms catch-up loop, late enough for the next waiter to be
+//! granted first. A delete between the grant's read and the watch is found by re-reading the key
+//! when the confirmation's revision shows that the store moved meanwhile (see
+//! [`HeldKeys::watch`]). A broken stream is reopened and every watch recreated from the grant's
+//! revision + 1, so a delete that happened while disconnected is still reported; a watch
 //! whose start revision was compacted meanwhile re-reads the key instead (and is watched again under
 //! a new id: etcd refuses a cancelled id on the same stream). The task runs on the runtime
 //! of whoever registered a key; if that runtime is gone (its tasks are dropped with it) the next
@@ -27,7 +29,7 @@ use crate::rpc::pb::etcdserverpb::{RangeRequest, WatchCreateRequest, WatchRespon
 use crate::rpc::pb::mvccpb::event::EventType;
 use crate::rpc::{Client, WatchStream};
 use crate::tasks::Task;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::metadata::AsciiMetadataValue;
 
 /// The loss channel of one held lock: the first reason sent wins.
@@ -52,14 +54,15 @@ struct Entry {
     /// The revision to (re)start the watch from.
     from: i64,
     lost: LossSender,
-    /// When its watch is to be created (`WATCH_DELAY` after the grant).
-    due: tokio::time::Instant,
     /// Its watch was (or is being) created on the current stream: a release must cancel it.
     created: bool,
+    /// Its watch was never created yet: the first one starts at the current revision (see the module
+    /// docs), later ones at `from`.
+    fresh: bool,
 }
 
 enum Command {
-    /// An entry is due later than anything the task waits for (or it waits for nothing).
+    /// A new entry is to be watched.
     Wake,
     Cancel(i64),
     /// The connection was replaced: reopen the stream on the new one.
@@ -82,10 +85,9 @@ struct State {
     /// made again: etcd does not take a cancelled id back on the same stream), old → new.
     moved: HashMap<i64, i64>,
     task: Option<Watcher>,
-    /// The task will wake by itself no later than the due time of any entry without a watch (a timer
-    /// for the earliest one is armed, or a wake is queued). Entries are due in the order they come, so
-    /// a new one then needs no wake: a busy acquire/release loop does not wake the task per grant.
-    armed: bool,
+    /// The grants waiting for their watch's confirmation, by watch id: each gets the revision the
+    /// server created the watch at.
+    confirmations: HashMap<i64, oneshot::Sender<i64>>,
 }
 
 /// The held keys of one backend and the task that watches them.
@@ -113,7 +115,7 @@ impl HeldKeys {
                 entries: HashMap::new(),
                 moved: HashMap::new(),
                 task: None,
-                armed: false,
+                confirmations: HashMap::new(),
             })),
         }
     }
@@ -132,10 +134,21 @@ impl HeldKeys {
     }
 
     /// Watches `key` (created at `rev`, known to exist at revision `from - 1`) until
-    /// [`unwatch`](Self::unwatch); a delete is reported on `lost`. Returns the watch id.
-    pub(crate) fn watch(&self, key: String, rev: i64, from: i64, lost: LossSender) -> i64 {
+    /// [`unwatch`](Self::unwatch); a delete is reported on `lost`. Returns the watch id and the
+    /// confirmation: the revision the server created the watch at (an error if the stream broke
+    /// first; the watch is then made again from `from`). The watch covers every revision after that
+    /// one; whether the key still existed at it is for the caller to find out (a delete after `from`
+    /// and up to it is reported too, but only by etcd's 100 ms catch-up loop).
+    pub(crate) fn watch(
+        &self,
+        key: String,
+        rev: i64,
+        from: i64,
+        lost: LossSender,
+    ) -> (i64, oneshot::Receiver<i64>) {
+        let (confirm, confirmed) = oneshot::channel();
         let Ok(mut state) = self.state.lock() else {
-            return 0;
+            return (0, confirmed);
         };
         state.next_id += 1;
         let id = state.next_id;
@@ -146,16 +159,17 @@ impl HeldKeys {
                 rev,
                 from,
                 lost,
-                due: tokio::time::Instant::now() + WATCH_DELAY,
                 created: false,
+                fresh: true,
             },
         );
-        if !self.ensure_task(&mut state) && !state.armed {
+        state.confirmations.insert(id, confirm);
+        if !self.ensure_task(&mut state) {
             if let Some(task) = &state.task {
-                state.armed = task.commands.send(Command::Wake).is_ok();
+                let _ = task.commands.send(Command::Wake);
             }
         }
-        id
+        (id, confirmed)
     }
 
     /// Stops watching (the lock was released).
@@ -164,6 +178,7 @@ impl HeldKeys {
             return;
         };
         let mut id = id;
+        state.confirmations.remove(&id);
         while let Some(moved) = state.moved.remove(&id) {
             id = moved;
         }
@@ -202,21 +217,16 @@ impl HeldKeys {
             commands,
             task: Task::spawn(&runtime, run(shared, rx)),
         });
-        state.armed = true;
         true
     }
 }
 
-/// How long after its grant a key's watch is created. A watch starts at the grant's revision, so a
-/// delete in between is still seen (at most this much later); holds shorter than this (most, in a busy
-/// acquire/release loop) cost the server no watch at all.
-const WATCH_DELAY: Duration = Duration::from_millis(100);
-
-/// The watch of one held key: deletes only, from revision `from`, under the client-chosen id `id`.
-fn options(key: &str, id: i64, from: i64) -> WatchCreateRequest {
+/// The watch of one held key: deletes only, under the client-chosen id `id`; from the server's current
+/// revision the first time, from the entry's start revision after that.
+fn options(id: i64, entry: &Entry) -> WatchCreateRequest {
     WatchCreateRequest {
-        key: key.as_bytes().to_vec(),
-        start_revision: from,
+        key: entry.key.as_bytes().to_vec(),
+        start_revision: if entry.fresh { 0 } else { entry.from },
         filters: vec![FilterType::Noput as i32],
         watch_id: id,
         ..WatchCreateRequest::default()
@@ -236,25 +246,26 @@ fn take_entries(shared: &Shared, pick: impl Fn(&Entry) -> bool) -> Option<Taken>
     let mut taken = Vec::new();
     for (id, entry) in state.entries.iter_mut() {
         if !entry.created && pick(entry) {
-            entry.created = true;
             taken.push((*id, entry.clone()));
+            entry.created = true;
+            entry.fresh = false;
         }
     }
     Some((state.client.clone(), state.request_timeout, taken))
 }
 
-/// The earliest due time of an entry without a watch; records that a timer for it is armed.
-fn next_due(shared: &Shared) -> Option<tokio::time::Instant> {
-    let state = shared.upgrade()?;
-    let mut state = state.lock().ok()?;
-    let next = state
-        .entries
-        .values()
-        .filter(|e| !e.created)
-        .map(|e| e.due)
-        .min();
-    state.armed = next.is_some();
-    next
+/// Hands a new watch's creation revision to the grant waiting for it.
+fn confirm(shared: &Shared, id: i64, revision: i64) {
+    let Some(state) = shared.upgrade() else {
+        return;
+    };
+    let confirm = match state.lock() {
+        Ok(mut s) => s.confirmations.remove(&id),
+        Err(_) => None,
+    };
+    if let Some(confirm) = confirm {
+        let _ = confirm.send(revision);
+    }
 }
 
 async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
@@ -280,11 +291,8 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
         };
         // etcd checks every watch created on the stream against the token it was opened with.
         let opened_with = client.token();
-        let opened = tokio::time::timeout(
-            request_timeout,
-            client.watch(options(&first.key, *first_id, first.from)),
-        )
-        .await;
+        let opened =
+            tokio::time::timeout(request_timeout, client.watch(options(*first_id, first))).await;
         let mut stream = match opened {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {
@@ -304,40 +312,33 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut refused = false;
         let mut broken = false;
         for (id, entry) in rest {
-            if stream
-                .watch(options(&entry.key, *id, entry.from))
-                .await
-                .is_err()
-            {
+            if stream.watch(options(*id, entry)).await.is_err() {
                 broken = true;
                 break;
             }
             active.insert(*id);
         }
         while !broken {
-            let due = next_due(&shared);
             tokio::select! {
                 command = commands.recv() => match command {
                     None => return,
-                    Some(Command::Wake) => {}
+                    Some(Command::Wake) => {
+                        let Some((_, _, taken)) = take_entries(&shared, |_| true) else { return };
+                        for (id, entry) in taken {
+                            if stream.watch(options(id, &entry)).await.is_err() {
+                                broken = true;
+                                break;
+                            }
+                            unconfirmed += 1;
+                            active.insert(id);
+                        }
+                    }
                     Some(Command::Cancel(id)) => {
                         if active.remove(&id) && stream.cancel(id).await.is_err() {
                             broken = true;
                         }
                     }
                     Some(Command::Reopen) => broken = true,
-                },
-                _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
-                    let now = tokio::time::Instant::now();
-                    let Some((_, _, taken)) = take_entries(&shared, |e| e.due <= now) else { return };
-                    for (id, entry) in taken {
-                        if stream.watch(options(&entry.key, id, entry.from)).await.is_err() {
-                            broken = true;
-                            break;
-                        }
-                        unconfirmed += 1;
-                        active.insert(id);
-                    }
                 },
                 message = stream.message() => match message {
                     // A create the server refused (etcd answers it created and cancelled, under id -1):
@@ -350,6 +351,8 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                     }
                     Ok(Some(resp)) => {
                         if resp.created {
+                            let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+                            confirm(&shared, resp.watch_id, revision);
                             unconfirmed = unconfirmed.saturating_sub(1);
                             if unconfirmed == 0 {
                                 backoff.reset();
@@ -412,10 +415,7 @@ impl Refusals {
 async fn wait_for_a_key(shared: &Shared, commands: &mut mpsc::UnboundedReceiver<Command>) -> bool {
     let idle = match shared.upgrade() {
         Some(state) => match state.lock() {
-            Ok(mut s) if s.entries.is_empty() => {
-                s.armed = false;
-                true
-            }
+            Ok(s) if s.entries.is_empty() => true,
             Ok(_) => false,
             Err(_) => return false,
         },
@@ -424,13 +424,7 @@ async fn wait_for_a_key(shared: &Shared, commands: &mut mpsc::UnboundedReceiver<
     if !idle {
         return true;
     }
-    // A new key: its watch is due `WATCH_DELAY` after its grant, so a hold shorter than that opens
-    // no stream at all (it is gone from `entries` by then).
-    if commands.recv().await.is_none() {
-        return false;
-    }
-    tokio::time::sleep(WATCH_DELAY).await;
-    true
+    commands.recv().await.is_some()
 }
 
 fn entry_of(shared: &Shared, id: i64) -> Option<Entry> {
@@ -548,7 +542,10 @@ async fn handle(
         s.moved.insert(id, new_id);
         new_id
     };
-    stream.watch(options(&entry.key, new_id, from)).await?;
+    let mut entry = entry;
+    entry.from = from;
+    entry.fresh = false;
+    stream.watch(options(new_id, &entry)).await?;
     active.insert(new_id);
     Ok(true)
 }

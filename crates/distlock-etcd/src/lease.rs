@@ -107,7 +107,12 @@ pub(crate) struct LeaseClock {
 }
 
 impl EtcdBackend {
-    pub(crate) fn grant(&self, found: Position, claim: u64, lease: Duration) -> Grant<EtcdLease> {
+    pub(crate) async fn grant(
+        &self,
+        found: Position,
+        claim: u64,
+        lease: Duration,
+    ) -> Grant<EtcdLease> {
         let Position {
             session,
             key,
@@ -144,12 +149,14 @@ impl EtcdBackend {
             }
         });
         let token = FencingToken::new(rev.unsigned_abs());
-        // From the revision the grant was read at + 1: the key existed then, so any delete the watch
-        // sees is of this very key.
-        let watch_id = self
-            .inner
-            .held
-            .watch(key.clone(), rev, read_rev + 1, lost.clone());
+        // Recreated (after a broken stream) from the revision the grant was read at + 1: the key
+        // existed then, so any delete the watch sees is of this very key.
+        let (watch_id, confirmed) =
+            self.inner
+                .held
+                .watch(key.clone(), rev, read_rev + 1, lost.clone());
+        self.await_watch(&key, rev, read_rev, confirmed, &lost)
+            .await;
         let held = EtcdLease {
             key,
             rev,
@@ -167,6 +174,48 @@ impl EtcdBackend {
             .with_token(token)
             .with_ttl(ttl)
             .with_loss(loss)
+    }
+
+    /// Waits for the held-key watch made at a grant (read at `read_rev`), so that a delete after the
+    /// grant is `Lost` before the next waiter, whose watch sees the same delete, can be granted (etcd
+    /// sends an event to every synced watch at once; that waiter then needs one more round trip). The
+    /// watch starts at the revision it was created at: if the store moved since the grant's read, the
+    /// key is read again, so a delete in between is `Lost` before the grant is even returned. A watch
+    /// not confirmed within the request timeout (the stream broke; it is made again from the grant's
+    /// revision) leaves the grant as it is: the delete is still reported, only later.
+    async fn await_watch(
+        &self,
+        key: &str,
+        rev: i64,
+        read_rev: i64,
+        confirmed: tokio::sync::oneshot::Receiver<i64>,
+        lost: &LossSender,
+    ) {
+        let timeout = self.inner.config.connection.request_timeout;
+        let created_at = match tokio::time::timeout(timeout, confirmed).await {
+            Ok(Ok(revision)) => revision,
+            _ => {
+                tracing::debug!(%key, "etcd: the held-key watch was not confirmed in time; a delete is reported once it is made again");
+                return;
+            }
+        };
+        if created_at <= read_rev {
+            return;
+        }
+        let own = crate::rpc::pb::etcdserverpb::RangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        };
+        match self.get("held-key check", own).await {
+            Ok(read) if read.kvs.first().is_some_and(|kv| kv.create_revision == rev) => {}
+            Ok(_) => report_loss(
+                lost,
+                format!("its key {key} was deleted on the server right after the grant (by hand, or its session lease was revoked or expired)"),
+            ),
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "etcd: re-reading a just-granted key failed; its watch still reports a delete, if later");
+            }
+        }
     }
 
     /// Starts the lock's expiry timer once its lease (`ttl`) is shorter than its session's TTL: only

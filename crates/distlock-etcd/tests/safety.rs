@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{keys, wait_keys};
 use distlock_core::url::LockUrl;
 use distlock_core::{LockState, Locks};
-use distlock_etcd::rpc::pb::etcdserverpb::{CompactionRequest, PutRequest};
+use distlock_etcd::rpc::pb::etcdserverpb::{CompactionRequest, DeleteRangeRequest, PutRequest};
 use distlock_etcd::rpc::Client;
 use distlock_etcd::{EtcdBackend, EtcdConfig};
 use distlock_testkit::etcd::EtcdServer;
@@ -213,6 +213,69 @@ async fn fault_deleted_key_is_lost_at_once_at_the_default_session_ttl() {
     assert_eq!(bystander.state(), LockState::Held);
     bystander.release().await.unwrap();
     let _ = guard.release().await;
+}
+
+/// An operator's delete of a key right after its grant (the key of a hold that has just begun, with
+/// the next client queued behind it): the guard must be `Lost` by the time that next client is
+/// granted. With the held-key watch made 100 ms after the grant, it stayed `Held` up to ~200 ms after
+/// the delete while the next client was granted within a round trip: two guards `Held` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_delete_right_after_the_grant_is_lost_before_the_next_holder_is_granted() {
+    let server = EtcdServer::start_or_panic();
+    let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
+        .await
+        .unwrap();
+    let first = {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    let second = {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    let third = {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    for round in 0..3 {
+        let name = common::name(&format!("early_delete_{round}"));
+        let prefix = format!("{name}/");
+        let blocker = first.lock(&name).unwrap().acquire().await.unwrap();
+        // The next holder queues behind the blocker, the one after it behind the next holder.
+        let lock = second.lock(&name).unwrap();
+        let next = tokio::spawn(async move { lock.acquire().await.unwrap() });
+        let queued = wait_keys(&server.endpoints(), &prefix, SLACK, "second queued", |k| {
+            k.len() == 2
+        });
+        let lock = third.lock(&name).unwrap();
+        let after = tokio::spawn(async move { lock.acquire().await.unwrap() });
+        wait_keys(&server.endpoints(), &prefix, SLACK, "third queued", |k| {
+            k.len() == 3
+        });
+        let own = queued[1].key.clone();
+        let raw = raw.clone();
+        // Deleted as soon as the grant is returned, from the task that got it.
+        let next = tokio::spawn(async move {
+            let guard = next.await.unwrap();
+            raw.delete_range(DeleteRangeRequest {
+                key: own.into_bytes(),
+                ..DeleteRangeRequest::default()
+            })
+            .await
+            .unwrap();
+            guard
+        });
+        blocker.release().await.unwrap();
+        let guard = next.await.unwrap();
+        let last = after.await.unwrap();
+        assert_ne!(
+            guard.state(),
+            LockState::Held,
+            "round {round}: two Held guards at once: the key was deleted, the client queued behind it was granted, and its guard still reports Held"
+        );
+        last.release().await.unwrap();
+        let _ = guard.release().await;
+    }
 }
 
 /// Revoking the session lease (`etcdctl lease revoke`) is noticed within a round trip at the default

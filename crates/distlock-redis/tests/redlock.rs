@@ -9,6 +9,7 @@ use std::time::Duration;
 use distlock_core::raw::{AcquireRequest, Attempt, Backend};
 use distlock_core::url::LockUrl;
 use distlock_core::{ErrorKind, Fencing, LockState, Locks};
+use distlock_redis::redlock::layout;
 use distlock_redis::{RedisBackend, RedlockBackend};
 use distlock_testkit::redis::RedisServer;
 use distlock_testkit::redlock::{url_of, RedlockNodes};
@@ -32,7 +33,14 @@ async fn on_every_node(nodes: &RedlockNodes, name: &str, owner: &str) {
         let holding = nodes
             .nodes()
             .iter()
-            .filter(|n| n.command(&["GET", name]).unwrap().as_str() == Some(owner))
+            // The value is the owner id and the acquire's nonce.
+            .filter(|n| {
+                n.command(&["GET", name])
+                    .unwrap()
+                    .as_str()
+                    .map(layout::owner_of)
+                    == Some(owner)
+            })
             .count();
         if holding == nodes.len() {
             return;

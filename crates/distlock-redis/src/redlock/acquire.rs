@@ -64,14 +64,13 @@ impl Unanswered {
     }
 }
 
+/// The requests of the last try: at most one of the two is set.
 #[derive(Default)]
-pub(crate) enum Straggling {
-    #[default]
-    None,
+pub(crate) struct Straggling {
     /// Polled by the try (or left by a try whose future was dropped).
-    Here(Replies<(String, Vote)>),
+    here: Option<Replies<(String, Vote)>>,
     /// Finished by their own task after the try returned.
-    Spawned(tokio::task::JoinHandle<()>),
+    spawned: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Stragglers {
@@ -86,14 +85,11 @@ impl Stragglers {
     /// Waits until every request of the last try has its reply (or its bound ran out).
     async fn settle(&self, nodes: usize) {
         let pending = std::mem::take(&mut *self.replies.lock().await);
-        match pending {
-            Straggling::None => {}
-            Straggling::Here(replies) => {
-                replies.all(nodes).await;
-            }
-            Straggling::Spawned(task) => {
-                let _ = task.await;
-            }
+        if let Some(replies) = pending.here {
+            replies.all(nodes).await;
+        }
+        if let Some(task) = pending.spawned {
+            let _ = task.await;
         }
     }
 }
@@ -107,6 +103,9 @@ impl std::fmt::Debug for Stragglers {
 /// What an acquire keeps between tries.
 #[derive(Debug)]
 pub struct RedlockAcquisition {
+    /// The value its tries write on every node ([`layout::value`](crate::redlock::layout::value)):
+    /// new for this acquire, kept by its hold for the renewals and the release.
+    pub(crate) value: Arc<str>,
     /// Whether a try was sent: then an abandon must release on every node.
     pub(crate) sent: bool,
     pub(crate) backoff: Backoff,
@@ -115,8 +114,9 @@ pub struct RedlockAcquisition {
 }
 
 impl RedlockAcquisition {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(owner: &str) -> Self {
         Self {
+            value: crate::redlock::layout::value(owner).into(),
             sent: false,
             backoff: Backoff::new(FIRST_RETRY, MAX_RETRY),
             stragglers: Arc::new(Stragglers::default()),
@@ -179,17 +179,17 @@ impl RedlockBackend {
         let lease_ms = millis(request.lease).to_string();
         acquisition.sent = true;
         let scripts = self.scripts();
-        let (name, owner) = (request.name.clone(), request.owner.clone());
+        let (name, value) = (request.name.clone(), acquisition.value.clone());
         // Requests of an earlier try still on their way settle first (the failed try released on
         // every node after them already; this only waits for a try whose future was dropped).
         acquisition.stragglers.settle(n).await;
         let unanswered = acquisition.stragglers.unanswered.clone();
         let mut pending = acquisition.stragglers.replies.lock().await;
-        *pending = Straggling::Here(fan_out(self.nodes(), |node| {
-            let (scripts, name, owner, lease_ms, unanswered) = (
+        let replies = pending.here.insert(fan_out(self.nodes(), |node| {
+            let (scripts, name, value, lease_ms, unanswered) = (
                 scripts.clone(),
                 name.clone(),
-                owner.clone(),
+                value.clone(),
                 lease_ms.clone(),
                 unanswered.clone(),
             );
@@ -201,7 +201,7 @@ impl RedlockBackend {
                         bound,
                         &scripts.acquire,
                         &name,
-                        &[&owner, &lease_ms],
+                        &[&value, &lease_ms],
                         &mut sent,
                     )
                     .await;
@@ -213,28 +213,22 @@ impl RedlockBackend {
                 (node.shown().to_string(), vote(reply))
             }
         }));
-        let Straggling::Here(replies) = &mut *pending else {
-            return Err(Error::new(
-                ErrorKind::Protocol,
-                "internal: the Redlock try lost its requests",
-            )
-            .with_backend(BACKEND));
-        };
         let mut tally = Tally::default();
         while let Some((_, (node, vote))) = replies.next().await {
             tally.count(node, vote);
             if tally.granted >= quorum {
                 acquisition.backoff.reset();
-                if let Straggling::Here(mut rest) = std::mem::take(&mut *pending) {
+                if let Some(mut rest) = pending.here.take() {
                     if rest.outstanding() > 0 {
                         let task =
                             tokio::spawn(async move { while rest.next().await.is_some() {} });
-                        *pending = Straggling::Spawned(task);
+                        pending.spawned = Some(task);
                     }
                 }
                 drop(pending);
                 let grant = Grant::new(RedlockLease {
                     lease: request.lease,
+                    value: acquisition.value.clone(),
                     stragglers: acquisition.stragglers.clone(),
                 })
                 .with_ttl(request.lease);
@@ -249,14 +243,14 @@ impl RedlockBackend {
         while let Some((_, (node, vote))) = replies.next().await {
             tally.count(node, vote);
         }
-        *pending = Straggling::None;
+        *pending = Straggling::default();
         drop(pending);
         if tally.granted > 0 {
             // Not on the connections of unanswered requests: a release queued there behind a stuck
             // node could run after the next try's grant on that node and delete it. The next try
-            // grants on this owner's keys anyway; the final release (or undo) goes there too.
+            // grants on this acquire's keys anyway; the final release (or undo) goes there too.
             if let Err(e) = self
-                .release_everywhere(&request.name, &request.owner, Vec::new(), bound)
+                .release_everywhere(&request.name, &acquisition.value, Vec::new(), bound)
                 .await
             {
                 tracing::debug!(error = %e, lock = %request.name, "releasing a failed Redlock quorum");
@@ -306,7 +300,7 @@ impl RedlockBackend {
         if let Err(e) = self
             .release_everywhere(
                 &request.name,
-                &request.owner,
+                &acquisition.value,
                 unanswered,
                 self.config().node_timeout_for(request.lease),
             )

@@ -63,6 +63,8 @@ impl fmt::Debug for RedlockBackend {
 #[derive(Debug)]
 pub struct RedlockLease {
     pub(crate) lease: Duration,
+    /// The value the granting acquire wrote on every node (see [`layout::value`](crate::redlock::layout::value)).
+    pub(crate) value: Arc<str>,
     /// The granting try's requests still on their way; the release waits for them.
     pub(crate) stragglers: Arc<crate::redlock::acquire::Stragglers>,
 }
@@ -71,6 +73,12 @@ impl RedlockLease {
     /// The lease asked for.
     pub fn lease(&self) -> Duration {
         self.lease
+    }
+
+    /// The value this hold's key has on every node: the owner id and a nonce new for each acquire
+    /// (see [`layout::value`](crate::redlock::layout::value)).
+    pub fn value(&self) -> &str {
+        &self.value
     }
 }
 
@@ -158,7 +166,7 @@ impl RedlockBackend {
     }
 
     /// The release script on every node at once, each bounded by `bound`: how many deleted
-    /// this owner's key, and the errors.
+    /// the key holding `value` (one acquire's), and the errors.
     ///
     /// `unanswered`: connections of acquire requests that got no reply (see `acquire::Unanswered`); the
     /// release goes on each of them too, so that its node runs it after that acquire.
@@ -169,21 +177,21 @@ impl RedlockBackend {
     pub(crate) async fn release_everywhere(
         &self,
         name: &str,
-        owner: &str,
+        value: &Arc<str>,
         unanswered: Vec<(String, Conn)>,
         bound: Duration,
     ) -> Result<Released> {
         let scripts = self.scripts();
-        let (name_owned, owner) = (name.to_string(), owner.to_string());
+        let name_owned = name.to_string();
         let replies = fan_out(self.nodes(), |node| {
-            let (scripts, name, owner) = (scripts.clone(), name_owned.clone(), owner.clone());
+            let (scripts, name, value) = (scripts.clone(), name_owned.clone(), value.clone());
             let late: Vec<Conn> = unanswered
                 .iter()
                 .filter(|(n, _)| n == node.shown())
                 .map(|(_, c)| c.clone())
                 .collect();
             async move {
-                let (release, args) = (&scripts.release, [owner.as_str()]);
+                let (release, args) = (&scripts.release, [&*value]);
                 let (node, name, args) = (&node, name.as_str(), &args[..]);
                 let fresh = node.script("Redlock release", bound, release, name, args);
                 let after_late = futures_util::future::join_all(late.into_iter().map(|conn| {
@@ -250,7 +258,7 @@ impl RedlockBackend {
                 .map(|r| {
                     (
                         r.name.to_string(),
-                        r.owner.to_string(),
+                        r.lease.value.to_string(),
                         crate::rpc::millis(r.ttl).to_string(),
                     )
                 })
@@ -262,8 +270,8 @@ impl RedlockBackend {
             async move {
                 let node = &node;
                 let extend = &scripts.extend;
-                let calls = entries.iter().map(|(name, owner, ttl)| async move {
-                    node.script("Redlock extend", bound, extend, name, &[owner, ttl])
+                let calls = entries.iter().map(|(name, value, ttl)| async move {
+                    node.script("Redlock extend", bound, extend, name, &[value, ttl])
                         .await
                 });
                 futures_util::future::join_all(calls).await
@@ -291,7 +299,7 @@ impl RedlockBackend {
                 } else if not_ours > n - quorum {
                     Ok(Renewed::Gone {
                         reason: format!(
-                            "{not_ours} of {n} Redlock nodes no longer hold this owner's key (expired or taken), so no quorum of {quorum} can"
+                            "{not_ours} of {n} Redlock nodes no longer hold this hold's key (expired or taken), so no quorum of {quorum} can"
                         ),
                     })
                 } else {
@@ -331,8 +339,8 @@ impl Backend for RedlockBackend {
             .with_frees_on_process_death(false)
     }
 
-    fn begin(&self, _request: &AcquireRequest) -> Result<RedlockAcquisition> {
-        Ok(RedlockAcquisition::new())
+    fn begin(&self, request: &AcquireRequest) -> Result<RedlockAcquisition> {
+        Ok(RedlockAcquisition::new(&request.owner))
     }
 
     async fn try_acquire(
@@ -366,12 +374,12 @@ impl Backend for RedlockBackend {
 
     /// Waits for the granting try's requests still on their way (a release must not reach a node
     /// before its acquire), then compare-and-delete on every node.
-    async fn release(&self, lease: &RedlockLease, name: &str, owner: &str) -> Result<Released> {
+    async fn release(&self, lease: &RedlockLease, name: &str, _owner: &str) -> Result<Released> {
         let unanswered = lease
             .stragglers
             .settle_for_release(self.nodes().len())
             .await;
-        self.release_everywhere(name, owner, unanswered, self.request_timeout())
+        self.release_everywhere(name, &lease.value, unanswered, self.request_timeout())
             .await
     }
 

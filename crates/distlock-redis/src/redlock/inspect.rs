@@ -10,8 +10,8 @@ use crate::redlock::layout;
 use crate::rpc::{int, pttl, server_error};
 
 impl RedlockBackend {
-    /// `GET` and `PTTL` of the key on every node at once. The holder is the owner whose key a quorum of
-    /// nodes holds, with the Q-th longest of their pttls (how long that quorum lasts unrenewed); a
+    /// `GET` and `PTTL` of the key on every node at once. The holder is the owner whose key (one
+    /// acquire's value, see [`layout::value`]) a quorum of nodes holds, with the Q-th longest of their pttls (how long that quorum lasts unrenewed); a
     /// name held on fewer nodes shows as free, with the nodes' keys in [`LockInfo::nodes`]. A node whose
     /// key is not a string (a `redis://` lock of the same name) shows a `WRONGTYPE` error saying so.
     pub(crate) async fn inspect_nodes(&self, name: &str) -> Result<LockInfo> {
@@ -35,7 +35,10 @@ impl RedlockBackend {
         .all(self.nodes().len())
         .await;
         let mut info = LockInfo::default();
+        // Each node's value as it is: one acquire's keys are the ones with one value.
+        let mut node_values = Vec::with_capacity(replies.len());
         for (node, reply) in self.nodes().iter().zip(replies) {
+            let mut value = None;
             let mut shown = NodeInfo::new(node.shown());
             match reply {
                 Some(Ok(values)) => match values.first().and_then(server_error) {
@@ -47,7 +50,8 @@ impl RedlockBackend {
                     }
                     Some(e) => shown.error = Some(e.to_string()),
                     None => {
-                        shown.owner = values.first().and_then(text);
+                        value = values.first().and_then(text);
+                        shown.owner = value.as_deref().map(|v| layout::owner_of(v).to_string());
                         shown.remaining_lease = values.get(1).and_then(int).and_then(pttl);
                     }
                 },
@@ -55,24 +59,30 @@ impl RedlockBackend {
                 None => shown.error = Some("no reply".into()),
             }
             info.nodes.push(shown);
+            node_values.push(value);
         }
-        info.holder = quorum_holder(&info.nodes, self.config().quorum());
+        info.holder = quorum_holder(&info.nodes, &node_values, self.config().quorum());
         Ok(info)
     }
 }
 
-fn quorum_holder(nodes: &[NodeInfo], quorum: usize) -> Option<HolderInfo> {
-    let owners = nodes.iter().filter_map(|n| n.owner.as_ref());
-    for owner in owners {
+/// The holder whose value (`values[i]` is node `i`'s) a quorum of nodes holds, shown by its owner id.
+fn quorum_holder(
+    nodes: &[NodeInfo],
+    values: &[Option<String>],
+    quorum: usize,
+) -> Option<HolderInfo> {
+    for value in values.iter().flatten() {
         let mut pttls: Vec<_> = nodes
             .iter()
-            .filter(|n| n.owner.as_ref() == Some(owner))
-            .map(|n| n.remaining_lease)
+            .zip(values)
+            .filter(|(_, v)| v.as_ref() == Some(value))
+            .map(|(n, _)| n.remaining_lease)
             .collect();
         if pttls.len() >= quorum {
             pttls.sort_by(|a, b| b.cmp(a));
             let mut holder = HolderInfo::default();
-            holder.owner = Some(owner.clone());
+            holder.owner = Some(layout::owner_of(value).to_string());
             holder.remaining_lease = pttls.get(quorum - 1).copied().flatten();
             return Some(holder);
         }

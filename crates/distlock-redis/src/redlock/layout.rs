@@ -1,28 +1,31 @@
 //! Redlock's on-server layout, all of it: one string key per lock on every node, the value the
-//! owner id, a `PX` lease. It is the layout of node-redlock (npm `redlock` v5), redis-py's `Lock` and
+//! owner id and a nonce fresh for each acquire (see [`value`]), a `PX` lease. It is the layout of node-redlock (npm `redlock` v5), redis-py's `Lock` and
 //! rslock, so their clients and distlock exclude each other on the same name and the same nodes.
 //!
 //! | what | key | content |
 //! |---|---|---|
-//! | the lock, on each node | `NAME` (the lock name, raw) | a string: the owner id, `PX` = lease |
+//! | the lock, on each node | `NAME` (the lock name, raw) | a string: `<owner id>#<16 hex digits>`, `PX` = lease |
 //!
 //! There is no fencing counter (Redlock mints no token: see the Redlock section of GUARANTEES.md) and
 //! no release channel (waiters retry with jitter).
 //!
 //! **Not the `redis://` lock.** The `redis://` backend keeps Redisson's *hash* at the same key, so
 //! `redis://…` and `redlock://…` locks of one name are different locks; where both are used on the same
-//! server, the scripts here meet a hash and Redis answers `WRONGTYPE`: a failed vote, like a node down.
-//! When the failed votes leave no quorum possible, the acquire fails with a `Protocol` error saying so.
+//! server, the scripts here meet a hash and Redis answers `WRONGTYPE`. That is a clear error (`Protocol`,
+//! naming the clash) only when the failed votes make a quorum impossible; otherwise a failed vote, like
+//! a node down.
 //!
 //! # The scripts
 //!
-//! * **Acquire** ([`ACQUIRE`]) grants when the key is absent *or already holds this owner's value*
+//! * **Acquire** ([`ACQUIRE`]) grants when the key is absent *or already holds this acquire's value*
 //!   (node-redlock's acquire grants only when absent), so a try resent after a lost reply votes yes on
-//!   its own key instead of counting against the quorum. It returns `1`, or the holder's pttl as a
+//!   its own key instead of counting against the quorum. The value is new for every acquire (as
+//!   node-redlock's and rslock's random value), so a late release or undo of an earlier hold of the
+//!   same `Lock` never matches, and never deletes, a later hold's key. It returns `1`, or the holder's pttl as a
 //!   negative number (`-pttl`, or `-1` for a key without expiry) when busy, for `wait`.
-//! * **Release** ([`RELEASE`]) deletes the key only if it holds the owner's value (compare-and-delete,
+//! * **Release** ([`RELEASE`]) deletes the key only if it holds the hold's value (compare-and-delete,
 //!   node-redlock's and redis-py's release).
-//! * **Extend** ([`EXTEND`]) sets a new `PEXPIRE` only if the key holds the owner's value
+//! * **Extend** ([`EXTEND`]) sets a new `PEXPIRE` only if the key holds the hold's value
 //!   (compare-and-pexpire; node-redlock's extend does the same with `SET … PX`).
 //!
 //! ```
@@ -36,8 +39,45 @@ pub fn lock_key(name: &str) -> &str {
     name
 }
 
-/// `KEYS[1]` = lock key, `ARGV[1]` = owner, `ARGV[2]` = lease in ms. Returns 1 when granted (the key was
-/// absent or already this owner's), else `-pttl` of the holder's key (`-1` when it has no expiry, so
+/// The value one acquire writes on every node: the owner id, `#`, and a nonce of 16 hex digits new for
+/// each acquire in this process (a counter from a random start, so two processes with one caller-chosen
+/// owner id do not meet either). The retries of one acquire keep it.
+pub fn value(owner: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static START: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // std's hasher keys are random per process (seeded from the OS): no dependency for 64 random bits.
+    let start = *START.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    });
+    let nonce = start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
+    format!("{owner}#{nonce:016x}")
+}
+
+/// The owner id in a value [`value`] made; any other value (another client's random one) as it is.
+///
+/// ```
+/// use distlock_redis::redlock::layout;
+/// assert_eq!(layout::owner_of(&layout::value("p:1")), "p:1");
+/// assert_eq!(layout::owner_of("9f86d081884c7d65"), "9f86d081884c7d65");
+/// ```
+pub fn owner_of(value: &str) -> &str {
+    match value.rsplit_once('#') {
+        Some((owner, nonce))
+            if nonce.len() == 16 && nonce.bytes().all(|b| b.is_ascii_hexdigit()) =>
+        {
+            owner
+        }
+        _ => value,
+    }
+}
+
+/// `KEYS[1]` = lock key, `ARGV[1]` = the acquire's [`value`], `ARGV[2]` = lease in ms. Returns 1 when
+/// granted (the key was absent or already this acquire's), else `-pttl` of the holder's key (`-1` when it has no expiry, so
 /// that a busy reply is never 0 or positive).
 pub const ACQUIRE: &str = r"
 local current = redis.call('GET', KEYS[1])
@@ -52,7 +92,7 @@ end
 return -pttl
 ";
 
-/// `KEYS[1]` = lock key, `ARGV[1]` = owner. Returns 1 when this owner's key was deleted, else 0.
+/// `KEYS[1]` = lock key, `ARGV[1]` = the hold's [`value`]. Returns 1 when its key was deleted, else 0.
 pub const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -60,8 +100,8 @@ end
 return 0
 ";
 
-/// `KEYS[1]` = lock key, `ARGV[1]` = owner, `ARGV[2]` = new lease in ms. Returns 1 when this owner's key
-/// got the new expiry, else 0 (absent, or another owner's).
+/// `KEYS[1]` = lock key, `ARGV[1]` = the hold's [`value`], `ARGV[2]` = new lease in ms. Returns 1 when its
+/// key got the new expiry, else 0 (absent, or another's).
 pub const EXTEND: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
