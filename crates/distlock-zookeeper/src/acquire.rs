@@ -5,7 +5,7 @@
 //! acquire deleting its node.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
 use distlock_core::FencingToken;
@@ -135,7 +135,10 @@ impl ZkBackend {
         // proven leader touch allows (issue 10). The touch keeper keeps it recent on an idle session, so
         // none left means the server has not reached the leader lately: the core abandons the node.
         let ttl = session
-            .leader_ttl(request.lease.min(session.timeout), Instant::now())
+            .leader_ttl(
+                request.lease.min(session.timeout),
+                distlock_core::clock::now(),
+            )
             .ok_or_else(|| lease::unproven_touch(session))?;
         let held = ZkLease::new(session.clone(), node.clone(), acq.czxid, ttl);
         held.arm_expiry(self.sessions().config().clone());
@@ -168,7 +171,7 @@ impl ZkBackend {
         let mut recreated = 0;
         loop {
             acq.create_sent = true;
-            let sent_at = Instant::now();
+            let sent_at = distlock_core::clock::now();
             let (parent, created, listed) =
                 send_create(config, client, &acq.path, &prefix, owner, parent_missing).await;
             let failure = match created {

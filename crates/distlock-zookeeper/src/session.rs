@@ -13,7 +13,9 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use distlock_core::clock::{self, Instant};
 
 use tokio::sync::Mutex as AsyncMutex;
 use zookeeper_client as zk;
@@ -57,7 +59,7 @@ impl Session {
     /// A request sent at `sent_at` was answered through the leader (a `sync` or a write), just now: it
     /// proves the touches reported before it (see [`LeaderTouch`]).
     pub(crate) fn leader_confirmed(&self, sent_at: Instant) {
-        lock(&self.leader_touch).confirmed(sent_at, Instant::now(), self.touch_report_lag);
+        lock(&self.leader_touch).confirmed(sent_at, clock::now(), self.touch_report_lag);
     }
 
     /// The TTL a grant or renewal confirmed by a request sent at `sent_at` may report: `asked`, cut so
@@ -154,7 +156,8 @@ impl LeaderTouch {
     /// touched the session when the request reached it, which only its reply bounds (a request delayed
     /// on its way reaches the follower right before the next one, with no leader ping in between).
     pub(crate) fn confirmed(&mut self, sent_at: Instant, answered_at: Instant, lag: Duration) {
-        if let Some(proven_until) = sent_at.checked_sub(lag) {
+        {
+            let proven_until = sent_at.saturating_sub(lag);
             let floor = self
                 .unproven
                 .iter()
@@ -301,7 +304,7 @@ impl Sessions {
     /// chroot exists (created as a persistent node when absent).
     async fn establish(&self, timeout: Duration) -> Result<Arc<Session>, ZkError> {
         // The leader touches a new session after this (see `LeaderTouch::new`).
-        let sent_at = Instant::now();
+        let sent_at = clock::now();
         let mut connector = zk::Client::connector()
             .with_session_timeout(timeout)
             .with_connection_timeout(self.config.connection.connect_timeout);
@@ -415,9 +418,9 @@ fn spawn_touch_keeper(session: Weak<Session>, config: &ZkConfig) {
                 }
                 let recent = session
                     .newest_unproven()
-                    .is_some_and(|p| p.elapsed() < period);
+                    .is_some_and(|p| clock::now().saturating_duration_since(p) < period);
                 if session.client.state() == zk::SessionState::SyncConnected && !recent {
-                    let sent_at = Instant::now();
+                    let sent_at = clock::now();
                     if let Ok(Ok(())) = tokio::time::timeout(bound, session.client.sync("/")).await
                     {
                         session.leader_confirmed(sent_at);
@@ -473,7 +476,7 @@ mod tests {
 
     #[test]
     fn a_confirmation_is_proven_only_by_one_sent_a_lag_later() {
-        let t0 = Instant::now();
+        let t0 = clock::now();
         let lag = 100 * MS;
         let mut touch = LeaderTouch::new(t0);
         touch.confirmed(t0 + 10 * MS, t0 + 10 * MS, lag);
@@ -502,7 +505,7 @@ mod tests {
     /// right behind it with no leader ping in between, so it proves nothing about the first.
     #[test]
     fn a_slow_reply_is_proven_only_a_lag_after_it_arrived() {
-        let t0 = Instant::now();
+        let t0 = clock::now();
         let lag = 100 * MS;
         let mut touch = LeaderTouch::new(t0);
         // p sent at 10 ms, its reply only at 200 ms (it reached the follower at some time in between).
@@ -523,7 +526,7 @@ mod tests {
 
     #[test]
     fn the_unproven_list_is_bounded_and_sorted() {
-        let t0 = Instant::now();
+        let t0 = clock::now();
         let lag = Duration::from_secs(10);
         let mut touch = LeaderTouch::new(t0);
         for i in (1..=200u32).rev() {
@@ -541,7 +544,7 @@ mod tests {
 
     #[test]
     fn the_ttl_keeps_the_core_deadline_within_the_leader_expiry() {
-        let floor = Instant::now();
+        let floor = clock::now();
         let timeout = Duration::from_millis(600);
         for after in [0, 1, 100, 300, 590, 593] {
             let sent_at = floor + after * MS;
@@ -595,7 +598,7 @@ mod tests {
     ) -> Vec<Duration> {
         let lag = touch_report_lag(timeout / 2);
         let keeper = keeper_period(timeout);
-        let start = Instant::now();
+        let start = clock::now();
         let mut touch = LeaderTouch::new(start);
         let mut next_keeper = start;
         // The keeper's syncs due before `until` (skipped while a recent confirmation waits for proof).
@@ -603,11 +606,11 @@ mod tests {
             while next_keeper < until {
                 if touch
                     .newest_unproven()
-                    .is_none_or(|p| next_keeper.duration_since(p) >= keeper)
+                    .is_none_or(|p| next_keeper.saturating_duration_since(p) >= keeper)
                 {
                     touch.confirmed(next_keeper, next_keeper + rtt, lag);
                 }
-                next_keeper += keeper;
+                next_keeper = next_keeper + keeper;
             }
         };
         // The grant: its create sent `idle` after the establishment, granted a round trip later.
