@@ -494,3 +494,30 @@ async fn fault_follower_cut_right_after_a_renewal_is_never_held_after_the_leader
 ) {
     follower_cut_at(CutAt::RightAfterARenewal).await;
 }
+
+/// Attack on issue 10's fix: a grant's TTL was counted from the moment the grant was built, but the
+/// core counts it from its own send time (before the attempt), so an attempt that took longer than
+/// half the trust left was refused as "arrived after its validity deadline" although the proven leader
+/// touch still covered it. Here the session's only proven touch is its establishment; 600 ms later the
+/// link gets slow (200 ms each way), so the attempt (a few round trips) ends about 1.8 s after the
+/// establishment, well inside the 1.98 s the touch allows: the acquire must succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_grant_within_the_proven_touch_is_not_refused() {
+    let server = ZkServer::start_or_panic();
+    let proxy = std::sync::Arc::new(Proxy::start(server.addr()).expect("proxy"));
+    let locks = locks_at(&format!("zk://{}?session_timeout=2s", proxy.addr())).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let slow = proxy.clone();
+    tokio::task::spawn_blocking(move || slow.delay(Duration::from_millis(200)).unwrap())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let acquired = locks.lock(&name("slow_grant")).unwrap().acquire().await;
+    let took = started.elapsed();
+    let fast = proxy.clone();
+    tokio::task::spawn_blocking(move || fast.pass().unwrap())
+        .await
+        .unwrap();
+    let guard = acquired.unwrap_or_else(|e| panic!("refused after {took:?}: {e}"));
+    guard.release().await.unwrap();
+}
