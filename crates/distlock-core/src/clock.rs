@@ -28,6 +28,22 @@ pub fn now() -> Instant {
     ))
 }
 
+impl std::ops::Add<Duration> for Instant {
+    type Output = Instant;
+    /// [`saturating_add`](Instant::saturating_add).
+    fn add(self, d: Duration) -> Instant {
+        self.saturating_add(d)
+    }
+}
+
+impl std::ops::Sub<Duration> for Instant {
+    type Output = Instant;
+    /// [`saturating_sub`](Instant::saturating_sub).
+    fn sub(self, d: Duration) -> Instant {
+        self.saturating_sub(d)
+    }
+}
+
 impl Instant {
     /// Time from `earlier` to `self`, zero if `earlier` is later.
     pub fn saturating_duration_since(self, earlier: Instant) -> Duration {

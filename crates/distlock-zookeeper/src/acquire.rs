@@ -5,7 +5,7 @@
 //! acquire deleting its node.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
 use distlock_core::FencingToken;
@@ -67,6 +67,8 @@ impl ZkBackend {
         acq: &mut ZkAcquisition,
         request: &AcquireRequest,
     ) -> Result<Attempt<ZkLease>, ZkError> {
+        // Not earlier than the core's send time for this attempt: a grant's TTL counts from here.
+        let started = distlock_core::clock::now();
         let session = match &acq.session {
             Some(session) if session.is_gone() => return Err(session_lost(session)),
             Some(session) => session.clone(),
@@ -104,7 +106,11 @@ impl ZkBackend {
             layout::sort_children(&mut sorted);
             self.drop_duplicates(&session, acq, &own, &mut sorted).await;
             match layout::position(&sorted, &own) {
-                Ok(None) => return self.grant(&session, acq, request).map(Attempt::Acquired),
+                Ok(None) => {
+                    return self
+                        .grant(&session, acq, request, started)
+                        .map(Attempt::Acquired)
+                }
                 Ok(Some(predecessor)) => {
                     acq.predecessor = Some(predecessor.to_string());
                     return Ok(Attempt::Busy { retry_after: None });
@@ -129,13 +135,16 @@ impl ZkBackend {
         session: &Arc<Session>,
         acq: &ZkAcquisition,
         request: &AcquireRequest,
+        started: distlock_core::clock::Instant,
     ) -> Result<Grant<ZkLease>, ZkError> {
         let node = layout::join(&acq.path, acq.node.as_deref().unwrap_or_default());
-        // Counted from now, later than the core's send time: the core's deadline stays within what the
-        // proven leader touch allows (issue 10). The touch keeper keeps it recent on an idle session, so
-        // none left means the server has not reached the leader lately: the core abandons the node.
+        // Counted from the attempt's start, which is not earlier than the core's send time: the core's
+        // deadline stays within what the proven leader touch allows (issue 10). (Counted from now, an
+        // attempt longer than half the trust left was refused as arriving after its deadline.) The
+        // touch keeper keeps the touch recent on an idle session, so none left means the server has
+        // not reached the leader lately: the core abandons the node.
         let ttl = session
-            .leader_ttl(request.lease.min(session.timeout), Instant::now())
+            .leader_ttl(request.lease.min(session.timeout), started)
             .ok_or_else(|| lease::unproven_touch(session))?;
         let held = ZkLease::new(session.clone(), node.clone(), acq.czxid, ttl);
         held.arm_expiry(self.sessions().config().clone());
@@ -168,7 +177,7 @@ impl ZkBackend {
         let mut recreated = 0;
         loop {
             acq.create_sent = true;
-            let sent_at = Instant::now();
+            let sent_at = distlock_core::clock::now();
             let (parent, created, listed) =
                 send_create(config, client, &acq.path, &prefix, owner, parent_missing).await;
             let failure = match created {

@@ -195,6 +195,8 @@ async fn renew_session(
         return unconfirmed(&entries, &message);
     }
     let sent_at = Instant::now();
+    // The same moment on the core's boot clock, which counts a suspend: the leader's clock does.
+    let sent_clock = distlock_core::clock::now();
     let client = &session.client;
     // Sent in this order on one session, answered in this order: the reads see the leader's view.
     let sync = client.sync("/");
@@ -215,7 +217,7 @@ async fn renew_session(
         }
     };
     if synced.is_ok() {
-        session.leader_confirmed(sent_at);
+        session.leader_confirmed(sent_clock);
     }
     entries
         .iter()
@@ -238,7 +240,7 @@ async fn renew_session(
                 }
                 .into_core(Some(entry.name))),
                 (Ok(()), Ok(Some(stat))) if stat.czxid == entry.lease.czxid => {
-                    match session.leader_ttl(entry.ttl.min(session.timeout), sent_at) {
+                    match session.leader_ttl(entry.ttl.min(session.timeout), sent_clock) {
                         Some(ttl) => {
                             entry.lease.extend_to(sent_at + ttl);
                             Ok(Renewed::Extended { ttl })

@@ -13,7 +13,9 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use distlock_core::clock::{self, Instant};
 
 use tokio::sync::Mutex as AsyncMutex;
 use zookeeper_client as zk;
@@ -54,10 +56,10 @@ impl Session {
         !self.runtime_alive.load(Ordering::Acquire)
     }
 
-    /// A request sent at `sent_at` was answered through the leader (a `sync` or a write): it proves the
-    /// touches reported before it (see [`LeaderTouch`]).
+    /// A request sent at `sent_at` was answered through the leader (a `sync` or a write), just now: it
+    /// proves the touches reported before it (see [`LeaderTouch`]).
     pub(crate) fn leader_confirmed(&self, sent_at: Instant) {
-        lock(&self.leader_touch).confirmed(sent_at, self.touch_report_lag);
+        lock(&self.leader_touch).confirmed(sent_at, clock::now(), self.touch_report_lag);
     }
 
     /// The TTL a grant or renewal confirmed by a request sent at `sent_at` may report: `asked`, cut so
@@ -121,16 +123,18 @@ pub(crate) fn ttl_within(
 /// leader pings every tickTime/2 from `Leader.lead`), and the leader then touches them with its own
 /// clock. So a request answered at all proves the follower touched the session at or after its send
 /// time `p`, but the leader's touch comes up to a ping interval later, or never if the follower lost the
-/// leader meanwhile. It is proven once a request sent at `s ≥ p + lag` is answered through the leader:
-/// the follower's ping reply carrying `p` was on the same TCP stream before that forwarded request
+/// leader meanwhile. It is proven once a request sent at `s ≥ a + lag`, where `a` is when `p`'s reply
+/// arrived (the follower touched the session before answering, but maybe long after `p` was sent), is
+/// answered through the leader: the follower's ping reply carrying `p` was on the same TCP stream before that forwarded request
 /// (`lag` covers the wait for the ping). A session that moved to another server was revalidated by
 /// the leader on reconnecting, which touches it then, later than any `p` answered before.
 #[derive(Debug)]
 pub(crate) struct LeaderTouch {
     /// The leader touched the session at or after this instant.
     floor: Instant,
-    /// Send times of requests answered through the leader whose touch is not yet proven, oldest first.
-    unproven: VecDeque<Instant>,
+    /// Send and reply times of requests answered through the leader whose touch is not yet proven,
+    /// by send time, oldest first.
+    unproven: VecDeque<(Instant, Instant)>,
 }
 
 /// Unproven confirmations kept per session; the oldest go first (the floor then moves less).
@@ -146,24 +150,34 @@ impl LeaderTouch {
         }
     }
 
-    /// A request sent at `sent_at` was answered through the leader: every unproven `p ≤ sent_at − lag`
-    /// is proven (the newest becomes the floor) and `sent_at` waits for a later proof.
-    pub(crate) fn confirmed(&mut self, sent_at: Instant, lag: Duration) {
-        if let Some(proven_until) = sent_at.checked_sub(lag) {
-            while let Some(&p) = self.unproven.front() {
-                if p > proven_until {
-                    break;
-                }
-                self.floor = self.floor.max(p);
-                self.unproven.pop_front();
+    /// A request sent at `sent_at` was answered through the leader at `answered_at`: every unproven
+    /// request answered at or before `sent_at − lag` is proven (the newest send time becomes the floor)
+    /// and this one waits for a later proof. The lag counts from the reply, not the send: the follower
+    /// touched the session when the request reached it, which only its reply bounds (a request delayed
+    /// on its way reaches the follower right before the next one, with no leader ping in between).
+    pub(crate) fn confirmed(&mut self, sent_at: Instant, answered_at: Instant, lag: Duration) {
+        {
+            let proven_until = sent_at.saturating_sub(lag);
+            let floor = self
+                .unproven
+                .iter()
+                .filter(|(_, answered)| *answered <= proven_until)
+                .map(|(sent, _)| *sent)
+                .max();
+            if let Some(floor) = floor {
+                self.floor = self.floor.max(floor);
             }
+            let (floor, proven) = (self.floor, proven_until);
+            self.unproven
+                .retain(|(sent, answered)| *sent > floor && *answered > proven);
         }
         if sent_at <= self.floor {
             return;
         }
-        let at = self.unproven.partition_point(|p| *p <= sent_at);
-        if self.unproven.get(at.wrapping_sub(1)) != Some(&sent_at) {
-            self.unproven.insert(at, sent_at);
+        let at = self.unproven.partition_point(|(p, _)| *p <= sent_at);
+        if self.unproven.get(at.wrapping_sub(1)).map(|(p, _)| *p) != Some(sent_at) {
+            self.unproven
+                .insert(at, (sent_at, answered_at.max(sent_at)));
         }
         if self.unproven.len() > MAX_UNPROVEN {
             self.unproven.pop_front();
@@ -177,7 +191,7 @@ impl LeaderTouch {
 
     /// The newest send time answered through the leader whose touch is not yet proven.
     fn newest_unproven(&self) -> Option<Instant> {
-        self.unproven.back().copied()
+        self.unproven.back().map(|(sent, _)| *sent)
     }
 }
 
@@ -290,7 +304,7 @@ impl Sessions {
     /// chroot exists (created as a persistent node when absent).
     async fn establish(&self, timeout: Duration) -> Result<Arc<Session>, ZkError> {
         // The leader touches a new session after this (see `LeaderTouch::new`).
-        let sent_at = Instant::now();
+        let sent_at = clock::now();
         let mut connector = zk::Client::connector()
             .with_session_timeout(timeout)
             .with_connection_timeout(self.config.connection.connect_timeout);
@@ -404,9 +418,9 @@ fn spawn_touch_keeper(session: Weak<Session>, config: &ZkConfig) {
                 }
                 let recent = session
                     .newest_unproven()
-                    .is_some_and(|p| p.elapsed() < period);
+                    .is_some_and(|p| clock::now().saturating_duration_since(p) < period);
                 if session.client.state() == zk::SessionState::SyncConnected && !recent {
-                    let sent_at = Instant::now();
+                    let sent_at = clock::now();
                     if let Ok(Ok(())) = tokio::time::timeout(bound, session.client.sync("/")).await
                     {
                         session.leader_confirmed(sent_at);
@@ -462,36 +476,61 @@ mod tests {
 
     #[test]
     fn a_confirmation_is_proven_only_by_one_sent_a_lag_later() {
-        let t0 = Instant::now();
+        let t0 = clock::now();
         let lag = 100 * MS;
         let mut touch = LeaderTouch::new(t0);
-        touch.confirmed(t0 + 10 * MS, lag);
+        touch.confirmed(t0 + 10 * MS, t0 + 10 * MS, lag);
         // Answered through the leader 99 ms after p: the follower may not have been pinged in between.
-        touch.confirmed(t0 + 109 * MS, lag);
+        touch.confirmed(t0 + 109 * MS, t0 + 109 * MS, lag);
         assert_eq!(
             touch.floor(),
             t0,
             "promoted by a confirmation less than the lag later"
         );
         // 100 ms after p: the ping reply carrying p preceded it.
-        touch.confirmed(t0 + 110 * MS, lag);
+        touch.confirmed(t0 + 110 * MS, t0 + 110 * MS, lag);
         assert_eq!(touch.floor(), t0 + 10 * MS);
         // The newest proven one wins; the younger ones wait.
-        touch.confirmed(t0 + 300 * MS, lag);
+        touch.confirmed(t0 + 300 * MS, t0 + 300 * MS, lag);
         assert_eq!(touch.floor(), t0 + 110 * MS);
         assert_eq!(touch.newest_unproven(), Some(t0 + 300 * MS));
         // A confirmation of an old request (a slow reply) never moves the floor back.
-        touch.confirmed(t0 + 50 * MS, lag);
+        touch.confirmed(t0 + 50 * MS, t0 + 301 * MS, lag);
         assert_eq!(touch.floor(), t0 + 110 * MS);
+    }
+
+    /// A follower touches a session when the request reaches it, which may be long after it was sent
+    /// (a stalled connection or server): only its reply bounds that time. A request sent a lag after
+    /// the first one's send, but before the first one's reply plus the lag, may reach the follower
+    /// right behind it with no leader ping in between, so it proves nothing about the first.
+    #[test]
+    fn a_slow_reply_is_proven_only_a_lag_after_it_arrived() {
+        let t0 = clock::now();
+        let lag = 100 * MS;
+        let mut touch = LeaderTouch::new(t0);
+        // p sent at 10 ms, its reply only at 200 ms (it reached the follower at some time in between).
+        touch.confirmed(t0 + 10 * MS, t0 + 200 * MS, lag);
+        // s sent at 150 ms (a lag after p's send, but p may have reached the follower just before s).
+        touch.confirmed(t0 + 150 * MS, t0 + 210 * MS, lag);
+        assert_eq!(
+            touch.floor(),
+            t0,
+            "p promoted by a request sent before p's reply + lag"
+        );
+        // A request sent a lag after p's reply proves p (and not yet s).
+        touch.confirmed(t0 + 300 * MS, t0 + 301 * MS, lag);
+        assert_eq!(touch.floor(), t0 + 10 * MS);
+        touch.confirmed(t0 + 311 * MS, t0 + 312 * MS, lag);
+        assert_eq!(touch.floor(), t0 + 150 * MS);
     }
 
     #[test]
     fn the_unproven_list_is_bounded_and_sorted() {
-        let t0 = Instant::now();
+        let t0 = clock::now();
         let lag = Duration::from_secs(10);
         let mut touch = LeaderTouch::new(t0);
         for i in (1..=200u32).rev() {
-            touch.confirmed(t0 + i * MS, lag);
+            touch.confirmed(t0 + i * MS, t0 + i * MS, lag);
         }
         assert!(touch.unproven.len() <= MAX_UNPROVEN);
         assert!(touch
@@ -499,13 +538,13 @@ mod tests {
             .iter()
             .zip(touch.unproven.iter().skip(1))
             .all(|(a, b)| a < b));
-        touch.confirmed(t0 + lag + 200 * MS, lag);
+        touch.confirmed(t0 + lag + 200 * MS, t0 + lag + 200 * MS, lag);
         assert_eq!(touch.floor(), t0 + 200 * MS);
     }
 
     #[test]
     fn the_ttl_keeps_the_core_deadline_within_the_leader_expiry() {
-        let floor = Instant::now();
+        let floor = clock::now();
         let timeout = Duration::from_millis(600);
         for after in [0, 1, 100, 300, 590, 593] {
             let sent_at = floor + after * MS;
@@ -559,7 +598,7 @@ mod tests {
     ) -> Vec<Duration> {
         let lag = touch_report_lag(timeout / 2);
         let keeper = keeper_period(timeout);
-        let start = Instant::now();
+        let start = clock::now();
         let mut touch = LeaderTouch::new(start);
         let mut next_keeper = start;
         // The keeper's syncs due before `until` (skipped while a recent confirmation waits for proof).
@@ -567,17 +606,17 @@ mod tests {
             while next_keeper < until {
                 if touch
                     .newest_unproven()
-                    .is_none_or(|p| next_keeper.duration_since(p) >= keeper)
+                    .is_none_or(|p| next_keeper.saturating_duration_since(p) >= keeper)
                 {
-                    touch.confirmed(next_keeper, lag);
+                    touch.confirmed(next_keeper, next_keeper + rtt, lag);
                 }
-                next_keeper += keeper;
+                next_keeper = next_keeper + keeper;
             }
         };
         // The grant: its create sent `idle` after the establishment, granted a round trip later.
         let mut sent = start + idle;
         keep_until(&mut touch, sent);
-        touch.confirmed(sent, lag);
+        touch.confirmed(sent, sent + rtt, lag);
         let mut ttl = ttl_within(timeout, touch.floor(), timeout, sent + rtt).unwrap();
         let mut ttls = vec![ttl];
         while sent < start + idle + timeout * 20 {
@@ -589,7 +628,7 @@ mod tests {
                 "a renewal due too close to its deadline: {timeout:?}, ttl {ttl:?}"
             );
             sent = renew_at;
-            touch.confirmed(sent, lag);
+            touch.confirmed(sent, sent + rtt, lag);
             ttl = ttl_within(timeout, touch.floor(), timeout, sent)
                 .unwrap_or_else(|| panic!("a renewal in steady state unconfirmed at {timeout:?}"));
             ttls.push(ttl);

@@ -409,3 +409,115 @@ async fn renewals_through_a_follower_at_the_default_session_timeout_stay_held() 
     );
     guard.release().await.unwrap();
 }
+
+/// The follower cut at the worst moments for the proven-touch floor (attack on issue 10's fix): `at`
+/// picks when member 1 is cut from the leader. Asserts the cut-off guard is `Lost` by the time a client
+/// of the leader is granted, and prints how long before that it went `Lost`.
+async fn follower_cut_at(at: CutAt) {
+    let ensemble = ZkEnsemble::start_with_quorum_proxies(3).expect("ensemble");
+    let leader = ensemble.leader().expect("a leader");
+    assert_ne!(
+        leader, 0,
+        "member 1 was elected; the test needs it as a follower"
+    );
+    let on_leader = locks_at(&format!("zk://{}", ensemble.addr(leader).unwrap())).await;
+    let on_follower = locks_at(&format!(
+        "zk://{}?session_timeout=600ms&tick_time={}ms",
+        ensemble.addr(0).unwrap(),
+        distlock_testkit::zookeeper::TICK_MS
+    ))
+    .await;
+    let name = name("follower_cut_at");
+    // The session idles first: the grant's floor is a touch-keeper sync, not the establishment.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let guard = on_follower.lock(&name).unwrap().acquire().await.unwrap();
+    if let CutAt::RightAfterARenewal = at {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let before = guard.validity_deadline().unwrap();
+        let started = Instant::now();
+        while guard.validity_deadline().unwrap() <= before + Duration::from_millis(5) {
+            assert!(started.elapsed() < Duration::from_secs(2), "no renewal");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    ensemble
+        .cut_quorum_link(leader)
+        .expect("cut member 1 from the leader");
+    let cut_at = Instant::now();
+    let mut states = guard.state_changes();
+    let lost_at = tokio::spawn(async move {
+        while *states.borrow_and_update() != LockState::Lost {
+            if states.changed().await.is_err() {
+                break;
+            }
+        }
+        Instant::now()
+    });
+    let other = on_leader
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the leader expires the cut-off session and hands the lock on");
+    let handed_on = Instant::now();
+    assert_eq!(
+        guard.state(),
+        LockState::Lost,
+        "{at:?}: the cut-off holder was not Lost when the leader handed the lock on ({:?} after the cut)",
+        handed_on - cut_at
+    );
+    let lost_at = lost_at.await.unwrap();
+    eprintln!(
+        "follower cut {at:?}: Lost {:?} after the cut, {:?} before the hand-on",
+        lost_at - cut_at,
+        handed_on - lost_at
+    );
+    other.release().await.unwrap();
+}
+
+#[derive(Debug, Clone, Copy)]
+enum CutAt {
+    RightAfterTheGrant,
+    RightAfterARenewal,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_follower_cut_right_after_the_grant_is_never_held_after_the_leader_expired_the_session(
+) {
+    follower_cut_at(CutAt::RightAfterTheGrant).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_follower_cut_right_after_a_renewal_is_never_held_after_the_leader_expired_the_session(
+) {
+    follower_cut_at(CutAt::RightAfterARenewal).await;
+}
+
+/// Attack on issue 10's fix: a grant's TTL was counted from the moment the grant was built, but the
+/// core counts it from its own send time (before the attempt), so an attempt that took longer than
+/// half the trust left was refused as "arrived after its validity deadline" although the proven leader
+/// touch still covered it. Here the session's only proven touch is its establishment; 600 ms later the
+/// link gets slow (200 ms each way), so the attempt (a few round trips) ends about 1.8 s after the
+/// establishment, well inside the 1.98 s the touch allows: the acquire must succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_grant_within_the_proven_touch_is_not_refused() {
+    let server = ZkServer::start_or_panic();
+    let proxy = std::sync::Arc::new(Proxy::start(server.addr()).expect("proxy"));
+    let locks = locks_at(&format!("zk://{}?session_timeout=2s", proxy.addr())).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let slow = proxy.clone();
+    tokio::task::spawn_blocking(move || slow.delay(Duration::from_millis(200)).unwrap())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let acquired = locks.lock(&name("slow_grant")).unwrap().acquire().await;
+    let took = started.elapsed();
+    let fast = proxy.clone();
+    tokio::task::spawn_blocking(move || fast.pass().unwrap())
+        .await
+        .unwrap();
+    let guard = acquired.unwrap_or_else(|e| panic!("refused after {took:?}: {e}"));
+    guard.release().await.unwrap();
+}
