@@ -24,6 +24,12 @@ use crate::ports::{self, PortLease};
 use crate::process::{self, Probe, ReadyProbe, ServerProcess, ServerSpec};
 use crate::proxy::Proxy;
 
+/// ZooKeeper's `syncLimit` on test servers, in ticks (1 s).
+pub const SYNC_LIMIT: u32 = 5;
+/// `syncLimit` of an ensemble started with quorum proxies, in ticks (3 s): the follower-cut tests need a
+/// session timeout shorter than it (the follower keeps serving after the leader expired the session),
+/// and 2 s sessions leave a loaded machine's renewals room that 600 ms ones did not.
+pub const SYNC_LIMIT_QUORUM_PROXIED: u32 = 15;
 /// The JVM.
 pub const JAVA: &str = "java";
 /// The server jar (package `zookeeper` / `libzookeeper-java`).
@@ -100,13 +106,16 @@ struct Member {
     client: PortLease,
     quorum: PortLease,
     election: PortLease,
+    /// `syncLimit`, in ticks: how long a follower serves without hearing from the leader.
+    sync_limit: u32,
 }
 
 fn config(member: &Member, data_dir: &Path, servers: &str) -> String {
     format!(
-        "tickTime={TICK_MS}\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
+        "tickTime={TICK_MS}\ninitLimit=10\nsyncLimit={}\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
          admin.enableServer=false\n4lw.commands.whitelist=*\nminSessionTimeout={}\nmaxSessionTimeout=60000\n\
          preAllocSize=1024\nforceSync=no\n{servers}",
+        member.sync_limit,
         data_dir.display(),
         member.client.port(),
         MIN_SESSION_TIMEOUT.as_millis(),
@@ -172,6 +181,7 @@ impl ZkServer {
             client: ports::reserve()?,
             quorum: ports::reserve()?,
             election: ports::reserve()?,
+            sync_limit: SYNC_LIMIT,
         };
         let process = spawn_member(&member, "", true)?;
         Ok(ZkServer { member, process })
@@ -237,6 +247,11 @@ impl ZkEnsemble {
                 client: ports::reserve()?,
                 quorum: ports::reserve()?,
                 election: ports::reserve()?,
+                sync_limit: if proxied {
+                    SYNC_LIMIT_QUORUM_PROXIED
+                } else {
+                    SYNC_LIMIT
+                },
             });
         }
         let line = |m: &Member, quorum: u16| {
