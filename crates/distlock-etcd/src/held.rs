@@ -272,19 +272,20 @@ fn confirm(shared: &Shared, id: i64, revision: i64) -> bool {
 /// it covers the revisions after that one. If the key is not known to exist at `revision` (the store
 /// moved since the last read that saw it), reads it, and reports a loss if it is gone. Without this,
 /// a watch made from the key's last known revision would be "unsynced" and see a delete only through
-/// etcd's 100 ms catch-up loop: late enough for the next waiter to be granted first.
+/// etcd's 100 ms catch-up loop: late enough for the next waiter to be granted first. True when the
+/// key was found gone (its watch is then to be cancelled: nothing cancels it later).
 async fn recheck(
     shared: &Shared,
     client: &Client,
     request_timeout: Duration,
     id: i64,
     revision: i64,
-) -> Result<(), tonic::Status> {
+) -> Result<bool, tonic::Status> {
     let Some(entry) = entry_of(shared, id) else {
-        return Ok(());
+        return Ok(false);
     };
     if revision < entry.from {
-        return Ok(());
+        return Ok(false);
     }
     let own = RangeRequest {
         key: entry.key.as_bytes().to_vec(),
@@ -310,7 +311,7 @@ async fn recheck(
                 }
             }
         }
-        return Ok(());
+        return Ok(false);
     }
     lose(
         shared,
@@ -320,7 +321,7 @@ async fn recheck(
             entry.key
         ),
     );
-    Ok(())
+    Ok(true)
 }
 
 async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
@@ -407,10 +408,16 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                     Ok(Some(resp)) => {
                         if resp.created {
                             let revision = resp.header.as_ref().map_or(0, |h| h.revision);
-                            if !confirm(&shared, resp.watch_id, revision)
-                                && recheck(&shared, &client, request_timeout, resp.watch_id, revision).await.is_err()
-                            {
-                                broken = true;
+                            if !confirm(&shared, resp.watch_id, revision) {
+                                match recheck(&shared, &client, request_timeout, resp.watch_id, revision).await {
+                                    Ok(false) => {}
+                                    Ok(true) => {
+                                        if active.remove(&resp.watch_id) && stream.cancel(resp.watch_id).await.is_err() {
+                                            broken = true;
+                                        }
+                                    }
+                                    Err(_) => broken = true,
+                                }
                             }
                             unconfirmed = unconfirmed.saturating_sub(1);
                             if unconfirmed == 0 {

@@ -449,7 +449,40 @@ async fn fault_a_delete_while_the_watch_is_disconnected_is_still_reported() {
         .expect("the delete made while disconnected is reported once the watch is back");
     eprintln!("heal → Lost: {:?}", healed_at.elapsed());
     assert!(guard.loss_reason().unwrap().contains("deleted"));
+    // The key's watch, made again and found without its key, is cancelled (nothing else would: the
+    // guard's release finds its entry gone).
+    let deadline = Instant::now() + SLACK;
+    while watch_gauge(server.addr(), "etcd_debugging_mvcc_watcher_total").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the lost key's watch is left on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let _ = guard.release().await;
+}
+
+/// Many short holds, each watched from its grant on: every watch is cancelled at its release, none is
+/// left on the server (the stream stays open, so a leaked watch would stay until the process ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_holds_leave_no_watch_on_the_server() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("short_holds");
+    for _ in 0..100 {
+        let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    let deadline = Instant::now() + SLACK;
+    loop {
+        let left = watch_gauge(server.addr(), "etcd_debugging_mvcc_watcher_total").await;
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} watches left on the server");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Compacts the store at its current revision, after a few writes, so every watch starting at or
