@@ -324,6 +324,29 @@ async fn recheck(
     Ok(true)
 }
 
+/// [`recheck`] beside the task: a key found gone has its watch cancelled, a failed read reopens the
+/// stream (which makes the watch, and this check, again).
+async fn recheck_in_background(
+    shared: Shared,
+    client: Client,
+    request_timeout: Duration,
+    id: i64,
+    revision: i64,
+) {
+    let command = match recheck(&shared, &client, request_timeout, id, revision).await {
+        Ok(false) => return,
+        Ok(true) => Command::Cancel(id),
+        Err(_) => Command::Reopen,
+    };
+    if let Some(state) = shared.upgrade() {
+        if let Ok(s) = state.lock() {
+            if let Some(task) = &s.task {
+                let _ = task.commands.send(command);
+            }
+        }
+    }
+}
+
 async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let mut refusals = Refusals::default();
@@ -409,15 +432,15 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                         if resp.created {
                             let revision = resp.header.as_ref().map_or(0, |h| h.revision);
                             if !confirm(&shared, resp.watch_id, revision) {
-                                match recheck(&shared, &client, request_timeout, resp.watch_id, revision).await {
-                                    Ok(false) => {}
-                                    Ok(true) => {
-                                        if active.remove(&resp.watch_id) && stream.cancel(resp.watch_id).await.is_err() {
-                                            broken = true;
-                                        }
-                                    }
-                                    Err(_) => broken = true,
-                                }
+                                // Off the loop: after a reopen every held key may need its read, and
+                                // the other watches' deletes must not wait for them.
+                                tokio::spawn(recheck_in_background(
+                                    shared.clone(),
+                                    client.clone(),
+                                    request_timeout,
+                                    resp.watch_id,
+                                    revision,
+                                ));
                             }
                             unconfirmed = unconfirmed.saturating_sub(1);
                             if unconfirmed == 0 {

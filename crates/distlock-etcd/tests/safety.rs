@@ -480,7 +480,10 @@ async fn short_holds_leave_no_watch_on_the_server() {
         if left == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "{left} watches left on the server");
+        assert!(
+            Instant::now() < deadline,
+            "{left} watches left on the server"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
