@@ -11,10 +11,13 @@
 //! "unsynced" in etcd and served by its 100 ms catch-up loop, late enough for the next waiter to be
 //! granted first. A delete between the grant's read and the watch is found by re-reading the key
 //! when the confirmation's revision shows that the store moved meanwhile (see
-//! [`HeldKeys::watch`]). A broken stream is reopened and every watch recreated from the grant's
-//! revision + 1, so a delete that happened while disconnected is still reported; a watch
-//! whose start revision was compacted meanwhile re-reads the key instead (and is watched again under
-//! a new id: etcd refuses a cancelled id on the same stream). The task runs on the runtime
+//! [`HeldKeys::watch`]). A broken stream is reopened and every watch made again, from the current
+//! revision too (a watch made from the grant's revision would be unsynced, and a delete right after
+//! the reopen would reach it ~100 ms after the next waiter was granted: two guards `Held`); once it
+//! is confirmed, the key is re-read if the store moved since it was last seen, so a delete that
+//! happened while disconnected is still reported ([`recheck`]). A watch cancelled by the server (a
+//! compaction) re-reads the key too (and is watched again under a new id: etcd refuses a cancelled
+//! id on the same stream). The task runs on the runtime
 //! of whoever registered a key; if that runtime is gone (its tasks are dropped with it) the next
 //! registration or renewal starts it again on the current one.
 
@@ -56,9 +59,6 @@ struct Entry {
     lost: LossSender,
     /// Its watch was (or is being) created on the current stream: a release must cancel it.
     created: bool,
-    /// Its watch was never created yet: the first one starts at the current revision (see the module
-    /// docs), later ones at `from`.
-    fresh: bool,
 }
 
 enum Command {
@@ -135,10 +135,10 @@ impl HeldKeys {
 
     /// Watches `key` (created at `rev`, known to exist at revision `from - 1`) until
     /// [`unwatch`](Self::unwatch); a delete is reported on `lost`. Returns the watch id and the
-    /// confirmation: the revision the server created the watch at (an error if the stream broke
-    /// first; the watch is then made again from `from`). The watch covers every revision after that
-    /// one; whether the key still existed at it is for the caller to find out (a delete after `from`
-    /// and up to it is reported too, but only by etcd's 100 ms catch-up loop).
+    /// confirmation: the revision the server created the watch at (if the stream broke first, that
+    /// of the watch made again on the next stream). The watch covers every revision after that one;
+    /// whether the key still existed at it is for the caller to find out. A caller that stops waiting
+    /// leaves that to the watch task ([`recheck`]).
     pub(crate) fn watch(
         &self,
         key: String,
@@ -160,7 +160,6 @@ impl HeldKeys {
                 from,
                 lost,
                 created: false,
-                fresh: true,
             },
         );
         state.confirmations.insert(id, confirm);
@@ -221,12 +220,15 @@ impl HeldKeys {
     }
 }
 
-/// The watch of one held key: deletes only, under the client-chosen id `id`; from the server's current
-/// revision the first time, from the entry's start revision after that.
+/// The watch of one held key: deletes only, under the client-chosen id `id`, always from the server's
+/// current revision (a watch starting in the past is "unsynced" in etcd: a delete reaches it only
+/// through etcd's 100 ms catch-up loop, after the next waiter's synced watch). The revisions between
+/// the key's last known-alive one and the watch's creation are covered by re-reading the key once
+/// the creation is confirmed ([`recheck`]; at a grant, by the grant).
 fn options(id: i64, entry: &Entry) -> WatchCreateRequest {
     WatchCreateRequest {
         key: entry.key.as_bytes().to_vec(),
-        start_revision: if entry.fresh { 0 } else { entry.from },
+        start_revision: 0,
         filters: vec![FilterType::Noput as i32],
         watch_id: id,
         ..WatchCreateRequest::default()
@@ -248,23 +250,100 @@ fn take_entries(shared: &Shared, pick: impl Fn(&Entry) -> bool) -> Option<Taken>
         if !entry.created && pick(entry) {
             taken.push((*id, entry.clone()));
             entry.created = true;
-            entry.fresh = false;
         }
     }
     Some((state.client.clone(), state.request_timeout, taken))
 }
 
-/// Hands a new watch's creation revision to the grant waiting for it.
-fn confirm(shared: &Shared, id: i64, revision: i64) {
+/// Hands a new watch's creation revision to the grant waiting for it; false when none waits (the
+/// watch was made again, or the grant stopped waiting): the task then re-reads the key itself.
+fn confirm(shared: &Shared, id: i64, revision: i64) -> bool {
     let Some(state) = shared.upgrade() else {
-        return;
+        return true;
     };
     let confirm = match state.lock() {
         Ok(mut s) => s.confirmations.remove(&id),
         Err(_) => None,
     };
-    if let Some(confirm) = confirm {
-        let _ = confirm.send(revision);
+    confirm.is_some_and(|confirm| confirm.send(revision).is_ok())
+}
+
+/// A watch made again (after a broken stream or a compaction), confirmed as created at `revision`:
+/// it covers the revisions after that one. If the key is not known to exist at `revision` (the store
+/// moved since the last read that saw it), reads it, and reports a loss if it is gone. Without this,
+/// a watch made from the key's last known revision would be "unsynced" and see a delete only through
+/// etcd's 100 ms catch-up loop: late enough for the next waiter to be granted first. True when the
+/// key was found gone (its watch is then to be cancelled: nothing cancels it later).
+async fn recheck(
+    shared: &Shared,
+    client: &Client,
+    request_timeout: Duration,
+    id: i64,
+    revision: i64,
+) -> Result<bool, tonic::Status> {
+    let Some(entry) = entry_of(shared, id) else {
+        return Ok(false);
+    };
+    if revision < entry.from {
+        return Ok(false);
+    }
+    let own = RangeRequest {
+        key: entry.key.as_bytes().to_vec(),
+        ..RangeRequest::default()
+    };
+    let read = match tokio::time::timeout(request_timeout, client.range(own)).await {
+        Ok(read) => read?,
+        Err(_) => {
+            return Err(tonic::Status::deadline_exceeded(
+                "re-reading a held key timed out",
+            ))
+        }
+    };
+    if read
+        .kvs
+        .first()
+        .is_some_and(|kv| kv.create_revision == entry.rev)
+    {
+        if let (Some(state), Some(header)) = (shared.upgrade(), read.header.as_ref()) {
+            if let Ok(mut s) = state.lock() {
+                if let Some(e) = s.entries.get_mut(&id) {
+                    e.from = e.from.max(header.revision + 1);
+                }
+            }
+        }
+        return Ok(false);
+    }
+    lose(
+        shared,
+        id,
+        format!(
+            "its key {} was deleted on the server (by hand, or its session lease was revoked or expired)",
+            entry.key
+        ),
+    );
+    Ok(true)
+}
+
+/// [`recheck`] beside the task: a key found gone has its watch cancelled, a failed read reopens the
+/// stream (which makes the watch, and this check, again).
+async fn recheck_in_background(
+    shared: Shared,
+    client: Client,
+    request_timeout: Duration,
+    id: i64,
+    revision: i64,
+) {
+    let command = match recheck(&shared, &client, request_timeout, id, revision).await {
+        Ok(false) => return,
+        Ok(true) => Command::Cancel(id),
+        Err(_) => Command::Reopen,
+    };
+    if let Some(state) = shared.upgrade() {
+        if let Ok(s) = state.lock() {
+            if let Some(task) = &s.task {
+                let _ = task.commands.send(command);
+            }
+        }
     }
 }
 
@@ -352,7 +431,17 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                     Ok(Some(resp)) => {
                         if resp.created {
                             let revision = resp.header.as_ref().map_or(0, |h| h.revision);
-                            confirm(&shared, resp.watch_id, revision);
+                            if !confirm(&shared, resp.watch_id, revision) {
+                                // Off the loop: after a reopen every held key may need its read, and
+                                // the other watches' deletes must not wait for them.
+                                tokio::spawn(recheck_in_background(
+                                    shared.clone(),
+                                    client.clone(),
+                                    request_timeout,
+                                    resp.watch_id,
+                                    revision,
+                                ));
+                            }
                             unconfirmed = unconfirmed.saturating_sub(1);
                             if unconfirmed == 0 {
                                 backoff.reset();
@@ -544,7 +633,6 @@ async fn handle(
     };
     let mut entry = entry;
     entry.from = from;
-    entry.fresh = false;
     stream.watch(options(new_id, &entry)).await?;
     active.insert(new_id);
     Ok(true)

@@ -149,8 +149,8 @@ impl EtcdBackend {
             }
         });
         let token = FencingToken::new(rev.unsigned_abs());
-        // Recreated (after a broken stream) from the revision the grant was read at + 1: the key
-        // existed then, so any delete the watch sees is of this very key.
+        // The key existed at the grant's read: a watch (re)made after that re-reads it unless the
+        // store has not moved since (`from` is that read + 1).
         let (watch_id, confirmed) =
             self.inner
                 .held
@@ -181,8 +181,8 @@ impl EtcdBackend {
     /// sends an event to every synced watch at once; that waiter then needs one more round trip). The
     /// watch starts at the revision it was created at: if the store moved since the grant's read, the
     /// key is read again, so a delete in between is `Lost` before the grant is even returned. A watch
-    /// not confirmed within the request timeout (the stream broke; it is made again from the grant's
-    /// revision) leaves the grant as it is: the delete is still reported, only later.
+    /// not confirmed within the request timeout (the stream broke and is not back yet) leaves the grant
+    /// as it is: the watch task re-reads the key once the watch is made again.
     async fn await_watch(
         &self,
         key: &str,

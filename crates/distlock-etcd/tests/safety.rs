@@ -449,7 +449,43 @@ async fn fault_a_delete_while_the_watch_is_disconnected_is_still_reported() {
         .expect("the delete made while disconnected is reported once the watch is back");
     eprintln!("heal → Lost: {:?}", healed_at.elapsed());
     assert!(guard.loss_reason().unwrap().contains("deleted"));
+    // The key's watch, made again and found without its key, is cancelled (nothing else would: the
+    // guard's release finds its entry gone).
+    let deadline = Instant::now() + SLACK;
+    while watch_gauge(server.addr(), "etcd_debugging_mvcc_watcher_total").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the lost key's watch is left on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let _ = guard.release().await;
+}
+
+/// Many short holds, each watched from its grant on: every watch is cancelled at its release, none is
+/// left on the server (the stream stays open, so a leaked watch would stay until the process ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_holds_leave_no_watch_on_the_server() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("short_holds");
+    for _ in 0..100 {
+        let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    let deadline = Instant::now() + SLACK;
+    loop {
+        let left = watch_gauge(server.addr(), "etcd_debugging_mvcc_watcher_total").await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} watches left on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Compacts the store at its current revision, after a few writes, so every watch starting at or
@@ -691,4 +727,89 @@ fn fault_a_guard_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
         next.release().await.unwrap();
     });
     drop(locks);
+}
+
+/// A gauge from etcd's `/metrics`: `etcd_debugging_mvcc_watcher_total` (watches on the server) or
+/// `etcd_debugging_mvcc_slow_watcher_total` (those served by its 100 ms catch-up loop: "unsynced").
+async fn watch_gauge(addr: std::net::SocketAddr, gauge: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await.unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(gauge)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// The held-key watch stream breaks (a connection reset) and is reopened; a delete of the key right
+/// after its watch is made again must still be `Lost` before the client queued behind it is granted.
+/// A watch made again from the grant's revision is "unsynced" in etcd once the store has moved (the
+/// waiter's own key moved it): the delete reached it only through etcd's 100 ms catch-up loop, while
+/// the waiter's watch saw it at once and the waiter was granted: two guards `Held` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_delete_right_after_the_held_watch_is_reopened_is_lost_before_the_next_grant() {
+    use distlock_testkit::proxy::Proxy;
+    let server = EtcdServer::start_or_panic();
+    let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
+        .await
+        .unwrap();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let first = {
+        let backend = backend(&format!("etcd://{}", proxy.addr())).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    let second = {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    for round in 0..3 {
+        let name = common::name(&format!("reopened_delete_{round}"));
+        let prefix = format!("{name}/");
+        let guard = first.lock(&name).unwrap().acquire().await.unwrap();
+        let lock = second.lock(&name).unwrap();
+        let next = tokio::spawn(async move { lock.acquire().await.unwrap() });
+        let queued = wait_keys(&server.endpoints(), &prefix, SLACK, "second queued", |k| {
+            k.len() == 2
+        });
+        // Every watch synced (the catch-up loop runs every 100 ms).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (all, slow) = (
+            "etcd_debugging_mvcc_watcher_total",
+            "etcd_debugging_mvcc_slow_watcher_total",
+        );
+        assert_eq!(watch_gauge(server.addr(), slow).await, 0);
+        let watches = watch_gauge(server.addr(), all).await;
+        proxy.reset().unwrap();
+        // The held key's watch goes with its stream, and is made again on a new one (the reopen
+        // waits 100 ms at least): delete the key as soon as it is back.
+        let deadline = Instant::now() + SLACK;
+        while watch_gauge(server.addr(), all).await >= watches && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        while watch_gauge(server.addr(), all).await < watches && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "round {round}: the watch was not made again"
+        );
+        raw.delete_range(DeleteRangeRequest {
+            key: queued[0].key.clone().into_bytes(),
+            ..DeleteRangeRequest::default()
+        })
+        .await
+        .unwrap();
+        let granted = next.await.unwrap();
+        assert_ne!(
+            guard.state(),
+            LockState::Held,
+            "round {round}: two Held guards at once: the key was deleted after its watch was made again, the next client was granted, and the guard still reports Held"
+        );
+        granted.release().await.unwrap();
+        let _ = guard.release().await;
+    }
 }

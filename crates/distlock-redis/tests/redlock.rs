@@ -114,6 +114,45 @@ async fn a_retried_try_votes_yes_on_its_own_key() {
         .is_nil());
 }
 
+/// Two clients using one caller-chosen owner id (`lock_as`, e.g. a job name, in two processes) exclude
+/// each other: each acquire writes its own value. With the owner id as the value, the second was
+/// granted on the first's keys (the acquire votes yes on its own value) and both held, and either's
+/// release deleted the other's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_with_one_owner_id_exclude_each_other() {
+    let nodes = RedlockNodes::start_or_panic(5);
+    let a = Locks::new(backend(&nodes.url()).await);
+    let b = Locks::new(backend(&nodes.url()).await);
+    let name = unique("same_owner");
+    let first = a
+        .lock_as(&name, "nightly-job")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let second = b
+        .lock_as(&name, "nightly-job")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(second.is_none(), "two holders with one owner id");
+    // The status shows the owner id, not the per-acquire value.
+    let info = b.inspect(&name).await.unwrap();
+    assert_eq!(
+        info.holder.and_then(|h| h.owner).as_deref(),
+        Some("nightly-job")
+    );
+    first.release().await.unwrap();
+    let second = b
+        .lock_as(&name, "nightly-job")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(second.is_some(), "free after the release");
+}
+
 /// Renewal: keys gone on 2 of 5 nodes leave a quorum (still Held); gone on 3, no quorum is possible
 /// and the guard is Lost at the next renewal, long before its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
