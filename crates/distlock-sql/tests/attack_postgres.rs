@@ -440,3 +440,76 @@ async fn a_failed_fence_bump_fails_the_acquire_and_leaves_the_lock_free() {
     let g = other.lock(&name).unwrap().try_acquire().await.unwrap();
     g.expect("the name is free").release().await.unwrap();
 }
+
+/// A wait given up just as its holder releases: PostgreSQL acts on a cancel request asynchronously
+/// (and `cancel_query` returns once the request is written), so the waiter's server session may take
+/// the lock between the give-up and the cancel. The waiter reaches the server through a delaying
+/// proxy, so its cancel (and the close of its connection) lands late: the holder releases as soon as
+/// the waiter's acquire returned, or concurrently around its limit. The moment both are done, a third
+/// party must find the name free, and the waiter must have reported no grant it did not keep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_given_up_as_the_holder_releases_leaves_the_name_free_at_once() {
+    let server = PostgresServer::start_or_panic();
+    for mode in ["advisory", "row"] {
+        let url = format!("{}?mode={mode}", server.url());
+        let proxy = Proxy::start(server.addr()).unwrap();
+        let waiter = backend(&format!("{}?mode={mode}", server.url_for(proxy.addr()))).await;
+        let holder = backend(&url).await;
+        let third = backend(&url).await;
+        // Warm the waiter's pool and tables before the delay.
+        let warm = waiter
+            .lock(&unique("warm"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        warm.release().await.unwrap();
+        proxy.delay(Duration::from_millis(40)).unwrap();
+        let limit = Duration::from_millis(400);
+        // `None`: release once the waiter's acquire returned; `Some(ms)`: release `ms` after the
+        // waiter's limit began, concurrently.
+        let schedule = [
+            None,
+            Some(380),
+            None,
+            Some(400),
+            None,
+            Some(420),
+            None,
+            Some(440),
+        ];
+        for (round, at) in schedule.iter().enumerate() {
+            let name = unique(&format!("give-up-race/{mode}/{round}"));
+            let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+            let started = Instant::now();
+            let release = async {
+                if let Some(ms) = at {
+                    tokio::time::sleep_until((started + Duration::from_millis(*ms)).into()).await;
+                    held.release().await.unwrap();
+                    None
+                } else {
+                    Some(held)
+                }
+            };
+            let lock = waiter.lock(&name).unwrap();
+            let acquire = lock.options().wait(limit).acquire();
+            let (got, held) = tokio::join!(acquire, release);
+            match got {
+                Ok(g) => g.release().await.unwrap(),
+                Err(e) => assert_eq!(e.kind(), ErrorKind::Timeout, "{mode}/{round}: {e}"),
+            }
+            if let Some(held) = held {
+                held.release().await.unwrap();
+            }
+            // At once: no retry.
+            let taken = third.lock(&name).unwrap().try_acquire().await.unwrap();
+            let taken = taken.unwrap_or_else(|| {
+                panic!(
+                    "{mode}/{round} ({at:?}): the given-up waiter's session held the name ({})",
+                    distlock_server_state(&server)
+                )
+            });
+            taken.release().await.unwrap();
+        }
+    }
+}
