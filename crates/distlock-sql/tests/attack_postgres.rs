@@ -513,3 +513,90 @@ async fn a_wait_given_up_as_the_holder_releases_leaves_the_name_free_at_once() {
         }
     }
 }
+
+/// As `a_failed_fence_bump_fails_the_acquire_and_leaves_the_lock_free`, but the lock must be free the
+/// moment the acquire reports its error (read in-process on a connection of the test's own, no retry):
+/// the session advisory lock outlives the failed statement, so the abandon must unlock it, not leave
+/// it to the server noticing a closed socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fence_bump_leaves_the_lock_free_at_once() {
+    let server = PostgresServer::start_or_panic();
+    let locks = backend(&server.url()).await;
+    let holder = backend(&server.url()).await;
+    let g = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let held_now = |name: String| {
+        let client = &client;
+        async move {
+            let (classid, objid, objsubid) = pg_locks_row(AdvisoryKey::Single(advisory_key(&name)));
+            let row = client
+                .query_one(
+                    &format!(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                         AND classid = {classid} AND objid = {objid} AND objsubid = {objsubid}"
+                    ),
+                    &[],
+                )
+                .await
+                .unwrap();
+            row.get::<_, i64>(0)
+        }
+    };
+    let refuse = "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+                  $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$; \
+                  CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON distlock_locks_fence \
+                  FOR EACH ROW EXECUTE FUNCTION refuse()";
+    let allow = "DROP TRIGGER refuse ON distlock_locks_fence; DROP FUNCTION refuse()";
+    server.psql(refuse).unwrap();
+    for round in 0..5 {
+        let name = unique(&format!("bump-fails-at-once/try/{round}"));
+        let err = locks.lock(&name).unwrap().try_acquire().await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        assert_eq!(held_now(name).await, 0, "try {round}: the lock stayed held");
+    }
+    for round in 0..3 {
+        let name = unique(&format!("bump-fails-at-once/wait/{round}"));
+        server.psql(allow).unwrap();
+        let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+        server.psql(refuse).unwrap();
+        let waiter = {
+            let locks = locks.clone();
+            let name = name.clone();
+            tokio::spawn(async move {
+                locks
+                    .lock(&name)
+                    .unwrap()
+                    .options()
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+            })
+        };
+        let started = Instant::now();
+        while distlock_server_state(&server).ends_with("0 waiting") {
+            assert!(
+                started.elapsed() < SLACK,
+                "the waiter never waited in the server"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        held.release().await.unwrap();
+        let err = waiter.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        assert_eq!(
+            held_now(name).await,
+            0,
+            "wait {round}: the lock stayed held"
+        );
+    }
+    server.psql(allow).unwrap();
+}
