@@ -386,3 +386,86 @@ async fn a_failed_fence_bump_fails_the_acquire_and_leaves_the_lock_free() {
     let g = other.lock(&name).unwrap().try_acquire().await.unwrap();
     g.expect("the name is free").release().await.unwrap();
 }
+
+/// The multi-statement try's partial failure (GET_LOCK got the lock, the bump failed), and a bump that
+/// fails after a won wait: the moment the acquire reports its error, the lock must be free (read on a
+/// connection of the test's own, in-process, no retry), not left to the server noticing a closed
+/// socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fence_bump_leaves_the_lock_free_at_once() {
+    use distlock_sql::mysql::mysql_async::{self, prelude::Queryable as _};
+    let server = MariaDbServer::start_or_panic();
+    let locks = backend(&server.url()).await;
+    let holder = backend(&server.url()).await;
+    // Create the tables.
+    let g = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let mut probe = mysql_async::Conn::from_url(server.url().replacen("mariadb://", "mysql://", 1))
+        .await
+        .unwrap();
+    let refuse = "CREATE TRIGGER distlock.refuse_insert BEFORE INSERT ON distlock.distlock_locks FOR EACH ROW \
+                  SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'; \
+                  CREATE TRIGGER distlock.refuse_update BEFORE UPDATE ON distlock.distlock_locks FOR EACH ROW \
+                  SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'";
+    let allow = "DROP TRIGGER distlock.refuse_insert; DROP TRIGGER distlock.refuse_update";
+    server.sql(refuse).unwrap();
+    for round in 0..5 {
+        let name = unique(&format!("bump-fails-at-once/try/{round}"));
+        let err = locks.lock(&name).unwrap().try_acquire().await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        let used: Option<Option<u64>> = probe
+            .query_first(format!("SELECT IS_USED_LOCK('{}')", advisory_name(&name)))
+            .await
+            .unwrap();
+        assert_eq!(
+            used.flatten(),
+            None,
+            "try {round}: the failed try's session still held the lock"
+        );
+    }
+    for round in 0..3 {
+        let name = unique(&format!("bump-fails-at-once/wait/{round}"));
+        server.sql(allow).unwrap();
+        let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+        server.sql(refuse).unwrap();
+        let waiter = {
+            let locks = locks.clone();
+            let name = name.clone();
+            tokio::spawn(async move {
+                locks
+                    .lock(&name)
+                    .unwrap()
+                    .options()
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+            })
+        };
+        let started = Instant::now();
+        while !running_statements(&server).contains("GET_LOCK") {
+            assert!(
+                started.elapsed() < SLACK,
+                "the waiter never waited in the server"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        held.release().await.unwrap();
+        let err = waiter.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        let used: Option<Option<u64>> = probe
+            .query_first(format!("SELECT IS_USED_LOCK('{}')", advisory_name(&name)))
+            .await
+            .unwrap();
+        assert_eq!(
+            used.flatten(),
+            None,
+            "wait {round}: the failed wait's session still held the lock"
+        );
+    }
+    server.sql(allow).unwrap();
+}

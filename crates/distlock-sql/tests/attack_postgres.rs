@@ -440,3 +440,163 @@ async fn a_failed_fence_bump_fails_the_acquire_and_leaves_the_lock_free() {
     let g = other.lock(&name).unwrap().try_acquire().await.unwrap();
     g.expect("the name is free").release().await.unwrap();
 }
+
+/// A wait given up just as its holder releases: PostgreSQL acts on a cancel request asynchronously
+/// (and `cancel_query` returns once the request is written), so the waiter's server session may take
+/// the lock between the give-up and the cancel. The waiter reaches the server through a delaying
+/// proxy, so its cancel (and the close of its connection) lands late: the holder releases as soon as
+/// the waiter's acquire returned, or concurrently around its limit. The moment both are done, a third
+/// party must find the name free, and the waiter must have reported no grant it did not keep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_given_up_as_the_holder_releases_leaves_the_name_free_at_once() {
+    let server = PostgresServer::start_or_panic();
+    for mode in ["advisory", "row"] {
+        let url = format!("{}?mode={mode}", server.url());
+        let proxy = Proxy::start(server.addr()).unwrap();
+        let waiter = backend(&format!("{}?mode={mode}", server.url_for(proxy.addr()))).await;
+        let holder = backend(&url).await;
+        let third = backend(&url).await;
+        // Warm the waiter's pool and tables before the delay.
+        let warm = waiter
+            .lock(&unique("warm"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        warm.release().await.unwrap();
+        proxy.delay(Duration::from_millis(40)).unwrap();
+        let limit = Duration::from_millis(400);
+        // `None`: release once the waiter's acquire returned; `Some(ms)`: release `ms` after the
+        // waiter's limit began, concurrently.
+        let schedule = [
+            None,
+            Some(380),
+            None,
+            Some(400),
+            None,
+            Some(420),
+            None,
+            Some(440),
+        ];
+        for (round, at) in schedule.iter().enumerate() {
+            let name = unique(&format!("give-up-race/{mode}/{round}"));
+            let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+            let started = Instant::now();
+            let release = async {
+                if let Some(ms) = at {
+                    tokio::time::sleep_until((started + Duration::from_millis(*ms)).into()).await;
+                    held.release().await.unwrap();
+                    None
+                } else {
+                    Some(held)
+                }
+            };
+            let lock = waiter.lock(&name).unwrap();
+            let acquire = lock.options().wait(limit).acquire();
+            let (got, held) = tokio::join!(acquire, release);
+            match got {
+                Ok(g) => g.release().await.unwrap(),
+                Err(e) => assert_eq!(e.kind(), ErrorKind::Timeout, "{mode}/{round}: {e}"),
+            }
+            if let Some(held) = held {
+                held.release().await.unwrap();
+            }
+            // At once: no retry.
+            let taken = third.lock(&name).unwrap().try_acquire().await.unwrap();
+            let taken = taken.unwrap_or_else(|| {
+                panic!(
+                    "{mode}/{round} ({at:?}): the given-up waiter's session held the name ({})",
+                    distlock_server_state(&server)
+                )
+            });
+            taken.release().await.unwrap();
+        }
+    }
+}
+
+/// As `a_failed_fence_bump_fails_the_acquire_and_leaves_the_lock_free`, but the lock must be free the
+/// moment the acquire reports its error (read in-process on a connection of the test's own, no retry):
+/// the session advisory lock outlives the failed statement, so the abandon must unlock it, not leave
+/// it to the server noticing a closed socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fence_bump_leaves_the_lock_free_at_once() {
+    let server = PostgresServer::start_or_panic();
+    let locks = backend(&server.url()).await;
+    let holder = backend(&server.url()).await;
+    let g = locks
+        .lock(&unique("warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let held_now = |name: String| {
+        let client = &client;
+        async move {
+            let (classid, objid, objsubid) = pg_locks_row(AdvisoryKey::Single(advisory_key(&name)));
+            let row = client
+                .query_one(
+                    &format!(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                         AND classid = {classid} AND objid = {objid} AND objsubid = {objsubid}"
+                    ),
+                    &[],
+                )
+                .await
+                .unwrap();
+            row.get::<_, i64>(0)
+        }
+    };
+    let refuse = "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+                  $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$; \
+                  CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON distlock_locks_fence \
+                  FOR EACH ROW EXECUTE FUNCTION refuse()";
+    let allow = "DROP TRIGGER refuse ON distlock_locks_fence; DROP FUNCTION refuse()";
+    server.psql(refuse).unwrap();
+    for round in 0..5 {
+        let name = unique(&format!("bump-fails-at-once/try/{round}"));
+        let err = locks.lock(&name).unwrap().try_acquire().await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        assert_eq!(held_now(name).await, 0, "try {round}: the lock stayed held");
+    }
+    for round in 0..3 {
+        let name = unique(&format!("bump-fails-at-once/wait/{round}"));
+        server.psql(allow).unwrap();
+        let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+        server.psql(refuse).unwrap();
+        let waiter = {
+            let locks = locks.clone();
+            let name = name.clone();
+            tokio::spawn(async move {
+                locks
+                    .lock(&name)
+                    .unwrap()
+                    .options()
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+            })
+        };
+        let started = Instant::now();
+        while distlock_server_state(&server).ends_with("0 waiting") {
+            assert!(
+                started.elapsed() < SLACK,
+                "the waiter never waited in the server"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        held.release().await.unwrap();
+        let err = waiter.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        assert_eq!(
+            held_now(name).await,
+            0,
+            "wait {round}: the lock stayed held"
+        );
+    }
+    server.psql(allow).unwrap();
+}

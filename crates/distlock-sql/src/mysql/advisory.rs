@@ -178,7 +178,7 @@ pub(crate) async fn try_acquire(
             "SELECT GET_LOCK('{key}', 0), CONNECTION_ID(); {}",
             layout::bump_fence_if_locked(&inner.table, &request.name, &key)
         );
-        let (row, bumped, token) = bounded("GET_LOCK", inner.limits.request, async {
+        let answered = bounded("GET_LOCK", inner.limits.request, async {
             let mut result = session.conn.query_iter(sql).await?;
             let row: Vec<(Option<i64>, u64)> = result.collect().await?;
             // `collect` has moved to the second statement's answer: the bump's OK packet.
@@ -187,7 +187,15 @@ pub(crate) async fn try_acquire(
             result.drop_result().await?;
             Ok((row, bumped, token))
         })
-        .await?;
+        .await;
+        let (row, bumped, token) = match answered {
+            Ok(answer) => answer,
+            Err(e) => {
+                // GET_LOCK may have got the lock before the bump failed.
+                undo_and_drop(inner, session, &key).await;
+                return Err(e);
+            }
+        };
         let (got, id) = row
             .first()
             .copied()
@@ -202,18 +210,40 @@ pub(crate) async fn try_acquire(
         }
         let token = match token {
             Some(token) if token > 0 && bumped > 0 => token,
-            // The session is dropped, which closes it and frees the lock.
             other => {
+                undo_and_drop(inner, session, &key).await;
                 return Err(SqlError::Protocol(format!(
                     "the fencing counter statement changed {bumped} rows, insert id {other:?}"
-                )))
+                )));
             }
         };
         return grant(session, key, token, request);
     };
-    // Won in a wait. On any error from here the session is dropped, which closes it and frees the lock.
-    let token = inner.bump_fence(&mut session.conn, &request.name).await?;
+    // Won in a wait: on an error the lock is released before the error is reported.
+    let token = match inner.bump_fence(&mut session.conn, &request.name).await {
+        Ok(token) => token,
+        Err(e) => {
+            undo_and_drop(inner, session, &key).await;
+            return Err(e);
+        }
+    };
     grant(session, key, token, request)
+}
+
+/// Releases `key` on a session that may hold it when an acquire fails after `GET_LOCK` (a failed
+/// counter bump), so the lock is free when the error is reported, then drops the session (closing it
+/// frees whatever the release could not). `RELEASE_LOCK` frees only a lock of this session.
+async fn undo_and_drop(inner: &Inner, mut session: Session, key: &str) {
+    let undone = bounded(
+        "undoing a failed grant",
+        inner.limits.request,
+        session.conn.query_drop(format!("DO RELEASE_LOCK('{key}')")),
+    )
+    .await;
+    if let Err(e) = undone {
+        tracing::debug!(error = %e, "releasing the lock of a failed acquire failed; closing its session");
+    }
+    drop(session);
 }
 
 /// The grant of a session that holds `key`, with its committed token.

@@ -271,6 +271,12 @@ pub(crate) fn advisory(key: AdvisoryKey, function: &str) -> String {
     format!("SELECT {}", advisory_call(key, function))
 }
 
+/// Releases every session advisory lock of the session, if it is still `pid` (through a pooler it could
+/// be another client's session): the undo of an abandoned acquire.
+pub(crate) fn unlock_all_of(pid: i32) -> String {
+    format!("SELECT pg_advisory_unlock_all() FROM (SELECT 1) s WHERE pg_backend_pid() = {pid}")
+}
+
 /// `function(key)`, the call alone.
 fn advisory_call(key: AdvisoryKey, function: &str) -> String {
     match key {

@@ -11,8 +11,10 @@
 //! session, and with it the lock, is not ours): the guard is Lost with a message that says so.
 //!
 //! **Waiting** is in the server (`pg_advisory_lock` / `FOR UPDATE`). An acquire given up mid-wait sends
-//! the driver's cancel request and closes the connection, so the wait can never take the lock later
-//! (and `client_connection_check_interval` ends a wait whose client vanished).
+//! the driver's cancel request, then undoes on the same connection whatever the wait took before the
+//! cancel landed (see [`discard`]) and closes the connection, so the wait never takes the lock later
+//! and leaves nothing once the abandon returns (and `client_connection_check_interval` ends a wait
+//! whose client vanished).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +23,7 @@ use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, Rene
 use distlock_core::FencingToken;
 use futures_util::future::join_all;
 use tokio::sync::Mutex;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::SimpleQueryMessage;
 
@@ -154,7 +157,7 @@ pub(crate) async fn try_acquire(
     let bound = inner.request_timeout();
     if acquiring.stage == Stage::Waiting {
         // A wait whose answer never came back here: do not reuse its connection.
-        discard(acquiring).await;
+        discard(inner, acquiring).await;
     }
     acquiring.clean = false;
     connection(inner, acquiring).await?;
@@ -364,16 +367,49 @@ pub(crate) async fn wait(
     }
 }
 
-/// Cancels a wait in flight and closes the connection: whatever the session held or would have
-/// taken is freed with it.
-async fn discard(acquiring: &mut Acquiring) {
-    if let Some(conn) = acquiring.conn.take() {
-        if acquiring.stage == Stage::Waiting {
-            conn.cancel(CANCEL_BOUND).await;
-        }
-        drop(conn);
+/// Ends what the acquire's connection is doing and holds, then closes it. A wait in flight gets a
+/// cancel request; but PostgreSQL acts on it asynchronously (the request is only written when the
+/// driver returns), so the wait may still win in the meantime, and a session advisory lock outlives the
+/// statement or transaction that took it (even a statement cancelled after the lock was granted). So
+/// an undo is queued behind it on the same connection (`pg_advisory_unlock_all()` for this session's
+/// pid, or `ROLLBACK`), and its answer is awaited: once it comes, the session holds nothing, whatever
+/// the wait did. A cancel that lands late may cut the undo instead: it is sent again. Only if the undo
+/// gets no answer within the bound does freeing the lock fall to the server noticing the close.
+async fn discard(inner: &Inner, acquiring: &mut Acquiring) {
+    let stage = std::mem::take(&mut acquiring.stage);
+    let clean = std::mem::take(&mut acquiring.clean);
+    let Some(conn) = acquiring.conn.take() else {
+        return;
+    };
+    if stage == Stage::Waiting {
+        conn.cancel(CANCEL_BOUND).await;
     }
-    acquiring.stage = Stage::Idle;
+    if (stage == Stage::Idle && clean) || conn.closed_reason().is_some() {
+        return;
+    }
+    let undo = match inner.config.mode {
+        Mode::Advisory => layout::unlock_all_of(conn.pid),
+        _ => "ROLLBACK".to_string(),
+    };
+    let deadline = tokio::time::Instant::now() + inner.request_timeout().max(CANCEL_BOUND);
+    loop {
+        match tokio::time::timeout_at(deadline, conn.client.simple_query(&undo)).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(e)) if e.code() == Some(&SqlState::QUERY_CANCELED) => continue,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "undoing an abandoned acquire failed; closing its connection");
+                break;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "undoing an abandoned acquire got no answer; closing its connection (the server frees \
+                     what it holds once it notices)"
+                );
+                break;
+            }
+        }
+    }
+    drop(conn);
 }
 
 pub(crate) async fn abandon(inner: &Inner, mut acquiring: Acquiring) {
@@ -390,7 +426,7 @@ pub(crate) async fn abandon(inner: &Inner, mut acquiring: Acquiring) {
             return;
         }
     }
-    discard(&mut acquiring).await;
+    discard(inner, &mut acquiring).await;
 }
 
 /// One probe per held connection, all at once.
