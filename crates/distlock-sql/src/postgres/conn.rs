@@ -221,6 +221,18 @@ async fn key_pid(cancel: &CancelToken) -> Option<i32> {
 }
 
 /// What a driver error means, by SQLSTATE where the server sent one.
+/// Whether a statement failed because its connection had closed (a reset link, a server-ended
+/// session): the driver's own "connection closed", found in the error's source.
+pub(crate) fn connection_closed(error: &SqlError) -> bool {
+    matches!(
+        error,
+        SqlError::Unavailable { source: Some(source), .. }
+            if source
+                .downcast_ref::<tokio_postgres::Error>()
+                .is_some_and(tokio_postgres::Error::is_closed)
+    )
+}
+
 pub(crate) fn map_error(action: &'static str, e: tokio_postgres::Error) -> SqlError {
     let message = e.as_db_error().map_or_else(
         || {

@@ -14,7 +14,7 @@ use tokio::sync::broadcast;
 use tokio_postgres::types::Type;
 
 use super::backend::{Inner, LeaseKind, PgLease};
-use super::conn::Conn;
+use super::conn::{self, Conn};
 use crate::error::SqlError;
 
 /// The longest a waiter sleeps without a notification before trying again (a `NOTIFY` lost across a
@@ -219,8 +219,22 @@ pub(crate) async fn renew(
     }
 }
 
-/// Clears the owner if this owner still holds this version, and wakes the waiters.
+/// Clears the owner if this owner still holds this version, and wakes the waiters. A release sent on a
+/// control connection that turned out closed (a reset link not yet noticed) is sent once more on a new
+/// one: the update is conditional on owner and version, so sending it twice is harmless.
 pub(crate) async fn release(
+    inner: &Inner,
+    held: &Held,
+    name: &str,
+    owner: &str,
+) -> Result<Released, SqlError> {
+    match release_once(inner, held, name, owner).await {
+        Err(e) if conn::connection_closed(&e) => release_once(inner, held, name, owner).await,
+        released => released,
+    }
+}
+
+async fn release_once(
     inner: &Inner,
     held: &Held,
     name: &str,
