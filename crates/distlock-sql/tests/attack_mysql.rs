@@ -13,6 +13,8 @@ use distlock_testkit::holder::distlock_bin;
 use distlock_testkit::mariadb::MariaDbServer;
 use distlock_testkit::proxy::Proxy;
 
+mod common;
+
 #[path = "../../distlock-cli/tests/tree/mod.rs"]
 mod tree;
 
@@ -92,44 +94,17 @@ async fn cancelled_waits_never_take_the_lock_later_nor_leave_a_wait_running() {
         let third = backend(&url).await;
         for wait_ms in [0u64, 1, 2, 3, 5, 8, 13, 21, 34, 55] {
             let name = unique(&format!("cancel/{mode}/{wait_ms}"));
-            let held = holder.lock(&name).unwrap().acquire().await.unwrap();
-            let got = waiter
-                .lock(&name)
-                .unwrap()
-                .options()
-                .wait(Duration::from_millis(wait_ms))
-                .acquire()
-                .await;
-            // `acquire`, not `try_acquire` (which ignores the wait limit): the wait must reach the
-            // server and be given up there.
-            let err = got
-                .err()
-                .unwrap_or_else(|| panic!("{mode}/{wait_ms}: acquired while held"));
-            assert_eq!(err.kind(), ErrorKind::Timeout, "{mode}/{wait_ms}: {err}");
-            // The abandon (KILL QUERY) runs in the background.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            held.release().await.unwrap();
-            let started = Instant::now();
-            let taken = loop {
-                if let Some(g) = third.lock(&name).unwrap().try_acquire().await.unwrap() {
-                    break g;
-                }
-                assert!(
-                    started.elapsed() < SLACK,
-                    "{mode}/{wait_ms}: the name stayed taken after its holder released it (running: {})",
-                    running_statements(&server)
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            };
-            let other = waiter
-                .lock(&unique("other"))
-                .unwrap()
-                .try_acquire()
-                .await
-                .unwrap()
-                .expect("another name is free");
-            other.release().await.unwrap();
-            taken.release().await.unwrap();
+            common::cancelled_wait_round(
+                [&holder, &waiter, &third],
+                &name,
+                &format!("{mode}/{wait_ms}"),
+                wait_ms,
+                // The abandon (KILL QUERY) runs in the background.
+                Duration::from_millis(200),
+                SLACK,
+                || running_statements(&server),
+            )
+            .await;
             let running = running_statements(&server);
             assert!(
                 running.is_empty() || running == "NULL",
