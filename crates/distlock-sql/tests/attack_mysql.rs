@@ -4,7 +4,6 @@
 //! (`distlock-cli/tests/tree`) on `mysql://`.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,6 +13,8 @@ use distlock_testkit::holder::distlock_bin;
 use distlock_testkit::mariadb::MariaDbServer;
 use distlock_testkit::proxy::Proxy;
 
+mod common;
+
 #[path = "../../distlock-cli/tests/tree/mod.rs"]
 mod tree;
 
@@ -22,6 +23,36 @@ const SLACK: Duration = Duration::from_secs(3);
 
 fn unique(case: &str) -> String {
     format!("attack/{case}/{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Spawns an acquire of `name` (20 s wait) and returns once its wait is in the server.
+async fn spawn_waiting_acquire(
+    locks: &Locks,
+    name: &str,
+    server: &MariaDbServer,
+) -> tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>> {
+    let waiter = {
+        let locks = locks.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    let started = Instant::now();
+    while !running_statements(server).contains("GET_LOCK") {
+        assert!(
+            started.elapsed() < SLACK,
+            "the waiter never waited in the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    waiter
 }
 
 fn held_by(server: &MariaDbServer, name: &str) -> Option<u64> {
@@ -63,44 +94,17 @@ async fn cancelled_waits_never_take_the_lock_later_nor_leave_a_wait_running() {
         let third = backend(&url).await;
         for wait_ms in [0u64, 1, 2, 3, 5, 8, 13, 21, 34, 55] {
             let name = unique(&format!("cancel/{mode}/{wait_ms}"));
-            let held = holder.lock(&name).unwrap().acquire().await.unwrap();
-            let got = waiter
-                .lock(&name)
-                .unwrap()
-                .options()
-                .wait(Duration::from_millis(wait_ms))
-                .acquire()
-                .await;
-            // `acquire`, not `try_acquire` (which ignores the wait limit): the wait must reach the
-            // server and be given up there.
-            let err = got
-                .err()
-                .unwrap_or_else(|| panic!("{mode}/{wait_ms}: acquired while held"));
-            assert_eq!(err.kind(), ErrorKind::Timeout, "{mode}/{wait_ms}: {err}");
-            // The abandon (KILL QUERY) runs in the background.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            held.release().await.unwrap();
-            let started = Instant::now();
-            let taken = loop {
-                if let Some(g) = third.lock(&name).unwrap().try_acquire().await.unwrap() {
-                    break g;
-                }
-                assert!(
-                    started.elapsed() < SLACK,
-                    "{mode}/{wait_ms}: the name stayed taken after its holder released it (running: {})",
-                    running_statements(&server)
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            };
-            let other = waiter
-                .lock(&unique("other"))
-                .unwrap()
-                .try_acquire()
-                .await
-                .unwrap()
-                .expect("another name is free");
-            other.release().await.unwrap();
-            taken.release().await.unwrap();
+            common::cancelled_wait_round(
+                [&holder, &waiter, &third],
+                &name,
+                &format!("{mode}/{wait_ms}"),
+                wait_ms,
+                // The abandon (KILL QUERY) runs in the background.
+                Duration::from_millis(200),
+                SLACK,
+                || running_statements(&server),
+            )
+            .await;
             let running = running_statements(&server);
             assert!(
                 running.is_empty() || running == "NULL",
@@ -225,35 +229,16 @@ async fn release_after_kill_of_the_session_is_not_released_fault() {
     }
 }
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        let dir = std::env::temp_dir().join(format!(
-            "distlock-my-attack-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// `distlock run --url mysql://…`: every shape of descendant dies before the next holder starts.
 fn tree_dies_before_the_next_holder(ending: tree::Ending) {
     let server = MariaDbServer::start_or_panic();
     let url = server.url();
     for shape in tree::SHAPES {
-        let dir = TempDir::new();
+        let dir = distlock_testkit::process::temp_dir("my-attack").unwrap();
         let run = |args: &[&str]| {
             let mut command = Command::new(distlock_bin().expect("the distlock binary"));
             command
-                .current_dir(&dir.0)
+                .current_dir(dir.path())
                 .env_remove("DISTLOCK_URL")
                 .env_remove("DISTLOCK_TOKEN")
                 .env_remove("RUST_LOG")
@@ -266,7 +251,7 @@ fn tree_dies_before_the_next_holder(ending: tree::Ending) {
             let id = held_by(&server, name).expect("held");
             server.sql(&format!("KILL {id}")).unwrap();
         };
-        tree::check(shape, ending, &dir.0, &unique("tree"), &run, &lose);
+        tree::check(shape, ending, dir.path(), &unique("tree"), &run, &lose);
     }
 }
 
@@ -356,27 +341,7 @@ async fn a_failed_fence_bump_fails_the_acquire_and_leaves_the_lock_free() {
     // The wait path.
     let name = unique("bump-fails/wait");
     let held = holder.lock(&name).unwrap().acquire().await.unwrap();
-    let waiter = {
-        let locks = locks.clone();
-        let name = name.clone();
-        tokio::spawn(async move {
-            locks
-                .lock(&name)
-                .unwrap()
-                .options()
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await
-        })
-    };
-    let started = Instant::now();
-    while !running_statements(&server).contains("GET_LOCK") {
-        assert!(
-            started.elapsed() < SLACK,
-            "the waiter never waited in the server"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let waiter = spawn_waiting_acquire(&locks, &name, &server).await;
     server.sql(refuse).unwrap();
     held.release().await.unwrap();
     let err = waiter.await.unwrap().unwrap_err();
@@ -433,27 +398,7 @@ async fn a_failed_fence_bump_leaves_the_lock_free_at_once() {
         server.sql(allow).unwrap();
         let held = holder.lock(&name).unwrap().acquire().await.unwrap();
         server.sql(refuse).unwrap();
-        let waiter = {
-            let locks = locks.clone();
-            let name = name.clone();
-            tokio::spawn(async move {
-                locks
-                    .lock(&name)
-                    .unwrap()
-                    .options()
-                    .wait(Duration::from_secs(20))
-                    .acquire()
-                    .await
-            })
-        };
-        let started = Instant::now();
-        while !running_statements(&server).contains("GET_LOCK") {
-            assert!(
-                started.elapsed() < SLACK,
-                "the waiter never waited in the server"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let waiter = spawn_waiting_acquire(&locks, &name, &server).await;
         held.release().await.unwrap();
         let err = waiter.await.unwrap().unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");

@@ -4,7 +4,6 @@
 //! shared process-tree scenarios of `distlock run` (`distlock-cli/tests/tree`) on `postgres://`.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,6 +16,8 @@ use distlock_testkit::holder::distlock_bin;
 use distlock_testkit::postgres::PostgresServer;
 use distlock_testkit::proxy::Proxy;
 
+mod common;
+
 #[path = "../../distlock-cli/tests/tree/mod.rs"]
 mod tree;
 
@@ -25,6 +26,36 @@ const SLACK: Duration = Duration::from_secs(3);
 
 fn unique(case: &str) -> String {
     format!("attack/{case}/{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Spawns an acquire of `name` (20 s wait) and returns once its wait is in the server.
+async fn spawn_waiting_acquire(
+    locks: &Locks,
+    name: &str,
+    server: &PostgresServer,
+) -> tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>> {
+    let waiter = {
+        let locks = locks.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    let started = Instant::now();
+    while distlock_server_state(server).ends_with("0 waiting") {
+        assert!(
+            started.elapsed() < SLACK,
+            "the waiter never waited in the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    waiter
 }
 
 /// Granted `pg_locks` rows of the name's advisory key, any session.
@@ -145,45 +176,17 @@ async fn cancelled_waits_never_take_the_lock_later_nor_leave_it_on_a_pooled_conn
         let third = backend(&url).await;
         for wait_ms in [0u64, 1, 2, 3, 5, 8, 13, 21, 34, 55] {
             let name = unique(&format!("cancel/{mode}/{wait_ms}"));
-            let held = holder.lock(&name).unwrap().acquire().await.unwrap();
-            let got = waiter
-                .lock(&name)
-                .unwrap()
-                .options()
-                .wait(Duration::from_millis(wait_ms))
-                .acquire()
-                .await;
-            // `acquire`, not `try_acquire` (which ignores the wait limit): the wait must reach the
-            // server and be given up there.
-            let err = got
-                .err()
-                .unwrap_or_else(|| panic!("{mode}/{wait_ms}: acquired while held"));
-            assert_eq!(err.kind(), ErrorKind::Timeout, "{mode}/{wait_ms}: {err}");
-            // The abandon runs in the background: give it the cancel's bound.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            held.release().await.unwrap();
-            let started = Instant::now();
-            let taken = loop {
-                if let Some(g) = third.lock(&name).unwrap().try_acquire().await.unwrap() {
-                    break g;
-                }
-                assert!(
-                    started.elapsed() < SLACK,
-                    "{mode}/{wait_ms}: the name stayed taken after its holder released it ({})",
-                    distlock_server_state(&server)
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            };
-            // The waiter's backend: its pooled connections hold nothing; it can lock other names.
-            let other = waiter
-                .lock(&unique("other"))
-                .unwrap()
-                .try_acquire()
-                .await
-                .unwrap()
-                .expect("another name is free");
-            other.release().await.unwrap();
-            taken.release().await.unwrap();
+            common::cancelled_wait_round(
+                [&holder, &waiter, &third],
+                &name,
+                &format!("{mode}/{wait_ms}"),
+                wait_ms,
+                // The abandon runs in the background: give it the cancel's bound.
+                Duration::from_millis(100),
+                SLACK,
+                || distlock_server_state(&server),
+            )
+            .await;
             if mode == "advisory" {
                 assert_eq!(advisory_holders(&server, &name), 0, "{mode}/{wait_ms}");
             }
@@ -272,11 +275,11 @@ fn tree_dies_before_the_next_holder(mode: &str, ending: tree::Ending) {
     let server = PostgresServer::start_or_panic();
     let url = format!("{}?mode={mode}", server.url());
     for shape in tree::SHAPES {
-        let dir = TempDir::new();
+        let dir = distlock_testkit::process::temp_dir("pg-attack").unwrap();
         let run = |args: &[&str]| {
             let mut command = Command::new(distlock_bin().expect("the distlock binary"));
             command
-                .current_dir(&dir.0)
+                .current_dir(dir.path())
                 .env_remove("DISTLOCK_URL")
                 .env_remove("DISTLOCK_TOKEN")
                 .env_remove("RUST_LOG")
@@ -295,26 +298,7 @@ fn tree_dies_before_the_next_holder(mode: &str, ending: tree::Ending) {
                 .unwrap();
             assert_eq!(killed, "1", "{mode}: one holder session");
         };
-        tree::check(shape, ending, &dir.0, &unique("tree"), &run, &lose);
-    }
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        let dir = std::env::temp_dir().join(format!(
-            "distlock-pg-attack-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        tree::check(shape, ending, dir.path(), &unique("tree"), &run, &lose);
     }
 }
 
@@ -403,27 +387,7 @@ async fn a_failed_fence_bump_fails_the_acquire_and_leaves_the_lock_free() {
     // The wait path: the bump after a won wait fails.
     let name = unique("bump-fails/wait");
     let held = holder.lock(&name).unwrap().acquire().await.unwrap();
-    let waiter = {
-        let locks = locks.clone();
-        let name = name.clone();
-        tokio::spawn(async move {
-            locks
-                .lock(&name)
-                .unwrap()
-                .options()
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await
-        })
-    };
-    let started = Instant::now();
-    while distlock_server_state(&server).ends_with("0 waiting") {
-        assert!(
-            started.elapsed() < SLACK,
-            "the waiter never waited in the server"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let waiter = spawn_waiting_acquire(&locks, &name, &server).await;
     server.psql(refuse).unwrap();
     held.release().await.unwrap();
     let err = waiter.await.unwrap().unwrap_err();
@@ -568,27 +532,7 @@ async fn a_failed_fence_bump_leaves_the_lock_free_at_once() {
         server.psql(allow).unwrap();
         let held = holder.lock(&name).unwrap().acquire().await.unwrap();
         server.psql(refuse).unwrap();
-        let waiter = {
-            let locks = locks.clone();
-            let name = name.clone();
-            tokio::spawn(async move {
-                locks
-                    .lock(&name)
-                    .unwrap()
-                    .options()
-                    .wait(Duration::from_secs(20))
-                    .acquire()
-                    .await
-            })
-        };
-        let started = Instant::now();
-        while distlock_server_state(&server).ends_with("0 waiting") {
-            assert!(
-                started.elapsed() < SLACK,
-                "the waiter never waited in the server"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let waiter = spawn_waiting_acquire(&locks, &name, &server).await;
         held.release().await.unwrap();
         let err = waiter.await.unwrap().unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
