@@ -7,8 +7,9 @@
 //! the process exits. So a release, an abandon or an expiry whose delete got no answer hands the node
 //! to the session's cleanup task (one per session, started when a first node is queued), which waits
 //! until the session is connected again, deletes the queued nodes (or, when a create's reply was lost,
-//! every child with the acquire's `_c_<uuid>` prefix), and ends once that worked or the session is gone (expired, closed, or disconnected longer than its timeout: the server has expired
-//! it, and its nodes with it).
+//! every child with the acquire's `_c_<uuid>` prefix), and ends once that worked or the session is
+//! gone (expired, closed, or disconnected longer than its timeout: the server has expired it, and its
+//! nodes with it).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -95,8 +95,9 @@ impl ZkConfig {
 
     /// Parses `zk://[user:password@]h:p[,h:p…][/chroot][?session_timeout=60s&tick_time=2s&connect_timeout=5s&request_timeout=5s]`.
     /// Refused with [`ErrorKind::InvalidConfig`](distlock_core::ErrorKind::InvalidConfig): another
-    /// scheme, no host, unknown parameters, a bad chroot, a session timeout under 1 ms, a zero
-    /// tick time, a user without a password; `zks://` is [`ErrorKind::Unsupported`](distlock_core::ErrorKind::Unsupported).
+    /// scheme, no host, unknown parameters, a bad chroot, a session timeout under 1 ms, a zero tick
+    /// time, a user without a password; `zks://` is
+    /// [`ErrorKind::Unsupported`](distlock_core::ErrorKind::Unsupported).
     ///
     /// ```
     /// use distlock_core::{url::LockUrl, ErrorKind};
@@ -184,9 +185,10 @@ impl ZkConfig {
     }
 
     /// Checks what the builder allows but the backend cannot honour: no endpoint or one that is not
-    /// `host[:port]`, a session timeout under 1 ms or over `i32::MAX` ms, a zero tick time, a chroot ZooKeeper cannot
-    /// store, a zero timeout ([`ConnectionOptions::validate`]), TLS (not supported), a username without
-    /// a password (or the reverse). [`ZkBackend::from_config`](crate::ZkBackend::from_config) calls it.
+    /// `host[:port]`, a session timeout under 1 ms or over `i32::MAX` ms, a zero tick time, a chroot
+    /// ZooKeeper cannot store, a zero timeout ([`ConnectionOptions::validate`]), TLS (not supported), a
+    /// username without a password (or the reverse).
+    /// [`ZkBackend::from_config`](crate::ZkBackend::from_config) calls it.
     pub fn validate(&self) -> Result<()> {
         self.check().map_err(|e| e.into_core(None))
     }

@@ -156,21 +156,19 @@ impl LeaderTouch {
     /// touched the session when the request reached it, which only its reply bounds (a request delayed
     /// on its way reaches the follower right before the next one, with no leader ping in between).
     pub(crate) fn confirmed(&mut self, sent_at: Instant, answered_at: Instant, lag: Duration) {
-        {
-            let proven_until = sent_at.saturating_sub(lag);
-            let floor = self
-                .unproven
-                .iter()
-                .filter(|(_, answered)| *answered <= proven_until)
-                .map(|(sent, _)| *sent)
-                .max();
-            if let Some(floor) = floor {
-                self.floor = self.floor.max(floor);
-            }
-            let (floor, proven) = (self.floor, proven_until);
-            self.unproven
-                .retain(|(sent, answered)| *sent > floor && *answered > proven);
+        let proven_until = sent_at.saturating_sub(lag);
+        let newest_proven = self
+            .unproven
+            .iter()
+            .filter(|(_, answered)| *answered <= proven_until)
+            .map(|(sent, _)| *sent)
+            .max();
+        if let Some(newest_proven) = newest_proven {
+            self.floor = self.floor.max(newest_proven);
         }
+        let floor = self.floor;
+        self.unproven
+            .retain(|(sent, answered)| *sent > floor && *answered > proven_until);
         if sent_at <= self.floor {
             return;
         }
@@ -586,10 +584,9 @@ mod tests {
     }
 
     /// The cadence the core settles into (it renews after a third of each reported TTL), with the
-    /// touch keeper, a grant `idle` after the establishment, a round trip of `rtt` and renewals that go out `late` after they are due: every
-    /// renewal reports a TTL, and is answered well before (a quarter TTL) the deadline the previous one
-    /// set, at the default
-    /// timeout and at the 600 ms of the follower-cut test. Returns the TTLs reported.
+    /// touch keeper, a grant `idle` after the establishment, a round trip of `rtt` and renewals that go
+    /// out `late` after they are due: every renewal reports a TTL, and is answered well before (a
+    /// quarter TTL) the deadline the previous one set. Returns the TTLs reported.
     fn steady_state(
         timeout: Duration,
         idle: Duration,
