@@ -204,6 +204,11 @@ impl RedisServer {
             .map_err(redis_failure)
     }
 
+    /// The redis-rs client the baselines connect with (rslock takes it as is).
+    pub fn client(&self) -> redis::Client {
+        self.client.clone()
+    }
+
     /// The server's database (for the tests).
     #[cfg(test)]
     fn db(&self) -> i64 {

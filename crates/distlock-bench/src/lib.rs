@@ -17,6 +17,7 @@ mod postgres;
 mod progress;
 mod redlock;
 mod report;
+mod same_scripts;
 mod stats;
 mod zookeeper;
 
@@ -118,7 +119,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// What to run, checked.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Config {
     url: String,
     engine: Engine,
@@ -181,7 +182,7 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
 fn count_steps(config: &Config, with_distlock: bool) -> usize {
     let d = usize::from(with_distlock);
     let (rtt, a, b, c) = match config.engine {
-        Engine::Redis(_) => (1, 1, 2, 0),
+        Engine::Redis(_) => (1, 3, 5, 1),
         Engine::Redlock(_) => (1, 1, 1, 1),
         Engine::Etcd { .. } => (2, 1, 1, 1),
         Engine::ZooKeeper { .. } => (3, 0, 0, 0),
@@ -263,6 +264,7 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
                     ));
                 }
             }
+            redis_peer_targets(report, &mut out);
         }
         Engine::Redlock(_) => redlock_targets(report, &mut out),
         Engine::Postgres { lease: true, .. } => {
@@ -346,6 +348,79 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
         ));
     }
     out
+}
+
+/// Issue 9's "distlock / peer" rows on Redis: against the same-scripts loop (distlock's own scripts
+/// by `EVALSHA`, nothing else: the client's overhead alone) and against rslock (the crate a Rust user
+/// would pick instead), each in the direction the figure needs.
+fn redis_peer_targets(report: &Report, out: &mut Vec<Target>) {
+    let find = |list: &'_ [report::CycleFigures], label: &str| {
+        list.iter()
+            .find(|f| f.label == label)
+            .filter(|f| f.cycles_per_s > 0.0)
+            .map(|f| (f.latency.mean_us, f.cycles_per_s))
+    };
+    if let Some(a) = &report.uncontended {
+        if let Some(d) = &a.distlock {
+            for (peer, what, limit) in [
+                (
+                    measure::SAME_SCRIPTS,
+                    "(a) distlock cycle / same-scripts loop cycle (mean)",
+                    1.10,
+                ),
+                (
+                    measure::RSLOCK_SINGLE,
+                    "(a) distlock cycle / rslock cycle (mean)",
+                    1.0,
+                ),
+            ] {
+                if let Some((mean_us, _)) = find(&a.baselines, peer).filter(|p| p.0 > 0.0) {
+                    out.push(Target::at_most(what, d.latency.mean_us / mean_us, limit));
+                }
+            }
+        }
+    }
+    if let Some(b) = &report.many {
+        for (ours, peer, what, limit) in [
+            (
+                &b.shared,
+                measure::SAME_SCRIPTS_SHARED,
+                "(b) one shared Locks / same-scripts loop on one shared connection, cycles/s",
+                0.9,
+            ),
+            (
+                &b.per_task,
+                measure::SAME_SCRIPTS_PER_TASK,
+                "(b) one Locks per task / same-scripts loop, a connection per task, cycles/s",
+                1.0,
+            ),
+            (
+                &b.shared,
+                measure::RSLOCK_SHARED_MANAGER,
+                "(b) one shared Locks / rslock, one shared LockManager, cycles/s",
+                1.0,
+            ),
+        ] {
+            if let (Some(d), Some((_, rate))) = (ours, find(&b.baselines, peer)) {
+                out.push(Target::at_least(what, d.cycles_per_s / rate, limit));
+            }
+        }
+    }
+    if let Some(c) = &report.contended {
+        let peer = c
+            .baselines
+            .iter()
+            .find(|f| f.label == measure::RSLOCK_CONTENDED);
+        if let (Some(d), Some(peer)) = (&c.distlock, peer) {
+            if peer.acquisitions_per_s > 0.0 {
+                out.push(Target::at_least(
+                    "(c) distlock acquisitions/s / rslock's",
+                    d.acquisitions_per_s / peer.acquisitions_per_s,
+                    1.0,
+                ));
+            }
+        }
+    }
 }
 
 /// Issue 12's targets: a cycle within 2.5 parallel PING fan-outs and no slower than rslock; contended

@@ -18,7 +18,7 @@ use crate::report::{
 use crate::{targets, Config, Error, Runner, WARMUP_MANY, WARMUP_ONE, WORKERS};
 
 /// Live connections of the engine baselines.
-enum Baseline {
+pub(crate) enum Baseline {
     None,
     Redis {
         server: Box<RedisServer>,
@@ -45,11 +45,11 @@ enum Baseline {
 }
 
 /// What every measurement of a run needs.
-struct Run<'a> {
-    config: &'a Config,
-    locks: Option<&'a Locks>,
-    baseline: &'a Baseline,
-    round_trip: &'a RoundTrip,
+pub(crate) struct Run<'a> {
+    pub(crate) config: &'a Config,
+    pub(crate) locks: Option<&'a Locks>,
+    pub(crate) baseline: &'a Baseline,
+    pub(crate) round_trip: &'a RoundTrip,
 }
 
 /// Measures the engine's round trip and the workloads the config asks for.
@@ -137,6 +137,7 @@ impl Run<'_> {
                     &cycles,
                     rtt,
                 ));
+                baselines.extend(self.redis_peers_uncontended(runner).await?);
             }
             Baseline::Etcd { client, .. } => {
                 runner.step("(a) etcd Lock/Unlock RPC");
@@ -294,6 +295,7 @@ impl Run<'_> {
                     &cycles,
                     rtt,
                 ));
+                baselines.extend(self.redis_peers_many(runner).await?);
             }
             Baseline::Etcd {
                 config: etcd_config,
@@ -428,6 +430,9 @@ impl Run<'_> {
                 self.round_trip,
             ));
         }
+        if let Baseline::Redis { .. } = self.baseline {
+            baselines.push(self.redis_rslock_contended(runner).await?);
+        }
         if let Baseline::Postgres { url } = self.baseline {
             runner.step("(c) bare advisory pair, contended");
             let key = bench_key(&self.config.run, "c");
@@ -497,6 +502,22 @@ pub(crate) const CONDITIONAL_UPDATE: &str = "one conditional UPDATE (autocommit,
 /// [`FENCED_PAIR`] in the contended workload.
 pub(crate) const FENCED_PAIR_CONTENDED: &str =
     "bare advisory pair + one counter commit, one connection per task";
+
+/// Issue 9's fair Redis baseline in (a): a bare loop of distlock's own acquire and release scripts by
+/// `EVALSHA`, one task.
+pub(crate) const SAME_SCRIPTS: &str = "same-scripts loop: distlock's scripts by EVALSHA (redis-rs)";
+/// The same-scripts loop in (b), every task on one shared multiplexed connection (the peer of one
+/// shared `Locks`).
+pub(crate) const SAME_SCRIPTS_SHARED: &str = "same-scripts loop, one shared connection";
+/// The same-scripts loop in (b), a connection per task (the peer of one `Locks` per task).
+pub(crate) const SAME_SCRIPTS_PER_TASK: &str = "same-scripts loop, one connection per task";
+/// rslock, the Rust peer, on the one Redis server, in (a).
+pub(crate) const RSLOCK_SINGLE: &str = "rslock (same server)";
+/// rslock in (b): every task on one `LockManager` (one multiplexed connection), the peer of one
+/// shared `Locks`.
+pub(crate) const RSLOCK_SHARED_MANAGER: &str = "rslock, one shared LockManager";
+/// rslock in (c): one `LockManager` (so one connection) per task.
+pub(crate) const RSLOCK_CONTENDED: &str = "rslock, one LockManager per task";
 
 /// A key for the bare advisory baselines, apart from distlock's own names.
 fn bench_key(run: &str, case: &str) -> i64 {

@@ -67,6 +67,23 @@ impl Rslock {
             resource,
         }
     }
+
+    /// rslock on one server, through the baselines' own redis-rs client (its TLS and CA included).
+    /// Clones of one such peer share the manager's one multiplexed connection.
+    pub fn from_client(client: redis::Client, resource: String) -> Self {
+        Self {
+            manager: rslock::LockManager::from_clients(vec![client]),
+            resource,
+        }
+    }
+
+    /// Another resource on the same manager (and so the same connection).
+    pub fn sharing(&self, resource: String) -> Self {
+        Self {
+            manager: self.manager.clone(),
+            resource,
+        }
+    }
 }
 
 const RSLOCK_TTL: Duration = Duration::from_secs(30);

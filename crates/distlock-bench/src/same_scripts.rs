@@ -1,0 +1,255 @@
+//! The fair Redis baselines of issue 9: a bare redis-rs loop of distlock's own scripts (the
+//! Redisson-layout acquire and release of [`distlock::redis::layout`]) by `EVALSHA`, with the keys and
+//! arguments distlock sends, so distlock's client overhead is measured apart from the cost of its
+//! richer server-side layout; and rslock, the crate a Rust user would pick instead, on the same
+//! single server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::redis::layout;
+use redis::Value;
+
+use crate::engines::{redis_failure, RedisServer};
+use crate::error::Error;
+use crate::harness::{run_contended, run_cycles, Cycler};
+use crate::measure::{
+    Baseline, Run, RSLOCK_CONTENDED, RSLOCK_SHARED_MANAGER, RSLOCK_SINGLE, SAME_SCRIPTS,
+    SAME_SCRIPTS_PER_TASK, SAME_SCRIPTS_SHARED,
+};
+use crate::redlock::Rslock;
+use crate::report::{ContendedFigures, CycleFigures};
+use crate::{Runner, WARMUP_MANY, WARMUP_ONE};
+
+/// The lease distlock asks for by default (30 s), in ms: the acquire script's `ARGV[1]`.
+const LEASE_MS: u64 = 30_000;
+
+/// The two scripts, compiled once and shared by every client of a run (redis-rs sends `EVALSHA` and
+/// falls back to `EVAL` on `NOSCRIPT`, as the backend does).
+#[derive(Debug)]
+pub struct Scripts {
+    acquire: redis::Script,
+    release: redis::Script,
+}
+
+impl Scripts {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            acquire: redis::Script::new(layout::ACQUIRE),
+            release: redis::Script::new(layout::RELEASE),
+        })
+    }
+}
+
+/// One client of the same-scripts loop: distlock's acquire script (`KEYS` the lock and its fencing
+/// counter; `ARGV` the lease in ms and the owner), then its release script (`KEYS` the lock and its
+/// channel; `ARGV` the owner, `publish`, the unlock message), nothing else: no local gate, no
+/// watchdog, no timers.
+#[derive(Debug)]
+pub struct SameScripts {
+    conn: redis::aio::MultiplexedConnection,
+    scripts: Arc<Scripts>,
+    lock_key: String,
+    token_key: String,
+    channel: String,
+    /// `<run>:<client>`, the shape of distlock's `<process uuid>:<n>`.
+    owner: String,
+}
+
+impl SameScripts {
+    pub fn new(
+        conn: redis::aio::MultiplexedConnection,
+        scripts: Arc<Scripts>,
+        name: &str,
+        owner: String,
+    ) -> Self {
+        Self {
+            conn,
+            scripts,
+            lock_key: layout::lock_key(name).to_string(),
+            token_key: layout::token_key(name),
+            channel: layout::channel(name),
+            owner,
+        }
+    }
+}
+
+impl Cycler for SameScripts {
+    type Held = ();
+
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
+        let mut conn = self.conn.clone();
+        let reply: Value = self
+            .scripts
+            .acquire
+            .key(&self.lock_key)
+            .key(&self.token_key)
+            .arg(LEASE_MS)
+            .arg(&self.owner)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_failure)?;
+        // `{1, token, pttl}` on a grant; the key is this client's alone, so anything else is a fault.
+        match &reply {
+            Value::Array(items) if matches!(items.first(), Some(Value::Int(1))) => Ok(Some(())),
+            other => Err(Error::unavailable(format!(
+                "same-scripts baseline: key {:?} not granted: {other:?}",
+                self.lock_key
+            ))),
+        }
+    }
+
+    async fn release(&self, (): ()) -> Result<(), Error> {
+        let mut conn = self.conn.clone();
+        let released: i64 = self
+            .scripts
+            .release
+            .key(&self.lock_key)
+            .key(&self.channel)
+            .arg(&self.owner)
+            .arg("publish")
+            .arg(layout::UNLOCK_MESSAGE)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_failure)?;
+        if released == 1 {
+            Ok(())
+        } else {
+            Err(Error::unavailable(format!(
+                "same-scripts baseline: key {:?} was not ours at release",
+                self.lock_key
+            )))
+        }
+    }
+}
+
+impl Run<'_> {
+    /// The Redis baseline's server and shared connection; `None` for other engines.
+    fn redis(&self) -> Option<(&RedisServer, &redis::aio::MultiplexedConnection)> {
+        match self.baseline {
+            Baseline::Redis { server, conn } => Some((server, conn)),
+            _ => None,
+        }
+    }
+
+    /// The owner of client `i`, in the shape of distlock's `<process uuid>:<n>`.
+    fn owner(&self, i: usize) -> String {
+        format!("{}:{i}", self.config.run)
+    }
+
+    /// (a): the same-scripts loop, then rslock, one task each.
+    pub(crate) async fn redis_peers_uncontended(
+        &self,
+        runner: &mut Runner,
+    ) -> Result<Vec<CycleFigures>, Error> {
+        let Some((server, conn)) = self.redis() else {
+            return Ok(Vec::new());
+        };
+        let (d, run, rtt) = (self.config.duration, &self.config.run, self.round_trip);
+        runner.step("(a) same-scripts loop");
+        let name = format!("distlock-bench-same/{run}/a");
+        let client = SameScripts::new(conn.clone(), Scripts::new(), &name, self.owner(0));
+        let cycles = run_cycles(vec![client], WARMUP_ONE, d).await?;
+        let mut out = vec![CycleFigures::new(SAME_SCRIPTS, &cycles, rtt)];
+        runner.step("(a) rslock");
+        let peer = Rslock::from_client(server.client(), format!("distlock-bench-peer/{run}/a"));
+        let cycles = run_cycles(vec![peer], WARMUP_ONE, d).await?;
+        out.push(CycleFigures::new(RSLOCK_SINGLE, &cycles, rtt));
+        Ok(out)
+    }
+
+    /// (b): the same-scripts loop on a connection per task, then on one shared connection, then
+    /// rslock with one `LockManager` shared by every task.
+    pub(crate) async fn redis_peers_many(
+        &self,
+        runner: &mut Runner,
+    ) -> Result<Vec<CycleFigures>, Error> {
+        let mut out = Vec::new();
+        if self.redis().is_none() {
+            return Ok(out);
+        }
+        out.push(self.same_scripts_many(runner, false).await?);
+        out.push(self.same_scripts_many(runner, true).await?);
+        out.push(self.rslock_many(runner).await?);
+        Ok(out)
+    }
+
+    /// (b) the same-scripts loop at `config.many_tasks` tasks, on one shared connection or one per
+    /// task.
+    pub(crate) async fn same_scripts_many(
+        &self,
+        runner: &mut Runner,
+        shared: bool,
+    ) -> Result<CycleFigures, Error> {
+        let Some((server, conn)) = self.redis() else {
+            return Err(Error::unavailable(
+                "internal error: the same-scripts loop needs redis",
+            ));
+        };
+        let (n, run) = (self.config.many_tasks, &self.config.run);
+        let label = if shared {
+            SAME_SCRIPTS_SHARED
+        } else {
+            SAME_SCRIPTS_PER_TASK
+        };
+        runner.step(&format!("(b) {label}"));
+        let scripts = Scripts::new();
+        let case = if shared { "shared" } else { "own" };
+        let mut clients = Vec::with_capacity(n);
+        for i in 0..n {
+            let conn = if shared {
+                conn.clone()
+            } else {
+                server.connect().await?
+            };
+            let name = format!("distlock-bench-same/{run}/b-{case}-{n}/{i}");
+            clients.push(SameScripts::new(
+                conn,
+                scripts.clone(),
+                &name,
+                self.owner(i),
+            ));
+        }
+        let cycles = run_cycles(clients, WARMUP_MANY, self.config.duration).await?;
+        Ok(CycleFigures::new(label, &cycles, self.round_trip))
+    }
+
+    async fn rslock_many(&self, runner: &mut Runner) -> Result<CycleFigures, Error> {
+        let Some((server, _)) = self.redis() else {
+            return Err(Error::unavailable("internal error: rslock needs redis"));
+        };
+        let (n, run) = (self.config.many_tasks, &self.config.run);
+        runner.step("(b) rslock, one shared LockManager");
+        let first = Rslock::from_client(server.client(), String::new());
+        let clients = (0..n)
+            .map(|i| first.sharing(format!("distlock-bench-peer/{run}/b/{i}")))
+            .collect();
+        let cycles = run_cycles(clients, WARMUP_MANY, self.config.duration).await?;
+        Ok(CycleFigures::new(
+            RSLOCK_SHARED_MANAGER,
+            &cycles,
+            self.round_trip,
+        ))
+    }
+
+    /// (c): rslock with one `LockManager` (one connection) per task, all on one name.
+    pub(crate) async fn redis_rslock_contended(
+        &self,
+        runner: &mut Runner,
+    ) -> Result<ContendedFigures, Error> {
+        let Some((server, _)) = self.redis() else {
+            return Err(Error::unavailable("internal error: rslock needs redis"));
+        };
+        runner.step("(c) rslock, contended");
+        let name = format!("distlock-bench-peer/{}/c", self.config.run);
+        let clients = (0..self.config.contended_tasks)
+            .map(|_| Rslock::from_client(server.client(), name.clone()))
+            .collect();
+        let result = run_contended(clients, self.config.hold, self.config.duration).await?;
+        Ok(ContendedFigures::new(
+            RSLOCK_CONTENDED,
+            &result,
+            self.round_trip,
+        ))
+    }
+}
