@@ -13,12 +13,14 @@ mod error;
 mod harness;
 mod measure;
 mod mysql;
+mod plot;
 mod postgres;
 mod progress;
 mod redlock;
 mod report;
 mod same_scripts;
 mod stats;
+mod sweep;
 mod zookeeper;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,6 +32,7 @@ pub use error::Error;
 use progress::Progress;
 use report::Target;
 pub use report::{render, Report};
+pub use sweep::{Sweep, SweepPoint, SWEEP_TASKS};
 
 /// `distlock bench --help`.
 pub const ABOUT: &str = "\
@@ -55,6 +58,16 @@ file:// have no engine round trip: their figures are absolute.
 
 A progress bar shows on stderr when it is a terminal; the report goes to stdout (--json: one JSON \
 object). Runs on a tokio multi-thread runtime with 2 workers, like the peers' measurements.";
+
+/// The `--plot` image of a report's sweep (an SVG document), `None` without a sweep.
+pub fn plot_svg(report: &Report) -> Option<String> {
+    let sweep = report.sweep.as_ref()?;
+    let title = format!(
+        "distlock bench --sweep: {} ({})",
+        report.url, report.backend
+    );
+    Some(plot::sweep_svg(sweep, &title))
+}
 
 /// Worker threads of the benchmark's runtime: the peers' Rust measurements used 2.
 pub const WORKERS: usize = 2;
@@ -94,6 +107,13 @@ pub struct Options {
     /// Print one JSON object on stdout instead of the report.
     #[arg(long)]
     pub json: bool,
+    /// Run only the `many` workload, at 1, 2, 4, 8, 16 and 64 tasks, for distlock (one shared Locks,
+    /// one Locks per task) and the engine's main baseline; the report gets a `sweep` section.
+    #[arg(long, conflicts_with_all = ["workload", "tasks"])]
+    pub sweep: bool,
+    /// With --sweep: also draw cycles/s against tasks as an SVG image at this path.
+    #[arg(long, value_name = "PATH", requires = "sweep")]
+    pub plot: Option<std::path::PathBuf>,
     /// Only measure the engine's round trip and the bare-client baselines, not distlock (for
     /// comparing engines, or a build whose backend for the URL is not ready).
     #[arg(long, hide = true)]
@@ -130,6 +150,8 @@ struct Config {
     uncontended: bool,
     many: bool,
     contended: bool,
+    /// `--sweep`: (b) at every count of [`SWEEP_TASKS`], instead of the workloads.
+    sweep: bool,
     /// Prefix of every name and key the run uses, unique to the run.
     run: String,
 }
@@ -152,9 +174,10 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
         hold: options.hold,
         many_tasks: options.tasks.map_or(DEFAULT_MANY_TASKS, usize::from),
         contended_tasks: options.tasks.map_or(DEFAULT_CONTENDED_TASKS, usize::from),
-        uncontended: all || options.workload == Workload::Uncontended,
-        many: all || options.workload == Workload::Many,
-        contended: all || options.workload == Workload::Contended,
+        uncontended: !options.sweep && (all || options.workload == Workload::Uncontended),
+        many: !options.sweep && (all || options.workload == Workload::Many),
+        contended: !options.sweep && (all || options.workload == Workload::Contended),
+        sweep: options.sweep,
         run: format!("{}-{nanos:08x}", std::process::id()),
     };
     let locks = if options.baseline_only {
@@ -191,9 +214,14 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
         Engine::File { sync, .. } => (0, 1 + usize::from(sync), 1, 0),
         Engine::Memory | Engine::Unmeasured { .. } => (0, 0, 0, 0),
     };
+    let sweep_baseline = !matches!(
+        config.engine,
+        Engine::Memory | Engine::Unmeasured { .. } | Engine::ZooKeeper { .. }
+    );
     rtt + usize::from(config.uncontended) * (d + a)
         + usize::from(config.many) * (2 * d + b)
         + usize::from(config.contended) * (d + c)
+        + usize::from(config.sweep) * SWEEP_TASKS.len() * (2 * d + usize::from(sweep_baseline))
 }
 
 /// Announces measurements on the progress bar.

@@ -77,6 +77,10 @@ pub(crate) async fn measure(
         true => run.contended(runner).await?,
         false => None,
     };
+    let sweep = match config.sweep {
+        true => Some(run.sweep(runner).await?),
+        false => None,
+    };
     if let Baseline::Etcd { client, .. } = &baseline {
         let _ = client
             .delete_range(DeleteRangeRequest {
@@ -98,6 +102,7 @@ pub(crate) async fn measure(
         uncontended,
         many,
         contended,
+        sweep,
         targets: Vec::new(),
     };
     report.targets = targets(&report, &config.engine);
@@ -220,7 +225,11 @@ impl Run<'_> {
         })
     }
 
-    async fn many_shared(&self, locks: &Locks, runner: &mut Runner) -> Result<CycleFigures, Error> {
+    pub(crate) async fn many_shared(
+        &self,
+        locks: &Locks,
+        runner: &mut Runner,
+    ) -> Result<CycleFigures, Error> {
         runner.step("(b) distlock, one shared Locks");
         let run = &self.config.run;
         let clients = (0..self.config.many_tasks)
@@ -238,7 +247,7 @@ impl Run<'_> {
         ))
     }
 
-    async fn many_per_task(&self, runner: &mut Runner) -> Result<CycleFigures, Error> {
+    pub(crate) async fn many_per_task(&self, runner: &mut Runner) -> Result<CycleFigures, Error> {
         runner.step("(b) distlock, one Locks per task");
         let (n, run) = (self.config.many_tasks, &self.config.run);
         let mut own = Vec::with_capacity(n);
@@ -261,7 +270,10 @@ impl Run<'_> {
         ))
     }
 
-    async fn many_baselines(&self, runner: &mut Runner) -> Result<Vec<CycleFigures>, Error> {
+    pub(crate) async fn many_baselines(
+        &self,
+        runner: &mut Runner,
+    ) -> Result<Vec<CycleFigures>, Error> {
         let (d, run, rtt) = (self.config.duration, &self.config.run, self.round_trip);
         let n = self.config.many_tasks;
         let mut baselines = Vec::new();

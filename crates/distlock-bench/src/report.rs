@@ -20,6 +20,8 @@ pub struct Report {
     pub uncontended: Option<Uncontended>,
     pub many: Option<Many>,
     pub contended: Option<ContendedSection>,
+    /// `--sweep`: (b) at 1 … 64 tasks.
+    pub sweep: Option<crate::sweep::Sweep>,
     /// The issues' targets where they apply, computed from this run; never asserted.
     pub targets: Vec<Target>,
 }
@@ -309,8 +311,45 @@ pub fn render(report: &Report) -> String {
             contended(o, f);
         }
     }
+    if let Some(sweep) = &report.sweep {
+        render_sweep(o, sweep);
+    }
     render_targets(o, &report.targets);
     out
+}
+
+/// The sweep as one table: a row per task count and series.
+fn render_sweep(o: &mut String, sweep: &crate::sweep::Sweep) {
+    let _ = writeln!(
+        o,
+        "\n(b) sweep: each task on its own name, at {} tasks",
+        crate::sweep::SWEEP_TASKS.map(|n| n.to_string()).join(", ")
+    );
+    let width = sweep
+        .points
+        .iter()
+        .flat_map(|p| p.figures())
+        .map(|f| f.label.chars().count())
+        .max()
+        .unwrap_or(0);
+    let _ = writeln!(
+        o,
+        "  {:>5}  {:<width$} {:>10} {:>9} {:>9}",
+        "tasks", "", "cycles/s", "p50", "p99"
+    );
+    for point in &sweep.points {
+        for f in point.figures() {
+            let _ = writeln!(
+                o,
+                "  {:>5}  {:<width$} {:>10} {:>9} {:>9}",
+                point.tasks,
+                f.label,
+                fmt_count(f.cycles_per_s),
+                fmt_us(f.latency.p50_us),
+                fmt_us(f.latency.p99_us),
+            );
+        }
+    }
 }
 
 fn render_round_trip(o: &mut String, rtt: &RoundTrip) {
