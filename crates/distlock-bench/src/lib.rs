@@ -11,6 +11,7 @@
 mod engines;
 mod error;
 mod harness;
+mod hold;
 mod measure;
 mod mysql;
 mod plot;
@@ -29,6 +30,7 @@ use clap::{Args, ValueEnum};
 
 use engines::Engine;
 pub use error::Error;
+pub use hold::{HoldMemory, HoldRenewals, HoldSection};
 use progress::Progress;
 use report::Target;
 pub use report::{render, Report};
@@ -101,6 +103,13 @@ pub struct Options {
     /// benchmarks do).
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1ms")]
     pub hold: Duration,
+    /// The hold workload: how many locks one Locks acquires and holds.
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub locks: u32,
+    /// The hold workload: the lease of its locks (the watchdog renews every third of it, so a short
+    /// lease shows several renewal ticks within --duration).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "3s")]
+    pub lease: Duration,
     /// Which workload to run.
     #[arg(long, value_enum, value_name = "WORKLOAD", default_value_t = Workload::All)]
     pub workload: Workload,
@@ -130,8 +139,11 @@ pub enum Workload {
     Many,
     /// Many tasks on one name, holding it briefly: handoff latency and fairness.
     Contended,
-    /// All three.
+    /// All three (not `hold`).
     All,
+    /// One Locks holds --locks names (10,000) for --duration while the watchdog renews them:
+    /// renewal round trips, CPU per tick, memory per held lock.
+    Hold,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -150,6 +162,10 @@ struct Config {
     uncontended: bool,
     many: bool,
     contended: bool,
+    /// `--workload hold`, its `--locks` and `--lease`.
+    hold_workload: bool,
+    hold_locks: usize,
+    lease: Duration,
     /// `--sweep`: (b) at every count of [`SWEEP_TASKS`], instead of the workloads.
     sweep: bool,
     /// Prefix of every name and key the run uses, unique to the run.
@@ -178,8 +194,19 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
         many: !options.sweep && (all || options.workload == Workload::Many),
         contended: !options.sweep && (all || options.workload == Workload::Contended),
         sweep: options.sweep,
+        hold_workload: !options.sweep && options.workload == Workload::Hold,
+        hold_locks: options.locks as usize,
+        lease: options.lease,
         run: format!("{}-{nanos:08x}", std::process::id()),
     };
+    if config.hold_workload && options.baseline_only {
+        return Err(Error::usage(
+            "--workload hold measures distlock: not with --baseline-only",
+        ));
+    }
+    if config.hold_workload && config.lease.is_zero() {
+        return Err(Error::usage("--lease must be more than 0"));
+    }
     let locks = if options.baseline_only {
         None
     } else {
@@ -222,6 +249,7 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
         + usize::from(config.many) * (2 * d + b)
         + usize::from(config.contended) * (d + c)
         + usize::from(config.sweep) * SWEEP_TASKS.len() * (2 * d + usize::from(sweep_baseline))
+        + usize::from(config.hold_workload) * 3
 }
 
 /// Announces measurements on the progress bar.
@@ -363,6 +391,9 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
         Engine::ZooKeeper { .. } => zookeeper_targets(&mut out, a_distlock, rtt, others, c),
         _ => {}
     }
+    if let Some(hold) = &report.hold {
+        hold_targets(hold, &mut out);
+    }
     if let Some(c) = c {
         out.push(Target::at_most(
             "(c) share of re-acquisitions by the releasing task",
@@ -449,6 +480,33 @@ fn redis_peer_targets(report: &Report, out: &mut Vec<Target>) {
             }
         }
     }
+}
+
+/// Issue 9's watchdog-scale targets: one renewal round trip per connection (slot, session) per tick,
+/// at most 2 KiB of resident memory per held lock, and no lock lost while held.
+fn hold_targets(hold: &HoldSection, out: &mut Vec<Target>) {
+    if let (Some(per_tick), Some(groups)) = (
+        hold.renewals.round_trips_per_tick,
+        hold.renewals.groups.filter(|g| *g > 0),
+    ) {
+        out.push(Target::at_most(
+            "hold: renewal round trips per tick, per connection",
+            per_tick / groups as f64,
+            1.0,
+        ));
+    }
+    if let Some(bytes) = hold.memory.per_lock_bytes {
+        out.push(Target::at_most(
+            "hold: resident memory per held lock, KiB",
+            bytes / 1024.0,
+            2.0,
+        ));
+    }
+    out.push(Target::at_most(
+        "hold: locks not Held at the end of the hold",
+        hold.not_held as f64,
+        0.0,
+    ));
 }
 
 /// Issue 12's targets: a cycle within 2.5 parallel PING fan-outs and no slower than rslock; contended

@@ -77,6 +77,10 @@ pub(crate) async fn measure(
         true => run.contended(runner).await?,
         false => None,
     };
+    let hold = match config.hold_workload {
+        true => Some(run.hold(runner).await?),
+        false => None,
+    };
     let sweep = match config.sweep {
         true => Some(run.sweep(runner).await?),
         false => None,
@@ -103,6 +107,7 @@ pub(crate) async fn measure(
         many,
         contended,
         sweep,
+        hold,
         targets: Vec::new(),
     };
     report.targets = targets(&report, &config.engine);

@@ -22,6 +22,8 @@ pub struct Report {
     pub contended: Option<ContendedSection>,
     /// `--sweep`: (b) at 1 … 64 tasks.
     pub sweep: Option<crate::sweep::Sweep>,
+    /// `--workload hold`: N locks held while the watchdog renews them.
+    pub hold: Option<crate::hold::HoldSection>,
     /// The issues' targets where they apply, computed from this run; never asserted.
     pub targets: Vec<Target>,
 }
@@ -314,8 +316,57 @@ pub fn render(report: &Report) -> String {
     if let Some(sweep) = &report.sweep {
         render_sweep(o, sweep);
     }
+    if let Some(hold) = &report.hold {
+        render_hold(o, hold);
+    }
     render_targets(o, &report.targets);
     out
+}
+
+fn render_hold(o: &mut String, h: &crate::hold::HoldSection) {
+    let _ = writeln!(
+        o,
+        "\nhold: one Locks, {} locks, lease {}; acquired in {:.2} s ({} in flight), held {:.2} s, released in {:.2} s",
+        fmt_count(h.locks as f64),
+        fmt_us(h.lease_ms * 1e3),
+        h.acquire_s,
+        h.acquire_concurrency,
+        h.held_s,
+        h.release_s
+    );
+    let r = &h.renewals;
+    let opt = |v: Option<f64>| v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.2}"));
+    let count = |v: Option<u64>| v.map_or_else(|| "n/a".to_string(), |v| fmt_count(v as f64));
+    let _ = writeln!(
+        o,
+        "  renewals: {} in {} batches = {} ticks (lease / 3 cadence: {:.2}); round trips {} = {} per tick; server renew commands {} = {} per tick",
+        count(r.renewals),
+        count(r.batches),
+        opt(r.ticks),
+        r.expected_ticks,
+        count(r.round_trips),
+        opt(r.round_trips_per_tick),
+        count(r.server_commands),
+        opt(r.server_commands_per_tick)
+    );
+    let _ = writeln!(o, "  counted: {}", r.counted);
+    let m = &h.memory;
+    let _ = writeln!(
+        o,
+        "  resident memory: {} KiB before, {} KiB holding = {} bytes per held lock",
+        count(m.rss_before_kib),
+        count(m.rss_holding_kib),
+        opt(m.per_lock_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "  not Held at the end: {} (lost {}){}",
+        h.not_held,
+        h.lost,
+        h.loss_reason
+            .as_ref()
+            .map_or_else(String::new, |r| format!("; first reason: {r}"))
+    );
 }
 
 /// The sweep as one table: a row per task count and series.

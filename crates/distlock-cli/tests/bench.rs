@@ -239,12 +239,37 @@ fn redis_report_has_ratios_and_the_bare_loop() {
     assert!(r["round_trip"]["reference"]["label"]
         .as_str()
         .is_some_and(|l| l.contains("PING")));
+    // The bare loop, the same-scripts loop and rslock in (a); in (b) the bare loop and the
+    // same-scripts loop, each on a connection per task and one shared, and rslock; rslock in (c).
+    let labels = |section: &str| -> Vec<String> {
+        r[section]["baselines"]
+            .as_array()
+            .expect("baselines")
+            .iter()
+            .map(|b| b["label"].as_str().expect("label").to_string())
+            .collect()
+    };
     assert_eq!(
-        r["uncontended"]["baselines"].as_array().map(Vec::len),
-        Some(1)
+        labels("uncontended").len(),
+        3,
+        "{:?}",
+        labels("uncontended")
     );
-    assert_eq!(r["many"]["baselines"].as_array().map(Vec::len), Some(2));
-    assert!(!r["targets"].as_array().expect("targets").is_empty());
+    assert!(labels("uncontended")
+        .iter()
+        .any(|l| l.contains("same-scripts")));
+    assert!(labels("uncontended").iter().any(|l| l.contains("rslock")));
+    assert_eq!(labels("many").len(), 5, "{:?}", labels("many"));
+    assert_eq!(labels("contended").len(), 1, "{:?}", labels("contended"));
+    let targets: Vec<&str> = r["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|t| t["what"].as_str().expect("what"))
+        .collect();
+    for peer in ["same-scripts loop on one shared connection", "rslock"] {
+        assert!(targets.iter().any(|t| t.contains(peer)), "{targets:?}");
+    }
 }
 
 /// The baselines connect as the Redis backend does, from its own config: TLS, trusting only the
@@ -263,7 +288,8 @@ fn rediss_report_has_the_round_trip_and_the_bare_loop_over_tls() {
     assert!(r["round_trip"]["reference"]["label"]
         .as_str()
         .is_some_and(|l| l.contains("PING")));
-    assert_eq!(r["many"]["baselines"].as_array().map(Vec::len), Some(2));
+    // rslock too connects through the baselines' client, with the URL's CA.
+    assert_eq!(r["many"]["baselines"].as_array().map(Vec::len), Some(5));
 }
 
 #[test]
@@ -276,4 +302,132 @@ fn etcd_report_has_put_and_range_and_the_peer_lock() {
         r["contended"]["baselines"].as_array().map(Vec::len),
         Some(1)
     );
+}
+
+/// `--sweep` runs (b) at 1, 2, 4, 8, 16 and 64 tasks (six points, distlock twice at each); `--plot`
+/// writes the SVG. Structure only, never a value.
+#[test]
+fn sweep_reports_six_points_and_plots_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let svg_path = dir.path().join("sweep.svg");
+    let out = bench(&[
+        "--url",
+        "memory://",
+        "--duration",
+        "100ms",
+        "--sweep",
+        "--plot",
+        svg_path.to_str().expect("utf-8 path"),
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(r["uncontended"].is_null() && r["many"].is_null() && r["contended"].is_null());
+    let points = r["sweep"]["points"].as_array().expect("sweep points");
+    let tasks: Vec<u64> = points
+        .iter()
+        .map(|p| p["tasks"].as_u64().expect("tasks"))
+        .collect();
+    assert_eq!(tasks, [1, 2, 4, 8, 16, 64]);
+    for p in points {
+        for series in ["distlock_shared", "distlock_per_task"] {
+            check_cycles(&p[series], false);
+            assert_eq!(p[series]["tasks"], p["tasks"], "{p}");
+        }
+    }
+    let svg = std::fs::read_to_string(&svg_path).expect("the plot was written");
+    assert!(svg.starts_with("<svg"), "{svg}");
+    assert_eq!(svg.matches("<polyline").count(), 2, "{svg}");
+}
+
+#[test]
+fn plot_needs_sweep_and_a_writable_path() {
+    for args in [
+        &["--url", "memory://", "--plot", "/tmp/x.svg"][..],
+        &["--url", "memory://", "--sweep", "--workload", "many"],
+        &["--url", "memory://", "--sweep", "--tasks", "4"],
+        &["--url", "memory://", "--workload", "hold", "--locks", "0"],
+        &[
+            "--url",
+            "memory://",
+            "--workload",
+            "hold",
+            "--lease",
+            "soon",
+        ],
+    ] {
+        let out = bench(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+    }
+    let out = bench(&[
+        "--url",
+        "memory://",
+        "--duration",
+        "10ms",
+        "--sweep",
+        "--plot",
+        "/nonexistent-dir/x.svg",
+    ]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/nonexistent-dir/x.svg"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
+
+/// The hold workload against a real Redis server: every lock stays held, the watchdog's renewals are
+/// counted (on the client and by the server), memory is read. Counts and facts, never a speed.
+#[test]
+fn hold_counts_renewals_and_loses_no_lock() {
+    let server = RedisServer::start_or_panic();
+    let out = bench(&[
+        "--url",
+        &server.url(),
+        "--workload",
+        "hold",
+        "--locks",
+        "200",
+        "--lease",
+        "600ms",
+        "--duration",
+        "1s",
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let h = &r["hold"];
+    assert_eq!(h["locks"], 200, "{h}");
+    assert_eq!(h["not_held"], 0, "{h}");
+    assert_eq!(h["lost"], 0, "{h}");
+    let renewals = &h["renewals"];
+    // A 600 ms lease is renewed every 200 ms: a 1 s hold sees renewals, whatever the machine's speed.
+    assert!(num(renewals, "renewals") > 0.0, "{renewals}");
+    assert!(num(renewals, "round_trips") > 0.0, "{renewals}");
+    assert!(num(renewals, "server_commands") > 0.0, "{renewals}");
+    assert!(num(renewals, "round_trips_per_tick") > 0.0, "{renewals}");
+    assert_eq!(renewals["groups"], 1, "{renewals}");
+    assert!(renewals["counted"]
+        .as_str()
+        .is_some_and(|c| c.contains("INFO commandstats")));
+    assert!(h["memory"]["rss_holding_kib"].as_u64().is_some(), "{h}");
+    assert!(h["memory"]["per_lock_bytes"].is_number(), "{h}");
+    for t in r["targets"].as_array().expect("targets") {
+        assert!(t["met"].is_boolean(), "{t}");
+    }
+    assert!(r["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .any(|t| t["what"]
+            .as_str()
+            .is_some_and(|w| w.contains("round trips per tick"))));
 }

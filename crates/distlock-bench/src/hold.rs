@@ -1,0 +1,445 @@
+//! `--workload hold` (issue 9, deliverable 4): one `Locks` acquires `--locks` distinct names (10,000 by
+//! default) with a short `--lease`, holds them for `--duration` while the watchdog renews them, then
+//! releases them. It reports what the watchdog's batching costs: renewal round trips per tick, client
+//! and server CPU per tick, resident memory per held lock, and whether every lock stayed held.
+//!
+//! How renewals are counted: the `Locks` of this workload runs on the engine's backend wrapped in
+//! [`Counted`], which counts the batches the watchdog hands to `Backend::renew` and the renewals in
+//! them. A tick is one renewal of every held lock, so ticks = renewals / locks. On a standalone Redis
+//! server the backend sends each batch as one pipeline on its one connection: one round trip per
+//! batch. The server's own count (`INFO commandstats`, the `EVALSHA` + `EVAL` calls over the hold,
+//! when only renewals run) is reported beside it: it counts commands, so it is the renewals, not the
+//! round trips, and confirms them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use distlock::raw::{
+    AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
+};
+use distlock::{Capabilities, LockGuard, LockState, LockUrl, Locks};
+use serde::Serialize;
+use tokio::task::JoinSet;
+
+use crate::engines::{redis_failure, Engine};
+use crate::error::Error;
+use crate::measure::{Baseline, Run};
+use crate::stats::round2;
+use crate::Runner;
+
+/// How many acquires (and releases) are in flight at once: enough to fill the connection's pipeline,
+/// few enough not to queue thousands of requests behind one another.
+pub const CONCURRENCY: usize = 256;
+/// How long one acquire of the workload may wait (every name is the run's own: it never should).
+const ACQUIRE_WAIT: Duration = Duration::from_secs(30);
+
+/// The report's `hold` section.
+#[derive(Debug, Serialize)]
+pub struct HoldSection {
+    pub locks: usize,
+    pub lease_ms: f64,
+    /// How long acquiring every lock took, with [`CONCURRENCY`] acquires in flight.
+    pub acquire_s: f64,
+    pub acquire_concurrency: usize,
+    /// The measured hold, from the last grant to the state check.
+    pub held_s: f64,
+    pub release_s: f64,
+    pub renewals: HoldRenewals,
+    pub memory: HoldMemory,
+    /// Locks whose guard was not `Held` at the end of the hold (any lost lock is reported).
+    pub not_held: usize,
+    /// Of those, `Lost` (the rest were in `Jeopardy`).
+    pub lost: usize,
+    /// The first loss reason seen, if any.
+    pub loss_reason: Option<String>,
+}
+
+/// The watchdog's renewals over the hold.
+#[derive(Debug, Serialize)]
+pub struct HoldRenewals {
+    /// Batches handed to `Backend::renew`; `None` where the backend was not wrapped.
+    pub batches: Option<u64>,
+    /// Renewals in those batches.
+    pub renewals: Option<u64>,
+    /// Renewals / locks: how many times every lock was renewed.
+    pub ticks: Option<f64>,
+    /// The lease / 3 cadence: how many ticks the hold should see.
+    pub expected_ticks: f64,
+    /// Round trips to the engine for those batches, where the backend's grouping is known.
+    pub round_trips: Option<u64>,
+    pub round_trips_per_tick: Option<f64>,
+    /// Connections, slots or sessions the renewals go to (1 round trip per group per tick is the
+    /// target).
+    pub groups: Option<u64>,
+    /// The server's count of the renew script's runs (Redis `INFO commandstats`).
+    pub server_commands: Option<u64>,
+    pub server_commands_per_tick: Option<f64>,
+    /// How the figures were counted, or why one is missing.
+    pub counted: String,
+}
+
+/// Resident memory (`VmRSS` of `/proc/self/status`).
+#[derive(Debug, Serialize)]
+pub struct HoldMemory {
+    pub rss_before_kib: Option<u64>,
+    pub rss_holding_kib: Option<u64>,
+    /// (holding − before) / locks: every lock's share, handles, guards and the watchdog's records
+    /// included, and whatever the allocator kept from acquiring them (an upper bound).
+    pub per_lock_bytes: Option<f64>,
+}
+
+/// Counts of a [`Counted`] backend.
+#[derive(Debug, Default)]
+pub struct Counts {
+    batches: AtomicU64,
+    renewals: AtomicU64,
+}
+
+impl Counts {
+    fn read(&self) -> (u64, u64) {
+        (
+            self.batches.load(Ordering::Relaxed),
+            self.renewals.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A backend that counts the renewal batches the watchdog hands it, and otherwise is the backend.
+pub struct Counted<B> {
+    inner: B,
+    counts: Arc<Counts>,
+}
+
+impl<B> Counted<B> {
+    pub fn new(inner: B) -> (Self, Arc<Counts>) {
+        let counts = Arc::new(Counts::default());
+        (
+            Self {
+                inner,
+                counts: counts.clone(),
+            },
+            counts,
+        )
+    }
+}
+
+#[async_trait]
+impl<B: Backend> Backend for Counted<B> {
+    type Lease = B::Lease;
+    type Acquisition = B::Acquisition;
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn validate_name(&self, name: &str) -> distlock::Result<()> {
+        self.inner.validate_name(name)
+    }
+
+    fn begin(&self, request: &AcquireRequest) -> distlock::Result<Self::Acquisition> {
+        self.inner.begin(request)
+    }
+
+    async fn try_acquire(
+        &self,
+        acquisition: &mut Self::Acquisition,
+        request: &AcquireRequest,
+    ) -> distlock::Result<Attempt<Self::Lease>> {
+        self.inner.try_acquire(acquisition, request).await
+    }
+
+    async fn wait(
+        &self,
+        acquisition: &mut Self::Acquisition,
+        request: &AcquireRequest,
+        retry_after: Option<Duration>,
+    ) -> distlock::Result<()> {
+        self.inner.wait(acquisition, request, retry_after).await
+    }
+
+    async fn abandon(&self, acquisition: Self::Acquisition, request: &AcquireRequest) {
+        self.inner.abandon(acquisition, request).await;
+    }
+
+    async fn renew(
+        &self,
+        batch: &[Renewal<'_, Self::Lease>],
+    ) -> Vec<(RenewalId, distlock::Result<Renewed>)> {
+        self.counts.batches.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .renewals
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.inner.renew(batch).await
+    }
+
+    async fn release(
+        &self,
+        lease: &Self::Lease,
+        name: &str,
+        owner: &str,
+    ) -> distlock::Result<Released> {
+        self.inner.release(lease, name, owner).await
+    }
+
+    async fn inspect(&self, name: &str) -> distlock::Result<LockInfo> {
+        self.inner.inspect(name).await
+    }
+}
+
+/// A `Locks` for the workload: the engine's backend wrapped in [`Counted`] where the bench can build
+/// it directly (memory, file, standalone Redis), else the facade's (renewals then not counted).
+async fn connect(url: &str, engine: &Engine) -> Result<(Locks, Option<Arc<Counts>>), Error> {
+    let wrap = |locks: Locks, counts| Ok((locks, Some(counts)));
+    match engine {
+        Engine::Memory => {
+            let backend = distlock::memory::MemoryBackend::from_url(&LockUrl::parse(url)?)?;
+            let (backend, counts) = Counted::new(backend);
+            wrap(Locks::new(backend), counts)
+        }
+        Engine::File { .. } => {
+            let backend = distlock::file::FileBackend::from_url(&LockUrl::parse(url)?)?;
+            let (backend, counts) = Counted::new(backend);
+            wrap(Locks::new(backend), counts)
+        }
+        Engine::Redis(_) => {
+            let url = LockUrl::parse(url)?;
+            let backend = Box::pin(distlock::redis::RedisBackend::connect(&url)).await?;
+            let (backend, counts) = Counted::new(backend);
+            wrap(Locks::new(backend), counts)
+        }
+        _ => Ok((distlock::connect(url).await?, None)),
+    }
+}
+
+/// `VmRSS` of this process, in KiB.
+fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// The calls of the commands that run the renew script (`EVALSHA`, and `EVAL` after a `NOSCRIPT`), from
+/// `INFO commandstats`.
+async fn redis_script_calls(conn: &redis::aio::MultiplexedConnection) -> Result<u64, Error> {
+    let mut conn = conn.clone();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .map_err(redis_failure)?;
+    Ok(info
+        .lines()
+        .filter_map(|l| {
+            let rest = l
+                .strip_prefix("cmdstat_evalsha:")
+                .or_else(|| l.strip_prefix("cmdstat_eval:"))?;
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum())
+}
+
+/// Runs `f` on every item with at most [`CONCURRENCY`] in flight; the first failure ends the run.
+async fn bounded<T, R, F, Fut>(items: Vec<T>, f: F) -> Result<Vec<R>, Error>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = Result<R, Error>> + Send + 'static,
+{
+    let mut out = Vec::with_capacity(items.len());
+    let mut set = JoinSet::new();
+    for item in items {
+        if set.len() >= CONCURRENCY {
+            out.push(joined(set.join_next().await)?);
+        }
+        set.spawn(f(item));
+    }
+    while let Some(next) = set.join_next().await {
+        out.push(joined(Some(next))?);
+    }
+    Ok(out)
+}
+
+fn joined<R>(next: Option<Result<Result<R, Error>, tokio::task::JoinError>>) -> Result<R, Error> {
+    match next {
+        Some(Ok(result)) => result,
+        Some(Err(e)) => Err(Error::unavailable(format!(
+            "internal error: a hold task failed: {e}"
+        ))),
+        None => Err(Error::unavailable("internal error: no hold task")),
+    }
+}
+
+impl Run<'_> {
+    /// The hold workload.
+    pub(crate) async fn hold(&self, runner: &mut Runner) -> Result<HoldSection, Error> {
+        let (n, lease, d) = (
+            self.config.hold_locks,
+            self.config.lease,
+            self.config.duration,
+        );
+        let (locks, counts) = connect(&self.config.url, &self.config.engine).await?;
+        let rss_before = rss_kib();
+        runner.step(&format!("hold: acquiring {n} locks"));
+        let names: Vec<String> = (0..n)
+            .map(|i| format!("distlock-bench/{}/hold/{i}", self.config.run))
+            .collect();
+        let handles = names
+            .iter()
+            .map(|name| locks.lock(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        let began = Instant::now();
+        let guards: Vec<LockGuard> = bounded(handles, |lock| async move {
+            Ok(lock
+                .options()
+                .lease(lease)
+                .wait(ACQUIRE_WAIT)
+                .acquire()
+                .await?)
+        })
+        .await?;
+        let acquire_s = began.elapsed().as_secs_f64();
+
+        runner.step(&format!("hold: holding {n} locks"));
+        let redis = match self.baseline {
+            Baseline::Redis { conn, .. } => Some(conn),
+            _ => None,
+        };
+        let server_before = match redis {
+            Some(conn) => Some(redis_script_calls(conn).await?),
+            None => None,
+        };
+        let counted_before = counts.as_ref().map(|c| c.read());
+        let held_from = Instant::now();
+        tokio::time::sleep(d).await;
+        let counted_after = counts.as_ref().map(|c| c.read());
+        let server_after = match redis {
+            Some(conn) => Some(redis_script_calls(conn).await?),
+            None => None,
+        };
+        let rss_holding = rss_kib();
+        let mut not_held = 0;
+        let mut lost = 0;
+        let mut loss_reason = None;
+        for guard in &guards {
+            match guard.state() {
+                LockState::Held => {}
+                state => {
+                    not_held += 1;
+                    if state == LockState::Lost {
+                        lost += 1;
+                    }
+                    if loss_reason.is_none() {
+                        loss_reason = guard.loss_reason();
+                    }
+                }
+            }
+        }
+        let held_s = held_from.elapsed().as_secs_f64();
+
+        runner.step(&format!("hold: releasing {n} locks"));
+        let began = Instant::now();
+        // A lock lost during the hold fails its release; that is already counted above.
+        bounded(guards, |guard| async move {
+            let _ = guard.release().await;
+            Ok(())
+        })
+        .await?;
+        let release_s = began.elapsed().as_secs_f64();
+        let _ = tokio::time::timeout(crate::CLOSE_LIMIT, locks.close()).await;
+
+        let renewals = self.renewal_figures(
+            counted_before.zip(counted_after),
+            server_before.zip(server_after),
+            held_s,
+        );
+        let per_lock_bytes = match (rss_before, rss_holding) {
+            (Some(before), Some(holding)) if n > 0 => Some(round2(
+                holding.saturating_sub(before) as f64 * 1024.0 / n as f64,
+            )),
+            _ => None,
+        };
+        Ok(HoldSection {
+            locks: n,
+            lease_ms: round2(lease.as_secs_f64() * 1e3),
+            acquire_s: round2(acquire_s),
+            acquire_concurrency: CONCURRENCY,
+            held_s: round2(held_s),
+            release_s: round2(release_s),
+            renewals,
+            memory: HoldMemory {
+                rss_before_kib: rss_before,
+                rss_holding_kib: rss_holding,
+                per_lock_bytes,
+            },
+            not_held,
+            lost,
+            loss_reason,
+        })
+    }
+
+    fn renewal_figures(
+        &self,
+        counted: Option<((u64, u64), (u64, u64))>,
+        server: Option<(u64, u64)>,
+        held_s: f64,
+    ) -> HoldRenewals {
+        let n = self.config.hold_locks.max(1) as f64;
+        let period = self.config.lease.as_secs_f64() / 3.0;
+        let expected_ticks = if period > 0.0 {
+            round2(held_s / period)
+        } else {
+            0.0
+        };
+        let (batches, renewals) = match counted {
+            Some(((b0, r0), (b1, r1))) => (Some(b1 - b0), Some(r1 - r0)),
+            None => (None, None),
+        };
+        let ticks = renewals.map(|r| r as f64 / n);
+        let per_tick = |count: u64| ticks.filter(|t| *t > 0.0).map(|t| round2(count as f64 / t));
+        let server_commands = server.map(|(before, after)| after.saturating_sub(before));
+        let redis = matches!(self.baseline, Baseline::Redis { .. });
+        // Standalone Redis: one pipeline per batch on the backend's one connection.
+        let round_trips = if redis { batches } else { None };
+        let counted = match (&self.config.engine, batches) {
+            (Engine::Redis(_), Some(_)) => {
+                "batches and renewals counted at Backend::renew (a counting wrapper around the \
+                 Redis backend); one batch is one pipeline on the backend's one connection, so round \
+                 trips = batches; ticks = renewals / locks; server_commands = EVALSHA + EVAL calls \
+                 from INFO commandstats over the hold (commands, not round trips: a pipeline of N \
+                 renewals is N commands)"
+            }
+            (Engine::Memory | Engine::File { .. }, Some(_)) => {
+                "batches and renewals counted at Backend::renew (a counting wrapper); no engine \
+                 round trip: the backend renews in process"
+            }
+            _ => {
+                "not counted: the bench wraps the backend to count renewals only for memory, file \
+                 and standalone redis"
+            }
+        };
+        HoldRenewals {
+            batches,
+            renewals,
+            ticks: ticks.map(round2),
+            expected_ticks,
+            round_trips,
+            round_trips_per_tick: round_trips.and_then(per_tick),
+            groups: redis.then_some(1),
+            server_commands,
+            server_commands_per_tick: server_commands.and_then(per_tick),
+            counted: counted.to_string(),
+        }
+    }
+}
