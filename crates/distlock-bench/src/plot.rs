@@ -231,7 +231,7 @@ mod tests {
     fn svg_is_well_formed_with_one_polyline_per_series_and_escaped_labels() {
         let series = |label: &str, k: f64| Series {
             label: label.to_string(),
-            points: [1.0, 2.0, 4.0, 8.0, 16.0, 64.0]
+            points: [1.0f64, 2.0, 4.0, 8.0, 16.0, 64.0]
                 .iter()
                 .map(|&x| (x, k * x.sqrt()))
                 .collect(),
