@@ -418,7 +418,8 @@ impl Run<'_> {
                  Redis backend); one batch is one pipeline on the backend's one connection, so round \
                  trips = batches; ticks = renewals / locks; server_commands = EVALSHA + EVAL calls \
                  from INFO commandstats over the hold (commands, not round trips: a pipeline of N \
-                 renewals is N commands)"
+                 renewals is N commands; its window differs from the client's by the batches in \
+                 flight at either edge)"
             }
             (Engine::Memory | Engine::File { .. }, Some(_)) => {
                 "batches and renewals counted at Backend::renew (a counting wrapper); no engine \

@@ -47,12 +47,22 @@ shared by all tasks (one multiplexed connection) and once with one Locks per tas
   contended    N tasks (default 8) of one process on one name, each holding it --hold (a thread \
 sleep): acquisitions/s, handoff latency (release -> next grant, and to another task) p50/p99, \
 fairness (min/max acquisitions per task) and the share of re-acquisitions by the releasing task
+  hold         (only when asked: not part of `all`) one Locks acquires --locks names (default \
+10,000) with a short --lease (default 3s), holds them for --duration while the watchdog renews them, \
+then releases them: renewal batches and round trips per tick (Redis: also the server's EVALSHA count), \
+resident memory per held lock, and any lock not Held at the end
+
+--sweep runs only the many workload, at 1, 2, 4, 8, 16 and 64 tasks, for distlock (shared and per-task \
+Locks) and the engine's main baseline, and reports a sweep table; --plot out.svg also draws it (cycles/s \
+against tasks, log2 axis).
 
 Each run also measures the engine's own round trip and reports every figure as a ratio to it \
 (redis: PING on a multiplexed redis-rs connection; redlock: a PING to every node in parallel; etcd: \
 a put, and a range beside it; zk: a create, a getChildren and a create + delete; postgres, mysql: \
 SELECT 1), and runs a baseline beside distlock (redis: a bare SET NX PX + EVALSHA \
-compare-and-delete loop; redlock: the rslock crate on the same nodes; etcd: etcd's Lock/Unlock \
+compare-and-delete loop, the same-scripts loop (distlock's own acquire and release scripts by EVALSHA, \
+nothing else: on one shared connection and on a connection per task in many) and rslock on the same \
+server; redlock: the rslock crate on the same nodes; etcd: etcd's Lock/Unlock \
 RPCs; postgres: a bare tokio-postgres pg_advisory_lock + pg_advisory_unlock pair; mysql: a bare \
 mysql_async GET_LOCK + RELEASE_LOCK pair; both also with one counter commit after each lock, the peer \
 of distlock's advisory mode, which commits its fencing counter before a grant; file: a bare flock + unlock, the floor). memory:// and \
