@@ -53,6 +53,12 @@ mysql_async GET_LOCK + RELEASE_LOCK pair; both also with one counter commit afte
 of distlock's advisory mode, which commits its fencing counter before a grant; file: a bare flock + unlock, the floor). memory:// and \
 file:// have no engine round trip: their figures are absolute.
 
+Every measurement also reports CPU time per cycle, the bench process's and the server's over the \
+same interval (redis: INFO cpu; etcd: process_cpu_seconds_total from its /metrics; other servers on \
+this machine: the kernel's accounting of the process listening on the port; memory://, file://: \
+in-process). It is the primary figure on a shared machine: wall-clock ratios swing by ~50 % between \
+runs, CPU per cycle does not. Each target is shown as its wall-clock ratio and as the CPU ratio.
+
 A progress bar shows on stderr when it is a terminal; the report goes to stdout (--json: one JSON \
 object). Runs on a tokio multi-thread runtime with 2 workers, like the peers' measurements.";
 

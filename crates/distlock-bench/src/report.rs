@@ -421,9 +421,10 @@ fn render_uncontended(o: &mut String, a: &Uncontended, has_rtt: bool) {
         if b.latency.mean_us > 0.0 {
             let _ = writeln!(
                 o,
-                "  distlock's mean cycle = {:.2}× {}'s",
+                "  distlock's mean cycle = {:.2}× {}'s{}",
                 d.latency.mean_us / b.latency.mean_us,
-                b.label
+                b.label,
+                cpu_ratio(&d.cpu, &b.cpu)
             );
         }
     }
@@ -447,10 +448,11 @@ fn render_many(o: &mut String, b: &Many, has_rtt: bool) {
         for f in b.shared.iter().chain(&b.per_task) {
             let _ = writeln!(
                 o,
-                "  {}: {:.2}× {}'s cycles/s",
+                "  {}: {:.2}× {}'s cycles/s{}",
                 f.label,
                 f.cycles_per_s / base.cycles_per_s,
-                base.label
+                base.label,
+                cpu_ratio(&f.cpu, &base.cpu)
             );
         }
     }
@@ -495,6 +497,14 @@ fn render_targets(o: &mut String, targets: &[Target]) {
         }
     }
     let _ = writeln!(o, "  (* the primary figure of the row)");
+}
+
+/// `; CPU per cycle 1.05×` (ours / theirs), when both totals are known.
+fn cpu_ratio(ours: &CpuFigures, theirs: &CpuFigures) -> String {
+    match (ours.total_us_per_cycle, theirs.total_us_per_cycle) {
+        (Some(a), Some(b)) if b > 0.0 => format!("; CPU per cycle {:.2}×", a / b),
+        _ => String::new(),
+    }
 }
 
 /// `12.3 + 45.6 = 57.9 µs` (client + server = total), `12.3 µs in-process`, or `12.3 + ? µs`.
