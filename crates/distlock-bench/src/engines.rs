@@ -209,6 +209,15 @@ impl RedisServer {
         self.client.clone()
     }
 
+    /// The server's host and port (for reading its CPU time when it is local).
+    pub fn host_port(&self) -> (String, u16) {
+        match self.client.get_connection_info().addr() {
+            redis::ConnectionAddr::Tcp(host, port)
+            | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+            _ => (String::new(), 0),
+        }
+    }
+
     /// The server's database (for the tests).
     #[cfg(test)]
     fn db(&self) -> i64 {

@@ -7,8 +7,21 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use crate::cpu::{CpuMeter, CpuSpent, ServerCpu};
 use crate::error::Error;
 use crate::stats::Recorder;
+
+/// How every measurement of a run is made: for how long (or for how many cycles) and whose server
+/// CPU it meters beside the bench's own.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan<'a> {
+    pub duration: Duration,
+    /// `--cycles N`: each task of a cycles run does exactly its warm-up cycles, then exactly N
+    /// measured ones, with no time bound (for repeatable instruction counts); the contended workload
+    /// still runs for `duration`.
+    pub cycles: Option<u64>,
+    pub cpu: &'a ServerCpu,
+}
 
 /// One way to take and give back a lock.
 pub trait Cycler: Send + Sync + 'static {
@@ -52,10 +65,23 @@ impl Starter {
     }
 }
 
+/// What [`run_tasks`] returns: the common start, each task's result, and the CPU time spent from the
+/// start until the last task finished.
+pub struct TasksRun<T> {
+    pub start: Instant,
+    pub results: Vec<T>,
+    pub cpu: CpuSpent,
+}
+
 /// Spawns `n` tasks, starts them together once all have warmed up (a barrier, as in the peers'
 /// measurements), and collects their results; the first failure ends the run (the other tasks are
-/// aborted when the set is dropped).
-pub async fn run_tasks<T, F, Fut>(n: usize, mut body: F) -> Result<(Instant, Vec<T>), Error>
+/// aborted when the set is dropped). The client's and `cpu`'s CPU time is metered from the start
+/// until the last task finished.
+pub async fn run_tasks<T, F, Fut>(
+    n: usize,
+    cpu: &ServerCpu,
+    mut body: F,
+) -> Result<TasksRun<T>, Error>
 where
     T: Send + 'static,
     F: FnMut(usize, Starter) -> Fut,
@@ -81,6 +107,7 @@ where
             joined = set.join_next() => return Err(joined_failure(joined)),
         }
     }
+    let meter = CpuMeter::start(cpu).await;
     let start = Instant::now();
     let _ = go_tx.send(Some(start));
     let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
@@ -90,7 +117,12 @@ where
             other => return Err(joined_failure(Some(other))),
         }
     }
-    Ok((start, results.into_iter().flatten().collect()))
+    let cpu = meter.stop().await;
+    Ok(TasksRun {
+        start,
+        results: results.into_iter().flatten().collect(),
+        cpu,
+    })
 }
 
 type Joined<T> = Result<(usize, Result<T, Error>), tokio::task::JoinError>;
@@ -113,6 +145,8 @@ pub struct Cycles {
     pub elapsed: Duration,
     /// Acquire + release, per cycle.
     pub latency: Recorder,
+    /// Client and server CPU time over the measured interval.
+    pub cpu: CpuSpent,
 }
 
 impl Cycles {
@@ -130,23 +164,25 @@ pub fn per_second(count: u64, elapsed: Duration) -> f64 {
 }
 
 /// Runs acquire + release cycles on each client concurrently: `warmup` cycles each (bounded by a
-/// tenth of `duration`), then cycles for `duration` from a common start. The elapsed time runs from
-/// the start until the last task finished its last cycle.
+/// tenth of the plan's duration), then cycles for the duration from a common start (with
+/// `plan.cycles`: exactly `warmup` cycles, then exactly that many). The elapsed time runs from the
+/// start until the last task finished its last cycle.
 pub async fn run_cycles<C: Cycler>(
     clients: Vec<C>,
     warmup: usize,
-    duration: Duration,
+    plan: Plan<'_>,
 ) -> Result<Cycles, Error> {
     let tasks = clients.len();
+    let (duration, fixed) = (plan.duration, plan.cycles);
     let mut clients: Vec<Option<C>> = clients.into_iter().map(Some).collect();
-    let (start, results) = run_tasks(tasks, |i, starter| {
+    let run = run_tasks(tasks, plan.cpu, |i, starter| {
         let client = clients[i].take();
         async move {
             let client =
                 client.ok_or_else(|| Error::unavailable("internal error: no client for a task"))?;
             let warm_until = Instant::now() + duration / 10;
             for _ in 0..warmup {
-                if Instant::now() >= warm_until {
+                if fixed.is_none() && Instant::now() >= warm_until {
                     break;
                 }
                 cycle(&client).await?;
@@ -157,7 +193,11 @@ pub async fn run_cycles<C: Cycler>(
             let mut cycles = 0u64;
             loop {
                 let began = Instant::now();
-                if began >= deadline {
+                let done = match fixed {
+                    Some(n) => cycles >= n,
+                    None => began >= deadline,
+                };
+                if done {
                     break;
                 }
                 cycle(&client).await?;
@@ -168,10 +208,11 @@ pub async fn run_cycles<C: Cycler>(
         }
     })
     .await?;
+    let start = run.start;
     let mut latency = Recorder::new();
     let mut cycles = 0;
     let mut end = start;
-    for (n, recorder, finished) in &results {
+    for (n, recorder, finished) in &run.results {
         cycles += n;
         latency.merge(recorder);
         end = end.max(*finished);
@@ -181,6 +222,7 @@ pub async fn run_cycles<C: Cycler>(
         cycles,
         elapsed: end.duration_since(start),
         latency,
+        cpu: run.cpu,
     })
 }
 
@@ -224,6 +266,8 @@ pub struct Contended {
     pub overlaps: u64,
     /// Waits that ran out ([`CONTENDED_GRACE`] past the end).
     pub gave_up: u64,
+    /// Client and server CPU time over the measured interval.
+    pub cpu: CpuSpent,
 }
 
 impl Contended {
@@ -233,15 +277,16 @@ impl Contended {
 }
 
 /// Each client takes the (same) lock, holds it for `hold` (a thread sleep inside `block_in_place`, as
-/// the peers' measurements hold), releases it and asks again at once, for `duration`.
+/// the peers' measurements hold), releases it and asks again at once, for the plan's duration.
 pub async fn run_contended<C: Cycler>(
     clients: Vec<C>,
     hold: Duration,
-    duration: Duration,
+    plan: Plan<'_>,
 ) -> Result<Contended, Error> {
     let tasks = clients.len();
+    let duration = plan.duration;
     let mut clients: Vec<Option<C>> = clients.into_iter().map(Some).collect();
-    let (start, results) = run_tasks(tasks, |task, starter| {
+    let run = run_tasks(tasks, plan.cpu, |task, starter| {
         let client = clients[task].take();
         async move {
             let client =
@@ -278,18 +323,31 @@ pub async fn run_contended<C: Cycler>(
     })
     .await?;
 
+    let start = run.start;
     let mut events = Vec::new();
     let mut gave_up = 0;
     let mut end = start;
-    for (task_events, task_gave_up, finished) in results {
+    for (task_events, task_gave_up, finished) in run.results {
         events.extend(task_events);
         gave_up += task_gave_up;
         end = end.max(finished);
     }
-    Ok(analyse(events, tasks, gave_up, end.duration_since(start)))
+    Ok(analyse(
+        events,
+        tasks,
+        gave_up,
+        end.duration_since(start),
+        run.cpu,
+    ))
 }
 
-fn analyse(mut events: Vec<Event>, tasks: usize, gave_up: u64, elapsed: Duration) -> Contended {
+fn analyse(
+    mut events: Vec<Event>,
+    tasks: usize,
+    gave_up: u64,
+    elapsed: Duration,
+    cpu: CpuSpent,
+) -> Contended {
     events.sort_by_key(|e| e.acquired);
     let mut per_task = vec![0u64; tasks];
     let mut wait = Recorder::new();
@@ -334,6 +392,7 @@ fn analyse(mut events: Vec<Event>, tasks: usize, gave_up: u64, elapsed: Duration
         pairs: acquisitions.saturating_sub(1),
         overlaps,
         gave_up,
+        cpu,
     }
 }
 
@@ -353,7 +412,7 @@ mod tests {
         };
         // Task 0, then 0 again, then 1, then 0 overlapping 1's hold.
         let events = vec![ev(0, 10, 20), ev(0, 25, 30), ev(1, 40, 50), ev(0, 45, 60)];
-        let c = analyse(events, 2, 0, Duration::from_millis(1));
+        let c = analyse(events, 2, 0, Duration::from_millis(1), CpuSpent::none());
         assert_eq!(c.acquisitions, 4);
         assert_eq!(c.pairs, 3);
         assert_eq!(c.same_holder, 1);

@@ -23,6 +23,7 @@ use distlock::{Capabilities, LockGuard, LockState, LockUrl, Locks};
 use serde::Serialize;
 use tokio::task::JoinSet;
 
+use crate::cpu::{CpuFigures, CpuMeter, CpuSpent};
 use crate::engines::{redis_failure, Engine};
 use crate::error::Error;
 use crate::measure::{Baseline, Run};
@@ -47,6 +48,7 @@ pub struct HoldSection {
     pub held_s: f64,
     pub release_s: f64,
     pub renewals: HoldRenewals,
+    pub cpu: HoldCpu,
     pub memory: HoldMemory,
     /// Locks whose guard was not `Held` at the end of the hold (any lost lock is reported).
     pub not_held: usize,
@@ -78,6 +80,19 @@ pub struct HoldRenewals {
     pub server_commands_per_tick: Option<f64>,
     /// How the figures were counted, or why one is missing.
     pub counted: String,
+}
+
+/// CPU time over the hold (the bench's meter, `crate::cpu`), per renewal tick: the watchdog's
+/// work and the server's for the renewals, and nothing else the run does (no acquire or release
+/// falls in the interval).
+#[derive(Debug, Serialize)]
+pub struct HoldCpu {
+    /// The bench process, ms per tick; `None` without a counted tick.
+    pub client_ms_per_tick: Option<f64>,
+    /// The server, ms per tick; `None` without a source or a counted tick.
+    pub server_ms_per_tick: Option<f64>,
+    /// The same per renewal (`*_us_per_cycle` = µs per renewal), with the totals and sources.
+    pub per_renewal: CpuFigures,
 }
 
 /// Resident memory (`VmRSS` of `/proc/self/status`).
@@ -321,8 +336,10 @@ impl Run<'_> {
             None => None,
         };
         let counted_before = counts.as_ref().map(|c| c.read());
+        let meter = CpuMeter::start(self.plan.cpu).await;
         let held_from = Instant::now();
         tokio::time::sleep(d).await;
+        let spent = meter.stop().await;
         let counted_after = counts.as_ref().map(|c| c.read());
         let server_after = match redis {
             Some(conn) => Some(redis_script_calls(conn).await?),
@@ -364,6 +381,7 @@ impl Run<'_> {
             server_before.zip(server_after),
             held_s,
         );
+        let cpu = hold_cpu(&spent, renewals.renewals, renewals.ticks);
         let per_lock_bytes = match (rss_before, rss_holding) {
             (Some(before), Some(holding)) if n > 0 => Some(round2(
                 holding.saturating_sub(before) as f64 * 1024.0 / n as f64,
@@ -378,6 +396,7 @@ impl Run<'_> {
             held_s: round2(held_s),
             release_s: round2(release_s),
             renewals,
+            cpu,
             memory: HoldMemory {
                 rss_before_kib: rss_before,
                 rss_holding_kib: rss_holding,
@@ -442,5 +461,19 @@ impl Run<'_> {
             server_commands_per_tick: server_commands.and_then(per_tick),
             counted: counted.to_string(),
         }
+    }
+}
+
+/// The hold's CPU per tick and per renewal.
+fn hold_cpu(spent: &CpuSpent, renewals: Option<u64>, ticks: Option<f64>) -> HoldCpu {
+    let per_tick = |d: Duration| {
+        ticks
+            .filter(|t| *t > 0.0)
+            .map(|t| round2(d.as_secs_f64() * 1e3 / t))
+    };
+    HoldCpu {
+        client_ms_per_tick: per_tick(spent.client),
+        server_ms_per_tick: spent.server.and_then(per_tick),
+        per_renewal: spent.per(renewals.unwrap_or(0)),
     }
 }

@@ -8,6 +8,7 @@
 //! parses [`Options`] (a `clap::Args`), resolves the lock URL, calls [`bench`] and prints the
 //! [`Report`] ([`render`] for people, [`Report::to_json`] for scripts).
 
+mod cpu;
 mod engines;
 mod error;
 mod harness;
@@ -67,6 +68,12 @@ RPCs; postgres: a bare tokio-postgres pg_advisory_lock + pg_advisory_unlock pair
 mysql_async GET_LOCK + RELEASE_LOCK pair; both also with one counter commit after each lock, the peer \
 of distlock's advisory mode, which commits its fencing counter before a grant; file: a bare flock + unlock, the floor). memory:// and \
 file:// have no engine round trip: their figures are absolute.
+
+Every measurement also reports CPU time per cycle, the bench process's and the server's over the \
+same interval (redis: INFO cpu; etcd: process_cpu_seconds_total from its /metrics; other servers on \
+this machine: the kernel's accounting of the process listening on the port; memory://, file://: \
+in-process). It is the primary figure on a shared machine: wall-clock ratios swing by ~50 % between \
+runs, CPU per cycle does not. Each target is shown as its wall-clock ratio and as the CPU ratio.
 
 A progress bar shows on stderr when it is a terminal; the report goes to stdout (--json: one JSON \
 object). Runs on a tokio multi-thread runtime with 2 workers, like the peers' measurements.";
@@ -137,6 +144,25 @@ pub struct Options {
     /// comparing engines, or a build whose backend for the URL is not ready).
     #[arg(long, hide = true)]
     pub baseline_only: bool,
+    /// Each cycles measurement runs exactly its warm-up cycles, then exactly N measured cycles per
+    /// task, with no time bound (the contended workload still runs for --duration): repeatable
+    /// instruction counts for scripts/callgrind.sh.
+    #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub cycles: Option<u64>,
+    /// Measure only distlock, or only the first baseline of each workload; no round-trip probes
+    /// (scripts/callgrind.sh: one loop per process).
+    #[arg(long, hide = true, value_enum, value_name = "WHAT")]
+    pub only: Option<Only>,
+}
+
+/// What `--only` keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[non_exhaustive]
+pub enum Only {
+    /// distlock's measurements, no probes and no baselines.
+    Distlock,
+    /// The first baseline of each workload, no probes and no distlock.
+    Baselines,
 }
 
 /// The workloads of `distlock bench` (DESIGN §8).
@@ -178,6 +204,10 @@ struct Config {
     lease: Duration,
     /// `--sweep`: (b) at every count of [`SWEEP_TASKS`], instead of the workloads.
     sweep: bool,
+    /// `--cycles`: a fixed count of measured cycles per task instead of `duration`.
+    cycles: Option<u64>,
+    /// `--only`.
+    only: Option<Only>,
     /// Prefix of every name and key the run uses, unique to the run.
     run: String,
 }
@@ -207,9 +237,11 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
         hold_workload: !options.sweep && options.workload == Workload::Hold,
         hold_locks: options.locks as usize,
         lease: options.lease,
+        cycles: options.cycles,
+        only: options.only,
         run: format!("{}-{nanos:08x}", std::process::id()),
     };
-    if config.hold_workload && options.baseline_only {
+    if config.hold_workload && (options.baseline_only || options.only == Some(Only::Baselines)) {
         return Err(Error::usage(
             "--workload hold measures distlock: not with --baseline-only",
         ));
@@ -217,7 +249,7 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
     if config.hold_workload && config.lease.is_zero() {
         return Err(Error::usage("--lease must be more than 0"));
     }
-    let locks = if options.baseline_only {
+    let locks = if options.baseline_only || options.only == Some(Only::Baselines) {
         None
     } else {
         Some(distlock::connect(&config.url).await?)
@@ -241,7 +273,7 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
 /// How many measurements [`measure::measure`] makes, for the progress bar.
 fn count_steps(config: &Config, with_distlock: bool) -> usize {
     let d = usize::from(with_distlock);
-    let (rtt, a, b, c) = match config.engine {
+    let (mut rtt, mut a, mut b, mut c) = match config.engine {
         Engine::Redis(_) => (1, 3, 5, 1),
         Engine::Redlock(_) => (1, 1, 1, 1),
         Engine::Etcd { .. } => (2, 1, 1, 1),
@@ -251,6 +283,11 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
         Engine::File { sync, .. } => (0, 1 + usize::from(sync), 1, 0),
         Engine::Memory | Engine::Unmeasured { .. } => (0, 0, 0, 0),
     };
+    match config.only {
+        Some(Only::Distlock) => (rtt, a, b, c) = (0, 0, 0, 0),
+        Some(Only::Baselines) => (rtt, a, b, c) = (0, a.min(1), b.min(1), c.min(1)),
+        None => {}
+    }
     let sweep_baseline = !matches!(
         config.engine,
         Engine::Memory | Engine::Unmeasured { .. } | Engine::ZooKeeper { .. }
@@ -278,56 +315,102 @@ impl Runner {
     }
 }
 
-/// The targets of issues 3 (Redis) and 4 (etcd), and the fairness ones every backend can meet with
-/// the local FIFO (DESIGN §3), computed from the run.
+/// Total (client + server) CPU µs per cycle of a figure.
+fn cpu(f: &report::CycleFigures) -> Option<f64> {
+    f.cpu.total_us_per_cycle
+}
+
+fn sum(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? + b?)
+}
+
+/// The targets of issue 9 (Redis, etcd and file, which restate issues 3 and 4's), issues 10–12 (the
+/// other engines), and the fairness ones every backend can meet with the local FIFO (DESIGN §3),
+/// computed from the run: each as its wall-clock ratio and, where it has one, as the ratio of CPU
+/// time per cycle (the primary figure on a shared machine).
 fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
     let mut out = Vec::new();
-    let rtt = report.round_trip.reference.as_ref().map(|p| &p.latency);
+    let reference = report.round_trip.reference.as_ref();
+    let rtt = reference.map(|p| &p.latency);
+    let rtt_cpu = reference.and_then(|p| p.cpu.total_us_per_cycle);
     let others = &report.round_trip.others;
     let a = report.uncontended.as_ref();
     let a_distlock = a.and_then(|a| a.distlock.as_ref());
     let a_base = a.and_then(|a| a.baselines.first());
     let b = report.many.as_ref();
+    let b_base = |label: &str| {
+        b.and_then(|b| b.baselines.iter().find(|f| f.label == label))
+            .filter(|f| f.cycles_per_s > 0.0)
+    };
     let c = report.contended.as_ref().and_then(|c| c.distlock.as_ref());
+    let c_cpu = c.and_then(|c| c.cpu.total_us_per_cycle);
     match engine {
         Engine::Redis(_) => {
-            if let (Some(d), Some(base)) = (a_distlock, a_base) {
+            let bare = a.and_then(|a| a.baselines.iter().find(|f| f.label == measure::BARE_LOOP));
+            if let (Some(d), Some(base)) = (a_distlock, bare) {
                 if base.latency.mean_us > 0.0 {
-                    out.push(Target::at_most(
-                        "(a) distlock cycle / bare loop cycle (mean)",
-                        d.latency.mean_us / base.latency.mean_us,
-                        1.10,
-                    ));
+                    out.push(
+                        Target::at_most(
+                            "Redis (a) distlock cycle / bare SET NX PX + EVALSHA loop cycle (mean)",
+                            d.latency.mean_us / base.latency.mean_us,
+                            1.10,
+                        )
+                        .with_cpu(
+                            "CPU per cycle: distlock / bare loop",
+                            cpu(d),
+                            cpu(base),
+                            1.10,
+                        ),
+                    );
                 }
             }
-            if let Some(b) = b {
-                let base = b.baselines.first().filter(|f| f.cycles_per_s > 0.0);
-                for (what, figures) in [
-                    (
-                        "(b) distlock one shared Locks / bare loop, cycles/s",
-                        &b.shared,
+            let per_task = b.and_then(|b| b.per_task.as_ref());
+            if let (Some(f), Some(base)) = (per_task, b_base(measure::BARE_LOOP_PER_TASK)) {
+                out.push(
+                    Target::at_least(
+                        "Redis (b) one Locks per task / bare loop, a connection per task, cycles/s",
+                        f.cycles_per_s / base.cycles_per_s,
+                        1.0,
+                    )
+                    .with_cpu(
+                        "CPU per cycle: one Locks per task / bare loop per task",
+                        cpu(f),
+                        cpu(base),
+                        1.0,
                     ),
-                    (
-                        "(b) distlock one Locks per task / bare loop, cycles/s",
-                        &b.per_task,
+                );
+            }
+            let shared = b.and_then(|b| b.shared.as_ref());
+            if let (Some(f), Some(base)) = (shared, b_base(measure::SAME_SCRIPTS_SHARED)) {
+                out.push(
+                    Target::at_least(
+                        "Redis (b) one shared Locks / same-scripts loop, one shared connection, cycles/s",
+                        f.cycles_per_s / base.cycles_per_s,
+                        0.9,
+                    )
+                    .with_cpu(
+                        "CPU per cycle: one shared Locks / same-scripts loop",
+                        cpu(f),
+                        cpu(base),
+                        1.0 / 0.9,
                     ),
-                ] {
-                    if let (Some(f), Some(base)) = (figures, base) {
-                        out.push(Target::at_least(
-                            what,
-                            f.cycles_per_s / base.cycles_per_s,
-                            1.0,
-                        ));
-                    }
-                }
+                );
             }
             if let (Some(c), Some(rtt)) = (c, rtt) {
                 if rtt.mean_us > 0.0 && c.handoff_to_other.n > 0 {
-                    out.push(Target::at_most(
-                        "(c) handoff to another task p50, in PING round trips",
-                        c.handoff_to_other.p50_us / rtt.mean_us,
-                        4.0,
-                    ));
+                    out.push(
+                        Target::at_most(
+                            "Redis (c) handoff to another task p50, in PING round trips",
+                            c.handoff_to_other.p50_us / rtt.mean_us,
+                            2.5,
+                        )
+                        .with_cpu(
+                            "CPU per contended acquisition, in PINGs' CPU",
+                            c_cpu,
+                            rtt_cpu,
+                            2.5,
+                        ),
+                    );
                 }
             }
             redis_peer_targets(report, &mut out);
@@ -339,11 +422,19 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
                 .find(|p| p.label == measure::CONDITIONAL_UPDATE);
             if let (Some(d), Some(update)) = (a_distlock, update) {
                 if update.latency.mean_us > 0.0 {
-                    out.push(Target::at_most(
-                        "(a) distlock lease cycle, in conditional UPDATEs (mean)",
-                        d.latency.mean_us / update.latency.mean_us,
-                        2.3,
-                    ));
+                    out.push(
+                        Target::at_most(
+                            "(a) distlock lease cycle, in conditional UPDATEs (mean)",
+                            d.latency.mean_us / update.latency.mean_us,
+                            2.3,
+                        )
+                        .with_cpu(
+                            "CPU per cycle, in conditional UPDATEs' CPU",
+                            cpu(d),
+                            update.cpu.total_us_per_cycle,
+                            2.3,
+                        ),
+                    );
                 }
             }
         }
@@ -355,11 +446,19 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
             let a_fenced = a.and_then(|a| a.baselines.iter().find(|b| fenced(&b.label)));
             if let (Some(d), Some(base), true) = (a_distlock, a_fenced, *advisory) {
                 if base.latency.mean_us > 0.0 {
-                    out.push(Target::at_most(
-                        "(a) distlock advisory cycle / (bare advisory pair + one commit) (mean)",
-                        d.latency.mean_us / base.latency.mean_us,
-                        1.15,
-                    ));
+                    out.push(
+                        Target::at_most(
+                            "(a) distlock advisory cycle / (bare advisory pair + one commit) (mean)",
+                            d.latency.mean_us / base.latency.mean_us,
+                            1.15,
+                        )
+                        .with_cpu(
+                            "CPU per cycle: distlock / (pair + one commit)",
+                            cpu(d),
+                            cpu(base),
+                            1.15,
+                        ),
+                    );
                 }
             }
             let c_base = report.contended.as_ref().and_then(|c| {
@@ -369,36 +468,96 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
             });
             if let (Some(c), Some(base), true) = (c, c_base, *advisory) {
                 if base.handoff_to_other.p50_us > 0.0 && c.handoff_to_other.n > 0 {
-                    out.push(Target::at_most(
-                        "(c) handoff p50 / (bare advisory pair + one commit)'s handoff p50",
-                        c.handoff_to_other.p50_us / base.handoff_to_other.p50_us,
-                        1.2,
-                    ));
+                    out.push(
+                        Target::at_most(
+                            "(c) handoff p50 / (bare advisory pair + one commit)'s handoff p50",
+                            c.handoff_to_other.p50_us / base.handoff_to_other.p50_us,
+                            1.2,
+                        )
+                        .with_cpu(
+                            "CPU per contended acquisition: distlock / (pair + one commit)",
+                            c_cpu,
+                            base.cpu.total_us_per_cycle,
+                            1.2,
+                        ),
+                    );
                 }
             }
         }
         Engine::Etcd { .. } => {
             if let (Some(d), Some(rtt)) = (a_distlock, rtt) {
                 if rtt.mean_us > 0.0 {
-                    out.push(Target::at_most(
-                        "(a) distlock cycle, in put round trips (mean)",
-                        d.latency.mean_us / rtt.mean_us,
-                        2.2,
-                    ));
+                    out.push(
+                        Target::at_most(
+                            "etcd (a) distlock cycle, in put round trips (mean)",
+                            d.latency.mean_us / rtt.mean_us,
+                            2.2,
+                        )
+                        .with_cpu(
+                            "CPU per cycle, in puts' CPU",
+                            cpu(d),
+                            rtt_cpu,
+                            2.2,
+                        ),
+                    );
                 }
             }
             if let (Some(c), Some(put), Some(range)) = (c, rtt, others.first()) {
                 let floor_us = c.mean_hold_us + put.mean_us + range.latency.mean_us;
                 if floor_us > 0.0 {
-                    out.push(Target::at_least(
-                        "(c) acquisitions/s / (1 / (hold + put + range))",
-                        c.acquisitions_per_s * floor_us / 1e6,
-                        0.9,
-                    ));
+                    out.push(
+                        Target::at_least(
+                            "etcd (c) acquisitions/s / (1 / (hold + put + range))",
+                            c.acquisitions_per_s * floor_us / 1e6,
+                            0.9,
+                        )
+                        .with_cpu(
+                            "CPU per acquisition / (put's + range's CPU)",
+                            c_cpu,
+                            sum(rtt_cpu, range.cpu.total_us_per_cycle),
+                            1.0 / 0.9,
+                        ),
+                    );
                 }
             }
         }
-        Engine::ZooKeeper { .. } => zookeeper_targets(&mut out, a_distlock, rtt, others, c),
+        Engine::File { .. } => {
+            if let (Some(d), Some(floor)) = (a_distlock, a_base) {
+                if floor.latency.mean_us > 0.0 {
+                    out.push(
+                        Target::at_most(
+                            format!("file (a) distlock cycle / {} cycle (mean)", floor.label),
+                            d.latency.mean_us / floor.latency.mean_us,
+                            1.15,
+                        )
+                        .with_cpu(
+                            "CPU per cycle: distlock / the floor",
+                            cpu(d),
+                            cpu(floor),
+                            1.15,
+                        ),
+                    );
+                }
+            }
+            let shared = b.and_then(|b| b.shared.as_ref());
+            let per_task = b.and_then(|b| b.per_task.as_ref());
+            if let (Some(shared), Some(own)) = (shared, per_task.filter(|f| f.cycles_per_s > 0.0)) {
+                out.push(
+                    Target::at_least(
+                        "file (b) one shared Locks / one Locks per task, cycles/s",
+                        shared.cycles_per_s / own.cycles_per_s,
+                        0.95,
+                    )
+                    .with_cpu(
+                        "CPU per cycle: one shared Locks / one Locks per task",
+                        cpu(shared),
+                        cpu(own),
+                        1.0 / 0.95,
+                    ),
+                );
+            }
+        }
+        Engine::ZooKeeper { .. } => zookeeper_targets(&mut out, a_distlock, reference, others, c),
         _ => {}
     }
     if let Some(hold) = &report.hold {
@@ -421,57 +580,63 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
 
 /// Issue 9's "distlock / peer" rows on Redis: against the same-scripts loop (distlock's own scripts
 /// by `EVALSHA`, nothing else: the client's overhead alone) and against rslock (the crate a Rust user
-/// would pick instead), each in the direction the figure needs.
+/// would pick instead), each in the direction the figure needs, with the CPU-per-cycle ratio beside
+/// it (the one shared `Locks` / same-scripts row is in [`targets`]).
 fn redis_peer_targets(report: &Report, out: &mut Vec<Target>) {
-    let find = |list: &'_ [report::CycleFigures], label: &str| {
+    fn find<'a>(list: &'a [report::CycleFigures], label: &str) -> Option<&'a report::CycleFigures> {
         list.iter()
             .find(|f| f.label == label)
-            .filter(|f| f.cycles_per_s > 0.0)
-            .map(|f| (f.latency.mean_us, f.cycles_per_s))
-    };
+            .filter(|f| f.cycles_per_s > 0.0 && f.latency.mean_us > 0.0)
+    }
     if let Some(a) = &report.uncontended {
         if let Some(d) = &a.distlock {
-            for (peer, what, limit) in [
+            for (peer, what, cpu_what, limit) in [
                 (
                     measure::SAME_SCRIPTS,
-                    "(a) distlock cycle / same-scripts loop cycle (mean)",
+                    "Redis (a) distlock cycle / same-scripts loop cycle (mean)",
+                    "CPU per cycle: distlock / same-scripts loop",
                     1.10,
                 ),
                 (
                     measure::RSLOCK_SINGLE,
-                    "(a) distlock cycle / rslock cycle (mean)",
+                    "Redis (a) distlock cycle / rslock cycle (mean)",
+                    "CPU per cycle: distlock / rslock",
                     1.0,
                 ),
             ] {
-                if let Some((mean_us, _)) = find(&a.baselines, peer).filter(|p| p.0 > 0.0) {
-                    out.push(Target::at_most(what, d.latency.mean_us / mean_us, limit));
+                if let Some(p) = find(&a.baselines, peer) {
+                    out.push(
+                        Target::at_most(what, d.latency.mean_us / p.latency.mean_us, limit)
+                            .with_cpu(cpu_what, cpu(d), cpu(p), limit),
+                    );
                 }
             }
         }
     }
     if let Some(b) = &report.many {
-        for (ours, peer, what, limit) in [
-            (
-                &b.shared,
-                measure::SAME_SCRIPTS_SHARED,
-                "(b) one shared Locks / same-scripts loop on one shared connection, cycles/s",
-                0.9,
-            ),
+        for (ours, peer, what, cpu_what) in [
             (
                 &b.per_task,
                 measure::SAME_SCRIPTS_PER_TASK,
-                "(b) one Locks per task / same-scripts loop, a connection per task, cycles/s",
-                1.0,
+                "Redis (b) one Locks per task / same-scripts loop, a connection per task, cycles/s",
+                "CPU per cycle: one Locks per task / same-scripts loop per task",
             ),
             (
                 &b.shared,
                 measure::RSLOCK_SHARED_MANAGER,
-                "(b) one shared Locks / rslock, one shared LockManager, cycles/s",
-                1.0,
+                "Redis (b) one shared Locks / rslock, one shared LockManager, cycles/s",
+                "CPU per cycle: one shared Locks / rslock",
             ),
         ] {
-            if let (Some(d), Some((_, rate))) = (ours, find(&b.baselines, peer)) {
-                out.push(Target::at_least(what, d.cycles_per_s / rate, limit));
+            if let (Some(d), Some(p)) = (ours, find(&b.baselines, peer)) {
+                out.push(
+                    Target::at_least(what, d.cycles_per_s / p.cycles_per_s, 1.0).with_cpu(
+                        cpu_what,
+                        cpu(d),
+                        cpu(p),
+                        1.0,
+                    ),
+                );
             }
         }
     }
@@ -482,11 +647,19 @@ fn redis_peer_targets(report: &Report, out: &mut Vec<Target>) {
             .find(|f| f.label == measure::RSLOCK_CONTENDED);
         if let (Some(d), Some(peer)) = (&c.distlock, peer) {
             if peer.acquisitions_per_s > 0.0 {
-                out.push(Target::at_least(
-                    "(c) distlock acquisitions/s / rslock's",
-                    d.acquisitions_per_s / peer.acquisitions_per_s,
-                    1.0,
-                ));
+                out.push(
+                    Target::at_least(
+                        "Redis (c) distlock acquisitions/s / rslock's",
+                        d.acquisitions_per_s / peer.acquisitions_per_s,
+                        1.0,
+                    )
+                    .with_cpu(
+                        "CPU per acquisition: distlock / rslock",
+                        d.cpu.total_us_per_cycle,
+                        peer.cpu.total_us_per_cycle,
+                        1.0,
+                    ),
+                );
             }
         }
     }
@@ -522,25 +695,38 @@ fn hold_targets(hold: &HoldSection, out: &mut Vec<Target>) {
 /// Issue 12's targets: a cycle within 2.5 parallel PING fan-outs and no slower than rslock; contended
 /// handoff p99 under 50 ms, no wait over 2 s, fairness at least 0.5.
 fn redlock_targets(report: &Report, out: &mut Vec<Target>) {
-    let rtt = report.round_trip.reference.as_ref().map(|p| &p.latency);
+    let reference = report.round_trip.reference.as_ref();
+    let rtt = reference.map(|p| &p.latency);
+    let rtt_cpu = reference.and_then(|p| p.cpu.total_us_per_cycle);
     let a = report.uncontended.as_ref();
     if let (Some(d), Some(rtt)) = (a.and_then(|a| a.distlock.as_ref()), rtt) {
         if rtt.mean_us > 0.0 {
-            out.push(Target::at_most(
-                "(a) distlock cycle, in parallel PING fan-outs (mean)",
-                d.latency.mean_us / rtt.mean_us,
-                2.5,
-            ));
+            out.push(
+                Target::at_most(
+                    "(a) distlock cycle, in parallel PING fan-outs (mean)",
+                    d.latency.mean_us / rtt.mean_us,
+                    2.5,
+                )
+                .with_cpu("CPU per cycle, in fan-outs' CPU", cpu(d), rtt_cpu, 2.5),
+            );
         }
     }
     let peer = a.and_then(|a| a.baselines.first());
     if let (Some(d), Some(peer)) = (a.and_then(|a| a.distlock.as_ref()), peer) {
         if peer.latency.mean_us > 0.0 {
-            out.push(Target::at_most(
-                "(a) distlock cycle / rslock cycle (mean)",
-                d.latency.mean_us / peer.latency.mean_us,
-                1.0,
-            ));
+            out.push(
+                Target::at_most(
+                    "(a) distlock cycle / rslock cycle (mean)",
+                    d.latency.mean_us / peer.latency.mean_us,
+                    1.0,
+                )
+                .with_cpu(
+                    "CPU per cycle: distlock / rslock",
+                    cpu(d),
+                    cpu(peer),
+                    1.0,
+                ),
+            );
         }
     }
     if let Some(c) = report.contended.as_ref().and_then(|c| c.distlock.as_ref()) {
@@ -567,27 +753,47 @@ fn redlock_targets(report: &Report, out: &mut Vec<Target>) {
 fn zookeeper_targets(
     out: &mut Vec<Target>,
     a: Option<&report::CycleFigures>,
-    create: Option<&stats::Latency>,
+    create: Option<&report::Probe>,
     others: &[report::Probe],
     c: Option<&report::ContendedFigures>,
 ) {
     if let (Some(a), Some(children), Some(create_delete)) = (a, others.first(), others.get(1)) {
         let floor = children.latency.mean_us + create_delete.latency.mean_us;
         if floor > 0.0 {
-            out.push(Target::at_most(
-                "(a) distlock cycle / (create + getChildren + delete) (mean)",
-                a.latency.mean_us / floor,
-                1.2,
-            ));
+            out.push(
+                Target::at_most(
+                    "(a) distlock cycle / (create + getChildren + delete) (mean)",
+                    a.latency.mean_us / floor,
+                    1.2,
+                )
+                .with_cpu(
+                    "CPU per cycle / (getChildren's + create + delete's CPU)",
+                    cpu(a),
+                    sum(
+                        children.cpu.total_us_per_cycle,
+                        create_delete.cpu.total_us_per_cycle,
+                    ),
+                    1.2,
+                ),
+            );
         }
     }
-    if let (Some(c), Some(create)) = (c, create) {
+    let create_cpu = create.and_then(|p| p.cpu.total_us_per_cycle);
+    if let (Some(c), Some(create)) = (c, create.map(|p| &p.latency)) {
         if create.mean_us > 0.0 && c.handoff_to_other.n > 0 {
-            out.push(Target::at_most(
-                "(c) handoff to another task p50, in creates",
-                c.handoff_to_other.p50_us / create.mean_us,
-                2.5,
-            ));
+            out.push(
+                Target::at_most(
+                    "(c) handoff to another task p50, in creates",
+                    c.handoff_to_other.p50_us / create.mean_us,
+                    2.5,
+                )
+                .with_cpu(
+                    "CPU per contended acquisition, in creates' CPU",
+                    c.cpu.total_us_per_cycle,
+                    create_cpu,
+                    2.5,
+                ),
+            );
             out.push(Target::at_most(
                 "(c) handoff to another task p99, in creates",
                 c.handoff_to_other.p99_us / create.mean_us,

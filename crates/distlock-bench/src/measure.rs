@@ -6,16 +6,18 @@ use distlock::Locks;
 use distlock_etcd::rpc::pb::etcdserverpb::DeleteRangeRequest;
 use distlock_etcd::rpc::Client as EtcdClient;
 
+use crate::cpu::ServerCpu;
 use crate::engines::{
     etcd_connect, etcd_revoke, Distlock, Engine, EtcdLockRpc, EtcdPut, EtcdRange, FlockFloor,
     RedisBare, RedisPing, RedisServer,
 };
-use crate::harness::{run_contended, run_cycles};
+use crate::harness::{run_contended, run_cycles, Plan};
 use crate::redlock::{rslock_uris, RedlockPing, Rslock};
 use crate::report::{
     ContendedFigures, ContendedSection, CycleFigures, Many, Probe, Report, RoundTrip, Uncontended,
 };
-use crate::{targets, Config, Error, Runner, WARMUP_MANY, WARMUP_ONE, WORKERS};
+use crate::report::{PRIMARY_FIGURE, PRIMARY_NOTE};
+use crate::{targets, Config, Error, Only, Runner, WARMUP_MANY, WARMUP_ONE, WORKERS};
 
 /// Live connections of the engine baselines.
 pub(crate) enum Baseline {
@@ -47,6 +49,7 @@ pub(crate) enum Baseline {
 /// What every measurement of a run needs.
 pub(crate) struct Run<'a> {
     pub(crate) config: &'a Config,
+    pub(crate) plan: Plan<'a>,
     pub(crate) locks: Option<&'a Locks>,
     pub(crate) baseline: &'a Baseline,
     pub(crate) round_trip: &'a RoundTrip,
@@ -58,9 +61,19 @@ pub(crate) async fn measure(
     locks: Option<&Locks>,
     runner: &mut Runner,
 ) -> Result<Report, Error> {
-    let (baseline, round_trip) = round_trip(config, runner).await?;
+    let cpu = ServerCpu::resolve(&config.engine).await;
+    let plan = Plan {
+        duration: config.duration,
+        cycles: config.cycles,
+        cpu: &cpu,
+    };
+    let (mut baseline, round_trip) = round_trip(config, plan, runner).await?;
+    if config.only == Some(Only::Distlock) {
+        baseline = Baseline::None;
+    }
     let run = Run {
         config,
+        plan,
         locks,
         baseline: &baseline,
         round_trip: &round_trip,
@@ -102,6 +115,9 @@ pub(crate) async fn measure(
         ),
         duration_s: config.duration.as_secs_f64(),
         runtime_workers: WORKERS,
+        primary_figure: PRIMARY_FIGURE,
+        primary_note: PRIMARY_NOTE,
+        server_cpu_source: cpu.source().to_string(),
         round_trip,
         uncontended,
         many,
@@ -115,6 +131,13 @@ pub(crate) async fn measure(
 }
 
 impl Run<'_> {
+    /// Whether a workload runs its baselines beyond the first: not with `--only baselines`, which
+    /// measures the first one alone (the bare loop on Redis, the synced floor on file) for
+    /// `scripts/callgrind.sh`. A baseline added after the first of its workload checks this.
+    fn more_baselines(&self) -> bool {
+        self.config.only != Some(Only::Baselines)
+    }
+
     /// (a): the baselines first, then distlock.
     async fn uncontended(&self, runner: &mut Runner) -> Result<Uncontended, Error> {
         let baselines = self.uncontended_baselines(runner).await?;
@@ -122,8 +145,7 @@ impl Run<'_> {
             Some(locks) => {
                 runner.step("(a) distlock, uncontended");
                 let lock = locks.lock(&format!("distlock-bench/{}/a", self.config.run))?;
-                let cycles =
-                    run_cycles(vec![Distlock { lock }], WARMUP_ONE, self.config.duration).await?;
+                let cycles = run_cycles(vec![Distlock { lock }], WARMUP_ONE, self.plan).await?;
                 Some(CycleFigures::new("distlock", &cycles, self.round_trip))
             }
             None => None,
@@ -135,19 +157,17 @@ impl Run<'_> {
     }
 
     async fn uncontended_baselines(&self, runner: &mut Runner) -> Result<Vec<CycleFigures>, Error> {
-        let (d, run, rtt) = (self.config.duration, &self.config.run, self.round_trip);
+        let (d, run, rtt) = (self.plan, &self.config.run, self.round_trip);
         let mut baselines = Vec::new();
         match self.baseline {
             Baseline::Redis { conn, .. } => {
                 runner.step("(a) bare SET NX PX + EVALSHA loop");
                 let bare = RedisBare::new(conn.clone(), format!("distlock-bench-bare/{run}/a"));
                 let cycles = run_cycles(vec![bare], WARMUP_ONE, d).await?;
-                baselines.push(CycleFigures::new(
-                    "bare SET NX PX + EVALSHA (redis-rs)",
-                    &cycles,
-                    rtt,
-                ));
-                baselines.extend(self.redis_peers_uncontended(runner).await?);
+                baselines.push(CycleFigures::new(BARE_LOOP, &cycles, rtt));
+                if self.more_baselines() {
+                    baselines.extend(self.redis_peers_uncontended(runner).await?);
+                }
             }
             Baseline::Etcd { client, .. } => {
                 runner.step("(a) etcd Lock/Unlock RPC");
@@ -199,7 +219,8 @@ impl Run<'_> {
             }
             Baseline::File { dir, sync } => {
                 // The synced floor first: it is what the backend's default (sync on) compares to.
-                for sync in [*sync, false].into_iter().take(1 + usize::from(*sync)) {
+                let floors = 1 + usize::from(*sync && self.more_baselines());
+                for sync in [*sync, false].into_iter().take(floors) {
                     let label = floor_label(sync);
                     runner.step(&format!("(a) {label}"));
                     let path = dir.join(format!(".distlock-bench-floor-{run}-a"));
@@ -244,7 +265,7 @@ impl Run<'_> {
                 })
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        let cycles = run_cycles(clients, WARMUP_MANY, self.config.duration).await?;
+        let cycles = run_cycles(clients, WARMUP_MANY, self.plan).await?;
         Ok(CycleFigures::new(
             "distlock, one shared Locks",
             &cycles,
@@ -264,7 +285,7 @@ impl Run<'_> {
             });
             own.push(locks);
         }
-        let cycles = run_cycles(clients, WARMUP_MANY, self.config.duration).await;
+        let cycles = run_cycles(clients, WARMUP_MANY, self.plan).await;
         for locks in &own {
             let _ = tokio::time::timeout(crate::CLOSE_LIMIT, locks.close()).await;
         }
@@ -279,7 +300,7 @@ impl Run<'_> {
         &self,
         runner: &mut Runner,
     ) -> Result<Vec<CycleFigures>, Error> {
-        let (d, run, rtt) = (self.config.duration, &self.config.run, self.round_trip);
+        let (d, run, rtt) = (self.plan, &self.config.run, self.round_trip);
         let n = self.config.many_tasks;
         let mut baselines = Vec::new();
         match self.baseline {
@@ -291,11 +312,7 @@ impl Run<'_> {
                     clients.push(RedisBare::new(server.connect().await?, key));
                 }
                 let cycles = run_cycles(clients, WARMUP_MANY, d).await?;
-                baselines.push(CycleFigures::new(
-                    "bare loop, one connection per task",
-                    &cycles,
-                    rtt,
-                ));
+                baselines.push(CycleFigures::new(BARE_LOOP_PER_TASK, &cycles, rtt));
 
                 runner.step("(b) bare loop, one shared connection");
                 let clients = (0..n)
@@ -312,7 +329,9 @@ impl Run<'_> {
                     &cycles,
                     rtt,
                 ));
-                baselines.extend(self.redis_peers_many(runner).await?);
+                if self.more_baselines() {
+                    baselines.extend(self.redis_peers_many(runner).await?);
+                }
             }
             Baseline::Etcd {
                 config: etcd_config,
@@ -393,11 +412,7 @@ impl Run<'_> {
     /// (c): distlock, then the engine's peer where it has one; `None` when there is nothing to show
     /// (`--baseline-only` where the engine has no contended peer).
     async fn contended(&self, runner: &mut Runner) -> Result<Option<ContendedSection>, Error> {
-        let (n, d, hold) = (
-            self.config.contended_tasks,
-            self.config.duration,
-            self.config.hold,
-        );
+        let (n, d, hold) = (self.config.contended_tasks, self.plan, self.config.hold);
         let distlock = match self.locks {
             Some(locks) => {
                 runner.step("(c) distlock, contended");
@@ -447,7 +462,7 @@ impl Run<'_> {
                 self.round_trip,
             ));
         }
-        if let Baseline::Redis { .. } = self.baseline {
+        if let (Baseline::Redis { .. }, true) = (self.baseline, self.more_baselines()) {
             baselines.push(self.redis_rslock_contended(runner).await?);
         }
         if let Baseline::Postgres { url } = self.baseline {
@@ -509,6 +524,16 @@ impl Run<'_> {
     }
 }
 
+/// The label of Redis's bare loop (`SET NX PX` + `EVALSHA` compare-and-delete) in (a).
+pub(crate) const BARE_LOOP: &str = "bare SET NX PX + EVALSHA (redis-rs)";
+/// The label of Redis's bare loop with a connection per task in (b), the peer of one `Locks` per task.
+pub(crate) const BARE_LOOP_PER_TASK: &str = "bare loop, one connection per task";
+/// The label of Redis's loop of distlock's own scripts (acquire and release, `EVALSHA`) on one shared
+/// multiplexed connection in (b), the peer of one shared `Locks` (issue 9's target ≥ 0.9). The
+/// target row appears when a baseline with this label is in the report.
+pub(crate) const SAME_SCRIPTS_SHARED: &str =
+    "same scripts as distlock (EVALSHA), one shared connection";
+
 /// The label of the SQL baselines' second peer: the bare advisory pair plus one fencing-counter commit
 /// after each lock. distlock's advisory mode always commits its counter before it reports a grant, so
 /// its targets compare with this peer (the issue's "+ one commit when fenced").
@@ -521,13 +546,11 @@ pub(crate) const FENCED_PAIR_CONTENDED: &str =
     "bare advisory pair + one counter commit, one connection per task";
 
 /// Issue 9's fair Redis baseline in (a): a bare loop of distlock's own acquire and release scripts by
-/// `EVALSHA`, one task.
-pub(crate) const SAME_SCRIPTS: &str = "same-scripts loop: distlock's scripts by EVALSHA (redis-rs)";
-/// The same-scripts loop in (b), every task on one shared multiplexed connection (the peer of one
-/// shared `Locks`).
-pub(crate) const SAME_SCRIPTS_SHARED: &str = "same-scripts loop, one shared connection";
+/// `EVALSHA` (the same-scripts loop, [`SAME_SCRIPTS_SHARED`] in (b)), one task.
+pub(crate) const SAME_SCRIPTS: &str = "same scripts as distlock (EVALSHA)";
 /// The same-scripts loop in (b), a connection per task (the peer of one `Locks` per task).
-pub(crate) const SAME_SCRIPTS_PER_TASK: &str = "same-scripts loop, one connection per task";
+pub(crate) const SAME_SCRIPTS_PER_TASK: &str =
+    "same scripts as distlock (EVALSHA), one connection per task";
 /// rslock, the Rust peer, on the one Redis server, in (a).
 pub(crate) const RSLOCK_SINGLE: &str = "rslock (same server)";
 /// rslock in (b): every task on one `LockManager` (one multiplexed connection), the peer of one
@@ -550,7 +573,14 @@ fn floor_label(sync: bool) -> &'static str {
 }
 
 /// Connects the baselines and measures the engine's round trip.
-async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, RoundTrip), Error> {
+async fn round_trip(
+    config: &Config,
+    plan: Plan<'_>,
+    runner: &mut Runner,
+) -> Result<(Baseline, RoundTrip), Error> {
+    if config.only.is_some() {
+        return connect_baseline(config).await;
+    }
     let none = |note: &str| RoundTrip {
         reference: None,
         others: Vec::new(),
@@ -569,22 +599,22 @@ async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, R
             Baseline::None,
             none(&format!("not measured ({reason}); absolute figures only")),
         ),
-        Engine::Redis(server) => redis_round_trip(config, server, runner).await?,
-        Engine::Redlock(redlock) => redlock_round_trip(config, redlock, runner).await?,
+        Engine::Redis(server) => redis_round_trip(plan, server, runner).await?,
+        Engine::Redlock(redlock) => redlock_round_trip(plan, redlock, runner).await?,
         Engine::Etcd {
             config: etcd_config,
-        } => etcd_round_trip(config, etcd_config, runner).await?,
+        } => etcd_round_trip(config, plan, etcd_config, runner).await?,
         Engine::ZooKeeper { config: zk_config } => (
             Baseline::None,
-            zookeeper_round_trip(config, zk_config, runner).await?,
+            zookeeper_round_trip(config, plan, zk_config, runner).await?,
         ),
-        Engine::Postgres { url, .. } => postgres_round_trip(config, url, runner).await?,
+        Engine::Postgres { url, .. } => postgres_round_trip(config, plan, url, runner).await?,
         Engine::Mysql { url, .. } => {
             runner.step("SELECT 1 round trip");
             let probe = crate::mysql::SelectOne {
                 conn: crate::mysql::connect(url).await?,
             };
-            let cycles = run_cycles(vec![probe], WARMUP_ONE, config.duration).await?;
+            let cycles = run_cycles(vec![probe], WARMUP_ONE, plan).await?;
             let reference = Probe::new("SELECT 1 (mysql_async, text query)", &cycles);
             (
                 Baseline::Mysql { url: url.clone() },
@@ -598,15 +628,48 @@ async fn round_trip(config: &Config, runner: &mut Runner) -> Result<(Baseline, R
     })
 }
 
+/// The baselines' connections without the round-trip probes (`--only`).
+async fn connect_baseline(config: &Config) -> Result<(Baseline, RoundTrip), Error> {
+    let baseline = match &config.engine {
+        Engine::File { dir, sync } => Baseline::File {
+            dir: dir.clone(),
+            sync: *sync,
+        },
+        Engine::Redis(server) => Baseline::Redis {
+            conn: server.connect().await?,
+            server: server.clone(),
+        },
+        Engine::Redlock(redlock) => Baseline::Redlock {
+            uris: rslock_uris(redlock),
+        },
+        Engine::Etcd {
+            config: etcd_config,
+        } => Baseline::Etcd {
+            client: Box::new(etcd_connect(etcd_config).await?),
+            config: etcd_config.clone(),
+        },
+        Engine::Postgres { url, .. } => Baseline::Postgres { url: url.clone() },
+        Engine::Mysql { url, .. } => Baseline::Mysql { url: url.clone() },
+        Engine::Memory | Engine::ZooKeeper { .. } | Engine::Unmeasured { .. } => Baseline::None,
+    };
+    let round_trip = RoundTrip {
+        reference: None,
+        others: Vec::new(),
+        note: Some("not measured (--only)".to_string()),
+    };
+    Ok((baseline, round_trip))
+}
+
 /// ZooKeeper's round trips on a plain session: create, getChildren, create + delete. The other
 /// workloads have no bare-client baseline on ZooKeeper.
 async fn zookeeper_round_trip(
     config: &Config,
+    plan: Plan<'_>,
     zk_config: &distlock::zookeeper::ZkConfig,
     runner: &mut Runner,
 ) -> Result<RoundTrip, Error> {
     use crate::zookeeper::{connect, parent, Create, CreateDelete, GetChildren};
-    let d = config.duration;
+    let d = plan;
     let client = connect(zk_config).await?;
     let created = parent(&client, zk_config, &config.run, "create").await?;
     let listed = parent(&client, zk_config, &config.run, "children").await?;
@@ -650,14 +713,14 @@ async fn zookeeper_round_trip(
 }
 
 async fn redis_round_trip(
-    config: &Config,
+    plan: Plan<'_>,
     server: &RedisServer,
     runner: &mut Runner,
 ) -> Result<(Baseline, RoundTrip), Error> {
     let conn = server.connect().await?;
     runner.step("PING round trip");
     let ping = RedisPing { conn: conn.clone() };
-    let ping = run_cycles(vec![ping], WARMUP_ONE, config.duration).await?;
+    let ping = run_cycles(vec![ping], WARMUP_ONE, plan).await?;
     Ok((
         Baseline::Redis {
             server: Box::new(server.clone()),
@@ -672,14 +735,14 @@ async fn redis_round_trip(
 }
 
 async fn redlock_round_trip(
-    config: &Config,
+    plan: Plan<'_>,
     redlock: &distlock::redis::redlock::RedlockConfig,
     runner: &mut Runner,
 ) -> Result<(Baseline, RoundTrip), Error> {
     let backend = distlock::redis::redlock::RedlockBackend::from_config(redlock.clone()).await?;
     runner.step("parallel PING fan-out round trip");
     let ping = RedlockPing { backend };
-    let ping = run_cycles(vec![ping], WARMUP_ONE, config.duration).await?;
+    let ping = run_cycles(vec![ping], WARMUP_ONE, plan).await?;
     Ok((
         Baseline::Redlock {
             uris: rslock_uris(redlock),
@@ -697,10 +760,11 @@ async fn redlock_round_trip(
 
 async fn etcd_round_trip(
     config: &Config,
+    plan: Plan<'_>,
     etcd_config: &EtcdConfig,
     runner: &mut Runner,
 ) -> Result<(Baseline, RoundTrip), Error> {
-    let d = config.duration;
+    let d = plan;
     let client = etcd_connect(etcd_config).await?;
     let key = format!("distlock-bench-rtt/{}", config.run);
     runner.step("put round trip");
@@ -730,6 +794,7 @@ async fn etcd_round_trip(
 
 async fn postgres_round_trip(
     config: &Config,
+    plan: Plan<'_>,
     url: &str,
     runner: &mut Runner,
 ) -> Result<(Baseline, RoundTrip), Error> {
@@ -737,11 +802,11 @@ async fn postgres_round_trip(
     let probe = crate::postgres::SelectOne {
         client: crate::postgres::connect(url).await?,
     };
-    let cycles = run_cycles(vec![probe], WARMUP_ONE, config.duration).await?;
+    let cycles = run_cycles(vec![probe], WARMUP_ONE, plan).await?;
     runner.step("one conditional UPDATE");
     let name = format!("distlock-bench-bare/{}/update", config.run);
     let update = crate::postgres::ConditionalUpdate::new(url, &name).await?;
-    let updates = run_cycles(vec![update], WARMUP_ONE, config.duration).await?;
+    let updates = run_cycles(vec![update], WARMUP_ONE, plan).await?;
     Ok((
         Baseline::Postgres {
             url: url.to_string(),

@@ -117,3 +117,13 @@ impl Cycler for BarePair {
 pub fn bench_key(run: &str, case: &str) -> String {
     distlock_sql::mysql::advisory_name(&format!("distlock-bench-bare/{run}/{case}"))
 }
+
+/// The host and port of the driver URL (for reading the server's CPU time when it is local).
+pub fn host_port(url: &str) -> Option<(String, u16)> {
+    let url = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_string(),
+    };
+    let opts = mysql_async::Opts::from_url(&url).ok()?;
+    Some((opts.ip_or_hostname().to_string(), opts.tcp_port()))
+}

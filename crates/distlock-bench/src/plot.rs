@@ -30,25 +30,41 @@ pub struct Panel {
     pub series: Vec<Series>,
 }
 
-/// The sweep's panels: cycles/s against tasks, one series per label of the sweep's figures.
+/// The sweep's panels: cycles/s against tasks, and CPU time per cycle (client + server) where the
+/// run has it, one series per label of the sweep's figures.
 pub fn sweep_panels(sweep: &Sweep) -> Vec<Panel> {
     let mut rate: Vec<Series> = Vec::new();
+    let mut cpu: Vec<Series> = Vec::new();
     for point in &sweep.points {
         for f in point.figures() {
-            let xy = (point.tasks as f64, f.cycles_per_s);
-            match rate.iter_mut().find(|s| s.label == f.label) {
-                Some(s) => s.points.push(xy),
-                None => rate.push(Series {
-                    label: f.label.clone(),
-                    points: vec![xy],
-                }),
+            let x = point.tasks as f64;
+            add(&mut rate, &f.label, (x, f.cycles_per_s));
+            if let Some(total) = f.cpu.total_us_per_cycle {
+                add(&mut cpu, &f.label, (x, total));
             }
         }
     }
-    vec![Panel {
+    let mut panels = vec![Panel {
         title: "cycles/s (all tasks together)".to_string(),
         series: rate,
-    }]
+    }];
+    if !cpu.is_empty() {
+        panels.push(Panel {
+            title: "CPU µs per cycle (client + server)".to_string(),
+            series: cpu,
+        });
+    }
+    panels
+}
+
+fn add(series: &mut Vec<Series>, label: &str, xy: (f64, f64)) {
+    match series.iter_mut().find(|s| s.label == label) {
+        Some(s) => s.points.push(xy),
+        None => series.push(Series {
+            label: label.to_string(),
+            points: vec![xy],
+        }),
+    }
 }
 
 /// The sweep as an SVG document.

@@ -145,3 +145,13 @@ impl Cycler for BarePair {
         Ok(())
     }
 }
+
+/// The one TCP host and port of the driver URL (for reading the server's CPU time when it is local).
+pub fn host_port(url: &str) -> Option<(String, u16)> {
+    let config: tokio_postgres::Config = url.parse().ok()?;
+    let [tokio_postgres::config::Host::Tcp(host)] = config.get_hosts() else {
+        return None;
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    Some((host.clone(), port))
+}

@@ -31,6 +31,11 @@ impl Cycler for RedlockPing {
 
 /// The nodes as rslock takes them: `redis://[user:pass@]host:port` (`rediss://` with TLS).
 pub fn rslock_uris(config: &RedlockConfig) -> Vec<String> {
+    config.nodes.iter().map(|n| rslock_uri(config, n)).collect()
+}
+
+/// One node as rslock (and a plain redis-rs client) takes it.
+pub fn rslock_uri(config: &RedlockConfig, node: &distlock_core::url::Endpoint) -> String {
     let c = &config.connection;
     let scheme = if c.tls { "rediss" } else { "redis" };
     let auth = match (&c.username, &c.password) {
@@ -38,11 +43,7 @@ pub fn rslock_uris(config: &RedlockConfig) -> Vec<String> {
         (None, Some(p)) => format!(":{p}@"),
         _ => String::new(),
     };
-    config
-        .nodes
-        .iter()
-        .map(|n| format!("{scheme}://{auth}{n}"))
-        .collect()
+    format!("{scheme}://{auth}{node}")
 }
 
 /// rslock's acquire (its own retries: up to 3 tries 0–200 ms apart, again until `wait` ends) and

@@ -145,7 +145,7 @@ impl Run<'_> {
         let Some((server, conn)) = self.redis() else {
             return Ok(Vec::new());
         };
-        let (d, run, rtt) = (self.config.duration, &self.config.run, self.round_trip);
+        let (d, run, rtt) = (self.plan, &self.config.run, self.round_trip);
         runner.step("(a) same-scripts loop");
         let name = format!("distlock-bench-same/{run}/a");
         let client = SameScripts::new(conn.clone(), Scripts::new(), &name, self.owner(0));
@@ -210,7 +210,7 @@ impl Run<'_> {
                 self.owner(i),
             ));
         }
-        let cycles = run_cycles(clients, WARMUP_MANY, self.config.duration).await?;
+        let cycles = run_cycles(clients, WARMUP_MANY, self.plan).await?;
         Ok(CycleFigures::new(label, &cycles, self.round_trip))
     }
 
@@ -224,7 +224,7 @@ impl Run<'_> {
         let clients = (0..n)
             .map(|i| first.sharing(format!("distlock-bench-peer/{run}/b/{i}")))
             .collect();
-        let cycles = run_cycles(clients, WARMUP_MANY, self.config.duration).await?;
+        let cycles = run_cycles(clients, WARMUP_MANY, self.plan).await?;
         Ok(CycleFigures::new(
             RSLOCK_SHARED_MANAGER,
             &cycles,
@@ -245,7 +245,7 @@ impl Run<'_> {
         let clients = (0..self.config.contended_tasks)
             .map(|_| Rslock::from_client(server.client(), name.clone()))
             .collect();
-        let result = run_contended(clients, self.config.hold, self.config.duration).await?;
+        let result = run_contended(clients, self.config.hold, self.plan).await?;
         Ok(ContendedFigures::new(
             RSLOCK_CONTENDED,
             &result,

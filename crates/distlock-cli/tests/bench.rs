@@ -1,6 +1,7 @@
 //! `distlock bench` as a script runs it: the real binary, `--json`, short durations. Only the
-//! report's structure and mechanism facts are checked (every workload present, counts, ordering of
-//! percentiles, fractions in [0, 1], no overlapping holds), never a speed.
+//! report's structure and mechanism facts are checked (every field of the JSON present with its type,
+//! every workload present, counts, ordering of percentiles, fractions in [0, 1], no overlapping holds,
+//! the CPU figures and target rows there), never a speed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::{Command, Output};
@@ -33,6 +34,386 @@ fn bench_json(url: &str, duration: &str) -> Value {
     );
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+// --- the JSON's fields ------------------------------------------------------------------------------
+
+/// What a field holds.
+#[derive(Clone, Copy)]
+enum Kind {
+    Num,
+    Str,
+    Bool,
+    OptNum,
+    OptStr,
+    /// An object checked by the function.
+    Obj(fn(&Value, &str)),
+    OptObj(fn(&Value, &str)),
+    /// An array of objects checked by the function.
+    Arr(fn(&Value, &str)),
+}
+
+/// `v` is an object with exactly these fields, each of its kind (recursively).
+fn fields(v: &Value, at: &str, expected: &[(&str, Kind)]) {
+    let object = v
+        .as_object()
+        .unwrap_or_else(|| panic!("{at}: not an object: {v}"));
+    let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+    let mut want: Vec<&str> = expected.iter().map(|(k, _)| *k).collect();
+    keys.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(keys, want, "{at}: fields differ: {v}");
+    for (key, kind) in expected {
+        let field = &object[*key];
+        let at = format!("{at}.{key}");
+        let ok = match kind {
+            Kind::Num => field.is_number(),
+            Kind::Str => field.is_string(),
+            Kind::Bool => field.is_boolean(),
+            Kind::OptNum => field.is_number() || field.is_null(),
+            Kind::OptStr => field.is_string() || field.is_null(),
+            Kind::Obj(check) => {
+                check(field, &at);
+                true
+            }
+            Kind::OptObj(check) => {
+                if !field.is_null() {
+                    check(field, &at);
+                }
+                true
+            }
+            Kind::Arr(check) => {
+                let items = field
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{at}: not an array: {field}"));
+                for (i, item) in items.iter().enumerate() {
+                    check(item, &format!("{at}[{i}]"));
+                }
+                true
+            }
+        };
+        assert!(ok, "{at}: wrong kind: {field}");
+    }
+}
+
+fn latency_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("n", Num),
+            ("mean_us", Num),
+            ("p50_us", Num),
+            ("p99_us", Num),
+            ("max_us", Num),
+            ("histogram", Arr(bucket_fields)),
+        ],
+    );
+}
+
+fn bucket_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[("from_us", Num), ("to_us", OptNum), ("count", Num)],
+    );
+}
+
+/// The CPU figures every measurement carries: well-formed, a client figure always, the server's
+/// where the source names one, and a total whenever the server's is known or there is none.
+fn cpu_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("client_us_per_cycle", Num),
+            ("server_us_per_cycle", OptNum),
+            ("total_us_per_cycle", OptNum),
+            ("client_system_share", OptNum),
+            ("client_cpu_s", Num),
+            ("server_cpu_s", OptNum),
+            ("client_source", Str),
+            ("server_source", Str),
+        ],
+    );
+    let source = v["server_source"].as_str().unwrap_or_default();
+    assert_eq!(
+        v["server_us_per_cycle"].is_null(),
+        source.starts_with("none:"),
+        "{at}: a server figure without a source, or a source without a figure: {v}"
+    );
+    assert!(
+        v["total_us_per_cycle"].is_number() || !source.starts_with("none: in-process"),
+        "{at}: {v}"
+    );
+    for key in ["client_us_per_cycle", "client_cpu_s"] {
+        assert!(num(v, key) >= 0.0, "{at}: {v}");
+    }
+    if let Some(share) = v["client_system_share"].as_f64() {
+        assert!((0.0..=1.0).contains(&share), "{at}: {v}");
+    }
+}
+
+fn probe_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("label", Str),
+            ("calls_per_s", Num),
+            ("latency", Obj(latency_fields)),
+            ("cpu", Obj(cpu_fields)),
+        ],
+    );
+}
+
+fn cycle_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("label", Str),
+            ("tasks", Num),
+            ("cycles", Num),
+            ("elapsed_s", Num),
+            ("cycles_per_s", Num),
+            ("latency", Obj(latency_fields)),
+            ("in_round_trips", OptObj(cycle_ratio_fields)),
+            ("cpu", Obj(cpu_fields)),
+        ],
+    );
+}
+
+fn cycle_ratio_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("mean", Num),
+            ("p50", Num),
+            ("p99", Num),
+            ("time_per_cycle", Num),
+        ],
+    );
+}
+
+fn contended_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("label", Str),
+            ("acquisitions", Num),
+            ("elapsed_s", Num),
+            ("acquisitions_per_s", Num),
+            ("mean_hold_us", Num),
+            ("ceiling_per_s", Num),
+            ("handoff", Obj(latency_fields)),
+            ("handoff_to_other", Obj(latency_fields)),
+            ("wait", Obj(latency_fields)),
+            ("per_task_min", Num),
+            ("per_task_max", Num),
+            ("fairness_min_max", Num),
+            ("same_holder_share", Num),
+            ("overlaps", Num),
+            ("gave_up", Num),
+            ("in_round_trips", OptObj(contended_ratio_fields)),
+            ("cpu", Obj(cpu_fields)),
+        ],
+    );
+}
+
+fn contended_ratio_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("handoff_p50", Num),
+            ("handoff_p99", Num),
+            ("to_other_p50", Num),
+            ("to_other_p99", Num),
+            ("dead_time_per_acquisition", Num),
+        ],
+    );
+}
+
+/// A target row: the wall-clock ratio with its limit and verdict, the CPU ratio where there is one,
+/// and which of the two is primary.
+fn target_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("what", Str),
+            ("value", Num),
+            ("limit", Num),
+            ("at_most", Bool),
+            ("met", Bool),
+            ("cpu", OptObj(cpu_target_fields)),
+            ("primary", Str),
+        ],
+    );
+    let primary = if v["cpu"].is_object() {
+        "cpu"
+    } else {
+        "wall_clock"
+    };
+    assert_eq!(v["primary"], primary, "{at}: {v}");
+}
+
+fn cpu_target_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[("what", Str), ("value", Num), ("limit", Num), ("met", Bool)],
+    );
+    assert!(num(v, "limit") > 0.0, "{at}: {v}");
+}
+
+fn round_trip_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("reference", OptObj(probe_fields)),
+            ("others", Arr(probe_fields)),
+            ("note", OptStr),
+        ],
+    );
+}
+
+fn uncontended_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("distlock", OptObj(cycle_fields)),
+            ("baselines", Arr(cycle_fields)),
+        ],
+    );
+}
+
+fn many_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("tasks", Num),
+            ("shared", OptObj(cycle_fields)),
+            ("per_task", OptObj(cycle_fields)),
+            ("baselines", Arr(cycle_fields)),
+        ],
+    );
+}
+
+fn contended_section_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("tasks", Num),
+            ("hold_us", Num),
+            ("distlock", OptObj(contended_fields)),
+            ("baselines", Arr(contended_fields)),
+        ],
+    );
+}
+
+/// Every field of the report, recursively, each of its kind; and the statement that CPU per cycle is
+/// the primary figure.
+fn check_fields(r: &Value) {
+    use Kind::*;
+    fields(
+        r,
+        "report",
+        &[
+            ("url", Str),
+            ("backend", Str),
+            ("duration_s", Num),
+            ("runtime_workers", Num),
+            ("primary_figure", Str),
+            ("primary_note", Str),
+            ("server_cpu_source", Str),
+            ("round_trip", Obj(round_trip_fields)),
+            ("uncontended", OptObj(uncontended_fields)),
+            ("many", OptObj(many_fields)),
+            ("contended", OptObj(contended_section_fields)),
+            ("sweep", OptObj(sweep_fields)),
+            ("hold", OptObj(hold_fields)),
+            ("targets", Arr(target_fields)),
+        ],
+    );
+    assert_eq!(r["primary_figure"], "cpu_us_per_cycle");
+    assert!(r["primary_note"]
+        .as_str()
+        .is_some_and(|n| n.contains("CPU") && n.contains("wall-clock")));
+}
+
+/// The target rows whose `what` starts with each of `rows`, every one with a CPU ratio.
+fn check_target_rows(r: &Value, rows: &[&str]) {
+    let targets = r["targets"].as_array().expect("targets");
+    for row in rows {
+        let target = targets
+            .iter()
+            .find(|t| t["what"].as_str().is_some_and(|w| w.starts_with(row)))
+            .unwrap_or_else(|| panic!("no target row {row:?}: {r}"));
+        assert!(target["cpu"].is_object(), "{row}: no CPU ratio: {target}");
+        assert_eq!(target["primary"], "cpu", "{target}");
+    }
+}
+
+/// The server's CPU figure in every measurement, from the named source.
+fn check_server_cpu(r: &Value, source: &str) {
+    assert!(
+        r["server_cpu_source"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(source)),
+        "{r}"
+    );
+    let mut cpus = Vec::new();
+    for probe in std::iter::once(&r["round_trip"]["reference"])
+        .chain(r["round_trip"]["others"].as_array().into_iter().flatten())
+    {
+        cpus.push(&probe["cpu"]);
+    }
+    for section in ["uncontended", "many", "contended"] {
+        let s = &r[section];
+        for key in ["distlock", "shared", "per_task"] {
+            if s[key].is_object() {
+                cpus.push(&s[key]["cpu"]);
+            }
+        }
+        cpus.extend(
+            s["baselines"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|b| &b["cpu"]),
+        );
+    }
+    for cpu in cpus.into_iter().filter(|c| !c.is_null()) {
+        assert!(
+            cpu["server_source"]
+                .as_str()
+                .is_some_and(|s| s.starts_with(source)),
+            "{cpu}"
+        );
+        assert!(cpu["total_us_per_cycle"].is_number(), "{cpu}");
+    }
 }
 
 fn num(v: &Value, key: &str) -> f64 {
@@ -93,6 +474,7 @@ fn check_contended(c: &Value, tasks: u64, has_rtt: bool) {
 
 /// Every workload present, distlock measured in each, and the baselines' figures well-formed.
 fn check_report(r: &Value, backend: &str, has_rtt: bool) {
+    check_fields(r);
     assert_eq!(r["backend"], backend, "{r}");
     assert_eq!(r["round_trip"]["reference"].is_object(), has_rtt, "{r}");
     if !has_rtt {
@@ -133,6 +515,7 @@ fn memory_report_has_every_workload() {
     check_report(&r, "memory", false);
     // No engine: no baseline to run.
     assert_eq!(r["uncontended"]["baselines"], Value::Array(Vec::new()));
+    check_server_cpu(&r, "none: in-process");
 }
 
 #[test]
@@ -146,6 +529,8 @@ fn file_report_has_every_workload_and_the_flock_floor() {
     assert!(floors[0]["label"]
         .as_str()
         .is_some_and(|l| l.contains("flock")));
+    check_server_cpu(&r, "none: in-process");
+    check_target_rows(&r, &["file (a)", "file (b)"]);
 }
 
 #[test]
@@ -165,9 +550,44 @@ fn one_workload_and_tasks() {
     ]);
     assert_eq!(out.status.code(), Some(0));
     let r: Value = serde_json::from_slice(&out.stdout).expect("json");
+    check_fields(&r);
     assert!(r["uncontended"].is_null() && r["many"].is_null());
     assert_eq!(r["contended"]["tasks"], 3);
     check_contended(&r["contended"]["distlock"], 3, false);
+}
+
+/// The hidden flags of scripts/callgrind.sh: `--cycles N` measures exactly N cycles per task, and
+/// `--only` keeps distlock alone or the first baseline alone, without round-trip probes.
+#[test]
+fn fixed_cycle_counts_and_one_loop_per_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("file://{}", dir.path().join("locks").display());
+    let run = |only: &str| {
+        let out = bench(&[
+            "--url",
+            &url,
+            "--workload",
+            "uncontended",
+            "--cycles",
+            "40",
+            "--only",
+            only,
+            "--json",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+        let r: Value = serde_json::from_slice(&out.stdout).expect("json");
+        check_fields(&r);
+        r
+    };
+    let r = run("distlock");
+    assert_eq!(r["uncontended"]["distlock"]["cycles"], 40, "{r}");
+    assert_eq!(r["uncontended"]["baselines"], Value::Array(Vec::new()));
+    let r = run("baselines");
+    assert!(r["uncontended"]["distlock"].is_null(), "{r}");
+    let floors = r["uncontended"]["baselines"].as_array().expect("baselines");
+    assert_eq!(floors.len(), 1, "{r}");
+    assert_eq!(floors[0]["cycles"], 40, "{r}");
 }
 
 #[test]
@@ -185,6 +605,10 @@ fn text_report_shows_histograms_and_no_ratio() {
     assert!(text.contains("(a) uncontended"), "{text}");
     assert!(text.contains("no engine round trip"), "{text}");
     assert!(text.contains('#') && text.contains('%'), "{text}");
+    // The header says which figure to judge by, and every row has its CPU per cycle.
+    assert!(text.contains("CPU time per cycle"), "{text}");
+    assert!(text.contains("primary figure"), "{text}");
+    assert!(text.contains("(in-process)"), "{text}");
 }
 
 #[test]
@@ -257,20 +681,34 @@ fn redis_report_has_ratios_and_the_bare_loop() {
     );
     assert!(labels("uncontended")
         .iter()
-        .any(|l| l.contains("same-scripts")));
+        .any(|l| l.contains("same scripts")));
     assert!(labels("uncontended").iter().any(|l| l.contains("rslock")));
     assert_eq!(labels("many").len(), 5, "{:?}", labels("many"));
+    assert!(labels("many").iter().any(|l| l == SAME_SCRIPTS_SHARED));
     assert_eq!(labels("contended").len(), 1, "{:?}", labels("contended"));
+    check_server_cpu(&r, "redis INFO cpu");
+    check_target_rows(
+        &r,
+        &[
+            "Redis (a)",
+            "Redis (b) one Locks per task",
+            "Redis (c)",
+            "Redis (b) one shared Locks",
+        ],
+    );
     let targets: Vec<&str> = r["targets"]
         .as_array()
         .expect("targets")
         .iter()
         .map(|t| t["what"].as_str().expect("what"))
         .collect();
-    for peer in ["same-scripts loop on one shared connection", "rslock"] {
+    for peer in ["same-scripts loop", "rslock"] {
         assert!(targets.iter().any(|t| t.contains(peer)), "{targets:?}");
     }
 }
+
+/// The label of the Redis same-scripts loop on one shared connection (`measure::SAME_SCRIPTS_SHARED`).
+const SAME_SCRIPTS_SHARED: &str = "same scripts as distlock (EVALSHA), one shared connection";
 
 /// The baselines connect as the Redis backend does, from its own config: TLS, trusting only the
 /// URL's CA (before, `rediss://` was not measured at all).
@@ -302,6 +740,8 @@ fn etcd_report_has_put_and_range_and_the_peer_lock() {
         r["contended"]["baselines"].as_array().map(Vec::len),
         Some(1)
     );
+    check_server_cpu(&r, "etcd process_cpu_seconds_total");
+    check_target_rows(&r, &["etcd (a)", "etcd (c)"]);
 }
 
 /// `--sweep` runs (b) at 1, 2, 4, 8, 16 and 64 tasks (six points, distlock twice at each); `--plot`
@@ -327,6 +767,7 @@ fn sweep_reports_six_points_and_plots_them() {
         String::from_utf8_lossy(&out.stderr)
     );
     let r: Value = serde_json::from_slice(&out.stdout).expect("json");
+    check_fields(&r);
     assert!(r["uncontended"].is_null() && r["many"].is_null() && r["contended"].is_null());
     let points = r["sweep"]["points"].as_array().expect("sweep points");
     let tasks: Vec<u64> = points
@@ -342,7 +783,11 @@ fn sweep_reports_six_points_and_plots_them() {
     }
     let svg = std::fs::read_to_string(&svg_path).expect("the plot was written");
     assert!(svg.starts_with("<svg"), "{svg}");
-    assert_eq!(svg.matches("<polyline").count(), 2, "{svg}");
+    // Two series (distlock shared, per task), in two panels: cycles/s and CPU per cycle.
+    assert_eq!(svg.matches("<polyline").count(), 4, "{svg}");
+    for p in points {
+        assert!(p["distlock_shared"]["cpu"].is_object(), "{p}");
+    }
 }
 
 #[test]
@@ -404,6 +849,7 @@ fn hold_counts_renewals_and_loses_no_lock() {
         String::from_utf8_lossy(&out.stderr)
     );
     let r: Value = serde_json::from_slice(&out.stdout).expect("json");
+    check_fields(&r);
     let h = &r["hold"];
     assert_eq!(h["locks"], 200, "{h}");
     assert_eq!(h["not_held"], 0, "{h}");
@@ -419,6 +865,8 @@ fn hold_counts_renewals_and_loses_no_lock() {
         .as_str()
         .is_some_and(|c| c.contains("INFO commandstats")));
     assert!(h["memory"]["rss_holding_kib"].as_u64().is_some(), "{h}");
+    assert!(h["cpu"]["client_ms_per_tick"].is_number(), "{h}");
+    assert!(h["cpu"]["server_ms_per_tick"].is_number(), "{h}");
     assert!(h["memory"]["per_lock_bytes"].is_number(), "{h}");
     for t in r["targets"].as_array().expect("targets") {
         assert!(t["met"].is_boolean(), "{t}");
@@ -430,4 +878,97 @@ fn hold_counts_renewals_and_loses_no_lock() {
         .any(|t| t["what"]
             .as_str()
             .is_some_and(|w| w.contains("round trips per tick"))));
+}
+
+// --- the JSON's fields of --sweep and --workload hold -----------------------------------------------
+
+fn sweep_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[("baseline", OptStr), ("points", Arr(sweep_point_fields))],
+    );
+}
+
+fn sweep_point_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("tasks", Num),
+            ("distlock_shared", OptObj(cycle_fields)),
+            ("distlock_per_task", OptObj(cycle_fields)),
+            ("baseline", OptObj(cycle_fields)),
+        ],
+    );
+}
+
+fn hold_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("locks", Num),
+            ("lease_ms", Num),
+            ("acquire_s", Num),
+            ("acquire_concurrency", Num),
+            ("held_s", Num),
+            ("release_s", Num),
+            ("renewals", Obj(hold_renewal_fields)),
+            ("cpu", Obj(hold_cpu_fields)),
+            ("memory", Obj(hold_memory_fields)),
+            ("not_held", Num),
+            ("lost", Num),
+            ("loss_reason", OptStr),
+        ],
+    );
+}
+
+fn hold_renewal_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("batches", OptNum),
+            ("renewals", OptNum),
+            ("ticks", OptNum),
+            ("expected_ticks", Num),
+            ("round_trips", OptNum),
+            ("round_trips_per_tick", OptNum),
+            ("groups", OptNum),
+            ("server_commands", OptNum),
+            ("server_commands_per_tick", OptNum),
+            ("counted", Str),
+        ],
+    );
+}
+
+fn hold_cpu_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("client_ms_per_tick", OptNum),
+            ("server_ms_per_tick", OptNum),
+            ("per_renewal", Obj(cpu_fields)),
+        ],
+    );
+}
+
+fn hold_memory_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("rss_before_kib", OptNum),
+            ("rss_holding_kib", OptNum),
+            ("per_lock_bytes", OptNum),
+        ],
+    );
 }
