@@ -805,3 +805,35 @@ impl AcquireOptions<'_> {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+
+    use super::Locks;
+    use crate::MemoryBackend;
+
+    /// A loop of acquire and release starts the watchdog task once, not once per grant (each start is
+    /// a spawn, which wakes another worker thread): the task stays a while after its last hold ends.
+    #[test]
+    fn a_loop_of_cycles_starts_the_watchdog_once() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // On a worker (not in `block_on`), so the watchdog task runs between the cycles.
+        let cycles = runtime.spawn(async {
+            let locks = Locks::new(MemoryBackend::new());
+            let lock = locks.lock("cycles").expect("lock");
+            for _ in 0..20 {
+                let guard = lock.acquire().await.expect("acquire");
+                guard.release().await.expect("release");
+                // The task gets to look between cycles, and finds no hold.
+                tokio::task::yield_now().await;
+            }
+            locks.inner.watchdog.starts()
+        });
+        assert_eq!(runtime.block_on(cycles).expect("cycles"), 1);
+    }
+}
