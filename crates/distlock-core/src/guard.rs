@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify, OwnedMutexGuard};
@@ -83,6 +84,9 @@ pub(crate) struct Holding {
     state_tx: watch::Sender<LockState>,
     /// The local gate of this name, passed to the next waiter of this process after the release.
     gate: Mutex<Option<OwnedMutexGuard<()>>>,
+    /// The owner's `releasing` lock, taken when the gate is passed on before the release's reply (see
+    /// [`pass_gate_on_early`](Self::pass_gate_on_early)), until that reply.
+    releasing: Mutex<Option<OwnedMutexGuard<()>>>,
     /// Woken when a renewal ends, for an `extend` waiting for its turn.
     renewal_done: Notify,
     /// Woken when the deadline moves, so `lost()` re-arms its timer.
@@ -148,6 +152,7 @@ impl Holding {
             status: Mutex::new(status),
             state_tx,
             gate: Mutex::new(gate),
+            releasing: Mutex::new(None),
             renewal_done: Notify::new(),
             deadline_moved: Notify::new(),
             descriptor: std::sync::OnceLock::new(),
@@ -484,6 +489,21 @@ impl Holding {
         });
     }
 
+    /// The release is on its way, ahead of every acquire sent after it: the next waiter of this process
+    /// may go. This owner's own next acquire still waits for the reply, on `releasing`; if that cannot be
+    /// taken (a restarted release holds it already, or it is in use), the gate stays until the reply.
+    fn pass_gate_on_early(&self) {
+        let mut releasing = lock(&self.releasing);
+        if releasing.is_some() {
+            return;
+        }
+        if let Ok(guard) = self.shared.releasing.clone().try_lock_owned() {
+            *releasing = Some(guard);
+            drop(releasing);
+            drop(lock(&self.gate).take());
+        }
+    }
+
     /// Releases on the server, then passes the local gate on. Runs as its own task so that dropping the
     /// caller's future does not interrupt it.
     async fn finish(self: Arc<Self>) -> Result<()> {
@@ -493,11 +513,23 @@ impl Holding {
             status.released = true;
         }
         let backend = self.shared.locks.backend.clone();
-        let outcome = backend
-            .release(&self.lease, &self.shared.name, &self.shared.owner)
-            .await;
+        let mut release = backend.release(&self.lease, &self.shared.name, &self.shared.owner);
+        let outcome = if backend.release_orders_next_acquire() {
+            // One poll puts the request on the connection; from then on the next waiter's acquire
+            // travels behind it, so it need not wait for the reply.
+            match std::future::poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx))).await {
+                Poll::Ready(outcome) => outcome,
+                Poll::Pending => {
+                    self.pass_gate_on_early();
+                    release.await
+                }
+            }
+        } else {
+            release.await
+        };
         let lost = lock(&self.status).lost.clone();
         drop(lock(&self.gate).take());
+        drop(lock(&self.releasing).take());
         let kind = backend.kind();
         let name = &self.shared.name;
         match outcome {

@@ -49,9 +49,19 @@ pub(crate) struct LocksInner {
     defaults: LockOptions,
     /// Same-name waiters of this `Locks` queue here (tokio's mutex is FIFO), so only the head contends
     /// with the engine.
-    gates: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    gates: Mutex<Gates>,
     pub(crate) watchdog: Arc<Watchdog>,
     background: Arc<Background>,
+}
+
+/// The local gates by name. Each [`Lock`] keeps its name's gate from its creation, so an acquire takes
+/// it without a look-up; the map only lets `Lock`s of one name find the same gate.
+#[derive(Default)]
+struct Gates {
+    by_name: HashMap<String, Weak<tokio::sync::Mutex<()>>>,
+    /// Gates no `Lock` holds any more are dropped from the map when it grows past this (which then
+    /// doubles the live count, so pruning stays amortised O(1) however many `Lock`s live).
+    prune_at: usize,
 }
 
 /// Counts background tasks (releases of dropped guards, undo of cancelled acquires) so that
@@ -96,7 +106,7 @@ impl Locks {
                 backend: Arc::new(backend),
                 runtime: Mutex::new(None),
                 defaults,
-                gates: Mutex::new(HashMap::new()),
+                gates: Mutex::default(),
                 watchdog: Arc::new(Watchdog::default()),
                 background: Arc::default(),
             }),
@@ -133,6 +143,8 @@ impl Locks {
                 name: name.to_string(),
                 owner,
                 acquiring: tokio::sync::Mutex::new(()),
+                gate: self.inner.gate(name),
+                releasing: Arc::new(tokio::sync::Mutex::new(())),
                 held: Mutex::new(None),
             }),
         })
@@ -268,14 +280,17 @@ impl LocksInner {
 
     fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut gates = lock(&self.gates);
-        if let Some(gate) = gates.get(name).and_then(Weak::upgrade) {
+        if let Some(gate) = gates.by_name.get(name).and_then(Weak::upgrade) {
             return gate;
         }
-        if gates.len() >= 64 {
-            gates.retain(|_, gate| gate.strong_count() > 0);
+        if gates.by_name.len() >= gates.prune_at {
+            gates.by_name.retain(|_, gate| gate.strong_count() > 0);
+            gates.prune_at = (gates.by_name.len() * 2).max(64);
         }
         let gate = Arc::new(tokio::sync::Mutex::new(()));
-        gates.insert(name.to_string(), Arc::downgrade(&gate));
+        gates
+            .by_name
+            .insert(name.to_string(), Arc::downgrade(&gate));
         gate
     }
 }
@@ -420,6 +435,14 @@ pub(crate) struct LockShared {
     /// Serialises acquires of this `Lock`, so a second task's acquire sees the first one's hold and
     /// joins it instead of racing it to the engine.
     acquiring: tokio::sync::Mutex<()>,
+    /// The local gate of this name in this `Locks` (see [`LocksInner::gates`]).
+    gate: Arc<tokio::sync::Mutex<()>>,
+    /// Held by a hold whose release passed the local gate on before its reply (see
+    /// [`Backend::release_orders_next_acquire`](crate::raw::Backend::release_orders_next_acquire)), until
+    /// that reply: this owner's next acquire waits for it, since a release resent on a fresh connection
+    /// would delete this owner's next grant. Other owners' acquires need not wait (the release is
+    /// owner-guarded).
+    pub(crate) releasing: Arc<tokio::sync::Mutex<()>>,
     /// The current hold and how many guards share it.
     pub(crate) held: Mutex<Option<(Arc<Holding>, usize)>>,
 }
@@ -510,10 +533,15 @@ impl Lock {
             locks.watchdog.ensure_running(locks);
             return Ok(Some(guard));
         }
-        let gate = locks.gate(&shared.name);
-        let Some(gate) = within(deadline, gate.lock_owned()).await else {
+        let Some(gate) = within(deadline, shared.gate.clone().lock_owned()).await else {
             return Ok(None);
         };
+        // This owner's own release may still be on its way (see `LockShared::releasing`).
+        if shared.releasing.try_lock().is_err()
+            && within(deadline, shared.releasing.lock()).await.is_none()
+        {
+            return Ok(None);
+        }
 
         let request = AcquireRequest {
             name: shared.name.clone(),
@@ -775,5 +803,37 @@ impl AcquireOptions<'_> {
         self.lock
             .run(self.options.with_wait(Wait::Limit(Duration::ZERO)))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+
+    use super::Locks;
+    use crate::MemoryBackend;
+
+    /// A loop of acquire and release starts the watchdog task once, not once per grant (each start is
+    /// a spawn, which wakes another worker thread): the task stays a while after its last hold ends.
+    #[test]
+    fn a_loop_of_cycles_starts_the_watchdog_once() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // On a worker (not in `block_on`), so the watchdog task runs between the cycles.
+        let cycles = runtime.spawn(async {
+            let locks = Locks::new(MemoryBackend::new());
+            let lock = locks.lock("cycles").expect("lock");
+            for _ in 0..20 {
+                let guard = lock.acquire().await.expect("acquire");
+                guard.release().await.expect("release");
+                // The task gets to look between cycles, and finds no hold.
+                tokio::task::yield_now().await;
+            }
+            locks.inner.watchdog.starts()
+        });
+        assert_eq!(runtime.block_on(cycles).expect("cycles"), 1);
     }
 }

@@ -58,6 +58,9 @@ struct Link {
     renewal_requests: AtomicU64,
     /// How long the next `release` calls take to reach the store, one entry per call.
     release_delays: Mutex<VecDeque<Duration>>,
+    /// How long the replies of the next `release` calls are held back after the store applied them, one
+    /// entry per call.
+    release_reply_delays: Mutex<VecDeque<Duration>>,
 }
 
 impl Link {
@@ -230,6 +233,15 @@ impl MemoryBackend {
         lock(&self.link.release_delays).extend(delays);
     }
 
+    /// Holds back the replies of this handle's next `release` calls, one delay per call in order: the
+    /// store applies each at once and its reply comes that much later, as over a slow network (so the
+    /// next acquire of this process can run while a release's reply is on its way). Calls after the
+    /// queue is used up reply at once.
+    #[cfg(feature = "testing")]
+    pub fn delay_release_replies(&self, delays: impl IntoIterator<Item = Duration>) {
+        lock(&self.link.release_reply_delays).extend(delays);
+    }
+
     /// Makes the store grant this handle at most `cap` on acquires and renewals, whatever it asks (as
     /// etcd caps a lock's lease by its session's remaining time, and ZooKeeper clamps a session timeout).
     /// `None` lifts the cap.
@@ -393,19 +405,38 @@ impl Backend for MemoryBackend {
         }
         self.link.check_reachable()?;
         let now = clock::now();
-        let mut names = lock(&self.store.names);
-        let Some(state) = names.get_mut(name) else {
-            return Ok(Released::NotHeld);
-        };
-        match &state.holder {
-            Some(h) if h.owner == owner && h.live(now) => {
-                state.holder = None;
-                drop(names);
-                self.store.released();
-                Ok(Released::Released)
+        let released = {
+            let mut names = lock(&self.store.names);
+            match names.get_mut(name) {
+                Some(state)
+                    if state
+                        .holder
+                        .as_ref()
+                        .is_some_and(|h| h.owner == owner && h.live(now)) =>
+                {
+                    state.holder = None;
+                    true
+                }
+                _ => false,
             }
-            _ => Ok(Released::NotHeld),
+        };
+        let released = if released {
+            self.store.released();
+            Released::Released
+        } else {
+            Released::NotHeld
+        };
+        let delay = lock(&self.link.release_reply_delays).pop_front();
+        if let Some(delay) = delay.filter(|d| !d.is_zero()) {
+            tokio::time::sleep(delay).await;
         }
+        Ok(released)
+    }
+
+    /// The store applies a release at its first poll (unless `delay_releases` holds it back: then an
+    /// acquire that overtakes it finds the lock held and waits for the release, as it would anyway).
+    fn release_orders_next_acquire(&self) -> bool {
+        true
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo> {

@@ -1,4 +1,5 @@
-//! The watchdog: one task per [`Locks`](crate::Locks), alive only while it has holds with a lease. Each
+//! The watchdog: one task per [`Locks`](crate::Locks), alive only while it has holds with a lease (and for
+//! [`IDLE_LINGER`] after the last one ends, so a loop of acquire and release does not start one per grant). Each
 //! tick it takes every hold whose renewal is due (or nearly due, so renewals group) and hands them to the
 //! backend in one batch, which sends one round trip per group. It also wakes at every validity deadline
 //! so that `state_changes()` reports a loss on time.
@@ -22,6 +23,11 @@ use crate::guard::Holding;
 use crate::locks::LocksInner;
 use crate::raw::{DynBackend, Renewal, RenewalId, Renewed};
 use crate::sync::lock;
+
+/// How long the task stays after its last hold ended. A loop of acquire and release (the grant
+/// registers, the release ends the hold before the task next looks) would otherwise start a task per
+/// grant, and each spawn wakes another worker thread to steal it: a cross-thread wake-up per cycle.
+const IDLE_LINGER: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 pub(crate) struct Watchdog {
@@ -92,6 +98,12 @@ impl Watchdog {
         if let Some(runtime) = runtime {
             self.start(&runtime, locks.backend.clone(), Vec::new());
         }
+    }
+
+    /// How many tasks have been started so far.
+    #[cfg(test)]
+    pub(crate) fn starts(&self) -> u64 {
+        lock(&self.state).generation
     }
 
     /// Makes the task look at its holds again (a deadline or a renewal time moved).
@@ -188,6 +200,8 @@ impl Watchdog {
         wake: Arc<Notify>,
         mut guard: RunGuard,
     ) {
+        // Since when the task has had no hold, if it has none.
+        let mut idle_since: Option<Instant> = None;
         loop {
             let now = clock::now();
             let mut due = Vec::new();
@@ -203,10 +217,19 @@ impl Watchdog {
                     .holds
                     .retain(|weak| weak.upgrade().is_some_and(|h| h.watched(now)));
                 if registry.holds.is_empty() {
-                    // Decided under the lock `register` takes, so no hold is left unwatched.
-                    registry.task = None;
-                    guard.exited = true;
-                    return;
+                    let since = *idle_since.get_or_insert(now);
+                    let until = since.saturating_add(IDLE_LINGER);
+                    if now >= until {
+                        // Decided under the lock `register` takes, so no hold is left unwatched.
+                        registry.task = None;
+                        guard.exited = true;
+                        return;
+                    }
+                    // Linger: a hold registered meanwhile wakes the task only if it needs a look
+                    // before then (`wake_at` below), so a grant per cycle costs no wake-up.
+                    next_wake = Some(until);
+                } else {
+                    idle_since = None;
                 }
                 registry.prune_at = (registry.holds.len() * 2).max(64);
                 for holding in registry.holds.iter().filter_map(Weak::upgrade) {

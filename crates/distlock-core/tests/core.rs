@@ -257,3 +257,60 @@ async fn durations_of_duration_max_do_not_panic() {
     assert_eq!(guard.state(), LockState::Held);
     guard.release().await.unwrap();
 }
+
+/// A local handoff goes on before the release's reply (the backend orders the next acquire behind the
+/// release): the next waiter of the same `Locks` is granted, with a greater token, while the release's
+/// reply is still held back, and the releaser then learns its release went through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_local_waiter_is_granted_before_the_release_reply() {
+    let backend = MemoryBackend::new();
+    let locks = Locks::new(backend.clone());
+    let (a, b) = (
+        locks.lock("handoff").unwrap(),
+        locks.lock("handoff").unwrap(),
+    );
+    let held = a.acquire().await.unwrap();
+    let first = held.token().expect("memory mints tokens");
+    let waiter = tokio::spawn(async move {
+        let guard = b.acquire().await.unwrap();
+        let token = guard.token().expect("memory mints tokens");
+        guard.release().await.unwrap();
+        token
+    });
+    // Far longer than the bound below: the grant can only come before the reply if the gate moved on
+    // at the release's first poll.
+    backend.delay_release_replies([Duration::from_secs(30)]);
+    let release = tokio::spawn(held.release());
+    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted before the release's reply")
+        .unwrap();
+    assert!(second > first, "{second:?} > {first:?}");
+    assert!(!release.is_finished(), "the release's reply was held back");
+    release.abort();
+}
+
+/// The same owner's next acquire waits for its own release's reply even though the local gate moved
+/// on (a release resent after a lost reply would delete that owner's next grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_owner_waits_for_its_release_reply() {
+    let backend = MemoryBackend::new();
+    let locks = Locks::new(backend.clone());
+    let a = locks.lock("own").unwrap();
+    let first = a.acquire().await.unwrap();
+    let token = first.token().expect("memory mints tokens");
+    backend.delay_release_replies([Duration::from_secs(2)]);
+    // Dropped: the release runs in the background, its reply held back.
+    drop(first);
+    let early = tokio::time::timeout(Duration::from_millis(500), a.acquire()).await;
+    assert!(
+        early.is_err(),
+        "the same owner was granted before its release's reply"
+    );
+    let again = tokio::time::timeout(Duration::from_secs(10), a.acquire())
+        .await
+        .expect("granted once the reply came")
+        .unwrap();
+    assert!(again.token().expect("memory mints tokens") > token);
+    again.release().await.unwrap();
+}

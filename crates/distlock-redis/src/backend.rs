@@ -239,6 +239,15 @@ impl Backend for RedisBackend {
         self.release_held(lease, name, owner).await
     }
 
+    /// Standalone and Sentinel without `wait_replicas`: a release and every acquire go out on the one
+    /// multiplexed connection of `link`, and the first poll of a release puts its request into that
+    /// connection's queue (the connection is cached; redis-rs queues in the order of the calls), so an
+    /// acquire sent after it runs after it on the server. Not in Cluster (releases have a link of their
+    /// own) nor with `wait_replicas` (acquires go on the durable connection).
+    fn release_orders_next_acquire(&self) -> bool {
+        self.inner.release_link.is_none() && self.inner.durable.is_none()
+    }
+
     /// Holder (the hash's field), remaining lease (`PTTL`), last token (`GET` of the token key) and,
     /// outside Cluster, `PUBSUB NUMSUB` of the channel as the waiters: the number of *connections*
     /// subscribed (one per waiting distlock backend or Redisson client, however many tasks wait in

@@ -528,3 +528,81 @@ async fn inspect_reports_holder_and_waiters() {
     guard.release().await.unwrap();
     waiter.await.unwrap();
 }
+
+/// `calls` of a command in `INFO commandstats` (0 if it never ran).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info = server.command(&["INFO", "commandstats"]).unwrap();
+    let info = info.as_str().unwrap_or_default().to_string();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether a client is blocked by `CLIENT PAUSE` in an `EVALSHA` with more bytes queued behind it.
+fn request_queued_behind_a_paused_script(server: &RedisServer) -> bool {
+    let list = server.command(&["CLIENT", "LIST"]).unwrap();
+    let list = list.as_str().unwrap_or_default().to_string();
+    list.lines().any(|client| {
+        let field = |name: &str| {
+            client
+                .split(' ')
+                .find_map(|f| f.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+                .unwrap_or_default()
+        };
+        field("flags").contains('b')
+            && field("cmd") == "evalsha"
+            && field("qbuf").parse::<u64>().unwrap_or(0) > 0
+    })
+}
+
+/// A handoff to a waiter of the same `Locks` sends its acquire right behind the release, on the same
+/// connection, without waiting for the release's reply (one round trip instead of two): with the
+/// server paused, the waiter's acquire arrives queued behind the blocked release. Once the server
+/// resumes, the waiter is granted on that one try (no busy reply, no pub/sub), with a greater token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_waiters_acquire_goes_right_behind_the_release() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("handoff");
+    let locks = locks(&server.url()).await;
+    let (a, b) = (locks.lock(&name).unwrap(), locks.lock(&name).unwrap());
+    // Loads the scripts: a release answered `NOSCRIPT` is sent again after the load, and an acquire
+    // queued behind its first attempt finds the lock still held (and waits for it on pub/sub).
+    a.acquire().await.unwrap().release().await.unwrap();
+    let held = a.acquire().await.unwrap();
+    let first = held.token().unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = b.acquire().await.unwrap();
+        let token = guard.token().unwrap();
+        guard.release().await.unwrap();
+        token
+    });
+    let (evalsha, subscribe) = (calls(&server, "evalsha"), calls(&server, "subscribe"));
+    let pause = server
+        .command(&["CLIENT", "PAUSE", "20000", "WRITE"])
+        .unwrap();
+    assert!(!pause.is_error(), "{pause}");
+    let release = tokio::spawn(held.release());
+    let bound = Instant::now() + Duration::from_secs(10);
+    let mut queued = false;
+    while !queued && Instant::now() < bound {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        queued = request_queued_behind_a_paused_script(&server);
+    }
+    server.command(&["CLIENT", "UNPAUSE"]).unwrap();
+    assert!(
+        queued,
+        "the waiter's acquire was not sent while the release was blocked on the server"
+    );
+    release.await.unwrap().unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap();
+    assert!(second > first, "{second:?} > {first:?}");
+    // The release, the waiter's one acquire, and its release.
+    assert_eq!(calls(&server, "evalsha") - evalsha, 3);
+    assert_eq!(calls(&server, "subscribe"), subscribe);
+}
