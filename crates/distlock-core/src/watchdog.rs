@@ -232,8 +232,13 @@ impl Watchdog {
                     idle_since = None;
                 }
                 registry.prune_at = (registry.holds.len() * 2).max(64);
-                for holding in registry.holds.iter().filter_map(Weak::upgrade) {
-                    if let Some(ttl) = holding.take_due(now) {
+                let live: Vec<Arc<Holding>> =
+                    registry.holds.iter().filter_map(Weak::upgrade).collect();
+                // A batch goes out only when some hold needs it; then the others nearly due ride along.
+                let sending = live.iter().any(|holding| holding.renewal_due(now));
+                for holding in live {
+                    let taken = sending.then(|| holding.take_due(now)).flatten();
+                    if let Some(ttl) = taken {
                         due.push((holding.clone(), ttl));
                     }
                     if let Some(at) = holding.next_event() {
