@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use distlock_core::raw::{AcquireRequest, Attempt};
 use distlock_core::retry::jitter;
+use tokio::sync::watch;
 
 use crate::backend::{EtcdBackend, Inner};
 use crate::claims::{Doomed, FOREIGN};
 use crate::error::EtcdError;
+use crate::held::LossSender;
 use crate::layout;
-use crate::lease::EtcdLease;
+use crate::lease::{EtcdLease, QueuedWatch};
 use crate::rpc::pb::etcdserverpb::response_op::Response as OpResponse;
 use crate::rpc::pb::etcdserverpb::watch_create_request::FilterType;
 use crate::rpc::pb::etcdserverpb::{RangeResponse, ResponseOp, TxnResponse, WatchCreateRequest};
@@ -33,6 +35,8 @@ pub struct EtcdAcquisition {
     claim: Option<u64>,
     /// The key went to a grant (the lease owns it now).
     granted: bool,
+    /// The held-key watch on the own key, made once the acquisition queued (handed to the grant).
+    queued_watch: Option<QueuedWatch>,
     /// The backend and the owner id, for the undo of an acquisition dropped without
     /// [`abandon`](EtcdBackend::abandon): the core's undo task ran on a runtime that was dropped.
     backend: Weak<Inner>,
@@ -52,6 +56,9 @@ impl Drop for EtcdAcquisition {
     fn drop(&mut self) {
         if self.granted {
             return;
+        }
+        if let (Some(queued), Some(inner)) = (self.queued_watch.take(), self.backend.upgrade()) {
+            inner.held.unwatch(queued.id);
         }
         let (Some(key), Some(session), Some(claim)) =
             (self.key.take(), self.session.take(), self.claim.take())
@@ -123,9 +130,26 @@ impl EtcdBackend {
             // Kept in the acquisition too: a grant the core refuses (it came after its deadline) is abandoned.
             let claim = acq.claim.unwrap_or(FOREIGN);
             acq.granted = true;
+            let queued = acq.queued_watch.take();
             return Ok(Attempt::Acquired(
-                self.grant(found, claim, request.lease).await,
+                self.grant(found, claim, request.lease, queued).await,
             ));
+        }
+        if acq.queued_watch.is_none() {
+            // Queued: watch the own key now, so the grant after the wait finds its watch confirmed.
+            // The key existed at this read (`from` is the revision after it).
+            let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
+            let (id, first_confirmation) = self.inner.held.watch(
+                found.key.clone(),
+                found.rev,
+                found.alive_at + 1,
+                lost.clone(),
+            );
+            acq.queued_watch = Some(QueuedWatch {
+                id,
+                lost,
+                first_confirmation,
+            });
         }
         acq.watch = found
             .predecessor
@@ -331,6 +355,9 @@ impl EtcdBackend {
         ) else {
             return;
         };
+        if let Some(queued) = acquisition.queued_watch.take() {
+            self.inner.held.unwatch(queued.id);
+        }
         // Until the delete is done, the acquisition keeps its key: if this future is dropped first
         // (its runtime went away), the acquisition's drop hands the key to the retried deletes. A
         // grant the core refused is undone here too.

@@ -59,6 +59,9 @@ struct Entry {
     lost: LossSender,
     /// Its watch was (or is being) created on the current stream: a release must cancel it.
     created: bool,
+    /// The revision the server created its watch at on the current stream, once confirmed (reset
+    /// when the stream is reopened): every delete after it reaches the watch.
+    confirmed_at: Option<i64>,
 }
 
 enum Command {
@@ -160,6 +163,7 @@ impl HeldKeys {
                 from,
                 lost,
                 created: false,
+                confirmed_at: None,
             },
         );
         state.confirmations.insert(id, confirm);
@@ -169,6 +173,34 @@ impl HeldKeys {
             }
         }
         (id, confirmed)
+    }
+
+    /// The revision the watch `id` was created at on the current stream, if it is confirmed there
+    /// (not if the stream was reopened since and the watch is not confirmed again yet); otherwise a
+    /// receiver of the next confirmation. A grant made after a wait uses the watch its acquisition
+    /// made while queued: confirmed at or before the grant's read, it covers every later delete,
+    /// with no round trip at the grant.
+    pub(crate) fn confirmation(&self, id: i64) -> Result<i64, oneshot::Receiver<i64>> {
+        let (confirm, confirmed) = oneshot::channel();
+        let Ok(mut state) = self.state.lock() else {
+            return Err(confirmed);
+        };
+        let mut id = id;
+        while let Some(&moved) = state.moved.get(&id) {
+            id = moved;
+        }
+        match state.entries.get(&id) {
+            Some(entry) => {
+                if let Some(revision) = entry.confirmed_at {
+                    return Ok(revision);
+                }
+                state.confirmations.insert(id, confirm);
+            }
+            // Gone (its key was found deleted): the loss is on the entry's channel already; the
+            // caller's re-read finds the same.
+            None => drop(confirm),
+        }
+        Err(confirmed)
     }
 
     /// Stops watching (the lock was released).
@@ -262,7 +294,12 @@ fn confirm(shared: &Shared, id: i64, revision: i64) -> bool {
         return true;
     };
     let confirm = match state.lock() {
-        Ok(mut s) => s.confirmations.remove(&id),
+        Ok(mut s) => {
+            if let Some(entry) = s.entries.get_mut(&id) {
+                entry.confirmed_at = Some(revision);
+            }
+            s.confirmations.remove(&id)
+        }
         Err(_) => None,
     };
     confirm.is_some_and(|confirm| confirm.send(revision).is_ok())
@@ -356,6 +393,7 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
             if let Ok(mut s) = state.lock() {
                 for entry in s.entries.values_mut() {
                     entry.created = false;
+                    entry.confirmed_at = None;
                 }
             }
         }
@@ -627,6 +665,8 @@ async fn handle(
         s.next_id += 1;
         let new_id = s.next_id;
         entry.from = from;
+        entry.created = true;
+        entry.confirmed_at = None;
         s.entries.insert(new_id, entry);
         s.moved.insert(id, new_id);
         new_id

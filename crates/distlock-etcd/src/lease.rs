@@ -106,12 +106,27 @@ pub(crate) struct LeaseClock {
     timer: Option<Task>,
 }
 
+/// The held-key watch an acquisition makes for its own key once it queues behind another (in
+/// [`HeldKeys`](crate::held::HeldKeys), from the server's current revision, so synced): by the time its
+/// predecessor goes, it is confirmed, and the grant that follows needs no round trip for it.
+#[derive(Debug)]
+pub(crate) struct QueuedWatch {
+    pub(crate) id: i64,
+    pub(crate) lost: LossSender,
+    /// Held unread so that the first confirmation is taken (a dropped receiver would make the
+    /// watch task re-read the key, a round trip for nothing while the key is queued).
+    pub(crate) first_confirmation: tokio::sync::oneshot::Receiver<i64>,
+}
+
 impl EtcdBackend {
+    /// The grant of `found`'s key. `queued` is the held-key watch its acquisition made while it
+    /// waited (see [`QueuedWatch`]); without one (granted at the first try) the watch is made now.
     pub(crate) async fn grant(
         &self,
         found: Position,
         claim: u64,
         lease: Duration,
+        queued: Option<QueuedWatch>,
     ) -> Grant<EtcdLease> {
         let Position {
             session,
@@ -121,7 +136,25 @@ impl EtcdBackend {
             ..
         } = found;
         let ttl = lease.min(session.remaining());
-        let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
+        let (lost, watch_id, confirmed) = match queued {
+            Some(queued) => {
+                // Kept alive until now, so its first confirmation was taken (no re-read) and
+                // recorded on the entry.
+                drop(queued.first_confirmation);
+                let confirmed = self.inner.held.confirmation(queued.id);
+                (queued.lost, queued.id, confirmed)
+            }
+            None => {
+                let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
+                // The key existed at the grant's read: a watch (re)made after that re-reads it
+                // unless the store has not moved since (`from` is that read + 1).
+                let (id, confirmed) =
+                    self.inner
+                        .held
+                        .watch(key.clone(), rev, read_rev + 1, lost.clone());
+                (lost, id, Err(confirmed))
+            }
+        };
         let lost_rx = lost.subscribe();
         let clock = Arc::new(Mutex::new(LeaseClock {
             expires: clock::now().saturating_add(lease),
@@ -149,14 +182,18 @@ impl EtcdBackend {
             }
         });
         let token = FencingToken::new(rev.unsigned_abs());
-        // The key existed at the grant's read: a watch (re)made after that re-reads it unless the
-        // store has not moved since (`from` is that read + 1).
-        let (watch_id, confirmed) =
-            self.inner
-                .held
-                .watch(key.clone(), rev, read_rev + 1, lost.clone());
-        self.await_watch(&key, rev, read_rev, confirmed, &lost)
-            .await;
+        match confirmed {
+            // The watch made while queued was confirmed (on the stream still open) at or before
+            // the grant's read, which found the key: every later delete reaches it. No round trip.
+            Ok(created_at) if created_at <= read_rev => {}
+            // Confirmed after the read (or made again since): a delete in between is found by
+            // reading the key.
+            Ok(_) => self.recheck_granted(&key, rev, &lost).await,
+            Err(confirmed) => {
+                self.await_watch(&key, rev, read_rev, confirmed, &lost)
+                    .await
+            }
+        }
         let held = EtcdLease {
             key,
             rev,
@@ -202,6 +239,12 @@ impl EtcdBackend {
         if created_at <= read_rev {
             return;
         }
+        self.recheck_granted(key, rev, lost).await;
+    }
+
+    /// Reads a just-granted key whose watch was created after the grant's read: deleted in between,
+    /// the grant is returned already lost.
+    async fn recheck_granted(&self, key: &str, rev: i64, lost: &LossSender) {
         let own = crate::rpc::pb::etcdserverpb::RangeRequest {
             key: key.as_bytes().to_vec(),
             ..Default::default()

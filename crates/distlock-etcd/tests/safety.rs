@@ -729,6 +729,61 @@ fn fault_a_guard_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
     drop(locks);
 }
 
+/// A queued acquisition watches its own key while it waits (issue 9), so the grant after the wait
+/// finds its held-key watch confirmed and needs no round trip for it: while the second owner waits,
+/// the server holds the blocker's held-key watch, the waiter's predecessor watch and the waiter's
+/// own-key watch; after the handoff, the grant made no watch of its own (the predecessor watch and
+/// the blocker's are gone, the own-key watch stays until the release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_acquisition_watches_its_own_key_before_its_grant() {
+    let server = EtcdServer::start_or_panic();
+    let first = {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    let second = {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    let name = common::name("queued_watch");
+    let prefix = format!("{name}/");
+    let all = "etcd_debugging_mvcc_watcher_total";
+    let idle = watch_gauge(server.addr(), all).await;
+    let blocker = first.lock(&name).unwrap().acquire().await.unwrap();
+    assert_eq!(
+        watch_gauge(server.addr(), all).await,
+        idle + 1,
+        "the blocker's held-key watch"
+    );
+    let lock = second.lock(&name).unwrap();
+    let next = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    wait_keys(&server.endpoints(), &prefix, SLACK, "second queued", |k| {
+        k.len() == 2
+    });
+    let deadline = Instant::now() + SLACK;
+    while watch_gauge(server.addr(), all).await < idle + 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        watch_gauge(server.addr(), all).await,
+        idle + 3,
+        "while queued: the blocker's held key, the waiter's predecessor and the waiter's own key"
+    );
+    blocker.release().await.unwrap();
+    let granted = next.await.unwrap();
+    assert_eq!(granted.state(), LockState::Held);
+    let deadline = Instant::now() + SLACK;
+    while watch_gauge(server.addr(), all).await > idle + 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        watch_gauge(server.addr(), all).await,
+        idle + 1,
+        "after the handoff: only the new holder's own-key watch"
+    );
+    granted.release().await.unwrap();
+}
+
 /// A gauge from etcd's `/metrics`: `etcd_debugging_mvcc_watcher_total` (watches on the server) or
 /// `etcd_debugging_mvcc_slow_watcher_total` (those served by its 100 ms catch-up loop: "unsynced").
 async fn watch_gauge(addr: std::net::SocketAddr, gauge: &str) -> u64 {

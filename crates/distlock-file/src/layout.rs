@@ -34,8 +34,10 @@
 //!
 //! # File content
 //!
-//! A few lines of `key=value` text, rewritten whole (at offset 0, then truncated to length) by each
-//! holder while it holds the `flock`:
+//! A few lines of `key=value` text, rewritten whole at offset 0 by each holder while it holds the
+//! `flock`. The file never shrinks: a record shorter than the one before it is followed by blank lines
+//! up to the old length (a size change would make every `fdatasync` write the inode as well as the
+//! data). Files written by earlier versions, cut to the record's length, read the same.
 //!
 //! ```text
 //! # distlock lock file, format 1. Keep it: the fencing counter lives here.
@@ -51,8 +53,8 @@
 //! in milliseconds) describe the current holder and are removed at release, leaving the token line. Lines
 //! starting with `#` and blank lines are comments; unknown keys are ignored (later formats may add some).
 //! Values have `%`, and bytes below 0x20 or 0x7F, written as `%XX`. Reading stops at the `end` line:
-//! if a crash lands between the write and the truncation (possible only without `fdatasync`), the tail
-//! of a longer, older record that follows it is ignored, not mistaken for corruption. An empty file has token 0; a file
+//! what follows it (the padding, or the tail of a longer record an earlier version had not yet cut
+//! when it crashed) is ignored, not mistaken for corruption. An empty file has token 0; a file
 //! with content but no readable `token` line is corrupt, and acquiring it fails rather than restart the
 //! counter (see [`Record::parse`]).
 //!

@@ -6,7 +6,9 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{flock, FlockOperation, OFlags};
+use rustix::fs::{
+    flock, makedev, statx, AtFlags, FileType, FlockOperation, OFlags, Statx, StatxFlags, CWD,
+};
 use rustix::io::Errno;
 
 use crate::error::FileError;
@@ -67,10 +69,8 @@ impl OpenFile {
             }
             Err(e) => return Err(FileError::io("open", path, e)),
         };
-        let meta = file
-            .metadata()
-            .map_err(|e| FileError::io("stat", path, e))?;
-        if !meta.is_file() {
+        let id = Identity::of_file(&file).map_err(|e| FileError::io("stat", path, e))?;
+        if !id.regular {
             return Err(FileError::Config(format!(
                 "{} is not a regular file; remove it so distlock can use it as a lock file",
                 path.display()
@@ -78,8 +78,8 @@ impl OpenFile {
         }
         Ok(Self {
             file,
-            dev: meta.dev(),
-            ino: meta.ino(),
+            dev: id.dev,
+            ino: id.ino,
             locked: false,
         })
     }
@@ -130,10 +130,66 @@ impl Drop for OpenFile {
 /// deleted file for its own and wait for an event that never comes (`DELETE_SELF` only follows the
 /// last close, which is the holder's own).
 pub(crate) fn same_file(path: &Path, dev: u64, ino: u64) -> Result<bool, FileError> {
-    match std::fs::metadata(path) {
-        Ok(meta) => Ok(meta.dev() == dev && meta.ino() == ino && meta.nlink() > 0),
+    match Identity::of_path(path) {
+        Ok(id) => Ok(id.dev == dev && id.ino == ino && id.linked),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(FileError::io("stat", path, e)),
+    }
+}
+
+/// What the backend needs to know of a file: which inode it is, whether it is a regular file, and
+/// whether it is still linked.
+///
+/// Read with `statx` asking for exactly that, never for timestamps. Since Linux 6.13 (multigrain
+/// timestamps), a `stat` that asks for mtime/ctime marks them queried, and the next write stamps a
+/// fine-grained time instead of the clock tick's: the inode then changes at every write, and on ext4
+/// without a journal `fdatasync` writes the inode block whenever it changed (one more device write,
+/// waited for, per acquire; issue 9). `std::fs::metadata` asks for every field, timestamps included.
+struct Identity {
+    dev: u64,
+    ino: u64,
+    regular: bool,
+    linked: bool,
+}
+
+impl Identity {
+    const FIELDS: StatxFlags = StatxFlags::TYPE
+        .union(StatxFlags::INO)
+        .union(StatxFlags::NLINK);
+
+    fn of_file(file: &File) -> io::Result<Identity> {
+        match statx(file, "", AtFlags::EMPTY_PATH, Self::FIELDS) {
+            Ok(stx) => Ok(Self::from_statx(&stx)),
+            Err(Errno::NOSYS | Errno::PERM) => file.metadata().map(|m| Self::from_std(&m)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Follows symbolic links, as `std::fs::metadata` does.
+    fn of_path(path: &Path) -> io::Result<Identity> {
+        match statx(CWD, path, AtFlags::empty(), Self::FIELDS) {
+            Ok(stx) => Ok(Self::from_statx(&stx)),
+            Err(Errno::NOSYS | Errno::PERM) => std::fs::metadata(path).map(|m| Self::from_std(&m)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn from_statx(stx: &Statx) -> Identity {
+        Identity {
+            dev: makedev(stx.stx_dev_major, stx.stx_dev_minor),
+            ino: stx.stx_ino,
+            regular: FileType::from_raw_mode(u32::from(stx.stx_mode)) == FileType::RegularFile,
+            linked: stx.stx_nlink > 0,
+        }
+    }
+
+    fn from_std(meta: &std::fs::Metadata) -> Identity {
+        Identity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            regular: meta.is_file(),
+            linked: meta.nlink() > 0,
+        }
     }
 }
 
@@ -164,22 +220,28 @@ pub(crate) fn read_content(file: &File, path: &Path) -> Result<Vec<u8>, FileErro
     Ok(buf)
 }
 
-/// Writes `record` over the file's content of `old_len` bytes.
+/// Writes `record` over the file's content of `old_len` bytes; returns the file's length after it.
+///
+/// The file never shrinks: a record shorter than the old content is followed by blank lines up to the
+/// old length (blank lines are comments, and reading stops at `end` anyway). A size change is what
+/// makes `fdatasync` write the inode too (ext4 without a journal writes the inode block and waits for
+/// it; with one, it commits the journal): the release's shorter record and the next acquire's longer
+/// one changed the size twice per cycle, so every acquire's sync cost two device writes instead of
+/// one (issue 9). With the size kept, only the data block is written, as a bare `pwrite` +
+/// `fdatasync` does. Written in place, never truncated first: the file never goes through an empty
+/// state in which a crash would lose the counter.
 pub(crate) fn write_record(
     file: &File,
     path: &Path,
     record: &Record,
     old_len: usize,
 ) -> Result<usize, FileError> {
-    let text = record.render();
-    // Written over the old record, then cut to length: the file never goes through an empty state
-    // in which a crash would lose the counter.
-    file.write_all_at(text.as_bytes(), 0)
-        .map_err(|e| FileError::io("write", path, e))?;
+    let mut text = record.render().into_bytes();
     if text.len() < old_len {
-        file.set_len(text.len() as u64)
-            .map_err(|e| FileError::io("truncate", path, e))?;
+        text.resize(old_len, b'\n');
     }
+    file.write_all_at(&text, 0)
+        .map_err(|e| FileError::io("write", path, e))?;
     Ok(text.len())
 }
 

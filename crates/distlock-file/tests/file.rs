@@ -325,6 +325,40 @@ async fn lock_files_stay_after_release() {
     );
 }
 
+/// The lock file's size stays put from one cycle to the next (the release pads its shorter record
+/// instead of truncating, and the next holder's record fits), so the acquire's `fdatasync` has no size
+/// change to write to the inode: the mechanism that keeps a cycle at one device write (issue 9). The
+/// file grows only when a record is longer than any before it (here once, as the token gains a
+/// digit). The counter still reads right through the padding.
+#[tokio::test]
+async fn a_cycle_never_changes_the_lock_file_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::new(dir.path()).unwrap();
+    let path = backend.lock_file("steady");
+    let locks = Locks::new(backend);
+    let lock = locks.lock("steady").unwrap();
+    let size = || std::fs::metadata(&path).unwrap().len();
+    lock.acquire().await.unwrap().release().await.unwrap();
+    let (mut released, mut growths, mut last) = (size(), 0, None);
+    for _ in 0..20 {
+        let guard = lock.acquire().await.unwrap();
+        let held = size();
+        assert!(held >= released, "an acquire shrank the file");
+        growths += usize::from(held > released);
+        assert!(guard.token() > last);
+        last = guard.token();
+        guard.release().await.unwrap();
+        released = size();
+        assert_eq!(released, held, "a release changed the file's size");
+        let content = std::fs::read_to_string(&path).unwrap();
+        assert!(!content.contains("owner="), "{content}");
+    }
+    assert!(growths <= 1, "the file grew {growths} times");
+    let info = locks.inspect("steady").await.unwrap();
+    assert_eq!(info.last_token, last);
+    assert!(info.holder.is_none());
+}
+
 #[tokio::test]
 async fn odd_names_map_to_valid_distinct_files() {
     let dir = tempfile::tempdir().unwrap();
