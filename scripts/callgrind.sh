@@ -112,6 +112,7 @@ for engine in redis file; do
                 s+=("$(collected "$work/server.log")")
             else
                 rm -rf "$work/locks"
+                mkdir "$work/locks"
                 c+=("$(count "file://$work/locks" "$only" "$n")")
 
             fi
@@ -134,4 +135,5 @@ for engine in redis file; do
             'BEGIN { if (bs > 0) printf "         distlock / bare loop, server instructions: %.2f×; client + server: %.2f×\n", ds / bs, (dc + ds) / (bc + bs) }'
     fi
 done
-echo "(N = $n1 and $n2 measured cycles on Redis, $((n1 / 5)) and $((n2 / 5)) on file; per cycle = ΔI / ΔN)"
+echo "(N = $n1 and $n2 measured cycles on Redis, $((n1 / 5)) and $((n2 / 5)) on file; per cycle = ΔI / ΔN;"
+echo " user-space instructions only: callgrind does not see the kernel's work, syscalls and fdatasync included)"
