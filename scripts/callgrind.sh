@@ -14,15 +14,23 @@
 # (a fresh one per run, shut down with SHUTDOWN NOSAVE so its counts are written), giving the server's
 # instructions per cycle beside the client's.
 #
-# Needs valgrind, redis-server, redis-cli, and a release build of the CLI
-# (`cargo build --release -p distlock-cli`; BIN= overrides the binary). Takes a few minutes.
+# Needs valgrind, redis-server and redis-cli. The binary is a release build of the CLI with rustix's
+# libc backend, in its own target dir (target/callgrind): valgrind cannot follow rustix's own vDSO
+# lookup (the process dies with SIGSEGV in rustix::backend::param::auxv::check_elf_base at the first
+# clock read, rustix issue #1559), while glibc's clock_gettime it handles. The first run builds it (a
+# full release build, ~10 min); BIN= names another binary built the same way. The counts take a few
+# minutes more.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 n1=${1:-1000}
 n2=${2:-3000}
-bin=${BIN:-target/release/distlock}
-[ -x "$bin" ] || { echo "no $bin: cargo build --release -p distlock-cli" >&2; exit 1; }
+if [ -z "${BIN:-}" ]; then
+    RUSTFLAGS="--cfg rustix_use_libc" cargo build --release -p distlock-cli \
+        --target-dir target/callgrind >&2
+fi
+bin=${BIN:-target/callgrind/release/distlock}
+[ -x "$bin" ] || { echo "no $bin" >&2; exit 1; }
 for tool in valgrind redis-server redis-cli; do
     command -v "$tool" >/dev/null || { echo "$tool is not installed" >&2; exit 1; }
 done
@@ -104,6 +112,7 @@ for engine in redis file; do
                 s+=("$(collected "$work/server.log")")
             else
                 rm -rf "$work/locks"
+                mkdir "$work/locks"
                 c+=("$(count "file://$work/locks" "$only" "$n")")
 
             fi
@@ -126,4 +135,5 @@ for engine in redis file; do
             'BEGIN { if (bs > 0) printf "         distlock / bare loop, server instructions: %.2f×; client + server: %.2f×\n", ds / bs, (dc + ds) / (bc + bs) }'
     fi
 done
-echo "(N = $n1 and $n2 measured cycles on Redis, $((n1 / 5)) and $((n2 / 5)) on file; per cycle = ΔI / ΔN)"
+echo "(N = $n1 and $n2 measured cycles on Redis, $((n1 / 5)) and $((n2 / 5)) on file; per cycle = ΔI / ΔN;"
+echo " user-space instructions only: callgrind does not see the kernel's work, syscalls and fdatasync included)"

@@ -471,6 +471,11 @@ pub struct FlockFloor {
 
 impl FlockFloor {
     pub fn new(path: PathBuf, sync: bool) -> Result<Self, Error> {
+        // Without distlock in the run (`--baseline-only`, `--only baselines`) nothing else creates
+        // the lock directory.
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

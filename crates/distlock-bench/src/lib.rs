@@ -405,7 +405,7 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
                             2.5,
                         )
                         .with_cpu(
-                            "CPU per contended acquisition, in PINGs' CPU",
+                            "CPU per contended acquisition (acquire, release, wake-up), in PINGs' CPU",
                             c_cpu,
                             rtt_cpu,
                             2.5,
