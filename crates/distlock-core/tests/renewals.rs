@@ -292,5 +292,10 @@ async fn holds_granted_apart_share_one_renewal_batch_after_one_period() {
     );
     assert!(batches >= 2, "{batches} renewal batches in three periods");
     assert_eq!(first.state(), LockState::Held, "{:?}", first.loss_reason());
-    assert_eq!(second.state(), LockState::Held, "{:?}", second.loss_reason());
+    assert_eq!(
+        second.state(),
+        LockState::Held,
+        "{:?}",
+        second.loss_reason()
+    );
 }
