@@ -314,3 +314,44 @@ async fn the_same_owner_waits_for_its_release_reply() {
     assert!(again.token().expect("memory mints tokens") > token);
     again.release().await.unwrap();
 }
+
+/// Two `Lock`s of one `Locks` with one caller-supplied owner id (`lock_as`) share the name's local
+/// gate, so they exclude each other locally. A release that passed the gate on before it reached the
+/// store (early handoff) must not let the other `Lock`'s acquire overtake it: to the store that acquire
+/// is the same owner's, so it would be granted on the old hold (same token) and the late release would
+/// then delete it, leaving a `Held` guard whose lock any other owner can take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owner_id_on_two_locks_is_not_overtaken_by_its_early_handed_off_release() {
+    let backend = MemoryBackend::new();
+    let locks = Locks::new(backend.clone());
+    let a = locks.lock_as("one-owner", "nightly-job").unwrap();
+    let b = locks.lock_as("one-owner", "nightly-job").unwrap();
+    let held = a.acquire().await.unwrap();
+    let first = held.token().expect("memory mints tokens");
+    let waiter = tokio::spawn(async move { b.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The release reaches the store late, as over a slow network.
+    backend.delay_releases([Duration::from_millis(500)]);
+    held.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap();
+    assert!(
+        second.token().expect("memory mints tokens") > first,
+        "a token not greater than the previous hold's"
+    );
+    assert_eq!(second.state(), LockState::Held);
+    let elsewhere = Locks::new(backend.another_client());
+    let other = elsewhere
+        .lock("one-owner")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(
+        other.is_none(),
+        "another owner took the lock while the second Lock's guard is Held"
+    );
+    second.release().await.unwrap();
+}
