@@ -355,3 +355,46 @@ async fn one_owner_id_on_two_locks_is_not_overtaken_by_its_early_handed_off_rele
     );
     second.release().await.unwrap();
 }
+
+/// A hold registered while the watchdog task lingers after its last hold (it then looks again only at
+/// the linger's end) is renewed and its loss reported on time, not at the linger's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_granted_during_the_watchdogs_linger_is_watched_on_time() {
+    let backend = MemoryBackend::new();
+    let locks = Locks::new(backend.clone());
+    let lock = locks.lock("linger").unwrap();
+    let lease = Duration::from_millis(300);
+    let first = lock.options().lease(lease).acquire().await.unwrap();
+    first.release().await.unwrap();
+    // The task looks at the released hold's renewal time, finds no hold, and lingers.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Renewed on time while the linger lasts (3 leases, well past the linger's end).
+    let guard = lock.options().lease(lease).acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        guard.state(),
+        LockState::Held,
+        "not renewed during the linger"
+    );
+    guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let guard = lock.options().lease(lease).acquire().await.unwrap();
+    backend.freeze();
+    let deadline = guard.validity_deadline().expect("a lease has a deadline");
+    let mut changes = guard.state_changes();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        changes.wait_for(|s| *s == LockState::Lost),
+    )
+    .await
+    .expect("lost")
+    .unwrap();
+    let late = std::time::Instant::now().saturating_duration_since(deadline);
+    assert!(
+        late < Duration::from_millis(400),
+        "loss reported {late:?} late"
+    );
+    backend.unfreeze();
+    drop(guard);
+    locks.close().await;
+}
