@@ -49,19 +49,47 @@ pub(crate) struct LocksInner {
     defaults: LockOptions,
     /// Same-name waiters of this `Locks` queue here (tokio's mutex is FIFO), so only the head contends
     /// with the engine.
-    gates: Mutex<Gates>,
+    gates: Mutex<Shared<String>>,
+    /// The `releasing` mutex of each (name, owner) with a live `Lock` (see [`LockShared::releasing`]):
+    /// shared by every `Lock` of one name and owner id (`lock_as` may give two the same), since to the
+    /// engine they are one owner.
+    releasing: Mutex<Shared<(String, String)>>,
     pub(crate) watchdog: Arc<Watchdog>,
     background: Arc<Background>,
 }
 
-/// The local gates by name. Each [`Lock`] keeps its name's gate from its creation, so an acquire takes
-/// it without a look-up; the map only lets `Lock`s of one name find the same gate.
-#[derive(Default)]
-struct Gates {
-    by_name: HashMap<String, Weak<tokio::sync::Mutex<()>>>,
-    /// Gates no `Lock` holds any more are dropped from the map when it grows past this (which then
+/// Shared mutexes by key, each alive while a [`Lock`] holds it: the local gates by name, and the
+/// `releasing` mutexes by name and owner. Each `Lock` keeps its own from its creation, so an acquire
+/// takes them without a look-up; the map only lets `Lock`s of one key find the same mutex.
+struct Shared<K> {
+    by_key: HashMap<K, Weak<tokio::sync::Mutex<()>>>,
+    /// Mutexes no `Lock` holds any more are dropped from the map when it grows past this (which then
     /// doubles the live count, so pruning stays amortised O(1) however many `Lock`s live).
     prune_at: usize,
+}
+
+impl<K> Default for Shared<K> {
+    fn default() -> Self {
+        Self {
+            by_key: HashMap::new(),
+            prune_at: 0,
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Shared<K> {
+    fn get(&mut self, key: K) -> Arc<tokio::sync::Mutex<()>> {
+        if let Some(mutex) = self.by_key.get(&key).and_then(Weak::upgrade) {
+            return mutex;
+        }
+        if self.by_key.len() >= self.prune_at {
+            self.by_key.retain(|_, mutex| mutex.strong_count() > 0);
+            self.prune_at = (self.by_key.len() * 2).max(64);
+        }
+        let mutex = Arc::new(tokio::sync::Mutex::new(()));
+        self.by_key.insert(key, Arc::downgrade(&mutex));
+        mutex
+    }
 }
 
 /// Counts background tasks (releases of dropped guards, undo of cancelled acquires) so that
@@ -107,6 +135,7 @@ impl Locks {
                 runtime: Mutex::new(None),
                 defaults,
                 gates: Mutex::default(),
+                releasing: Mutex::default(),
                 watchdog: Arc::new(Watchdog::default()),
                 background: Arc::default(),
             }),
@@ -137,14 +166,15 @@ impl Locks {
             .with_backend(backend)
             .with_lock(name));
         }
+        let releasing = lock(&self.inner.releasing).get((name.to_string(), owner.clone()));
         Ok(Lock {
             shared: Arc::new(LockShared {
                 locks: self.inner.clone(),
                 name: name.to_string(),
                 owner,
                 acquiring: tokio::sync::Mutex::new(()),
-                gate: self.inner.gate(name),
-                releasing: Arc::new(tokio::sync::Mutex::new(())),
+                gate: lock(&self.inner.gates).get(name.to_string()),
+                releasing,
                 held: Mutex::new(None),
             }),
         })
@@ -276,22 +306,6 @@ impl LocksInner {
             *runtime = Some(handle);
         }
         Ok(())
-    }
-
-    fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut gates = lock(&self.gates);
-        if let Some(gate) = gates.by_name.get(name).and_then(Weak::upgrade) {
-            return gate;
-        }
-        if gates.by_name.len() >= gates.prune_at {
-            gates.by_name.retain(|_, gate| gate.strong_count() > 0);
-            gates.prune_at = (gates.by_name.len() * 2).max(64);
-        }
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
-        gates
-            .by_name
-            .insert(name.to_string(), Arc::downgrade(&gate));
-        gate
     }
 }
 
@@ -439,8 +453,10 @@ pub(crate) struct LockShared {
     gate: Arc<tokio::sync::Mutex<()>>,
     /// Held by a hold whose release passed the local gate on before its reply (see
     /// [`Backend::release_orders_next_acquire`](crate::raw::Backend::release_orders_next_acquire)), until
-    /// that reply: this owner's next acquire waits for it, since a release resent on a fresh connection
-    /// would delete this owner's next grant. Other owners' acquires need not wait (the release is
+    /// that reply: this owner's next acquire waits for it, since a release that reaches the engine
+    /// after it (resent on a fresh connection, or delayed) would delete this owner's next grant. Shared
+    /// by every `Lock` of this `Locks` with this name and owner id (see [`LocksInner::releasing`]): to
+    /// the engine they are one owner. Other owners' acquires need not wait (the release is
     /// owner-guarded).
     pub(crate) releasing: Arc<tokio::sync::Mutex<()>>,
     /// The current hold and how many guards share it.

@@ -24,7 +24,7 @@ use crate::locks::LocksInner;
 use crate::raw::{DynBackend, Renewal, RenewalId, Renewed};
 use crate::sync::lock;
 
-/// How long the task stays after its last hold ended. A loop of acquire and release (the grant
+/// How long the task stays after its last hold ended, on a multi-thread runtime. A loop of acquire and release (the grant
 /// registers, the release ends the hold before the task next looks) would otherwise start a task per
 /// grant, and each spawn wakes another worker thread to steal it: a cross-thread wake-up per cycle.
 const IDLE_LINGER: Duration = Duration::from_secs(1);
@@ -218,7 +218,15 @@ impl Watchdog {
                     .retain(|weak| weak.upgrade().is_some_and(|h| h.watched(now)));
                 if registry.holds.is_empty() {
                     let since = *idle_since.get_or_insert(now);
-                    let until = since.saturating_add(IDLE_LINGER);
+                    // Not on a current-thread runtime: there a spawn wakes no other thread, and a task
+                    // lingering on one that idles (its `block_on` returned) never runs, so a hold
+                    // registered meanwhile from another current-thread runtime would not be renewed.
+                    let linger = if registry.on_current_thread {
+                        Duration::ZERO
+                    } else {
+                        IDLE_LINGER
+                    };
+                    let until = since.saturating_add(linger);
                     if now >= until {
                         // Decided under the lock `register` takes, so no hold is left unwatched.
                         registry.task = None;

@@ -314,3 +314,87 @@ async fn the_same_owner_waits_for_its_release_reply() {
     assert!(again.token().expect("memory mints tokens") > token);
     again.release().await.unwrap();
 }
+
+/// Two `Lock`s of one `Locks` with one caller-supplied owner id (`lock_as`) share the name's local
+/// gate, so they exclude each other locally. A release that passed the gate on before it reached the
+/// store (early handoff) must not let the other `Lock`'s acquire overtake it: to the store that acquire
+/// is the same owner's, so it would be granted on the old hold (same token) and the late release would
+/// then delete it, leaving a `Held` guard whose lock any other owner can take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owner_id_on_two_locks_is_not_overtaken_by_its_early_handed_off_release() {
+    let backend = MemoryBackend::new();
+    let locks = Locks::new(backend.clone());
+    let a = locks.lock_as("one-owner", "nightly-job").unwrap();
+    let b = locks.lock_as("one-owner", "nightly-job").unwrap();
+    let held = a.acquire().await.unwrap();
+    let first = held.token().expect("memory mints tokens");
+    let waiter = tokio::spawn(async move { b.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The release reaches the store late, as over a slow network.
+    backend.delay_releases([Duration::from_millis(500)]);
+    held.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap();
+    assert!(
+        second.token().expect("memory mints tokens") > first,
+        "a token not greater than the previous hold's"
+    );
+    assert_eq!(second.state(), LockState::Held);
+    let elsewhere = Locks::new(backend.another_client());
+    let other = elsewhere
+        .lock("one-owner")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(
+        other.is_none(),
+        "another owner took the lock while the second Lock's guard is Held"
+    );
+    second.release().await.unwrap();
+}
+
+/// A hold registered while the watchdog task lingers after its last hold (it then looks again only at
+/// the linger's end) is renewed and its loss reported on time, not at the linger's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_granted_during_the_watchdogs_linger_is_watched_on_time() {
+    let backend = MemoryBackend::new();
+    let locks = Locks::new(backend.clone());
+    let lock = locks.lock("linger").unwrap();
+    let lease = Duration::from_millis(300);
+    let first = lock.options().lease(lease).acquire().await.unwrap();
+    first.release().await.unwrap();
+    // The task looks at the released hold's renewal time, finds no hold, and lingers.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Renewed on time while the linger lasts (3 leases, well past the linger's end).
+    let guard = lock.options().lease(lease).acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        guard.state(),
+        LockState::Held,
+        "not renewed during the linger"
+    );
+    guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let guard = lock.options().lease(lease).acquire().await.unwrap();
+    backend.freeze();
+    let deadline = guard.validity_deadline().expect("a lease has a deadline");
+    let mut changes = guard.state_changes();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        changes.wait_for(|s| *s == LockState::Lost),
+    )
+    .await
+    .expect("lost")
+    .unwrap();
+    let late = std::time::Instant::now().saturating_duration_since(deadline);
+    assert!(
+        late < Duration::from_millis(400),
+        "loss reported {late:?} late"
+    );
+    backend.unfreeze();
+    drop(guard);
+    locks.close().await;
+}

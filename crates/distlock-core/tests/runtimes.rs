@@ -477,3 +477,42 @@ fn the_only_holds_lease_is_renewed_after_every_runtime_is_gone() {
         guard.release().await.unwrap();
     });
 }
+
+/// A sync helper's pattern: each call runs in `block_on` of a current-thread runtime of its own thread
+/// (kept, idle between calls). The first call's hold ended and the watchdog task found no hold before
+/// that `block_on` returned; a hold of the next call, on another current-thread runtime, must be renewed
+/// (a task that stays on the idle runtime after its last hold never runs there).
+#[test]
+fn a_hold_on_a_second_current_thread_runtime_is_renewed_after_the_first_idles() {
+    let locks = Locks::new(MemoryBackend::new());
+    let lease = Duration::from_millis(300);
+    let idle = current_thread_runtime();
+    idle.block_on(async {
+        let guard = locks
+            .lock("first")
+            .unwrap()
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+        // Past the released hold's renewal time: the task looks, and finds no hold.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    });
+    let second = current_thread_runtime();
+    second.block_on(async {
+        let guard = locks
+            .lock("second")
+            .unwrap()
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
+        guard.release().await.unwrap();
+    });
+    drop(idle);
+}

@@ -606,3 +606,60 @@ async fn a_local_waiters_acquire_goes_right_behind_the_release() {
     assert_eq!(calls(&server, "evalsha") - evalsha, 3);
     assert_eq!(calls(&server, "subscribe"), subscribe);
 }
+
+/// Whether a client is blocked by `CLIENT PAUSE` in an `EVALSHA`.
+fn script_paused(server: &RedisServer) -> bool {
+    let list = server.command(&["CLIENT", "LIST"]).unwrap();
+    let list = list.as_str().unwrap_or_default().to_string();
+    list.lines()
+        .any(|client| client.contains(" cmd=evalsha ") && client.contains(" flags=b "))
+}
+
+/// Two `Lock`s of one `Locks` with one owner id (`lock_as`): a release that passed the local gate on
+/// early, then had its connection killed before it ran, is resent on a fresh connection. The other
+/// `Lock`'s acquire must not run between: the server would grant it on the old hold's field (the same
+/// owner) and the resent release would then delete it, leaving a `Held` guard on a free lock. A few
+/// rounds, since which resend reaches the server first is a race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_release_does_not_delete_the_same_owner_ids_next_grant() {
+    let server = RedisServer::start_or_panic();
+    let elsewhere = locks(&server.url()).await;
+    let locks = locks(&server.url()).await;
+    for round in 0..6 {
+        let name = unique("same_owner_resend");
+        let (a, b) = (
+            locks.lock_as(&name, "nightly-job").unwrap(),
+            locks.lock_as(&name, "nightly-job").unwrap(),
+        );
+        let held = a.acquire().await.unwrap();
+        let waiter = tokio::spawn(async move { b.acquire().await.unwrap() });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let pause = server
+            .command(&["CLIENT", "PAUSE", "20000", "WRITE"])
+            .unwrap();
+        assert!(!pause.is_error(), "{pause}");
+        let release = tokio::spawn(held.release());
+        let bound = Instant::now() + Duration::from_secs(10);
+        while !script_paused(&server) && Instant::now() < bound {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Time for the waiter's acquire to queue behind the release, if it goes before the reply.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        server
+            .command(&["CLIENT", "KILL", "TYPE", "normal"])
+            .unwrap();
+        server.command(&["CLIENT", "UNPAUSE"]).unwrap();
+        let _ = release.await.unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter was granted")
+            .unwrap();
+        assert_eq!(second.state(), LockState::Held);
+        let other = elsewhere.lock(&name).unwrap().try_acquire().await.unwrap();
+        assert!(
+            other.is_none(),
+            "round {round}: another owner took the lock while a guard of it is Held"
+        );
+        second.release().await.unwrap();
+    }
+}
