@@ -6,7 +6,9 @@
 //! Each watch filters out puts, so the only event it can see is the delete of that very key (a key
 //! recreated later has a newer create_revision and comes after our delete). It is created at the grant,
 //! and the grant waits for its confirmation: a delete after that reaches this watch as soon as it
-//! reaches the next waiter's watch, so the guard is `Lost` before that waiter can be granted. It
+//! reaches the next waiter's watch (one pass over etcd's synced watches), so the guard learns of it
+//! from the same event as that waiter, with no wait of its own (which of the two processes runs first
+//! afterwards is not ordered: the waiter still needs a round trip, the holder a few local hops). It
 //! starts at the server's current revision, not at the grant's: a watch starting in the past is
 //! "unsynced" in etcd and served by its 100 ms catch-up loop, late enough for the next waiter to be
 //! granted first. A delete between the grant's read and the watch is found by re-reading the key

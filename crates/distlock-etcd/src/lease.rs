@@ -214,8 +214,9 @@ impl EtcdBackend {
     }
 
     /// Waits for the held-key watch made at a grant (read at `read_rev`), so that a delete after the
-    /// grant is `Lost` before the next waiter, whose watch sees the same delete, can be granted (etcd
-    /// sends an event to every synced watch at once; that waiter then needs one more round trip). The
+    /// grant reaches this holder from the same event as the next waiter, whose watch sees the same
+    /// delete (etcd sends an event to every synced watch in one pass; that waiter then needs one more
+    /// round trip, though the two processes are not ordered in real time). The
     /// watch starts at the revision it was created at: if the store moved since the grant's read, the
     /// key is read again, so a delete in between is `Lost` before the grant is even returned. A watch
     /// not confirmed within the request timeout (the stream broke and is not back yet) leaves the grant

@@ -22,6 +22,18 @@ use distlock_testkit::proxy::Proxy;
 /// (one round trip, one keep-alive interval) plus this.
 const SLACK: Duration = Duration::from_secs(3);
 
+/// How late a holder may see an external delete of its key after the next client was granted on
+/// the same delete: half the period of etcd's catch-up loop for unsynced watches (100 ms). Two clients
+/// cannot be ordered in real time: etcd sends the delete to every synced watch in one pass, and which
+/// process runs first afterwards is the scheduler's business (on a loaded machine the next client's
+/// check round trip and grant sometimes finish before the holder's watch task runs). What distlock
+/// promises is that the holder learns of the delete from that same event, with no wait of its own: its
+/// watch is synced (checked with etcd's slow-watcher gauge) and the loss is a couple of local task
+/// hops away. A watch served by the catch-up loop instead sees the delete at the loop's next tick,
+/// 50–80 ms after the next grant in the runs that found this (one tick coincided). Not a speed figure:
+/// on the loaded 2-core machine the holder was at most ~17 ms behind the grant (48 rounds).
+const CATCH_UP_HALF: Duration = Duration::from_millis(50);
+
 async fn backend(url: &str) -> EtcdBackend {
     EtcdBackend::connect(&LockUrl::parse(url).unwrap())
         .await
@@ -216,11 +228,13 @@ async fn fault_deleted_key_is_lost_at_once_at_the_default_session_ttl() {
 }
 
 /// An operator's delete of a key right after its grant (the key of a hold that has just begun, with
-/// the next client queued behind it): the guard must be `Lost` by the time that next client is
-/// granted. With the held-key watch made 100 ms after the grant, it stayed `Held` up to ~200 ms after
-/// the delete while the next client was granted within a round trip: two guards `Held` at once.
+/// the next client queued behind it): the guard learns of it from the same delete event as that next
+/// client, so it is `Lost` (for that reason) within [`CATCH_UP_HALF`] of the next client's grant. With
+/// the held-key watch made 100 ms after the grant, it stayed `Held` up to ~200 ms after the delete
+/// while the next client was granted within a round trip. Not asserted: `Lost` *before* that grant —
+/// two processes woken by one event are not ordered in real time (see [`CATCH_UP_HALF`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_delete_right_after_the_grant_is_lost_before_the_next_holder_is_granted() {
+async fn fault_delete_right_after_the_grant_reaches_the_holder_with_the_next_grant() {
     let server = EtcdServer::start_or_panic();
     let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
         .await
@@ -266,12 +280,16 @@ async fn fault_delete_right_after_the_grant_is_lost_before_the_next_holder_is_gr
             guard
         });
         blocker.release().await.unwrap();
-        let guard = next.await.unwrap();
         let last = after.await.unwrap();
-        assert_ne!(
-            guard.state(),
-            LockState::Held,
-            "round {round}: two Held guards at once: the key was deleted, the client queued behind it was granted, and its guard still reports Held"
+        let granted_at = Instant::now();
+        let guard = next.await.unwrap();
+        tokio::time::timeout(CATCH_UP_HALF.saturating_sub(granted_at.elapsed()), guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the key was deleted, the client queued behind it was granted, and its guard was still Held {CATCH_UP_HALF:?} later"));
+        assert!(
+            guard.loss_reason().unwrap().contains("deleted"),
+            "round {round}: {:?}",
+            guard.loss_reason()
         );
         last.release().await.unwrap();
         let _ = guard.release().await;
@@ -801,12 +819,16 @@ async fn watch_gauge(addr: std::net::SocketAddr, gauge: &str) -> u64 {
 }
 
 /// The held-key watch stream breaks (a connection reset) and is reopened; a delete of the key right
-/// after its watch is made again must still be `Lost` before the client queued behind it is granted.
-/// A watch made again from the grant's revision is "unsynced" in etcd once the store has moved (the
-/// waiter's own key moved it): the delete reached it only through etcd's 100 ms catch-up loop, while
-/// the waiter's watch saw it at once and the waiter was granted: two guards `Held` at once.
+/// after its watch is made again must reach the holder from the same event as the client queued
+/// behind it: at the delete no watch is unsynced (etcd's slow-watcher gauge is 0), and the guard is
+/// `Lost`, for that reason, within [`CATCH_UP_HALF`] of that client's grant. A watch made again from
+/// the grant's revision is "unsynced" in etcd once the store has moved (the waiter's own key moved
+/// it): the delete reached it only through etcd's 100 ms catch-up loop, 50–80 ms after the waiter was
+/// granted. Not asserted: `Lost` *before* that grant — two processes woken by one event are not
+/// ordered in real time (see [`CATCH_UP_HALF`]; the holder here is also one proxy hop farther away).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_delete_right_after_the_held_watch_is_reopened_is_lost_before_the_next_grant() {
+async fn fault_delete_right_after_the_held_watch_is_reopened_reaches_the_holder_with_the_next_grant(
+) {
     use distlock_testkit::proxy::Proxy;
     let server = EtcdServer::start_or_panic();
     let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
@@ -852,6 +874,11 @@ async fn fault_delete_right_after_the_held_watch_is_reopened_is_lost_before_the_
             Instant::now() < deadline,
             "round {round}: the watch was not made again"
         );
+        assert_eq!(
+            watch_gauge(server.addr(), slow).await,
+            0,
+            "round {round}: at the delete, a watch (the holder's, made again) is unsynced: etcd sends it the delete from its 100 ms catch-up loop, not with the next client's"
+        );
         raw.delete_range(DeleteRangeRequest {
             key: queued[0].key.clone().into_bytes(),
             ..DeleteRangeRequest::default()
@@ -859,10 +886,13 @@ async fn fault_delete_right_after_the_held_watch_is_reopened_is_lost_before_the_
         .await
         .unwrap();
         let granted = next.await.unwrap();
-        assert_ne!(
-            guard.state(),
-            LockState::Held,
-            "round {round}: two Held guards at once: the key was deleted after its watch was made again, the next client was granted, and the guard still reports Held"
+        tokio::time::timeout(CATCH_UP_HALF, guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the key was deleted after its watch was made again, the next client was granted, and the guard was still Held {CATCH_UP_HALF:?} later"));
+        assert!(
+            guard.loss_reason().unwrap().contains("deleted"),
+            "round {round}: {:?}",
+            guard.loss_reason()
         );
         granted.release().await.unwrap();
         let _ = guard.release().await;
