@@ -176,6 +176,7 @@ impl Locks {
                 gate: lock(&self.inner.gates).get(name.to_string()),
                 releasing,
                 held: Mutex::new(None),
+                spare_request: Mutex::new(None),
             }),
         })
     }
@@ -461,6 +462,9 @@ pub(crate) struct LockShared {
     pub(crate) releasing: Arc<tokio::sync::Mutex<()>>,
     /// The current hold and how many guards share it.
     pub(crate) held: Mutex<Option<(Arc<Holding>, usize)>>,
+    /// The request of the last granted acquire, kept for the next one: its name and owner strings are
+    /// this `Lock`'s, so reusing it saves two copies per acquire (issue 9).
+    spare_request: Mutex<Option<AcquireRequest>>,
 }
 
 impl fmt::Debug for Lock {
@@ -541,16 +545,26 @@ impl Lock {
             Wait::Limit(limit) => tokio::time::Instant::now().checked_add(limit),
         };
 
-        let Some(_serial) = within(deadline, shared.acquiring.lock()).await else {
-            return Ok(None);
+        // Free locks are taken without a timer (`try_lock` fails while others queue, so the queue
+        // stays FIFO): an uncontended acquire arms none (issue 9).
+        let _serial = match shared.acquiring.try_lock() {
+            Ok(serial) => serial,
+            Err(_) => match within(deadline, shared.acquiring.lock()).await {
+                Some(serial) => serial,
+                None => return Ok(None),
+            },
         };
         if let Some(guard) = self.reenter()? {
             // As a first acquire would: the hold's watchdog may have gone with a dropped runtime.
             locks.watchdog.ensure_running(locks);
             return Ok(Some(guard));
         }
-        let Some(gate) = within(deadline, shared.gate.clone().lock_owned()).await else {
-            return Ok(None);
+        let gate = match shared.gate.clone().try_lock_owned() {
+            Ok(gate) => gate,
+            Err(_) => match within(deadline, shared.gate.clone().lock_owned()).await {
+                Some(gate) => gate,
+                None => return Ok(None),
+            },
         };
         // This owner's own release may still be on its way (see `LockShared::releasing`).
         if shared.releasing.try_lock().is_err()
@@ -559,10 +573,17 @@ impl Lock {
             return Ok(None);
         }
 
-        let request = AcquireRequest {
-            name: shared.name.clone(),
-            owner: shared.owner.clone(),
-            lease: options.first_ttl(),
+        let lease = options.first_ttl();
+        let request = match lock(&shared.spare_request).take() {
+            Some(mut request) => {
+                request.lease = lease;
+                request
+            }
+            None => AcquireRequest {
+                name: shared.name.clone(),
+                owner: shared.owner.clone(),
+                lease,
+            },
         };
         let acquisition = locks.backend.begin(&request)?;
         let mut pending = Pending {
@@ -599,6 +620,7 @@ impl Lock {
                         }
                     }
                     let gate = pending.disarm();
+                    *lock(&shared.spare_request) = Some(pending.take_request());
                     return Ok(Some(self.install(grant, sent_at, options, gate)));
                 }
                 Attempt::Busy { retry_after } => retry_after,
@@ -714,6 +736,18 @@ impl Pending {
     fn disarm(&mut self) -> Option<OwnedMutexGuard<()>> {
         self.acquisition = None;
         self.gate.take()
+    }
+
+    /// The request, once disarmed (nothing is left to undo with it).
+    fn take_request(&mut self) -> AcquireRequest {
+        std::mem::replace(
+            &mut self.request,
+            AcquireRequest {
+                name: String::new(),
+                owner: String::new(),
+                lease: Duration::ZERO,
+            },
+        )
     }
 
     /// Undoes the acquisition and waits for that to finish; the undo goes on if this future is dropped.

@@ -9,11 +9,11 @@ use distlock_core::{FencingToken, Result};
 use redis::Value;
 
 use crate::backend::RedisLease;
-use crate::conn::Sent;
+use crate::conn::{Link, Sent};
 use crate::error::RedisError;
 use crate::layout;
 use crate::pubsub::Subscription;
-use crate::rpc::{int, millis, pttl, request_error, server_error};
+use crate::rpc::{int, millis, pttl, request_error, server_error, PrefixedKey, ScriptCall};
 use crate::RedisBackend;
 
 /// How long a waiter sleeps when the holder's key has no expiry (not made by distlock or Redisson),
@@ -126,18 +126,41 @@ impl RedisBackend {
         sent: &mut Sent,
     ) -> std::result::Result<Outcome, RedisError> {
         let name = &request.name;
+        let Some((gate, link)) = &self.inner.durable else {
+            let token_key = PrefixedKey {
+                prefix: layout::TOKEN_PREFIX,
+                name,
+            };
+            let bytes = name.len() + token_key.len() + 20 + request.owner.len();
+            let mut call = ScriptCall::new(&self.inner.scripts.acquire, 2, 4, bytes);
+            call.arg(layout::lock_key(name))
+                .arg(token_key)
+                .arg(millis(request.lease))
+                .arg(&request.owner);
+            let value = self.script(&self.inner.link, "acquire", call, sent).await?;
+            return parse_acquire(&value);
+        };
+        // Boxed: the `WAIT` path's state would otherwise make every acquire's future (moved into
+        // `async_trait`'s box on every try) several times larger.
+        Box::pin(self.acquire_durable(request, gate, link, sent)).await
+    }
+
+    /// The acquire script and `WAIT` in one pipeline on the durable connection; an undo when fewer
+    /// replicas than required confirmed the grant.
+    async fn acquire_durable(
+        &self,
+        request: &AcquireRequest,
+        gate: &tokio::sync::Mutex<()>,
+        link: &Link,
+        sent: &mut Sent,
+    ) -> std::result::Result<Outcome, RedisError> {
+        let name = &request.name;
         let mut invocation = self.inner.scripts.acquire.prepare_invoke();
         invocation
             .key(layout::lock_key(name))
             .key(layout::token_key(name))
             .arg(millis(request.lease))
             .arg(&request.owner);
-        let Some((gate, link)) = &self.inner.durable else {
-            let value = self
-                .script(&self.inner.link, "acquire", invocation, sent)
-                .await?;
-            return parse_acquire(&value);
-        };
         let _one_at_a_time = gate.lock().await;
         let mut pipe = redis::pipe();
         pipe.invoke_script(&invocation).add_command(self.wait_cmd());

@@ -222,9 +222,9 @@ impl Target {
         }
     }
 
-    /// The longest a reply may take: the request bound, plus `wait_timeout` where a `WAIT` goes with
-    /// the request (the requests bound themselves more tightly; this is redis-rs's own backstop, which
-    /// would otherwise cut every `WAIT` longer than the request bound).
+    /// The longest a reply may take on a Cluster connection: the request bound, plus `wait_timeout`
+    /// where a `WAIT` goes with the request (the requests bound themselves more tightly; this is
+    /// redis-rs's own backstop, which would otherwise cut every `WAIT` longer than the request bound).
     fn response_timeout(&self) -> Duration {
         let config = &self.config;
         if config.wait_replicas > 0 {
@@ -234,10 +234,15 @@ impl Target {
         }
     }
 
+    /// A standalone (or Sentinel master) connection has no response timeout of redis-rs's own: every
+    /// request on it is bounded by the caller ([`Link::run`], the undo's and the settle's own bounds),
+    /// which fires first anyway (it starts before redis-rs's would) and reports the same
+    /// [`RedisError::Timeout`]. A second timer per request would only cost a timer-wheel insertion and
+    /// removal on every request (issue 9).
     fn connection_config(&self) -> AsyncConnectionConfig {
         AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.config.connection.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout()))
+            .set_response_timeout(None)
     }
 
     /// A Cluster client builder for the seed nodes: TLS (and its CA), credentials and timeouts set.

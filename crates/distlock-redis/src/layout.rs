@@ -78,11 +78,19 @@ pub fn lock_key(name: &str) -> &str {
 /// assert_eq!(distlock_redis::layout::prefix_name("p", "a{b}"), "p:a{b}");
 /// ```
 pub fn prefix_name(prefix: &str, name: &str) -> String {
-    if name.contains('{') {
-        format!("{prefix}:{name}")
-    } else {
-        format!("{prefix}:{{{name}}}")
+    // Built by hand rather than with `format!`: one exact allocation, on every acquire and release.
+    let braces = !name.contains('{');
+    let mut key = String::with_capacity(prefix.len() + name.len() + 3);
+    key.push_str(prefix);
+    key.push(':');
+    if braces {
+        key.push('{');
     }
+    key.push_str(name);
+    if braces {
+        key.push('}');
+    }
+    key
 }
 
 /// The release channel: `redisson_lock__channel:{NAME}`.

@@ -11,7 +11,7 @@ use crate::backend::RedisLease;
 use crate::conn::{Conn, Link, Sent};
 use crate::error::RedisError;
 use crate::layout;
-use crate::rpc::int;
+use crate::rpc::{int, PrefixedKey, ScriptCall};
 use crate::RedisBackend;
 
 fn parse_release(value: &Value) -> std::result::Result<bool, RedisError> {
@@ -50,6 +50,8 @@ impl RedisBackend {
         })
     }
 
+    /// The release script's call for the undo on an acquire's connection (see [`undo_on`](Self::undo_on));
+    /// [`release_on`](Self::release_on) builds the same call as a [`ScriptCall`].
     fn release_invocation<'a>(&'a self, name: &str, owner: &str) -> redis::ScriptInvocation<'a> {
         let mut invocation = self.inner.scripts.release.prepare_invoke();
         invocation
@@ -72,8 +74,19 @@ impl RedisBackend {
         owner: &str,
         sent: &mut Sent,
     ) -> std::result::Result<bool, RedisError> {
-        let invocation = self.release_invocation(name, owner);
-        let value = self.script(link, "release", invocation, sent).await?;
+        let channel = PrefixedKey {
+            prefix: layout::CHANNEL_PREFIX,
+            name,
+        };
+        let bytes = name.len() + channel.len() + owner.len() + 10;
+        let mut call = ScriptCall::new(&self.inner.scripts.release, 2, 5, bytes);
+        // As `release_invocation`.
+        call.arg(layout::lock_key(name))
+            .arg(channel)
+            .arg(owner)
+            .arg(self.inner.publish)
+            .arg(layout::UNLOCK_MESSAGE);
+        let value = self.script(link, "release", call, sent).await?;
         match parse_release(&value)? {
             false if sent.resent => Err(RedisError::ReleaseOutcomeUnknown {
                 target: self.inner.target.shown.clone(),
