@@ -587,8 +587,8 @@ impl CpuSpent {
     }
 
     /// The figures per one of `n` things done in the interval (cycles, acquisitions, calls, ticks).
-    /// With `n` = 0 the server and total figures are `None` (and the client's 0): no cost per
-    /// nothing.
+    /// With `n` = 0 the server and total figures are `None` (and the client's 0), and the server's
+    /// source says "none: nothing counted": no cost per nothing.
     pub fn per(&self, n: u64) -> CpuFigures {
         let per = |d: Duration| {
             if n == 0 {
@@ -614,7 +614,11 @@ impl CpuSpent {
             client_cpu_s: round3(self.client.as_secs_f64()),
             server_cpu_s: self.server.map(|d| round3(d.as_secs_f64())),
             client_source: CLIENT_SOURCE.to_string(),
-            server_source: self.server_source.clone(),
+            server_source: if n == 0 {
+                format!("none: nothing counted (0 cycles); {}", self.server_source)
+            } else {
+                self.server_source.clone()
+            },
         }
     }
 }
@@ -674,6 +678,7 @@ mod tests {
         assert_eq!(f.total_us_per_cycle, None);
         assert_eq!(f.server_us_per_cycle, None);
         assert_eq!(f.client_cpu_s, 0.003);
+        assert!(f.server_source.starts_with("none: "), "{}", f.server_source);
         let f = spent.per(4);
         assert_eq!(f.total_us_per_cycle, Some(1250.0));
         let in_process = CpuSpent {

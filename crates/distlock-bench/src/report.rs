@@ -432,7 +432,7 @@ fn render_hold(o: &mut String, h: &crate::hold::HoldSection) {
     let m = &h.memory;
     let _ = writeln!(
         o,
-        "  resident memory: {} KiB before, {} KiB holding = {} bytes per held lock",
+        "  resident memory: {} KiB before, {} KiB holding = {} bytes per held lock (an upper bound: RSS growth, allocator slack included)",
         count(m.rss_before_kib),
         count(m.rss_holding_kib),
         opt(m.per_lock_bytes)
