@@ -70,11 +70,14 @@ start_server() {
         redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
         >/dev/null 2>&1 &
     server_pid=$!
-    for _ in $(seq 1 200); do
+    # Under valgrind on a loaded shared machine the start can take well over 20 s.
+    for _ in $(seq 1 1200); do
         redis-cli -p "$port" ping >/dev/null 2>&1 && return
+        kill -0 "$server_pid" 2>/dev/null || break
         sleep 0.1
     done
-    echo "redis-server under callgrind did not start" >&2
+    echo "redis-server under callgrind did not start:" >&2
+    tail -n 20 "$work/server.log" >&2 || true
     return 1
 }
 

@@ -587,6 +587,8 @@ impl CpuSpent {
     }
 
     /// The figures per one of `n` things done in the interval (cycles, acquisitions, calls, ticks).
+    /// With `n` = 0 the server and total figures are `None` (and the client's 0), and the server's
+    /// source says "none: nothing counted": no cost per nothing.
     pub fn per(&self, n: u64) -> CpuFigures {
         let per = |d: Duration| {
             if n == 0 {
@@ -596,8 +598,10 @@ impl CpuSpent {
             }
         };
         let client = per(self.client);
-        let server = self.server.map(per);
+        // Nothing counted: no cost per cycle (0 µs would make every CPU target "met").
+        let server = self.server.filter(|_| n > 0).map(per);
         let total = match (server, self.in_process) {
+            _ if n == 0 => None,
             (Some(server), _) => Some(round2(client + server)),
             (None, true) => Some(client),
             (None, false) => None,
@@ -610,7 +614,11 @@ impl CpuSpent {
             client_cpu_s: round3(self.client.as_secs_f64()),
             server_cpu_s: self.server.map(|d| round3(d.as_secs_f64())),
             client_source: CLIENT_SOURCE.to_string(),
-            server_source: self.server_source.clone(),
+            server_source: if n == 0 {
+                format!("none: nothing counted (0 cycles); {}", self.server_source)
+            } else {
+                self.server_source.clone()
+            },
         }
     }
 }
@@ -624,10 +632,10 @@ fn round3(x: f64) -> f64 {
 pub struct CpuFigures {
     /// The bench process (distlock or the baseline client, with the runtime), µs per cycle.
     pub client_us_per_cycle: f64,
-    /// The server(s), µs per cycle; null without a source (see `server_source`).
+    /// The server(s), µs per cycle; null without a source (see `server_source`) or with 0 cycles.
     pub server_us_per_cycle: Option<f64>,
     /// Client + server; the client alone when there is no server (in-process engines); null when a
-    /// server exists but its CPU could not be read.
+    /// server exists but its CPU could not be read, or when nothing was counted (0 cycles).
     pub total_us_per_cycle: Option<f64>,
     /// The kernel's share of the client's CPU, in [0, 1] (10 ms ticks).
     pub client_system_share: Option<f64>,
@@ -653,6 +661,38 @@ mod tests {
             Ok(Duration::from_micros(1_750_001))
         );
         assert!(parse_redis_info_cpu("# CPU\r\n").is_err());
+    }
+
+    /// Nothing done in the interval (a contended run where every wait gave up, a hold whose
+    /// renewals were not counted): no per-cycle figure, not a cost of 0 µs that meets every target.
+    #[test]
+    fn nothing_done_has_no_cost_per_cycle() {
+        let spent = CpuSpent {
+            client: Duration::from_millis(3),
+            client_system_share: None,
+            server: Some(Duration::from_millis(2)),
+            in_process: false,
+            server_source: "redis INFO cpu".to_string(),
+        };
+        let f = spent.per(0);
+        assert_eq!(f.total_us_per_cycle, None);
+        assert_eq!(f.server_us_per_cycle, None);
+        assert_eq!(f.client_cpu_s, 0.003);
+        assert!(f.server_source.starts_with("none: "), "{}", f.server_source);
+        let f = spent.per(4);
+        assert_eq!(f.total_us_per_cycle, Some(1250.0));
+        let in_process = CpuSpent {
+            in_process: true,
+            server: None,
+            ..spent
+        };
+        assert_eq!(in_process.per(0).total_us_per_cycle, None);
+    }
+
+    #[test]
+    fn exponent_notation_in_metrics() {
+        let page = "process_cpu_seconds_total 1.23e+01\n";
+        assert_eq!(parse_metric(page, "process_cpu_seconds_total"), Some(12.3));
     }
 
     #[test]

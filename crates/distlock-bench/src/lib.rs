@@ -680,7 +680,7 @@ fn hold_targets(hold: &HoldSection, out: &mut Vec<Target>) {
     }
     if let Some(bytes) = hold.memory.per_lock_bytes {
         out.push(Target::at_most(
-            "hold: resident memory per held lock, KiB",
+            "hold: resident memory per held lock, KiB (upper bound: RSS growth)",
             bytes / 1024.0,
             2.0,
         ));

@@ -432,7 +432,7 @@ fn render_hold(o: &mut String, h: &crate::hold::HoldSection) {
     let m = &h.memory;
     let _ = writeln!(
         o,
-        "  resident memory: {} KiB before, {} KiB holding = {} bytes per held lock",
+        "  resident memory: {} KiB before, {} KiB holding = {} bytes per held lock (an upper bound: RSS growth, allocator slack included)",
         count(m.rss_before_kib),
         count(m.rss_holding_kib),
         opt(m.per_lock_bytes)
@@ -778,5 +778,53 @@ fn histogram(o: &mut String, title: &str, l: &Latency) {
             fmt_count(b.count as f64),
             b.count as f64 / total * 100.0
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::CpuSpent;
+    use std::time::Duration;
+
+    fn spent(client_ms: u64, server_ms: u64) -> CpuSpent {
+        CpuSpent {
+            client: Duration::from_millis(client_ms),
+            client_system_share: None,
+            server: Some(Duration::from_millis(server_ms)),
+            in_process: false,
+            server_source: "redis INFO cpu".to_string(),
+        }
+    }
+
+    /// A throughput target "≥ 0.9" is "≤ 1/0.9" in CPU per cycle: ours / theirs, lower is better.
+    #[test]
+    fn cpu_ratio_of_a_throughput_target_is_ours_over_theirs() {
+        let ours = spent(30, 30).per(1000); // 60 µs per cycle
+        let theirs = spent(25, 25).per(1000); // 50 µs per cycle
+        let t = Target::at_least("rate", 1.2, 0.9).with_cpu(
+            "cpu",
+            ours.total_us_per_cycle,
+            theirs.total_us_per_cycle,
+            1.0 / 0.9,
+        );
+        let cpu = t.cpu.as_ref().expect("a CPU ratio");
+        assert_eq!((cpu.value, cpu.met, t.primary), (1.2, false, "cpu"));
+    }
+
+    /// A run that did nothing (every contended wait gave up) meets no target: before, its CPU per
+    /// acquisition was 0 µs, a CPU ratio of 0, "met", and the primary figure of the row.
+    #[test]
+    fn nothing_done_meets_no_cpu_target() {
+        let nothing = spent(5, 5).per(0);
+        let theirs = spent(25, 25).per(1000);
+        let t = Target::at_least("acquisitions/s / floor", 0.0, 0.9).with_cpu(
+            "cpu",
+            nothing.total_us_per_cycle,
+            theirs.total_us_per_cycle,
+            1.0 / 0.9,
+        );
+        assert!(t.cpu.is_none(), "{:?}", t.cpu);
+        assert_eq!((t.primary, t.met), ("wall_clock", false));
     }
 }
