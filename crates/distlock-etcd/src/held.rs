@@ -497,6 +497,15 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
             }
         }
         tracing::debug!("etcd: the held-keys watch stream broke; reopening it");
+        // No watch is on a live stream now: a confirmation from the broken one must not let a grant
+        // skip its check during the backoff below (the reopen's top does this again for its own).
+        if let Some(state) = shared.upgrade() {
+            if let Ok(mut s) = state.lock() {
+                for entry in s.entries.values_mut() {
+                    entry.confirmed_at = None;
+                }
+            }
+        }
         if refused {
             refusals
                 .refused(&client, opened_with, request_timeout)
@@ -678,4 +687,59 @@ async fn handle(
     stream.watch(options(new_id, &entry)).await?;
     active.insert(new_id);
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::rpc::pb::etcdserverpb::PutRequest;
+    use crate::EtcdConfig;
+    use distlock_testkit::etcd::EtcdServer;
+
+    /// A grant after a wait trusts the confirmation of its queued watch only while that watch is on a
+    /// live stream. Once the stream is found broken, the confirmation is void at once, not only after
+    /// the backoff before the reopen (50–100 ms in which a grant would skip its check while no watch
+    /// covers the key).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_confirmation_is_void_as_soon_as_its_stream_breaks() {
+        let server = EtcdServer::start_or_panic();
+        let client = Client::connect(&EtcdConfig::new([server.endpoints()]))
+            .await
+            .unwrap();
+        let put = client
+            .put(PutRequest {
+                key: b"confirmation/key".to_vec(),
+                value: b"x".to_vec(),
+                ..PutRequest::default()
+            })
+            .await
+            .unwrap();
+        let rev = put.header.unwrap().revision;
+        let held = HeldKeys::new(client, Duration::from_secs(5));
+        let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
+        let (id, first) = held.watch("confirmation/key".into(), rev, rev + 1, lost);
+        let created = first.await.unwrap();
+        assert_eq!(held.confirmation(id).ok(), Some(created));
+        {
+            let state = held.state.lock().unwrap();
+            let task = state.task.as_ref().unwrap();
+            task.commands.send(Command::Reopen).unwrap();
+        }
+        // The task breaks the stream as soon as it runs; the reopen waits 50 ms at least.
+        let start = std::time::Instant::now();
+        let mut void = false;
+        while start.elapsed() < Duration::from_millis(40) {
+            if held.confirmation(id).is_err() {
+                void = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            void,
+            "the stream was broken and the watch not made again, yet its old confirmation still counted"
+        );
+    }
 }

@@ -898,3 +898,80 @@ async fn fault_delete_right_after_the_held_watch_is_reopened_reaches_the_holder_
         let _ = guard.release().await;
     }
 }
+
+/// A queued acquisition that gives up (its wait times out, or its future is dropped) or whose own key
+/// is deleted while it waits leaves no watch on the server: its own-key watch goes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_acquisition_that_ends_without_a_grant_leaves_no_watch() {
+    let server = EtcdServer::start_or_panic();
+    let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
+        .await
+        .unwrap();
+    let first = {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    let second = {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    let all = "etcd_debugging_mvcc_watcher_total";
+    let idle = watch_gauge(server.addr(), all).await;
+    let name = common::name("queued_watch_ends");
+    let prefix = format!("{name}/");
+    let blocker = first.lock(&name).unwrap().acquire().await.unwrap();
+    let settle = |want: u64, what: &'static str| {
+        let addr = server.addr();
+        async move {
+            let deadline = Instant::now() + SLACK;
+            while watch_gauge(addr, all).await != want && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(watch_gauge(addr, all).await, want, "{what}");
+        }
+    };
+    settle(idle + 1, "the blocker's held-key watch").await;
+    // 1. The wait times out.
+    let timed_out = second
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_millis(800))
+        .acquire()
+        .await;
+    assert!(timed_out.is_err());
+    settle(idle + 1, "after a timed-out wait: only the blocker's watch").await;
+    // 2. The acquire future is dropped while queued.
+    let lock = second.lock(&name).unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    settle(idle + 3, "queued: blocker, predecessor, own key").await;
+    waiting.abort();
+    let _ = waiting.await;
+    settle(idle + 1, "after a dropped wait: only the blocker's watch").await;
+    // 3. The waiter's own key is deleted while it waits: never granted, no watch left.
+    let lock = second.lock(&name).unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    settle(idle + 3, "queued again").await;
+    let queued = keys(&server.endpoints(), &prefix);
+    assert_eq!(queued.len(), 2);
+    raw.delete_range(DeleteRangeRequest {
+        key: queued[1].key.clone().into_bytes(),
+        ..DeleteRangeRequest::default()
+    })
+    .await
+    .unwrap();
+    blocker.release().await.unwrap();
+    let outcome = tokio::time::timeout(SLACK * 2, waiting)
+        .await
+        .expect("the waiter ends")
+        .unwrap();
+    if let Ok(guard) = &outcome {
+        assert_eq!(
+            guard.state(),
+            LockState::Lost,
+            "granted on a key deleted while it waited"
+        );
+    }
+    drop(outcome);
+    settle(idle, "nothing held, nothing watched").await;
+}
