@@ -398,3 +398,45 @@ async fn a_hold_granted_during_the_watchdogs_linger_is_watched_on_time() {
     drop(guard);
     locks.close().await;
 }
+
+/// Local waiters of one name are granted in the order they queued, a waiter cancelled while queued
+/// never takes the lock, and a `try_acquire` arriving as the holder releases does not overtake the
+/// queue (the gate is taken with `try_lock` first, then waited for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_waiters_are_granted_in_order_and_a_cancelled_one_never() {
+    use std::sync::{Arc, Mutex};
+    let (_, a, _) = two_clients();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let held = a.lock("fifo").unwrap().acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for who in ["b", "c", "d", "e"] {
+        let lock = a.lock("fifo").unwrap();
+        let order = order.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = lock.acquire().await.unwrap();
+            order.lock().unwrap().push(who);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            guard.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // "c" is cancelled while queued.
+    waiters[1].abort();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let late = a.lock("fifo").unwrap();
+    held.release().await.unwrap();
+    let overtook = late.try_acquire().await.unwrap();
+    assert!(
+        overtook.is_none(),
+        "a try_acquire overtook the queued waiters"
+    );
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        if i != 1 {
+            tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("a waiter was granted")
+                .unwrap();
+        }
+    }
+    assert_eq!(*order.lock().unwrap(), vec!["b", "d", "e"]);
+}

@@ -663,3 +663,101 @@ async fn a_resent_release_does_not_delete_the_same_owner_ids_next_grant() {
         second.release().await.unwrap();
     }
 }
+
+/// A `Lock` keeps its last granted request for its next acquire: each acquire must still ask the
+/// server for its own lease, whatever the one before asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_acquire_of_one_lock_asks_for_its_own_lease() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("lease_per_acquire");
+    let locks = locks(&server.url()).await;
+    let lock = locks.lock(&name).unwrap();
+    for secs in [60u64, 5, 120, 2, 60] {
+        let lease = Duration::from_secs(secs);
+        let guard = lock.options().lease(lease).acquire().await.unwrap();
+        let info = locks.inspect(&name).await.unwrap();
+        let remaining = info.holder.expect("held").remaining_lease.expect("a lease");
+        assert!(
+            remaining <= lease && remaining > lease - Duration::from_secs(2),
+            "asked for {lease:?}, the server has {remaining:?}"
+        );
+        guard.release().await.unwrap();
+    }
+}
+
+/// With the server stalled (`CLIENT PAUSE ... ALL`), every call on a standalone connection comes back
+/// within its bound: none waits for a reply forever (the connections have no response timeout of
+/// redis-rs's own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_bounds_every_call_fault() {
+    let server = RedisServer::start_or_panic();
+    let url = format!(
+        "{}?request_timeout=300ms&connect_timeout=500ms",
+        server.url()
+    );
+    let locks = locks(&url).await;
+    let name = unique("stalled");
+    let lock = locks.lock(&name).unwrap();
+    let guard = lock
+        .options()
+        .lease(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    let other = locks.lock(&unique("stalled_other")).unwrap();
+    let waiter = locks.lock(&name).unwrap();
+    // The pause ends by itself (a new connection cannot `UNPAUSE` while it lasts); every call below
+    // must come back well before it does.
+    let pause = server
+        .command(&["CLIENT", "PAUSE", "15000", "ALL"])
+        .unwrap();
+    assert!(!pause.is_error(), "{pause}");
+    let paused_until = Instant::now() + Duration::from_secs(15);
+    let bound = Duration::from_secs(3);
+    let try_other = tokio::time::timeout(bound, other.try_acquire()).await;
+    let waited = tokio::time::timeout(
+        bound,
+        waiter.options().wait(Duration::from_millis(500)).acquire(),
+    )
+    .await;
+    let inspected = tokio::time::timeout(bound, locks.inspect(&name)).await;
+    let released = tokio::time::timeout(bound, guard.release()).await;
+    assert!(
+        Instant::now() < paused_until,
+        "the calls outlasted the pause"
+    );
+    assert!(try_other.is_ok(), "a try_acquire hung on a stalled server");
+    assert!(waited.is_ok(), "a waiting acquire hung on a stalled server");
+    assert!(inspected.is_ok(), "inspect hung on a stalled server");
+    assert!(released.is_ok(), "a release hung on a stalled server");
+}
+
+/// `SCRIPT FLUSH` between calls: the `NOSCRIPT` reply makes the client load the script and send the
+/// call once more; the call runs exactly once (tokens go up by one per acquire, each release frees the
+/// lock for the next owner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_script_flush_run_once() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("script_flush");
+    let locks = locks(&server.url()).await;
+    let elsewhere = self::locks(&server.url()).await;
+    let lock = locks.lock(&name).unwrap();
+    let mut last = None;
+    for _ in 0..3 {
+        server.command(&["SCRIPT", "FLUSH"]).unwrap();
+        let guard = lock.acquire().await.unwrap();
+        let token = guard.token().unwrap().get();
+        if let Some(last) = last {
+            assert_eq!(token, last + 1, "one acquire took more than one token");
+        }
+        server.command(&["SCRIPT", "FLUSH"]).unwrap();
+        guard.release().await.unwrap();
+        let other = elsewhere.lock(&name).unwrap().try_acquire().await.unwrap();
+        let other = other.expect("the release after SCRIPT FLUSH freed the lock");
+        let next = other.token().unwrap().get();
+        assert_eq!(next, token + 1, "one acquire took more than one token");
+        last = Some(next);
+        server.command(&["SCRIPT", "FLUSH"]).unwrap();
+        other.release().await.unwrap();
+    }
+}

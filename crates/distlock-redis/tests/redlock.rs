@@ -411,3 +411,38 @@ async fn a_minority_wrongtype_does_not_fail_a_waiter_for_a_busy_lock() {
     let guard = got.expect("the lock once its holder released (4 string nodes of 5 are a quorum)");
     guard.release().await.unwrap();
 }
+
+/// A `Lock` keeps its last granted request for its next acquire: each acquire still sets its own
+/// lease on every node, and writes a value of its own (`<owner>#<16 hex>`, fresh per acquire).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_acquire_of_one_lock_has_its_own_lease_and_value() {
+    let nodes = RedlockNodes::start_or_panic(5);
+    let locks = Locks::new(backend(&nodes.url()).await);
+    let name = unique("lease_per_acquire");
+    let lock = locks.lock(&name).unwrap();
+    let mut values = Vec::new();
+    for secs in [60u64, 5, 120, 3] {
+        let lease = Duration::from_secs(secs);
+        let guard = lock.options().lease(lease).acquire().await.unwrap();
+        on_every_node(&nodes, &name, guard.owner()).await;
+        let ms = i64::try_from(lease.as_millis()).unwrap();
+        for node in nodes.nodes() {
+            let pttl = node.command(&["PTTL", &name]).unwrap().as_int().unwrap();
+            assert!(
+                pttl <= ms && pttl > ms - 2_000,
+                "asked for {lease:?}, a node has {pttl} ms"
+            );
+        }
+        let value = nodes.nodes()[0].command(&["GET", &name]).unwrap();
+        values.push(value.as_str().unwrap().to_string());
+        guard.release().await.unwrap();
+    }
+    let mut distinct = values.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        values.len(),
+        "a value was reused: {values:?}"
+    );
+}
