@@ -12,8 +12,9 @@ use crate::backend::RedisLease;
 use crate::conn::{Link, Sent};
 use crate::error::RedisError;
 use crate::layout;
+use crate::layout::PrefixedKey;
 use crate::pubsub::Subscription;
-use crate::rpc::{int, millis, pttl, request_error, server_error, PrefixedKey, ScriptCall};
+use crate::rpc::{int, millis, pttl, request_error, server_error, ScriptCall};
 use crate::RedisBackend;
 
 /// How long a waiter sleeps when the holder's key has no expiry (not made by distlock or Redisson),

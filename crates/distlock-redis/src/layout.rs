@@ -78,19 +78,49 @@ pub fn lock_key(name: &str) -> &str {
 /// assert_eq!(distlock_redis::layout::prefix_name("p", "a{b}"), "p:a{b}");
 /// ```
 pub fn prefix_name(prefix: &str, name: &str) -> String {
-    // Built by hand rather than with `format!`: one exact allocation, on every acquire and release.
-    let braces = !name.contains('{');
-    let mut key = String::with_capacity(prefix.len() + name.len() + 3);
-    key.push_str(prefix);
-    key.push(':');
-    if braces {
-        key.push('{');
-    }
-    key.push_str(name);
-    if braces {
-        key.push('}');
+    // Built from its parts rather than with `format!`: one exact allocation, on every acquire and release.
+    let parts = prefixed_parts(prefix, name);
+    let mut key = String::with_capacity(parts.iter().map(|part| part.len()).sum());
+    for part in parts {
+        key.push_str(part);
     }
     key
+}
+
+/// The parts of [`prefix_name`]'s key, in order: the one place that knows where the braces go.
+fn prefixed_parts<'a>(prefix: &'a str, name: &'a str) -> [&'a str; 4] {
+    if name.contains('{') {
+        [prefix, ":", name, ""]
+    } else {
+        [prefix, ":{", name, "}"]
+    }
+}
+
+/// [`prefix_name`]'s key written straight into a command, without a `String` of its own (issue 9:
+/// the token key and the channel go into every acquire and release).
+pub(crate) struct PrefixedKey<'a> {
+    pub(crate) prefix: &'a str,
+    pub(crate) name: &'a str,
+}
+
+impl PrefixedKey<'_> {
+    pub(crate) fn len(&self) -> usize {
+        self.prefix.len() + self.name.len() + 3
+    }
+}
+
+impl redis::ToRedisArgs for PrefixedKey<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        use std::io::Write as _;
+        let mut w = out.writer_for_next_arg();
+        for part in prefixed_parts(self.prefix, self.name) {
+            // Writes into a Vec, which cannot fail.
+            let _ = w.write_all(part.as_bytes());
+        }
+    }
 }
 
 /// The release channel: `redisson_lock__channel:{NAME}`.
@@ -207,6 +237,30 @@ impl Scripts {
             acquire: Script::new(ACQUIRE),
             release: Script::new(RELEASE),
             renew: Script::new(RENEW),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{token_key, PrefixedKey, TOKEN_PREFIX};
+    use redis::ToRedisArgs as _;
+
+    /// Written into a command, the key is Redisson's `prefixName`, byte for byte, as `token_key` gives it.
+    #[test]
+    fn a_prefixed_key_is_the_layouts() {
+        for (name, expected) in [
+            ("orders/42", "redisson_lock_token:{orders/42}"),
+            ("{tenant7}:orders", "redisson_lock_token:{tenant7}:orders"),
+            ("a{b", "redisson_lock_token:a{b"),
+            ("ü", "redisson_lock_token:{ü}"),
+        ] {
+            let key = PrefixedKey {
+                prefix: TOKEN_PREFIX,
+                name,
+            };
+            assert_eq!(key.to_redis_args(), vec![expected.as_bytes().to_vec()]);
+            assert_eq!(token_key(name), expected);
         }
     }
 }

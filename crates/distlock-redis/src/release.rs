@@ -11,7 +11,8 @@ use crate::backend::RedisLease;
 use crate::conn::{Conn, Link, Sent};
 use crate::error::RedisError;
 use crate::layout;
-use crate::rpc::{int, PrefixedKey, ScriptCall};
+use crate::layout::PrefixedKey;
+use crate::rpc::{int, ScriptCall};
 use crate::RedisBackend;
 
 fn parse_release(value: &Value) -> std::result::Result<bool, RedisError> {

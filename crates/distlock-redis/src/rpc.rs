@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use distlock_core::retry::RetryPolicy;
-use redis::{Cmd, Pipeline, RedisWrite, Script, ToRedisArgs, Value};
+use redis::{Cmd, Pipeline, Script, ToRedisArgs, Value};
 
 use crate::conn::{Conn, Link, Sent, Target};
 use crate::error::RedisError;
@@ -181,58 +181,5 @@ impl<'a> ScriptCall<'a> {
     pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
         self.cmd.arg(arg);
         self
-    }
-}
-
-/// A key `prefix:{name}` (or `prefix:name` when the name has a `{`, see
-/// [`layout::prefix_name`](crate::layout::prefix_name)), written into a command without a `String` of
-/// its own.
-pub(crate) struct PrefixedKey<'a> {
-    pub(crate) prefix: &'a str,
-    pub(crate) name: &'a str,
-}
-
-impl PrefixedKey<'_> {
-    pub(crate) fn len(&self) -> usize {
-        self.prefix.len() + self.name.len() + 3
-    }
-}
-
-impl ToRedisArgs for PrefixedKey<'_> {
-    fn write_redis_args<W>(&self, out: &mut W)
-    where
-        W: ?Sized + RedisWrite,
-    {
-        use std::io::Write as _;
-        let braces = !self.name.contains('{');
-        let mut w = out.writer_for_next_arg();
-        // Writes into a Vec, which cannot fail.
-        let _ = w.write_all(self.prefix.as_bytes());
-        let _ = w.write_all(if braces { b":{" } else { b":" });
-        let _ = w.write_all(self.name.as_bytes());
-        if braces {
-            let _ = w.write_all(b"}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::PrefixedKey;
-    use crate::layout;
-    use redis::ToRedisArgs as _;
-
-    #[test]
-    fn a_prefixed_key_is_the_layouts() {
-        for name in ["orders/42", "{tenant7}:orders", "a{b", "ü"] {
-            let key = PrefixedKey {
-                prefix: layout::TOKEN_PREFIX,
-                name,
-            };
-            assert_eq!(
-                key.to_redis_args(),
-                vec![layout::token_key(name).into_bytes()]
-            );
-        }
     }
 }
