@@ -176,7 +176,6 @@ impl Locks {
                 gate: lock(&self.inner.gates).get(name.to_string()),
                 releasing,
                 held: Mutex::new(None),
-                spare_request: Mutex::new(None),
             }),
         })
     }
@@ -462,9 +461,6 @@ pub(crate) struct LockShared {
     pub(crate) releasing: Arc<tokio::sync::Mutex<()>>,
     /// The current hold and how many guards share it.
     pub(crate) held: Mutex<Option<(Arc<Holding>, usize)>>,
-    /// The request of the last granted acquire, kept for the next one: its name and owner strings are
-    /// this `Lock`'s, so reusing it saves two copies per acquire (issue 9).
-    spare_request: Mutex<Option<AcquireRequest>>,
 }
 
 impl fmt::Debug for Lock {
@@ -573,17 +569,10 @@ impl Lock {
             return Ok(None);
         }
 
-        let lease = options.first_ttl();
-        let request = match lock(&shared.spare_request).take() {
-            Some(mut request) => {
-                request.lease = lease;
-                request
-            }
-            None => AcquireRequest {
-                name: shared.name.clone(),
-                owner: shared.owner.clone(),
-                lease,
-            },
+        let request = AcquireRequest {
+            name: shared.name.clone(),
+            owner: shared.owner.clone(),
+            lease: options.first_ttl(),
         };
         let acquisition = locks.backend.begin(&request)?;
         let mut pending = Pending {
@@ -620,7 +609,6 @@ impl Lock {
                         }
                     }
                     let gate = pending.disarm();
-                    *lock(&shared.spare_request) = Some(pending.take_request());
                     return Ok(Some(self.install(grant, sent_at, options, gate)));
                 }
                 Attempt::Busy { retry_after } => retry_after,
@@ -736,18 +724,6 @@ impl Pending {
     fn disarm(&mut self) -> Option<OwnedMutexGuard<()>> {
         self.acquisition = None;
         self.gate.take()
-    }
-
-    /// The request, once disarmed (nothing is left to undo with it).
-    fn take_request(&mut self) -> AcquireRequest {
-        std::mem::replace(
-            &mut self.request,
-            AcquireRequest {
-                name: String::new(),
-                owner: String::new(),
-                lease: Duration::ZERO,
-            },
-        )
     }
 
     /// Undoes the acquisition and waits for that to finish; the undo goes on if this future is dropped.
