@@ -4,8 +4,8 @@
 //! next keep-alive (a third of the session TTL: 20 s at the default 60 s).
 //!
 //! Each watch filters out puts, so the only event it can see is the delete of that very key (a key
-//! recreated later has a newer create_revision and comes after our delete). It is created at the grant,
-//! and the grant waits for its confirmation: a delete after that reaches this watch as soon as it
+//! recreated later has a newer create_revision and comes after our delete). It is created at the grant
+//! (or, for an acquisition that queued, when it queued), and the grant waits for its confirmation: a delete after that reaches this watch as soon as it
 //! reaches the next waiter's watch (one pass over etcd's synced watches), so the guard learns of it
 //! from the same event as that waiter, with no wait of its own (which of the two processes runs first
 //! afterwards is not ordered: the waiter still needs a round trip, the holder a few local hops). It
