@@ -271,6 +271,15 @@ fn options(id: i64, entry: &Entry) -> WatchCreateRequest {
 
 type Shared = std::sync::Weak<Mutex<State>>;
 
+/// Applies `change` to every watched entry (none once the backend is gone).
+fn for_each_entry(shared: &Shared, mut change: impl FnMut(&mut Entry)) {
+    if let Some(state) = shared.upgrade() {
+        if let Ok(mut s) = state.lock() {
+            s.entries.values_mut().for_each(&mut change);
+        }
+    }
+}
+
 /// The connection to create watches on, the request timeout, and the entries to watch.
 type Taken = (Client, Duration, Vec<(i64, Entry)>);
 
@@ -391,14 +400,10 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut refusals = Refusals::default();
     loop {
         // (Re)open: every entry is watched at once, from its start revision.
-        if let Some(state) = shared.upgrade() {
-            if let Ok(mut s) = state.lock() {
-                for entry in s.entries.values_mut() {
-                    entry.created = false;
-                    entry.confirmed_at = None;
-                }
-            }
-        }
+        for_each_entry(&shared, |entry| {
+            entry.created = false;
+            entry.confirmed_at = None;
+        });
         let Some((client, request_timeout, entries)) = take_entries(&shared, |_| true) else {
             return;
         };
@@ -499,13 +504,7 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
         tracing::debug!("etcd: the held-keys watch stream broke; reopening it");
         // No watch is on a live stream now: a confirmation from the broken one must not let a grant
         // skip its check during the backoff below (the reopen's top does this again for its own).
-        if let Some(state) = shared.upgrade() {
-            if let Ok(mut s) = state.lock() {
-                for entry in s.entries.values_mut() {
-                    entry.confirmed_at = None;
-                }
-            }
-        }
+        for_each_entry(&shared, |entry| entry.confirmed_at = None);
         if refused {
             refusals
                 .refused(&client, opened_with, request_timeout)
