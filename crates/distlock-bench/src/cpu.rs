@@ -125,7 +125,7 @@ impl ServerCpu {
                     let (host, port) = (endpoint.host(), endpoint.port());
                     let mut tries = Vec::new();
                     if !config.connection.tls {
-                        let addr = host_port(host, port);
+                        let addr = endpoint.to_string();
                         tries.push((
                             Reader::EtcdMetrics { addr },
                             "etcd process_cpu_seconds_total",
@@ -236,14 +236,6 @@ impl ServerCpu {
                     .unwrap_or_else(|_| Err("no answer in time".to_string())),
             ),
         }
-    }
-}
-
-fn host_port(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
     }
 }
 

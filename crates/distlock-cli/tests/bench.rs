@@ -405,7 +405,9 @@ fn check_server_cpu(r: &Value, source: &str) {
                 .map(|b| &b["cpu"]),
         );
     }
-    for cpu in cpus.into_iter().filter(|c| !c.is_null()) {
+    let cpus: Vec<&Value> = cpus.into_iter().filter(|c| !c.is_null()).collect();
+    assert!(!cpus.is_empty(), "no CPU figure to check in {r}");
+    for cpu in cpus {
         assert!(
             cpu["server_source"]
                 .as_str()
@@ -785,9 +787,6 @@ fn sweep_reports_six_points_and_plots_them() {
     assert!(svg.starts_with("<svg"), "{svg}");
     // Two series (distlock shared, per task), in two panels: cycles/s and CPU per cycle.
     assert_eq!(svg.matches("<polyline").count(), 4, "{svg}");
-    for p in points {
-        assert!(p["distlock_shared"]["cpu"].is_object(), "{p}");
-    }
 }
 
 #[test]
@@ -868,9 +867,6 @@ fn hold_counts_renewals_and_loses_no_lock() {
     assert!(h["cpu"]["client_ms_per_tick"].is_number(), "{h}");
     assert!(h["cpu"]["server_ms_per_tick"].is_number(), "{h}");
     assert!(h["memory"]["per_lock_bytes"].is_number(), "{h}");
-    for t in r["targets"].as_array().expect("targets") {
-        assert!(t["met"].is_boolean(), "{t}");
-    }
     assert!(r["targets"]
         .as_array()
         .expect("targets")
