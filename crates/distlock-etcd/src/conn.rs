@@ -238,7 +238,7 @@ where
 
     let deadline = Instant::now() + timeout;
     let mut retries = config.connection.retry.start(Some(deadline));
-    let hedge_after = (config.endpoints.len() > 1).then(|| timeout / 4);
+    let hedge_after = hedge_after(config, timeout);
     let mut in_flight = FuturesUnordered::new();
     in_flight.push(request());
     let mut next_send = hedge_after.map(|after| Instant::now() + after);
@@ -286,6 +286,14 @@ where
             }
         }
     }
+}
+
+/// How long a request bounded by `timeout` waits for its answer before it is sent again, alongside, to
+/// the next member: a quarter of the bound, when there is another member to send it to. A member
+/// that stopped answering without closing its connection (paused, or stalled) thus costs a request a
+/// quarter of its bound, not all of it.
+pub(crate) fn hedge_after(config: &EtcdConfig, timeout: Duration) -> Option<Duration> {
+    (config.endpoints.len() > 1).then(|| timeout / 4)
 }
 
 /// Makes the client of `config` and proves within the connect timeout that a member answers (and

@@ -219,8 +219,12 @@ impl EtcdBackend {
     /// round trip, though the two processes are not ordered in real time). The
     /// watch starts at the revision it was created at: if the store moved since the grant's read, the
     /// key is read again, so a delete in between is `Lost` before the grant is even returned. A watch
-    /// not confirmed within the request timeout (the stream broke and is not back yet) leaves the grant
-    /// as it is: the watch task re-reads the key once the watch is made again.
+    /// not confirmed in time (the stream broke and is not back yet, or it is on a member that stopped
+    /// answering without closing the connection) leaves the grant as it is: the watch task re-reads
+    /// the key once the watch is made again. In time is the request's hedge bound (a quarter of the
+    /// request timeout) when there are several members: a paused member holding the watch stream
+    /// must not cost every grant the whole request timeout (the stream moves to another member once
+    /// its HTTP/2 keep-alive fails).
     async fn await_watch(
         &self,
         key: &str,
@@ -229,7 +233,9 @@ impl EtcdBackend {
         confirmed: tokio::sync::oneshot::Receiver<i64>,
         lost: &LossSender,
     ) {
-        let timeout = self.inner.config.connection.request_timeout;
+        let request_timeout = self.inner.config.connection.request_timeout;
+        let timeout = crate::conn::hedge_after(&self.inner.config, request_timeout)
+            .unwrap_or(request_timeout);
         let created_at = match tokio::time::timeout(timeout, confirmed).await {
             Ok(Ok(revision)) => revision,
             _ => {

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{keys, wait_keys};
+use common::{keys, wait_keys, watch_gauge};
 use distlock_core::url::LockUrl;
 use distlock_core::{LockState, Locks};
 use distlock_etcd::rpc::pb::etcdserverpb::{CompactionRequest, DeleteRangeRequest, PutRequest};
@@ -800,22 +800,6 @@ async fn a_queued_acquisition_watches_its_own_key_before_its_grant() {
         "after the handoff: only the new holder's own-key watch"
     );
     granted.release().await.unwrap();
-}
-
-/// A gauge from etcd's `/metrics`: `etcd_debugging_mvcc_watcher_total` (watches on the server) or
-/// `etcd_debugging_mvcc_slow_watcher_total` (those served by its 100 ms catch-up loop: "unsynced").
-async fn watch_gauge(addr: std::net::SocketAddr, gauge: &str) -> u64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    conn.read_to_string(&mut body).await.unwrap();
-    body.lines()
-        .find_map(|l| l.strip_prefix(gauge)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
 }
 
 /// The held-key watch stream breaks (a connection reset) and is reopened; a delete of the key right

@@ -71,3 +71,19 @@ pub fn wait_keys(
         std::thread::sleep(Duration::from_millis(25));
     }
 }
+
+/// A gauge from etcd's `/metrics`: `etcd_debugging_mvcc_watcher_total` (watches on the server) or
+/// `etcd_debugging_mvcc_slow_watcher_total` (those served by its 100 ms catch-up loop: "unsynced").
+pub async fn watch_gauge(addr: std::net::SocketAddr, gauge: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await.unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(gauge)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
