@@ -312,14 +312,22 @@ async fn fault_disconnected_holder_is_jeopardy_by_its_next_renewal() {
     assert_eq!(guard.state(), distlock_core::LockState::Jeopardy);
 }
 
-/// An operator deletes the holder's node right after the grant (before any renewal): the holder must
-/// not still be `Held` once the next waiter has been granted the lock (issue 10: an operator's delete
-/// is Lost within a round trip; the own-node watch must cover the first moments of a hold too).
+/// How long after the next waiter's grant a holder woken by the same watch event may still be `Held`:
+/// half the 100 ms a late own-node watch cost (the bug below). Not a speed figure: the two sessions'
+/// events leave the server in one pass; this is the slack for two processes scheduled apart.
+const SAME_EVENT_SLACK: Duration = Duration::from_millis(50);
+
+/// An operator deletes the holder's node right after the grant (before any renewal): the holder
+/// learns of it from the same delete event as the next waiter (issue 10: an operator's delete is Lost
+/// within a round trip; the own-node watch must cover the first moments of a hold too), so it is
+/// `Lost` within [`SAME_EVENT_SLACK`] of that waiter's grant. Not asserted: `Lost` *before* that grant
+/// — two processes woken by one event are not ordered in real time (GUARANTEES says so; the etcd tests
+/// make the same check).
 ///
 /// Failed while the own-node watch was set 100 ms after the grant (to save short holds a request, as
 /// etcd's held-key watch does): for up to 100 ms both guards were `Held`. The watch is now set at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_operator_delete_right_after_the_grant_is_lost_before_the_next_holder_is_granted() {
+async fn fault_operator_delete_right_after_the_grant_is_lost_with_the_next_holders_grant() {
     let server = ZkServer::start_or_panic();
     let raw = raw_client(&server.addr().to_string()).await;
     let first = locks_at(&server.url()).await;
@@ -332,11 +340,10 @@ async fn fault_operator_delete_right_after_the_grant_is_lost_before_the_next_hol
         let own = wait_children(&raw, &name, 2).await.remove(0);
         raw.delete(&format!("/{name}/{own}"), None).await.unwrap();
         let next = waiter.await.unwrap();
-        assert_ne!(
-            guard.state(),
-            distlock_core::LockState::Held,
-            "round {round}: two Held guards at once: the first holder's node was deleted, the next holder was granted, and the first still reports Held"
-        );
+        let granted = Instant::now();
+        tokio::time::timeout(SAME_EVENT_SLACK, guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the first holder's node was deleted, the next holder was granted, and the first was still Held {:?} later", granted.elapsed()));
         next.release().await.unwrap();
         drop(guard);
     }
