@@ -407,13 +407,16 @@ async fn fault_cluster_a_paused_member_does_not_fail_requests() {
     let url = format!("{}?request_timeout=3s", cluster.url());
     let leader = leader(&cluster);
     // A backend whose held-keys watch stream is on a follower: requests go to the members in turn,
-    // so one more warm-up cycle before the stream opens moves it to another member.
+    // so one more request before the stream opens moves it to the next member.
     let mut found = None;
     for attempt in 0..12 {
         let backend = backend(&url).await;
+        for _ in 0..attempt {
+            backend.client().status().await.unwrap();
+        }
         let locks = Locks::with_defaults(backend.clone(), backend.default_options());
         // Connections to every member exist before the pause.
-        for i in 0..6 + attempt {
+        for i in 0..6 {
             let guard = locks
                 .lock(&common::name(&format!("paused-warm-{i}")))
                 .unwrap()
