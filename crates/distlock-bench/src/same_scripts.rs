@@ -89,7 +89,7 @@ impl Cycler for SameScripts {
             .invoke_async(&mut conn)
             .await
             .map_err(redis_failure)?;
-        // `{1, token, pttl}` on a grant; the key is this client's alone, so anything else is a fault.
+        // `{1, token, lease}` on a grant; the key is this client's alone, so anything else is a fault.
         match &reply {
             Value::Array(items) if matches!(items.first(), Some(Value::Int(1))) => Ok(Some(())),
             other => Err(Error::unavailable(format!(

@@ -2,7 +2,7 @@
 //!
 //! # Acquire and wait
 //! A try runs the acquire script ([`layout::ACQUIRE`]): a grant returns the token (`INCR` of the
-//! token key) and the pttl; a busy lock returns the holder's pttl. While busy, the first
+//! token key) and the lease it set; a busy lock returns the holder's pttl. While busy, the first
 //! [`wait`](RedisBackend::wait) subscribes to the lock's channel on the backend's one pub/sub connection
 //! and returns as soon as the server confirmed it, so the core tries again with the subscription in
 //! place; later waits sleep until a message on the channel or the pttl, whichever is first (see

@@ -541,6 +541,46 @@ fn calls(server: &RedisServer, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A grant runs no `PTTL`: the acquire script answers the lease it has just set (one nested call fewer
+/// per acquire, issue 9). The lease is on the key all the same, and the guard's validity is bounded by
+/// it; a busy try still reads the holder's `PTTL`, which its waiter sleeps on at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_reads_no_pttl() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("grant_pttl");
+    let (ours, theirs) = (locks(&server.url()).await, locks(&server.url()).await);
+    let lease = Duration::from_secs(30);
+    let before = calls(&server, "pttl");
+    let started = std::time::Instant::now();
+    let guard = ours
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(calls(&server, "pttl"), before, "a grant asked PTTL");
+    let on_server = server.command(&["PTTL", &name]).unwrap().as_int().unwrap();
+    assert!(on_server > 25_000 && on_server <= 30_000, "{on_server}");
+    let valid = guard.validity_deadline().expect("a lease-bound guard");
+    assert!(
+        valid > started + Duration::from_secs(25)
+            && valid <= started + lease + Duration::from_secs(1)
+    );
+    // One PTTL above, and one for the busy try.
+    let before = calls(&server, "pttl");
+    assert!(theirs
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(calls(&server, "pttl"), before + 1);
+    guard.release().await.unwrap();
+}
+
 /// Whether a client is blocked by `CLIENT PAUSE` in an `EVALSHA` with more bytes queued behind it.
 fn request_queued_behind_a_paused_script(server: &RedisServer) -> bool {
     let list = server.command(&["CLIENT", "LIST"]).unwrap();
