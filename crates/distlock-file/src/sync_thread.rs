@@ -10,8 +10,7 @@
 //! parallel and the device can merge their flushes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::oneshot;
 
@@ -19,29 +18,43 @@ use crate::error::FileError;
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// The thread's one job slot. A mutex and a condition variable, not a channel: std's channel spins
+/// before it parks, and the thread parks after every sync.
 struct SyncThread {
-    jobs: mpsc::Sender<Job>,
-    /// Set by whoever hands the thread a job, cleared by the thread once it has run it.
+    job: Arc<(Mutex<Option<Job>>, Condvar)>,
+    /// Set by whoever hands the thread a job (so the slot is free), cleared by the thread once it ran it.
     busy: Arc<AtomicBool>,
+}
+
+fn slot(job: &Mutex<Option<Job>>) -> MutexGuard<'_, Option<Job>> {
+    // An `Option` cannot be left half-written by a panic.
+    job.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn sync_thread() -> Option<&'static SyncThread> {
     static THREAD: OnceLock<Option<SyncThread>> = OnceLock::new();
     THREAD
         .get_or_init(|| {
-            let (jobs, queue) = mpsc::channel::<Job>();
+            let job = Arc::new((Mutex::new(None::<Job>), Condvar::new()));
             let busy = Arc::new(AtomicBool::new(false));
-            let idle = busy.clone();
+            let (queue, idle) = (job.clone(), busy.clone());
             let spawned = std::thread::Builder::new()
                 .name("distlock-file-sync".into())
-                .spawn(move || {
-                    for job in queue {
-                        job();
-                        idle.store(false, Ordering::Release);
-                    }
+                .spawn(move || loop {
+                    let next = {
+                        let mut waiting = slot(&queue.0);
+                        loop {
+                            if let Some(next) = waiting.take() {
+                                break next;
+                            }
+                            waiting = queue.1.wait(waiting).unwrap_or_else(|p| p.into_inner());
+                        }
+                    };
+                    next();
+                    idle.store(false, Ordering::Release);
                 });
             match spawned {
-                Ok(_) => Some(SyncThread { jobs, busy }),
+                Ok(_) => Some(SyncThread { job, busy }),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start the file lock sync thread; syncing on tokio's blocking pool");
                     None
@@ -66,18 +79,12 @@ pub(crate) async fn off_the_workers<T: Send + 'static>(
         // A dropped receiver hands the result back, to be dropped here.
         let _ = done.send(work());
     });
-    let job = match sync_thread() {
-        Some(thread) if !thread.busy.swap(true, Ordering::Acquire) => match thread.jobs.send(job) {
-            Ok(()) => None,
-            Err(mpsc::SendError(job)) => {
-                thread.busy.store(false, Ordering::Release);
-                Some(job)
-            }
-        },
-        _ => Some(job),
-    };
-    if let Some(job) = job {
-        drop(runtime.spawn_blocking(job));
+    match sync_thread() {
+        Some(thread) if !thread.busy.swap(true, Ordering::Acquire) => {
+            *slot(&thread.job.0) = Some(job);
+            thread.job.1.notify_one();
+        }
+        _ => drop(runtime.spawn_blocking(job)),
     }
     result
         .await
