@@ -2,8 +2,8 @@
 //! pool when that thread is busy.
 //!
 //! Why not a `spawn_blocking` per acquire: it allocates a task, takes the pool's mutex (which the woken
-//! pool thread then contends for) and parks that thread with a timed wait afterwards; a job sent on a
-//! channel to a thread already waiting on it costs one wake-up (issue 9). Why not inline on the
+//! pool thread then contends for) and parks that thread with a timed wait afterwards; a job handed to
+//! a thread already waiting for it costs one wake-up (issue 9). Why not inline on the
 //! runtime worker: a sync waits for the device (0.1 ms to several ms here), and every other task of
 //! that worker would wait with it. The thread runs one sync at a time; a sync asked for while it is
 //! busy goes to the blocking pool, so concurrent acquires (of one `Locks` or of several) still sync in
