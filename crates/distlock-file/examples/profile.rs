@@ -128,6 +128,46 @@ async fn run(mode: &str, dir: &Path, cycles: usize, tasks: usize) -> Result<usiz
             }
             Ok(cycles)
         }
+        // The floor with its `fdatasync` moved off the task as a backend could move it: to tokio's
+        // blocking pool (`floor-pool`), or into `block_in_place` (`floor-in-place`).
+        "floor-pool" | "floor-in-place" | "floor-thread" => {
+            use rustix::fs::{flock, FlockOperation};
+            let file = Arc::new(
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(dir.join(".profile-floor"))?,
+            );
+            type Job = (
+                Arc<std::fs::File>,
+                tokio::sync::oneshot::Sender<rustix::io::Result<()>>,
+            );
+            let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+            std::thread::spawn(move || {
+                for (file, done) in queue {
+                    let _ = done.send(rustix::fs::fdatasync(&*file));
+                }
+            });
+            for _ in 0..cycles {
+                flock(&*file, FlockOperation::NonBlockingLockExclusive)?;
+                rustix::io::pwrite(&*file, &[0u8; 8], 0)?;
+                if mode == "floor-thread" {
+                    let (done, result) = tokio::sync::oneshot::channel();
+                    jobs.send((file.clone(), done))?;
+                    result.await??;
+                } else if mode == "floor-pool" {
+                    let file = file.clone();
+                    tokio::task::spawn_blocking(move || rustix::fs::fdatasync(&*file)).await??;
+                } else {
+                    tokio::task::block_in_place(|| rustix::fs::fdatasync(&*file))?;
+                }
+                flock(&*file, FlockOperation::Unlock)?;
+                tokio::task::yield_now().await;
+            }
+            Ok(cycles)
+        }
         other => Err(format!("unknown mode {other}").into()),
     }
 }

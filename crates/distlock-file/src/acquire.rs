@@ -12,8 +12,9 @@ use distlock_core::{FencingToken, Result};
 use crate::config::FileConfig;
 use crate::error::FileError;
 use crate::held::{loss_signal, FileLease, HeldFile};
-use crate::notify::{Notifier, Shared, Subscription};
+use crate::notify::{Notifier, Shared, Subscription, Watcher};
 use crate::open::OpenFile;
+use crate::sync_thread::off_the_workers;
 
 /// How many times one try starts over because the lock file was deleted or replaced under it.
 const MAX_ROUNDS: usize = 8;
@@ -64,7 +65,13 @@ impl TryJob {
                 }
             };
             let locked = file.try_lock(&self.path)?;
-            let fresh_watch = self.watch.is_none() && self.subscribe();
+            // Locked: the watch is the holder's (deletions only: its own release raises nothing).
+            let watcher = if locked {
+                Watcher::Holder
+            } else {
+                Watcher::Waiter
+            };
+            let fresh_watch = self.watch.is_none() && self.subscribe(watcher);
             // The watch follows the path, the lock the descriptor: both must be on the same file.
             if !file.is_current(&self.path)? {
                 tracing::debug!(path = %self.path.display(), "lock file replaced under a try; reopening");
@@ -94,14 +101,14 @@ impl TryJob {
     }
 
     /// Adds the watch; `true` if one was added now.
-    fn subscribe(&mut self) -> bool {
+    fn subscribe(&mut self, purpose: Watcher) -> bool {
         if self.watch_failed {
             return false;
         }
         let Some(watcher) = &self.watcher else {
             return false;
         };
-        match watcher.subscribe(&self.path) {
+        match watcher.subscribe(&self.path, purpose) {
             Ok(watch) => {
                 self.watch = Some(watch);
                 true
@@ -131,7 +138,7 @@ impl FileAcquisition {
     /// off); it is not asked again once a watch failed.
     ///
     /// # Cancel safety
-    /// The only await is the `fdatasync` on the blocking pool, which finishes even if this future is
+    /// The only await is the `fdatasync` off the runtime's workers, which finishes even if this future is
     /// dropped; the locked file is then dropped with its result, which clears the record and unlocks.
     pub(crate) async fn try_once(
         &mut self,
@@ -157,8 +164,9 @@ impl FileAcquisition {
                 watch,
             } => {
                 if config.sync {
-                    let dir = config.dir.clone();
-                    held = blocking(move || held.sync(&dir, first_token))
+                    // The directory too for a file's first token only (the path is needed then alone).
+                    let dir = first_token.then(|| config.dir.clone());
+                    held = off_the_workers(move || held.sync(dir.as_deref()))
                         .await
                         .and_then(|r| r)
                         .map_err(|e| e.into_core(Some(&request.name)))?;
@@ -239,21 +247,6 @@ fn grant(
     Ok(grant)
 }
 
-/// Runs slow file work (`fdatasync`) on tokio's blocking pool (inline when there is no runtime). If the
-/// caller's future is dropped, the work still finishes and its result is dropped, which undoes it (see
-/// [`HeldFile`]'s `Drop`).
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, FileError> {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => runtime
-            .spawn_blocking(work)
-            .await
-            .map_err(|e| FileError::Task(e.to_string())),
-        Err(_) => Ok(work()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,7 +264,11 @@ mod tests {
     fn orphaned_watch(notifier: &Notifier, path: &Path, reader_ran: bool) -> Subscription {
         let first = runtime();
         let watch = first.block_on(async {
-            let watch = notifier.instance().unwrap().subscribe(path).unwrap();
+            let watch = notifier
+                .instance()
+                .unwrap()
+                .subscribe(path, Watcher::Waiter)
+                .unwrap();
             if reader_ran {
                 tokio::task::yield_now().await;
             }
@@ -316,7 +313,11 @@ mod tests {
         runtime().block_on(async {
             let ended = tokio::time::timeout(Duration::from_millis(200), orphan.changed()).await;
             assert_eq!(ended, Ok(false), "the orphaned watch did not end");
-            let mut fresh = notifier.instance().unwrap().subscribe(&path).unwrap();
+            let mut fresh = notifier
+                .instance()
+                .unwrap()
+                .subscribe(&path, Watcher::Waiter)
+                .unwrap();
             drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
             let woken = tokio::time::timeout(Duration::from_secs(2), fresh.changed()).await;
             assert_eq!(

@@ -7,8 +7,8 @@
 //! between tries, so waiters do not raise close events for each other. The steps of a try, of a release
 //! and of `inspect` (open, `flock` without blocking, stat, read and write of under 1 KiB) take
 //! microseconds on a local file system and run inline; only the acquire's `fdatasync`, which can take
-//! milliseconds, runs on tokio's blocking pool (a hop there costs tens of microseconds, more than all
-//! the inline steps together).
+//! milliseconds, runs off the runtime's workers: on a thread kept for it, or on tokio's blocking pool
+//! while that thread is busy (see `sync_thread.rs`).
 //!
 //! While busy, [`wait`](FileBackend::wait) sleeps until inotify reports that the file was closed (a
 //! release: distlock unlocks and then closes; or a holder's death: the kernel closes its descriptors) or
@@ -23,7 +23,7 @@
 //! So a bounded or cancelled wait leaves nothing behind: there is no thread blocked in `flock` that
 //! could take the lock later, and dropping an acquisition closes its descriptor and its watch. A try
 //! whose future is dropped while its `fdatasync` runs hands the locked file to nobody; the file's `Drop`
-//! (on the blocking pool's thread) clears the holder record and unlocks.
+//! (on the thread that ran the sync) clears the holder record and unlocks.
 //!
 //! # Holding and releasing
 //!
@@ -188,7 +188,7 @@ impl Backend for FileBackend {
     /// mint the next token and make it durable (see the module docs of `acquire.rs`).
     ///
     /// # Cancel safety
-    /// The only await is the `fdatasync` on the blocking pool, which finishes even if this future is
+    /// The only await is the `fdatasync` off the runtime's workers, which finishes even if this future is
     /// dropped; the locked file is then dropped with its result, which clears the record and unlocks.
     async fn try_acquire(
         &self,
@@ -259,6 +259,44 @@ impl Backend for FileBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::held::tests_support::syncs;
+
+    /// With `sync` (the default) every grant's token is made durable once, before the grant is
+    /// reported, however many acquires sync at once (the sync thread takes one, the blocking pool the
+    /// rest); without `sync`, never.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_grant_is_synced_once_before_it_is_reported() {
+        for sync in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let backend =
+                FileBackend::from_config(FileConfig::new(dir.path()).with_sync(sync)).unwrap();
+            let locks = Arc::new(distlock_core::Locks::new(backend.clone()));
+            let expected = move |cycles: usize| if sync { cycles } else { 0 };
+            let lock = locks.lock("one").unwrap();
+            for cycle in 1..=5 {
+                let guard = lock.acquire().await.unwrap();
+                assert_eq!(syncs(&backend.lock_file("one")), expected(cycle));
+                guard.release().await.unwrap();
+            }
+            let tasks: Vec<_> = (0..8)
+                .map(|task| {
+                    let (locks, backend) = (locks.clone(), backend.clone());
+                    tokio::spawn(async move {
+                        let name = format!("many-{task}");
+                        let lock = locks.lock(&name).unwrap();
+                        for cycle in 1..=5 {
+                            let guard = lock.acquire().await.unwrap();
+                            assert_eq!(syncs(&backend.lock_file(&name)), expected(cycle));
+                            guard.release().await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+        }
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn watches_end_with_the_holds_and_waits_that_made_them() {

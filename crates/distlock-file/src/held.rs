@@ -11,7 +11,7 @@ use distlock_core::FencingToken;
 
 use crate::error::FileError;
 use crate::layout::Record;
-use crate::notify::{Notifier, Subscription};
+use crate::notify::{Notifier, Subscription, Watcher};
 use crate::open::{read_content, same_file, sync_dir, write_record, OpenFile};
 
 /// A lock file this process holds, with the token it wrote. Dropped without [`release`](Self::release)
@@ -67,16 +67,18 @@ impl HeldFile {
     }
 
     /// Makes the new token durable; the grant is reported only after this, so a token never repeats
-    /// after a crash. For a file's first token the directory entry is synced too. On failure the held
-    /// file is dropped, which unlocks it.
-    pub(crate) fn sync(self, dir: &Path, first_token: bool) -> Result<Self, FileError> {
+    /// after a crash. For a file's first token the directory entry is synced too (`dir`). On failure
+    /// the held file is dropped, which unlocks it.
+    pub(crate) fn sync(self, dir: Option<&Path>) -> Result<Self, FileError> {
         self.file
             .file
             .sync_data()
             .map_err(|e| FileError::io("sync", &self.path, e))?;
-        if first_token {
+        if let Some(dir) = dir {
             sync_dir(dir)?;
         }
+        #[cfg(test)]
+        tests_support::count_sync(&self.path);
         Ok(self)
     }
 
@@ -230,7 +232,7 @@ pub(crate) fn loss_signal(
             loop {
                 let renewed = notifier
                     .instance()
-                    .and_then(|shared| shared.subscribe(&path).ok());
+                    .and_then(|shared| shared.subscribe(&path, Watcher::Holder).ok());
                 match same_file(&path, dev, ino) {
                     Ok(false) => return deleted(&path),
                     Ok(true) => {}
@@ -260,4 +262,31 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What tests observe of the mechanism: how many times each lock file's token was synced.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    static SYNCS: Mutex<Option<HashMap<PathBuf, usize>>> = Mutex::new(None);
+
+    pub(crate) fn count_sync(path: &Path) {
+        let mut syncs = SYNCS.lock().unwrap_or_else(|p| p.into_inner());
+        *syncs
+            .get_or_insert_with(HashMap::new)
+            .entry(path.to_path_buf())
+            .or_default() += 1;
+    }
+
+    /// How many times the token in the lock file at `path` was made durable.
+    pub(crate) fn syncs(path: &Path) -> usize {
+        let syncs = SYNCS.lock().unwrap_or_else(|p| p.into_inner());
+        syncs
+            .as_ref()
+            .and_then(|m| m.get(path).copied())
+            .unwrap_or(0)
+    }
 }

@@ -59,6 +59,7 @@ mod inspect;
 pub mod layout;
 mod notify;
 mod open;
+mod sync_thread;
 
 pub use backend::FileBackend;
 pub use config::{FileConfig, DEFAULT_POLL_INITIAL, DEFAULT_POLL_MAX};
