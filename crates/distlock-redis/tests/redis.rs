@@ -782,7 +782,10 @@ async fn a_renewal_after_script_flush_is_sent_again() {
         .validity_deadline()
         .unwrap()
         .saturating_duration_since(Instant::now());
-    assert!(left > Duration::from_secs(30), "not extended: {left:?} left");
+    assert!(
+        left > Duration::from_secs(30),
+        "not extended: {left:?} left"
+    );
     assert_eq!(guard.state(), LockState::Held);
     guard.release().await.unwrap();
 }
