@@ -26,6 +26,7 @@ use tokio::task::JoinSet;
 use crate::cpu::{CpuFigures, CpuMeter, CpuSpent};
 use crate::engines::{redis_failure, Engine};
 use crate::error::Error;
+use crate::heap::{HeapReading, HeapWindow};
 use crate::measure::{Baseline, Run};
 use crate::stats::round2;
 use crate::Runner;
@@ -95,7 +96,8 @@ pub struct HoldCpu {
     pub per_renewal: CpuFigures,
 }
 
-/// Resident memory (`VmRSS` of `/proc/self/status`).
+/// Resident memory (`VmRSS` of `/proc/self/status`) and live heap (the counting allocator of
+/// [`crate::heap`], where the binary installs it).
 #[derive(Debug, Serialize)]
 pub struct HoldMemory {
     pub rss_before_kib: Option<u64>,
@@ -103,6 +105,16 @@ pub struct HoldMemory {
     /// (holding − before) / locks: every lock's share, handles, guards and the watchdog's records
     /// included, and whatever the allocator kept from acquiring them (an upper bound).
     pub per_lock_bytes: Option<f64>,
+    /// Live heap growth over the same window / locks, in requested bytes (the allocator's per-block
+    /// overhead not included); `None` without the counting allocator.
+    pub heap_per_lock_bytes: Option<f64>,
+    /// Live blocks (allocations) over the same window / locks.
+    pub heap_blocks_per_lock: Option<f64>,
+    /// The highest live heap growth during the hold / locks: the held locks plus the renewal batches
+    /// in flight (their requests and replies).
+    pub heap_peak_per_lock_bytes: Option<f64>,
+    /// How the heap figures were counted, or why they are missing.
+    pub heap_counted: String,
 }
 
 /// Counts of a [`Counted`] backend.
@@ -305,6 +317,9 @@ impl Run<'_> {
             self.config.duration,
         );
         let (locks, counts) = connect(&self.config.url, &self.config.engine).await?;
+        // Counting starts with the RSS window, so both cover the same allocations (the run's names
+        // included: a caller of `lock(name)` has its names too).
+        let heap = HeapWindow::open();
         let rss_before = rss_kib();
         runner.step(&format!("hold: acquiring {n} locks"));
         let names: Vec<String> = (0..n)
@@ -337,6 +352,9 @@ impl Run<'_> {
         };
         let counted_before = counts.as_ref().map(|c| c.read());
         let meter = CpuMeter::start(self.plan.cpu).await;
+        if let Some(heap) = &heap {
+            heap.reset_peak();
+        }
         let held_from = Instant::now();
         tokio::time::sleep(d).await;
         let spent = meter.stop().await;
@@ -346,6 +364,8 @@ impl Run<'_> {
             None => None,
         };
         let rss_holding = rss_kib();
+        let heap_holding = heap.as_ref().map(HeapWindow::read);
+        drop(heap);
         let mut not_held = 0;
         let mut lost = 0;
         let mut loss_reason = None;
@@ -382,12 +402,6 @@ impl Run<'_> {
             held_s,
         );
         let cpu = hold_cpu(&spent, renewals.renewals, renewals.ticks);
-        let per_lock_bytes = match (rss_before, rss_holding) {
-            (Some(before), Some(holding)) if n > 0 => Some(round2(
-                holding.saturating_sub(before) as f64 * 1024.0 / n as f64,
-            )),
-            _ => None,
-        };
         Ok(HoldSection {
             locks: n,
             lease_ms: round2(lease.as_secs_f64() * 1e3),
@@ -397,11 +411,7 @@ impl Run<'_> {
             release_s: round2(release_s),
             renewals,
             cpu,
-            memory: HoldMemory {
-                rss_before_kib: rss_before,
-                rss_holding_kib: rss_holding,
-                per_lock_bytes,
-            },
+            memory: hold_memory(n, rss_before, rss_holding, heap_holding),
             not_held,
             lost,
             loss_reason,
@@ -461,6 +471,36 @@ impl Run<'_> {
             server_commands_per_tick: server_commands.and_then(per_tick),
             counted: counted.to_string(),
         }
+    }
+}
+
+/// The hold's memory figures per held lock.
+fn hold_memory(
+    n: usize,
+    rss_before: Option<u64>,
+    rss_holding: Option<u64>,
+    heap: Option<HeapReading>,
+) -> HoldMemory {
+    let per_lock = |total: f64| (n > 0).then(|| round2(total / n as f64));
+    let per_lock_bytes = match (rss_before, rss_holding) {
+        (Some(before), Some(holding)) => per_lock(holding.saturating_sub(before) as f64 * 1024.0),
+        _ => None,
+    };
+    let heap_counted = if heap.is_some() {
+        "live heap counted by the binary's counting allocator from before the names were made to the \
+         end of the hold (requested bytes; the allocator's per-block overhead not included); peak: the \
+         highest during the hold, renewal batches in flight included"
+    } else {
+        "not counted: the counting allocator is not this binary's global allocator"
+    };
+    HoldMemory {
+        rss_before_kib: rss_before,
+        rss_holding_kib: rss_holding,
+        per_lock_bytes,
+        heap_per_lock_bytes: heap.and_then(|h| per_lock(h.live_bytes as f64)),
+        heap_blocks_per_lock: heap.and_then(|h| per_lock(h.live_blocks as f64)),
+        heap_peak_per_lock_bytes: heap.and_then(|h| per_lock(h.peak_bytes as f64)),
+        heap_counted: heap_counted.to_string(),
     }
 }
 

@@ -12,6 +12,7 @@ mod cpu;
 mod engines;
 mod error;
 mod harness;
+pub mod heap;
 mod hold;
 mod measure;
 mod mysql;

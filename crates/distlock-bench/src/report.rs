@@ -439,6 +439,14 @@ fn render_hold(o: &mut String, h: &crate::hold::HoldSection) {
     );
     let _ = writeln!(
         o,
+        "  live heap: {} bytes in {} blocks per held lock; peak during the hold {} bytes per lock ({})",
+        opt(m.heap_per_lock_bytes),
+        opt(m.heap_blocks_per_lock),
+        opt(m.heap_peak_per_lock_bytes),
+        m.heap_counted
+    );
+    let _ = writeln!(
+        o,
         "  not Held at the end: {} (lost {}){}",
         h.not_held,
         h.lost,

@@ -867,6 +867,15 @@ fn hold_counts_renewals_and_loses_no_lock() {
     assert!(h["cpu"]["client_ms_per_tick"].is_number(), "{h}");
     assert!(h["cpu"]["server_ms_per_tick"].is_number(), "{h}");
     assert!(h["memory"]["per_lock_bytes"].is_number(), "{h}");
+    // The binary's counting allocator sees the held locks: live bytes and blocks grew, and the peak
+    // during the hold is at least what is live at its end.
+    let memory = &h["memory"];
+    assert!(num(memory, "heap_per_lock_bytes") > 0.0, "{memory}");
+    assert!(num(memory, "heap_blocks_per_lock") > 0.0, "{memory}");
+    assert!(
+        num(memory, "heap_peak_per_lock_bytes") >= num(memory, "heap_per_lock_bytes"),
+        "{memory}"
+    );
     assert!(r["targets"]
         .as_array()
         .expect("targets")
@@ -965,6 +974,10 @@ fn hold_memory_fields(v: &Value, at: &str) {
             ("rss_before_kib", OptNum),
             ("rss_holding_kib", OptNum),
             ("per_lock_bytes", OptNum),
+            ("heap_per_lock_bytes", OptNum),
+            ("heap_blocks_per_lock", OptNum),
+            ("heap_peak_per_lock_bytes", OptNum),
+            ("heap_counted", Str),
         ],
     );
 }

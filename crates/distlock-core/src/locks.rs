@@ -49,11 +49,12 @@ pub(crate) struct LocksInner {
     defaults: LockOptions,
     /// Same-name waiters of this `Locks` queue here (tokio's mutex is FIFO), so only the head contends
     /// with the engine.
-    gates: Mutex<Shared<String>>,
+    gates: Mutex<Shared<Arc<str>>>,
     /// The `releasing` mutex of each (name, owner) with a live `Lock` (see [`LockShared::releasing`]):
     /// shared by every `Lock` of one name and owner id (`lock_as` may give two the same), since to the
-    /// engine they are one owner.
-    releasing: Mutex<Shared<(String, String)>>,
+    /// engine they are one owner. Keyed by the `Lock`'s own name and owner id (`Arc<str>`s shared with
+    /// it, not copies: issue 9's memory per held lock).
+    releasing: Mutex<Shared<(Arc<str>, Arc<str>)>>,
     pub(crate) watchdog: Arc<Watchdog>,
     background: Arc<Background>,
 }
@@ -166,14 +167,17 @@ impl Locks {
             .with_backend(backend)
             .with_lock(name));
         }
-        let releasing = lock(&self.inner.releasing).get((name.to_string(), owner.clone()));
+        let name: Arc<str> = Arc::from(name);
+        let owner: Arc<str> = Arc::from(owner);
+        let releasing = lock(&self.inner.releasing).get((name.clone(), owner.clone()));
+        let gate = lock(&self.inner.gates).get(name.clone());
         Ok(Lock {
             shared: Arc::new(LockShared {
                 locks: self.inner.clone(),
-                name: name.to_string(),
+                name,
                 owner,
                 acquiring: tokio::sync::Mutex::new(()),
-                gate: lock(&self.inner.gates).get(name.to_string()),
+                gate,
                 releasing,
                 held: Mutex::new(None),
             }),
@@ -444,8 +448,9 @@ pub struct Lock {
 
 pub(crate) struct LockShared {
     pub(crate) locks: Arc<LocksInner>,
-    pub(crate) name: String,
-    pub(crate) owner: String,
+    /// The name and owner id, shared with the `gates` and `releasing` maps' keys.
+    pub(crate) name: Arc<str>,
+    pub(crate) owner: Arc<str>,
     /// Serialises acquires of this `Lock`, so a second task's acquire sees the first one's hold and
     /// joins it instead of racing it to the engine.
     acquiring: tokio::sync::Mutex<()>,
@@ -570,8 +575,8 @@ impl Lock {
         }
 
         let request = AcquireRequest {
-            name: shared.name.clone(),
-            owner: shared.owner.clone(),
+            name: shared.name.to_string(),
+            owner: shared.owner.to_string(),
             lease: options.first_ttl(),
         };
         let acquisition = locks.backend.begin(&request)?;
@@ -861,5 +866,48 @@ mod tests {
             locks.inner.watchdog.starts()
         });
         assert_eq!(runtime.block_on(cycles).expect("cycles"), 1);
+    }
+
+    /// A hold makes its state channel (≈ 0.35 KiB) only for its first observer, and that observer
+    /// still sees every change from then on (issue 9: memory per held lock).
+    #[tokio::test]
+    async fn a_holds_state_channel_is_made_by_its_first_observer() {
+        let locks = Locks::new(MemoryBackend::new());
+        let lock = locks.lock("observed").expect("lock");
+        let guard = lock.acquire().await.expect("acquire");
+        let holding = || {
+            crate::sync::lock(&lock.shared.held)
+                .as_ref()
+                .map(|(holding, _)| holding.clone())
+                .expect("held")
+        };
+        assert!(!holding().has_state_channel());
+        assert_eq!(guard.state(), crate::LockState::Held);
+        assert!(!holding().has_state_channel());
+        let mut changes = guard.state_changes();
+        assert!(holding().has_state_channel());
+        assert_eq!(*changes.borrow_and_update(), crate::LockState::Held);
+        holding().mark_lost("test".into());
+        changes.changed().await.expect("a change");
+        assert_eq!(*changes.borrow(), crate::LockState::Lost);
+        let _ = guard.release().await;
+    }
+
+    /// The `gates` and `releasing` maps are keyed by the `Lock`'s own name and owner id, not copies of
+    /// them (issue 9: memory per held lock).
+    #[test]
+    fn the_shared_maps_keys_are_the_locks_own_name_and_owner() {
+        let locks = Locks::new(MemoryBackend::new());
+        let lock = locks.lock("keyed").expect("lock");
+        let gates = crate::sync::lock(&locks.inner.gates);
+        let (name, _) = gates
+            .by_key
+            .get_key_value("keyed")
+            .expect("a gate for the name");
+        assert!(std::sync::Arc::ptr_eq(name, &lock.shared.name));
+        let releasing = crate::sync::lock(&locks.inner.releasing);
+        let ((name, owner), _) = releasing.by_key.iter().next().expect("a releasing entry");
+        assert!(std::sync::Arc::ptr_eq(name, &lock.shared.name));
+        assert!(std::sync::Arc::ptr_eq(owner, &lock.shared.owner));
     }
 }

@@ -86,6 +86,8 @@ impl RedisBackend {
     ) -> Result<Vec<Value>, RedisError> {
         let target = &self.inner.target;
         pipe.ignore_errors();
+        // Borrowed by every attempt, not cloned: a renewal batch's pipeline is 10,000 commands (issue 9).
+        let pipe = &pipe;
         let mut reloads = NOSCRIPT_RELOAD.start(None);
         loop {
             let result = link
@@ -93,10 +95,7 @@ impl RedisBackend {
                     target,
                     what,
                     timeout,
-                    |mut c: Conn| {
-                        let p = pipe.clone();
-                        async move { p.query_async::<Vec<Value>>(&mut c).await }
-                    },
+                    |mut c: Conn| async move { pipe.query_async::<Vec<Value>>(&mut c).await },
                     sent,
                 )
                 .await;
@@ -181,5 +180,10 @@ impl<'a> ScriptCall<'a> {
     pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
         self.cmd.arg(arg);
         self
+    }
+
+    /// The command, for a pipeline (whose `NOSCRIPT` [`RedisBackend::pipeline`] handles).
+    pub(crate) fn into_cmd(self) -> Cmd {
+        self.cmd
     }
 }

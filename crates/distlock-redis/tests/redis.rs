@@ -801,3 +801,31 @@ async fn calls_after_script_flush_run_once() {
         other.release().await.unwrap();
     }
 }
+
+/// A renewal batch (one pipeline) after `SCRIPT FLUSH` reloads the scripts and is sent again: the
+/// pipeline's commands are written by `rpc::ScriptCall` and the pipeline is borrowed, not cloned, by
+/// each attempt (issue 9's memory per held lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_after_script_flush_is_sent_again() {
+    let server = RedisServer::start_or_panic();
+    let locks = locks(&server.url()).await;
+    let lock = locks.lock(&unique("renew_flush")).unwrap();
+    let guard = lock
+        .options()
+        .lease(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    server.command(&["SCRIPT", "FLUSH"]).unwrap();
+    guard.extend(Duration::from_secs(60)).await.unwrap();
+    let left = guard
+        .validity_deadline()
+        .unwrap()
+        .saturating_duration_since(Instant::now());
+    assert!(
+        left > Duration::from_secs(30),
+        "not extended: {left:?} left"
+    );
+    assert_eq!(guard.state(), LockState::Held);
+    guard.release().await.unwrap();
+}
