@@ -673,3 +673,36 @@ fn held_from_a_dropped_runtime(sync: bool) {
         assert!(guard.loss_reason().unwrap().contains("deleted"));
     });
 }
+
+/// Review (hfile, issue 9 round 2): the lock directory is renamed away (or a symlink above it swapped,
+/// as a deploy does) while a holder holds and a waiter of another process waits on the same old inode.
+/// The waiter's next poll finds the path no longer names its file, closes it, recreates the directory
+/// and locks a new file of the name: two holders. The holder is not told: nothing happened to its
+/// inode but the waiter's close, and since the holder's watch asks for deletions only
+/// (`LOSS_MASK`), that close no longer wakes its loss signal (with the full mask it did: the close
+/// woke it, `same_file` found the path changed, and the guard became Lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_renamed_lock_directory_with_a_waiter_makes_the_holder_lost() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("locks");
+    let holder = locks(&dir);
+    let guard = holder.lock("x").unwrap().acquire().await.unwrap();
+    // Another process's waiter: its own backend (its own inotify instance), polling fast.
+    let waiter = locks(&dir);
+    let lock = waiter.lock("x").unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "acquired while held");
+
+    std::fs::rename(&dir, root.path().join("locks.old")).unwrap();
+    let second = tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("the waiter did not take the new file")
+        .unwrap()
+        .unwrap();
+    // Two holders of "x" now: the first must have been told.
+    tokio::time::timeout(BOUND, guard.lost())
+        .await
+        .expect("two holders of one name, and the first was never told it lost the lock");
+    second.release().await.unwrap();
+}
