@@ -706,3 +706,65 @@ async fn review_a_renamed_lock_directory_with_a_waiter_makes_the_holder_lost() {
         .expect("two holders of one name, and the first was never told it lost the lock");
     second.release().await.unwrap();
 }
+
+/// Review (hfile): a holder and a waiter sharing one inotify instance (two `Locks` over clones of one
+/// backend, so the core's local queue is not involved): the holder's close-free watch is on the inode
+/// first, the waiter's full mask replaces it, and the release must wake the waiter without polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_release_wakes_a_waiter_sharing_the_holders_inotify_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::from_config(no_polling(dir.path())).unwrap();
+    let holder = Locks::new(backend.clone());
+    let waiter = Locks::new(backend);
+    for round in 0..20 {
+        let guard = holder.lock("w").unwrap().acquire().await.unwrap();
+        let lock = waiter.lock("w").unwrap();
+        let waiting = tokio::spawn(async move { lock.acquire().await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        guard.release().await.unwrap();
+        let got = tokio::time::timeout(BOUND, waiting)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the waiter was not woken by the release"))
+            .unwrap()
+            .unwrap();
+        got.release().await.unwrap();
+    }
+}
+
+/// Review (hfile): with the holder's watch narrowed to `LOSS_MASK`, the ways a lock file leaves its
+/// path are still noticed: renamed away, replaced by a rename over it, replaced by an exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_renamed_or_replaced_lock_file_makes_the_guard_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::new(dir.path()).unwrap();
+    let path = backend.lock_file("r");
+    let locks = Locks::new(backend);
+    for how in ["away", "over", "exchange"] {
+        let guard = locks.lock("r").unwrap().acquire().await.unwrap();
+        let other = dir.path().join("other");
+        match how {
+            "away" => std::fs::rename(&path, &other).unwrap(),
+            "over" => {
+                std::fs::write(&other, b"").unwrap();
+                std::fs::rename(&other, &path).unwrap();
+            }
+            _ => {
+                std::fs::write(&other, b"").unwrap();
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    &other,
+                    rustix::fs::CWD,
+                    &path,
+                    rustix::fs::RenameFlags::EXCHANGE,
+                )
+                .unwrap();
+            }
+        }
+        tokio::time::timeout(BOUND, guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{how}: the replacement went unnoticed"));
+        let _ = guard.release().await;
+        let _ = std::fs::remove_file(&other);
+        let _ = std::fs::remove_file(&path);
+    }
+}
