@@ -768,3 +768,74 @@ async fn review_a_renamed_or_replaced_lock_file_makes_the_guard_lost() {
         let _ = std::fs::remove_file(&path);
     }
 }
+
+/// Review (hfile): acquires from several runtimes on several threads at once (the one sync thread
+/// busy, the rest on each runtime's blocking pool), each runtime dropped right after an acquire that
+/// was cut short at a different point: every lock is free again afterwards, and no grant was lost in
+/// the slot (every uncut acquire completes).
+#[test]
+fn review_acquires_from_many_runtimes_cut_short_and_dropped_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let locks = Locks::new(FileBackend::new(&path).unwrap());
+                for step in 0..60u64 {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    let name = format!("t{t}-{}", step % 3);
+                    rt.block_on(async {
+                        let lock = locks.lock(&name).unwrap();
+                        let cut = Duration::from_micros((step * 37) % 600);
+                        if let Ok(got) = tokio::time::timeout(cut, lock.acquire()).await {
+                            got.unwrap().release().await.unwrap();
+                        }
+                        // An uncut acquire always completes.
+                        let guard = tokio::time::timeout(BOUND, lock.acquire())
+                            .await
+                            .expect("an acquire never completed")
+                            .unwrap();
+                        // Dropped with the runtime, unreleased, on every other step.
+                        if step % 2 == 0 {
+                            guard.release().await.unwrap();
+                        } else {
+                            std::mem::forget(tokio::spawn(async move {
+                                let _guard = guard;
+                                std::future::pending::<()>().await;
+                            }));
+                        }
+                    });
+                    drop(rt);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let other = Locks::new(FileBackend::new(&path).unwrap());
+        for t in 0..4 {
+            for n in 0..3 {
+                let name = format!("t{t}-{n}");
+                let deadline = tokio::time::Instant::now() + BOUND;
+                loop {
+                    if let Some(g) = other.lock(&name).unwrap().try_acquire().await.unwrap() {
+                        g.release().await.unwrap();
+                        break;
+                    }
+                    assert!(tokio::time::Instant::now() < deadline, "{name} left held");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+    });
+}
