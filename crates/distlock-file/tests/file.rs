@@ -839,3 +839,33 @@ fn review_acquires_from_many_runtimes_cut_short_and_dropped_leave_nothing() {
         }
     });
 }
+
+/// Review (hfile): an acquire cut short while its sync runs (on the sync thread or the pool) leaves
+/// the file locked until the sync's thread drops the result; a waiter of the same `Locks`, which never
+/// polls, must be woken by that undo (its close) and get the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_waiter_is_woken_by_the_undo_of_an_acquire_cut_short_during_its_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let locks = Locks::new(FileBackend::from_config(no_polling(dir.path())).unwrap());
+    let mut cut_short = 0;
+    for step in 0..60u64 {
+        let lock = locks.lock("undo").unwrap();
+        // Polled once: a free lock's acquire runs its try inline and parks on the sync; then dropped.
+        let mut acquire = Box::pin(lock.acquire());
+        let first = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(acquire.as_mut(), cx))
+        })
+        .await;
+        match first {
+            std::task::Poll::Ready(got) => got.unwrap().release().await.unwrap(),
+            std::task::Poll::Pending => cut_short += 1,
+        }
+        drop(acquire);
+        let guard = tokio::time::timeout(BOUND, locks.lock("undo").unwrap().acquire())
+            .await
+            .unwrap_or_else(|_| panic!("step {step}: the waiter was not woken by the undo"))
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+    eprintln!("{cut_short} of 60 acquires cut short");
+}
