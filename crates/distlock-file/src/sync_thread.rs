@@ -90,3 +90,73 @@ pub(crate) async fn off_the_workers<T: Send + 'static>(
         .await
         .map_err(|_| FileError::Task("the sync did not report back".into()))
 }
+
+/// Review (hfile): the slot under load and after a panicking job.
+#[cfg(test)]
+mod review_tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Many jobs at once from tasks of two runtimes (handed to the thread as it finishes the previous
+    /// one, or to the pool): every one reports back.
+    #[test]
+    fn review_every_job_reports_back_under_contention() {
+        let runtimes: Vec<_> = (0..2)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let rt = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        let tasks: Vec<_> = (0..16)
+                            .map(|t| {
+                                tokio::spawn(async move {
+                                    for i in 0..2000u64 {
+                                        let got = tokio::time::timeout(
+                                            Duration::from_secs(10),
+                                            off_the_workers(move || t * 100_000 + i),
+                                        )
+                                        .await
+                                        .expect("a job never reported back")
+                                        .unwrap();
+                                        assert_eq!(got, t * 100_000 + i);
+                                    }
+                                })
+                            })
+                            .collect();
+                        for t in tasks {
+                            t.await.unwrap();
+                        }
+                    });
+                })
+            })
+            .collect();
+        for r in runtimes {
+            r.join().unwrap();
+        }
+    }
+
+    /// A job that panics on the sync thread ends it; later jobs must still run (on the pool).
+    #[test]
+    fn review_a_panicking_job_does_not_stop_later_syncs() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // Make sure the first goes to the thread: nothing else runs in this test process.
+            let err = off_the_workers(|| -> u32 { panic!("boom") }).await;
+            assert!(err.is_err());
+            for i in 0..100u32 {
+                let got = tokio::time::timeout(Duration::from_secs(5), off_the_workers(move || i))
+                    .await
+                    .expect("a job after the panic never reported back")
+                    .unwrap();
+                assert_eq!(got, i);
+            }
+        });
+    }
+}
