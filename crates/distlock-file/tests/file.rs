@@ -674,15 +674,15 @@ fn held_from_a_dropped_runtime(sync: bool) {
     });
 }
 
-/// Review (hfile, issue 9 round 2): the lock directory is renamed away (or a symlink above it swapped,
+/// The lock directory is renamed away (or a symlink above it swapped,
 /// as a deploy does) while a holder holds and a waiter of another process waits on the same old inode.
 /// The waiter's next poll finds the path no longer names its file, closes it, recreates the directory
-/// and locks a new file of the name: two holders. The holder is not told: nothing happened to its
-/// inode but the waiter's close, and since the holder's watch asks for deletions only
-/// (`LOSS_MASK`), that close no longer wakes its loss signal (with the full mask it did: the close
-/// woke it, `same_file` found the path changed, and the guard became Lost).
+/// and locks a new file of the name: two holders. Nothing happened to the holder's inode but the
+/// waiter's close: that close must wake the holder's loss signal, which finds the path no longer
+/// names its file (`Lost`). A holder watch that asked for deletions only (tried for issue 9: its own
+/// release then woke no reader) never woke, and the holder stayed `Held`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_renamed_lock_directory_with_a_waiter_makes_the_holder_lost() {
+async fn a_renamed_lock_directory_with_a_waiter_makes_the_holder_lost() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("locks");
     let holder = locks(&dir);
@@ -707,11 +707,11 @@ async fn review_a_renamed_lock_directory_with_a_waiter_makes_the_holder_lost() {
     second.release().await.unwrap();
 }
 
-/// Review (hfile): a holder and a waiter sharing one inotify instance (two `Locks` over clones of one
+/// A holder and a waiter sharing one inotify instance (two `Locks` over clones of one
 /// backend, so the core's local queue is not involved): the holder's close-free watch is on the inode
 /// first, the waiter's full mask replaces it, and the release must wake the waiter without polling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_release_wakes_a_waiter_sharing_the_holders_inotify_instance() {
+async fn a_release_wakes_a_waiter_sharing_the_holders_inotify_instance() {
     let dir = tempfile::tempdir().unwrap();
     let backend = FileBackend::from_config(no_polling(dir.path())).unwrap();
     let holder = Locks::new(backend.clone());
@@ -731,10 +731,9 @@ async fn review_a_release_wakes_a_waiter_sharing_the_holders_inotify_instance() 
     }
 }
 
-/// Review (hfile): with the holder's watch narrowed to `LOSS_MASK`, the ways a lock file leaves its
-/// path are still noticed: renamed away, replaced by a rename over it, replaced by an exchange.
+/// The ways a lock file leaves its path are noticed by the holder: renamed away, replaced by a rename over it, replaced by an exchange.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_renamed_or_replaced_lock_file_makes_the_guard_lost() {
+async fn a_renamed_or_replaced_lock_file_makes_the_guard_lost() {
     let dir = tempfile::tempdir().unwrap();
     let backend = FileBackend::new(dir.path()).unwrap();
     let path = backend.lock_file("r");
@@ -769,12 +768,12 @@ async fn review_a_renamed_or_replaced_lock_file_makes_the_guard_lost() {
     }
 }
 
-/// Review (hfile): acquires from several runtimes on several threads at once (the one sync thread
+/// Acquires from several runtimes on several threads at once (the one sync thread
 /// busy, the rest on each runtime's blocking pool), each runtime dropped right after an acquire that
 /// was cut short at a different point: every lock is free again afterwards, and no grant was lost in
 /// the slot (every uncut acquire completes).
 #[test]
-fn review_acquires_from_many_runtimes_cut_short_and_dropped_leave_nothing() {
+fn acquires_from_many_runtimes_cut_short_and_dropped_leave_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let threads: Vec<_> = (0..4)
@@ -840,11 +839,11 @@ fn review_acquires_from_many_runtimes_cut_short_and_dropped_leave_nothing() {
     });
 }
 
-/// Review (hfile): an acquire cut short while its sync runs (on the sync thread or the pool) leaves
+/// An acquire cut short while its sync runs (on the sync thread or the pool) leaves
 /// the file locked until the sync's thread drops the result; a waiter of the same `Locks`, which never
 /// polls, must be woken by that undo (its close) and get the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_waiter_is_woken_by_the_undo_of_an_acquire_cut_short_during_its_sync() {
+async fn a_waiter_is_woken_by_the_undo_of_an_acquire_cut_short_during_its_sync() {
     let dir = tempfile::tempdir().unwrap();
     let locks = Locks::new(FileBackend::from_config(no_polling(dir.path())).unwrap());
     let mut cut_short = 0;

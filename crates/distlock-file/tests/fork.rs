@@ -1,4 +1,4 @@
-//! Review (hfile, issue 9 round 2): the per-process sync thread and `fork` without `exec`.
+//! The per-process sync thread and `fork` without `exec`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -15,12 +15,12 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// A process that used the file backend (so the sync thread exists, idle) forks without exec (a
 /// daemonizing library user, a pre-fork server); the child starts its own runtime and backend and
-/// acquires a free lock. The sync thread is not in the child, but its `OnceLock` and idle flag are: the
-/// sync is handed to a slot nobody reads, the acquire never completes, and a timed-out acquire leaves
-/// the job (and the locked file in it) in the slot, so the lock stays held by the child until it exits.
-/// Before this change the sync went to the child's runtime's blocking pool and this passed.
+/// acquires a free lock. The sync thread is not in the child, but its record is: without the check of
+/// the process id, the sync was handed to a slot nobody reads, the acquire never completed, and a
+/// timed-out acquire left the job (and the locked file in it) in the slot, the lock held by the child
+/// until it exited.
 #[test]
-fn review_a_forked_child_can_acquire_with_sync() {
+fn a_forked_child_can_acquire_with_sync() {
     let dir = tempfile::tempdir().unwrap();
     runtime().block_on(async {
         let locks = Locks::new(FileBackend::new(dir.path()).unwrap());
