@@ -12,7 +12,7 @@ use distlock_core::{FencingToken, Result};
 use crate::config::FileConfig;
 use crate::error::FileError;
 use crate::held::{loss_signal, FileLease, HeldFile};
-use crate::notify::{Notifier, Shared, Subscription, Watcher};
+use crate::notify::{Notifier, Shared, Subscription};
 use crate::open::OpenFile;
 use crate::sync_thread::off_the_workers;
 
@@ -65,13 +65,7 @@ impl TryJob {
                 }
             };
             let locked = file.try_lock(&self.path)?;
-            // Locked: the watch is the holder's (deletions only: its own release raises nothing).
-            let watcher = if locked {
-                Watcher::Holder
-            } else {
-                Watcher::Waiter
-            };
-            let fresh_watch = self.watch.is_none() && self.subscribe(watcher);
+            let fresh_watch = self.watch.is_none() && self.subscribe();
             // The watch follows the path, the lock the descriptor: both must be on the same file.
             if !file.is_current(&self.path)? {
                 tracing::debug!(path = %self.path.display(), "lock file replaced under a try; reopening");
@@ -101,14 +95,14 @@ impl TryJob {
     }
 
     /// Adds the watch; `true` if one was added now.
-    fn subscribe(&mut self, purpose: Watcher) -> bool {
+    fn subscribe(&mut self) -> bool {
         if self.watch_failed {
             return false;
         }
         let Some(watcher) = &self.watcher else {
             return false;
         };
-        match watcher.subscribe(&self.path, purpose) {
+        match watcher.subscribe(&self.path) {
             Ok(watch) => {
                 self.watch = Some(watch);
                 true
@@ -264,11 +258,7 @@ mod tests {
     fn orphaned_watch(notifier: &Notifier, path: &Path, reader_ran: bool) -> Subscription {
         let first = runtime();
         let watch = first.block_on(async {
-            let watch = notifier
-                .instance()
-                .unwrap()
-                .subscribe(path, Watcher::Waiter)
-                .unwrap();
+            let watch = notifier.instance().unwrap().subscribe(path).unwrap();
             if reader_ran {
                 tokio::task::yield_now().await;
             }
@@ -313,11 +303,7 @@ mod tests {
         runtime().block_on(async {
             let ended = tokio::time::timeout(Duration::from_millis(200), orphan.changed()).await;
             assert_eq!(ended, Ok(false), "the orphaned watch did not end");
-            let mut fresh = notifier
-                .instance()
-                .unwrap()
-                .subscribe(&path, Watcher::Waiter)
-                .unwrap();
+            let mut fresh = notifier.instance().unwrap().subscribe(&path).unwrap();
             drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
             let woken = tokio::time::timeout(Duration::from_secs(2), fresh.changed()).await;
             assert_eq!(

@@ -11,7 +11,7 @@ use distlock_core::FencingToken;
 
 use crate::error::FileError;
 use crate::layout::Record;
-use crate::notify::{Notifier, Subscription, Watcher};
+use crate::notify::{Notifier, Subscription};
 use crate::open::{read_content, same_file, sync_dir, write_record, OpenFile};
 
 /// A lock file this process holds, with the token it wrote. Dropped without [`release`](Self::release)
@@ -232,7 +232,7 @@ pub(crate) fn loss_signal(
             loop {
                 let renewed = notifier
                     .instance()
-                    .and_then(|shared| shared.subscribe(&path, Watcher::Holder).ok());
+                    .and_then(|shared| shared.subscribe(&path).ok());
                 match same_file(&path, dev, ino) {
                     Ok(false) => return deleted(&path),
                     Ok(true) => {}

@@ -5,10 +5,9 @@
 //! with a few hundred concurrent acquires. A reader task on the runtime reads the events and bumps a
 //! counter per watched file; subscribers wait for the counter to change.
 //!
-//! One inode has one watch (and one mask) per instance: a waiter's `inotify_add_watch` sets the full
-//! mask ([`MASK`]), a holder's only adds the events it needs ([`LOSS_MASK`], `IN_MASK_ADD`), so a holder
-//! never narrows a waiter's watch. Events are wake-ups, not facts: a woken waiter tries the lock, a
-//! woken holder re-checks that its lock file is still in place.
+//! Every subscriber uses the same mask ([`MASK`]), because a second `inotify_add_watch` of one inode
+//! replaces the first one's mask. Events are wake-ups, not facts: a woken waiter tries the lock, a woken
+//! holder re-checks that its lock file is still in place.
 
 use std::collections::HashMap;
 use std::io;
@@ -33,26 +32,9 @@ use tokio::sync::{oneshot, watch};
 ///   deleted, so waiters must reopen the path and holders may have lost the lock.
 pub(crate) const MASK: WatchFlags = WatchFlags::CLOSE_WRITE
     .union(WatchFlags::CLOSE_NOWRITE)
-    .union(LOSS_MASK);
-
-/// What a holder needs: the file unlinked, renamed or deleted. Not the close events, so the holder's
-/// own release (unlock, then close) raises nothing on a file only holders of this process watch:
-/// with [`MASK`], every uncontended cycle woke the reader (an epoll wake of a runtime worker, two
-/// reads) and the loss signal (a `statx`) for an event nobody waited for (issue 9). Added with
-/// `IN_MASK_ADD`, so it never narrows a waiter's watch of the same file; a waiter's [`MASK`]
-/// widens it (events are only wake-ups, so a holder woken by a close just re-checks its file).
-pub(crate) const LOSS_MASK: WatchFlags = WatchFlags::ATTRIB
+    .union(WatchFlags::ATTRIB)
     .union(WatchFlags::MOVE_SELF)
     .union(WatchFlags::DELETE_SELF);
-
-/// Who a watch is for: the events it needs (see [`MASK`] and [`LOSS_MASK`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Watcher {
-    /// A waiter, woken by a release (a close) as well as by a deletion.
-    Waiter,
-    /// A holder, told of a deletion or replacement only.
-    Holder,
-}
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // The maps behind these mutexes stay consistent even if a holder panicked.
@@ -74,9 +56,6 @@ pub(crate) struct Shared {
     fd: Arc<OwnedFd>,
     watches: Mutex<HashMap<i32, Entry>>,
     alive: AtomicBool,
-    /// inotify events the reader has dispatched (for tests: what wakes it is a mechanism).
-    #[cfg(test)]
-    dispatched: std::sync::atomic::AtomicU64,
     /// Dropped with the last handle, which ends the reader task (and closes the instance).
     _stop: oneshot::Sender<()>,
 }
@@ -120,8 +99,6 @@ impl Notifier {
             fd: fd.clone(),
             watches: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
-            #[cfg(test)]
-            dispatched: std::sync::atomic::AtomicU64::new(0),
             _stop: stop_tx,
         });
         // The AsyncFd is registered with the reactor here, inside the runtime. tokio panics instead of
@@ -163,35 +140,17 @@ impl Notifier {
             .as_ref()
             .map_or(0, |shared| lock(&shared.watches).len())
     }
-
-    /// How many inotify events the live instance has dispatched (for tests).
-    #[cfg(test)]
-    pub(crate) fn dispatched(&self) -> u64 {
-        lock(&self.current)
-            .as_ref()
-            .map_or(0, |shared| shared.dispatched.load(Ordering::Relaxed))
-    }
 }
 
 impl Shared {
-    /// Watches the file at `path` (whatever inode the path names now) for `watcher`. Callable from
-    /// any thread.
-    pub(crate) fn subscribe(
-        self: &Arc<Self>,
-        path: &Path,
-        watcher: Watcher,
-    ) -> io::Result<Subscription> {
-        let mask = match watcher {
-            // Replaces the mask: the full one includes everything a holder's asks for.
-            Watcher::Waiter => MASK,
-            Watcher::Holder => LOSS_MASK | WatchFlags::MASK_ADD,
-        };
+    /// Watches the file at `path` (whatever inode the path names now). Callable from any thread.
+    pub(crate) fn subscribe(self: &Arc<Self>, path: &Path) -> io::Result<Subscription> {
         let mut watches = lock(&self.watches);
         if !self.alive.load(Ordering::Acquire) {
             return Err(io::Error::other("the inotify reader stopped"));
         }
         // Under the map's lock, so a concurrent last unsubscribe cannot remove the watch we join.
-        let wd = inotify::add_watch(self.fd.as_fd(), path, mask)?;
+        let wd = inotify::add_watch(self.fd.as_fd(), path, MASK)?;
         let entry = watches.entry(wd).or_insert_with(|| Entry {
             refs: 0,
             events: watch::channel(0).0,
@@ -206,9 +165,6 @@ impl Shared {
     }
 
     fn dispatch(&self, events: &[(i32, ReadFlags)]) {
-        #[cfg(test)]
-        self.dispatched
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
         let mut watches = lock(&self.watches);
         for &(wd, flags) in events {
             if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
@@ -345,46 +301,5 @@ async fn read_events(afd: AsyncFd<SharedFd>, on_exit: OnExit, mut stop: oneshot:
             return;
         };
         shared.dispatch(&events);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    async fn woken(watch: &mut Subscription) -> bool {
-        tokio::time::timeout(Duration::from_millis(200), watch.changed())
-            .await
-            .is_ok()
-    }
-
-    /// A holder's watch asks for deletions only: its own release (a close after writing) must not wake
-    /// the reader, or every uncontended cycle pays a worker wake-up for nothing. A waiter's watch of
-    /// the same file, added later, still sees the close, and the holder's still sees a deletion.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_holder_watch_ignores_closes_and_a_waiter_watch_does_not() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.lock");
-        std::fs::write(&path, b"").unwrap();
-        let notifier = Notifier::default();
-        let shared = notifier.instance().unwrap();
-        let mut holder = shared.subscribe(&path, Watcher::Holder).unwrap();
-        drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
-        assert!(!woken(&mut holder).await, "a close woke the holder's watch");
-        assert_eq!(notifier.dispatched(), 0, "a close reached the reader");
-
-        let mut waiter = shared.subscribe(&path, Watcher::Waiter).unwrap();
-        // A holder's subscription after the waiter's must not narrow the waiter's mask.
-        let _second_holder = shared.subscribe(&path, Watcher::Holder).unwrap();
-        drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
-        assert!(woken(&mut waiter).await, "a close did not wake the waiter");
-
-        drop(waiter);
-        std::fs::remove_file(&path).unwrap();
-        assert!(
-            woken(&mut holder).await,
-            "a deletion did not wake the holder"
-        );
     }
 }

@@ -24,6 +24,11 @@ struct SyncThread {
     job: Arc<(Mutex<Option<Job>>, Condvar)>,
     /// Set by whoever hands the thread a job (so the slot is free), cleared by the thread once it ran it.
     busy: Arc<AtomicBool>,
+    /// The process that started the thread. A child forked without exec inherits this record but not
+    /// the thread: a job put in the slot there would never run (the acquire would hang, and one cut
+    /// short by its wait limit would leave the file locked), so a child syncs on the pool. One
+    /// `getpid` per sync, against an `fdatasync`.
+    pid: u32,
 }
 
 fn slot(job: &Mutex<Option<Job>>) -> MutexGuard<'_, Option<Job>> {
@@ -50,11 +55,18 @@ fn sync_thread() -> Option<&'static SyncThread> {
                             waiting = queue.1.wait(waiting).unwrap_or_else(|p| p.into_inner());
                         }
                     };
-                    next();
+                    // A job that panics (it should not) must not end the thread with `busy` set.
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(next)).is_err() {
+                        tracing::warn!("a file lock sync job panicked");
+                    }
                     idle.store(false, Ordering::Release);
                 });
             match spawned {
-                Ok(_) => Some(SyncThread { job, busy }),
+                Ok(_) => Some(SyncThread {
+                    job,
+                    busy,
+                    pid: std::process::id(),
+                }),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start the file lock sync thread; syncing on tokio's blocking pool");
                     None
@@ -80,7 +92,9 @@ pub(crate) async fn off_the_workers<T: Send + 'static>(
         let _ = done.send(work());
     });
     match sync_thread() {
-        Some(thread) if !thread.busy.swap(true, Ordering::Acquire) => {
+        Some(thread)
+            if thread.pid == std::process::id() && !thread.busy.swap(true, Ordering::Acquire) =>
+        {
             *slot(&thread.job.0) = Some(job);
             thread.job.1.notify_one();
         }
@@ -89,4 +103,74 @@ pub(crate) async fn off_the_workers<T: Send + 'static>(
     result
         .await
         .map_err(|_| FileError::Task("the sync did not report back".into()))
+}
+
+/// The sync slot under load and after a panicking job.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Many jobs at once from tasks of two runtimes (handed to the thread as it finishes the previous
+    /// one, or to the pool): every one reports back.
+    #[test]
+    fn every_job_reports_back_under_contention() {
+        let runtimes: Vec<_> = (0..2)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let rt = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        let tasks: Vec<_> = (0..16)
+                            .map(|t| {
+                                tokio::spawn(async move {
+                                    for i in 0..2000u64 {
+                                        let got = tokio::time::timeout(
+                                            Duration::from_secs(10),
+                                            off_the_workers(move || t * 100_000 + i),
+                                        )
+                                        .await
+                                        .expect("a job never reported back")
+                                        .unwrap();
+                                        assert_eq!(got, t * 100_000 + i);
+                                    }
+                                })
+                            })
+                            .collect();
+                        for t in tasks {
+                            t.await.unwrap();
+                        }
+                    });
+                })
+            })
+            .collect();
+        for r in runtimes {
+            r.join().unwrap();
+        }
+    }
+
+    /// A job that panics on the sync thread ends it; later jobs must still run (on the pool).
+    #[test]
+    fn a_panicking_job_does_not_stop_later_syncs() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // Make sure the first goes to the thread: nothing else runs in this test process.
+            let err = off_the_workers(|| -> u32 { panic!("boom") }).await;
+            assert!(err.is_err());
+            for i in 0..100u32 {
+                let got = tokio::time::timeout(Duration::from_secs(5), off_the_workers(move || i))
+                    .await
+                    .expect("a job after the panic never reported back")
+                    .unwrap();
+                assert_eq!(got, i);
+            }
+        });
+    }
 }

@@ -673,3 +673,198 @@ fn held_from_a_dropped_runtime(sync: bool) {
         assert!(guard.loss_reason().unwrap().contains("deleted"));
     });
 }
+
+/// The lock directory is renamed away (or a symlink above it swapped,
+/// as a deploy does) while a holder holds and a waiter of another process waits on the same old inode.
+/// The waiter's next poll finds the path no longer names its file, closes it, recreates the directory
+/// and locks a new file of the name: two holders. Nothing happened to the holder's inode but the
+/// waiter's close: that close must wake the holder's loss signal, which finds the path no longer
+/// names its file (`Lost`). A holder watch that asked for deletions only (tried for issue 9: its own
+/// release then woke no reader) never woke, and the holder stayed `Held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_lock_directory_with_a_waiter_makes_the_holder_lost() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("locks");
+    let holder = locks(&dir);
+    let guard = holder.lock("x").unwrap().acquire().await.unwrap();
+    // Another process's waiter: its own backend (its own inotify instance), polling fast.
+    let waiter = locks(&dir);
+    let lock = waiter.lock("x").unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "acquired while held");
+
+    std::fs::rename(&dir, root.path().join("locks.old")).unwrap();
+    let second = tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("the waiter did not take the new file")
+        .unwrap()
+        .unwrap();
+    // Two holders of "x" now: the first must have been told.
+    tokio::time::timeout(BOUND, guard.lost())
+        .await
+        .expect("two holders of one name, and the first was never told it lost the lock");
+    second.release().await.unwrap();
+}
+
+/// A holder and a waiter sharing one inotify instance (two `Locks` over clones of one
+/// backend, so the core's local queue is not involved): the holder's close-free watch is on the inode
+/// first, the waiter's full mask replaces it, and the release must wake the waiter without polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_sharing_the_holders_inotify_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::from_config(no_polling(dir.path())).unwrap();
+    let holder = Locks::new(backend.clone());
+    let waiter = Locks::new(backend);
+    for round in 0..20 {
+        let guard = holder.lock("w").unwrap().acquire().await.unwrap();
+        let lock = waiter.lock("w").unwrap();
+        let waiting = tokio::spawn(async move { lock.acquire().await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        guard.release().await.unwrap();
+        let got = tokio::time::timeout(BOUND, waiting)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the waiter was not woken by the release"))
+            .unwrap()
+            .unwrap();
+        got.release().await.unwrap();
+    }
+}
+
+/// The ways a lock file leaves its path are noticed by the holder: renamed away, replaced by a rename over it, replaced by an exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_or_replaced_lock_file_makes_the_guard_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::new(dir.path()).unwrap();
+    let path = backend.lock_file("r");
+    let locks = Locks::new(backend);
+    for how in ["away", "over", "exchange"] {
+        let guard = locks.lock("r").unwrap().acquire().await.unwrap();
+        let other = dir.path().join("other");
+        match how {
+            "away" => std::fs::rename(&path, &other).unwrap(),
+            "over" => {
+                std::fs::write(&other, b"").unwrap();
+                std::fs::rename(&other, &path).unwrap();
+            }
+            _ => {
+                std::fs::write(&other, b"").unwrap();
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    &other,
+                    rustix::fs::CWD,
+                    &path,
+                    rustix::fs::RenameFlags::EXCHANGE,
+                )
+                .unwrap();
+            }
+        }
+        tokio::time::timeout(BOUND, guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{how}: the replacement went unnoticed"));
+        let _ = guard.release().await;
+        let _ = std::fs::remove_file(&other);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Acquires from several runtimes on several threads at once (the one sync thread
+/// busy, the rest on each runtime's blocking pool), each runtime dropped right after an acquire that
+/// was cut short at a different point: every lock is free again afterwards, and no grant was lost in
+/// the slot (every uncut acquire completes).
+#[test]
+fn acquires_from_many_runtimes_cut_short_and_dropped_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let locks = Locks::new(FileBackend::new(&path).unwrap());
+                for step in 0..60u64 {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    let name = format!("t{t}-{}", step % 3);
+                    rt.block_on(async {
+                        let lock = locks.lock(&name).unwrap();
+                        let cut = Duration::from_micros((step * 37) % 600);
+                        if let Ok(got) = tokio::time::timeout(cut, lock.acquire()).await {
+                            got.unwrap().release().await.unwrap();
+                        }
+                        // An uncut acquire always completes.
+                        let guard = tokio::time::timeout(BOUND, lock.acquire())
+                            .await
+                            .expect("an acquire never completed")
+                            .unwrap();
+                        // Dropped with the runtime, unreleased, on every other step.
+                        if step % 2 == 0 {
+                            guard.release().await.unwrap();
+                        } else {
+                            std::mem::forget(tokio::spawn(async move {
+                                let _guard = guard;
+                                std::future::pending::<()>().await;
+                            }));
+                        }
+                    });
+                    drop(rt);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let other = Locks::new(FileBackend::new(&path).unwrap());
+        for t in 0..4 {
+            for n in 0..3 {
+                let name = format!("t{t}-{n}");
+                let deadline = tokio::time::Instant::now() + BOUND;
+                loop {
+                    if let Some(g) = other.lock(&name).unwrap().try_acquire().await.unwrap() {
+                        g.release().await.unwrap();
+                        break;
+                    }
+                    assert!(tokio::time::Instant::now() < deadline, "{name} left held");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+    });
+}
+
+/// An acquire cut short while its sync runs (on the sync thread or the pool) leaves
+/// the file locked until the sync's thread drops the result; a waiter of the same `Locks`, which never
+/// polls, must be woken by that undo (its close) and get the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_the_undo_of_an_acquire_cut_short_during_its_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let locks = Locks::new(FileBackend::from_config(no_polling(dir.path())).unwrap());
+    let mut cut_short = 0;
+    for step in 0..60u64 {
+        let lock = locks.lock("undo").unwrap();
+        // Polled once: a free lock's acquire runs its try inline and parks on the sync; then dropped.
+        let mut acquire = Box::pin(lock.acquire());
+        let first = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(acquire.as_mut(), cx))
+        })
+        .await;
+        match first {
+            std::task::Poll::Ready(got) => got.unwrap().release().await.unwrap(),
+            std::task::Poll::Pending => cut_short += 1,
+        }
+        drop(acquire);
+        let guard = tokio::time::timeout(BOUND, locks.lock("undo").unwrap().acquire())
+            .await
+            .unwrap_or_else(|_| panic!("step {step}: the waiter was not woken by the undo"))
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+    eprintln!("{cut_short} of 60 acquires cut short");
+}
