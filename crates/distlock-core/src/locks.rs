@@ -910,4 +910,105 @@ mod tests {
         assert!(std::sync::Arc::ptr_eq(name, &lock.shared.name));
         assert!(std::sync::Arc::ptr_eq(owner, &lock.shared.owner));
     }
+
+    // --- adversarial review (issue 9 memory work) ---------------------------------------------------
+
+    /// REVIEW (fails on hmem 7139fae): a `Lock` made after an earlier `Lock` of the same name and owner
+    /// was dropped finds the dead entry in `gates` / `releasing` and inserts over it; `HashMap::insert`
+    /// keeps the existing key, so the maps stay keyed by the dropped `Lock`'s name and owner `Arc`s (kept
+    /// alive by the map until the next prune), not by the new `Lock`'s own ones as
+    /// `the_shared_maps_keys_are_the_locks_own_name_and_owner` and DESIGN claim.
+    #[test]
+    fn review_a_recreated_locks_map_keys_are_its_own_not_a_dropped_locks() {
+        let locks = Locks::new(MemoryBackend::new());
+        drop(locks.lock_as("rekeyed", "owner-1").expect("lock"));
+        let lock = locks.lock_as("rekeyed", "owner-1").expect("lock");
+        let gates = crate::sync::lock(&locks.inner.gates);
+        let (name, _) = gates
+            .by_key
+            .get_key_value("rekeyed")
+            .expect("a gate for the name");
+        let releasing = crate::sync::lock(&locks.inner.releasing);
+        let ((r_name, r_owner), _) = releasing.by_key.iter().next().expect("a releasing entry");
+        assert!(
+            std::sync::Arc::ptr_eq(name, &lock.shared.name),
+            "the gates map is keyed by the dropped Lock's name"
+        );
+        assert!(
+            std::sync::Arc::ptr_eq(r_name, &lock.shared.name)
+                && std::sync::Arc::ptr_eq(r_owner, &lock.shared.owner),
+            "the releasing map is keyed by the dropped Lock's name and owner"
+        );
+    }
+
+    /// REVIEW probe (passes): a Jeopardy and then a Lost published before any observer made the state
+    /// channel are what the first observer starts from; `jeopardy()` and `lost()` resolve at once.
+    #[tokio::test]
+    async fn review_changes_before_the_first_observer_are_not_missed() {
+        let locks = Locks::new(MemoryBackend::new());
+        let lock = locks.lock("early").expect("lock");
+        let guard = lock.acquire().await.expect("acquire");
+        let holding = crate::sync::lock(&lock.shared.held)
+            .as_ref()
+            .map(|(holding, _)| holding.clone())
+            .expect("held");
+        holding.apply_renewal(
+            crate::clock::now(),
+            std::time::Duration::from_secs(30),
+            Err(crate::Error::new(crate::ErrorKind::Unavailable, "review")),
+        );
+        assert!(!holding.has_state_channel());
+        assert_eq!(*guard.state_changes().borrow(), crate::LockState::Jeopardy);
+        tokio::time::timeout(std::time::Duration::from_millis(100), guard.jeopardy())
+            .await
+            .expect("jeopardy() resolves");
+        holding.mark_lost("review".into());
+        tokio::time::timeout(std::time::Duration::from_millis(100), guard.lost())
+            .await
+            .expect("lost() resolves");
+        assert_eq!(*guard.state_changes().borrow(), crate::LockState::Lost);
+        drop(holding);
+        let _ = guard.release().await;
+    }
+
+    /// REVIEW probe (passes): many first observers racing one another and a loss all see the loss.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn review_racing_first_observers_all_see_the_loss() {
+        for round in 0..200 {
+            let locks = Locks::new(MemoryBackend::new());
+            let lock = locks.lock(&format!("race{round}")).expect("lock");
+            let guard = std::sync::Arc::new(lock.acquire().await.expect("acquire"));
+            let holding = crate::sync::lock(&lock.shared.held)
+                .as_ref()
+                .map(|(holding, _)| holding.clone())
+                .expect("held");
+            let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(9));
+            let mut tasks = Vec::new();
+            for _ in 0..8 {
+                let (guard, barrier) = (guard.clone(), barrier.clone());
+                tasks.push(tokio::spawn(async move {
+                    barrier.wait().await;
+                    let mut changes = guard.state_changes();
+                    let seen = changes
+                        .wait_for(|s| *s == crate::LockState::Lost)
+                        .await
+                        .is_ok();
+                    let lost =
+                        tokio::time::timeout(std::time::Duration::from_secs(1), guard.lost())
+                            .await
+                            .is_ok();
+                    seen && lost
+                }));
+            }
+            barrier.wait().await;
+            holding.mark_lost("review".into());
+            for task in tasks {
+                let ok = tokio::time::timeout(std::time::Duration::from_secs(2), task)
+                    .await
+                    .expect("an observer missed the loss")
+                    .expect("task");
+                assert!(ok, "round {round}: an observer missed the loss");
+            }
+        }
+    }
 }

@@ -440,3 +440,40 @@ async fn local_waiters_are_granted_in_order_and_a_cancelled_one_never() {
     }
     assert_eq!(*order.lock().unwrap(), vec!["b", "d", "e"]);
 }
+
+/// REVIEW probe (passes; hmem 7139fae): as
+/// `one_owner_id_on_two_locks_is_not_overtaken_by_its_early_handed_off_release`, but the first `Lock`
+/// is dropped while its guard lives and the second made only then (its `gates` / `releasing` entries
+/// looked up by new `Arc<str>` keys, after the first `Lock` itself is gone): they must still be the
+/// hold's own mutexes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_one_owner_id_on_a_lock_made_after_the_first_was_dropped_is_not_overtaken() {
+    let backend = MemoryBackend::new();
+    let locks = Locks::new(backend.clone());
+    let a = locks.lock_as("one-owner-late", "nightly-job").unwrap();
+    let held = a.acquire().await.unwrap();
+    drop(a);
+    let first = held.token().expect("memory mints tokens");
+    let b = locks
+        .lock_as(String::from("one-owner-late").as_str(), "nightly-job")
+        .unwrap();
+    let waiter = tokio::spawn(async move { b.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    backend.delay_releases([Duration::from_millis(500)]);
+    held.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap();
+    assert!(second.token().expect("memory mints tokens") > first);
+    assert_eq!(second.state(), LockState::Held);
+    let elsewhere = Locks::new(backend.another_client());
+    let other = elsewhere
+        .lock("one-owner-late")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(other.is_none(), "another owner took the lock while Held");
+    second.release().await.unwrap();
+}

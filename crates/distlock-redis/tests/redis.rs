@@ -829,3 +829,51 @@ async fn a_renewal_after_script_flush_is_sent_again() {
     assert_eq!(guard.state(), LockState::Held);
     guard.release().await.unwrap();
 }
+
+/// REVIEW probe (passes; hmem 7139fae): the watchdog's renewal batch (one pipeline of `ScriptCall`s)
+/// after `SCRIPT FLUSH`, with one lock of the batch deleted on the server: the batch is sent again
+/// after the reload, and each reply goes to its own lock (the deleted one Lost, the others Held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_flushed_renewal_batch_matches_each_reply_to_its_lock() {
+    let server = RedisServer::start_or_panic();
+    let locks = locks(&server.url()).await;
+    let names: Vec<String> = (0..5).map(|i| unique(&format!("batch{i}"))).collect();
+    let lease = Duration::from_millis(900);
+    let mut guards = Vec::new();
+    for name in &names {
+        let guard = locks
+            .lock(name)
+            .unwrap()
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        guards.push(guard);
+    }
+    let before = calls(&server, "evalsha");
+    server.command(&["SCRIPT", "FLUSH"]).unwrap();
+    server.command(&["DEL", &names[2]]).unwrap();
+    tokio::time::sleep(lease * 2).await;
+    assert!(calls(&server, "evalsha") > before, "no renewal was sent");
+    let renew = redis::Script::new(layout::RENEW);
+    let exists = server
+        .command(&["SCRIPT", "EXISTS", renew.get_hash()])
+        .unwrap();
+    assert!(
+        format!("{exists:?}").contains('1'),
+        "the renew script was not loaded again: {exists:?}"
+    );
+    for (i, guard) in guards.iter().enumerate() {
+        let expected = if i == 2 {
+            LockState::Lost
+        } else {
+            LockState::Held
+        };
+        assert_eq!(guard.state(), expected, "lock {i}");
+    }
+    for (i, guard) in guards.into_iter().enumerate() {
+        let outcome = guard.release().await;
+        assert_eq!(outcome.is_ok(), i != 2, "release of lock {i}: {outcome:?}");
+    }
+}
