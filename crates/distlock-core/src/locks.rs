@@ -88,6 +88,8 @@ impl<K: std::hash::Hash + Eq> Shared<K> {
             self.prune_at = (self.by_key.len() * 2).max(64);
         }
         let mutex = Arc::new(tokio::sync::Mutex::new(()));
+        // Removed first: `insert` keeps an existing (dead) entry's key, a dropped `Lock`'s copy.
+        self.by_key.remove(&key);
         self.by_key.insert(key, Arc::downgrade(&mutex));
         mutex
     }
@@ -919,7 +921,7 @@ mod tests {
     /// alive by the map until the next prune), not by the new `Lock`'s own ones as
     /// `the_shared_maps_keys_are_the_locks_own_name_and_owner` and DESIGN claim.
     #[test]
-    fn review_a_recreated_locks_map_keys_are_its_own_not_a_dropped_locks() {
+    fn a_recreated_locks_map_keys_are_its_own_not_a_dropped_locks() {
         let locks = Locks::new(MemoryBackend::new());
         drop(locks.lock_as("rekeyed", "owner-1").expect("lock"));
         let lock = locks.lock_as("rekeyed", "owner-1").expect("lock");
@@ -944,7 +946,7 @@ mod tests {
     /// REVIEW probe (passes): a Jeopardy and then a Lost published before any observer made the state
     /// channel are what the first observer starts from; `jeopardy()` and `lost()` resolve at once.
     #[tokio::test]
-    async fn review_changes_before_the_first_observer_are_not_missed() {
+    async fn changes_before_the_first_observer_are_not_missed() {
         let locks = Locks::new(MemoryBackend::new());
         let lock = locks.lock("early").expect("lock");
         let guard = lock.acquire().await.expect("acquire");
@@ -973,7 +975,7 @@ mod tests {
 
     /// REVIEW probe (passes): many first observers racing one another and a loss all see the loss.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn review_racing_first_observers_all_see_the_loss() {
+    async fn racing_first_observers_all_see_the_loss() {
         for round in 0..200 {
             let locks = Locks::new(MemoryBackend::new());
             let lock = locks.lock(&format!("race{round}")).expect("lock");

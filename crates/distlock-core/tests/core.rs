@@ -447,7 +447,7 @@ async fn local_waiters_are_granted_in_order_and_a_cancelled_one_never() {
 /// looked up by new `Arc<str>` keys, after the first `Lock` itself is gone): they must still be the
 /// hold's own mutexes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_one_owner_id_on_a_lock_made_after_the_first_was_dropped_is_not_overtaken() {
+async fn one_owner_id_on_a_lock_made_after_the_first_was_dropped_is_not_overtaken() {
     let backend = MemoryBackend::new();
     let locks = Locks::new(backend.clone());
     let a = locks.lock_as("one-owner-late", "nightly-job").unwrap();

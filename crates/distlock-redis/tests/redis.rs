@@ -834,7 +834,7 @@ async fn a_renewal_after_script_flush_is_sent_again() {
 /// after `SCRIPT FLUSH`, with one lock of the batch deleted on the server: the batch is sent again
 /// after the reload, and each reply goes to its own lock (the deleted one Lost, the others Held).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_flushed_renewal_batch_matches_each_reply_to_its_lock() {
+async fn a_flushed_renewal_batch_matches_each_reply_to_its_lock() {
     let server = RedisServer::start_or_panic();
     let locks = locks(&server.url()).await;
     let names: Vec<String> = (0..5).map(|i| unique(&format!("batch{i}"))).collect();
