@@ -27,9 +27,10 @@
 //! reports the lock's requested TTL capped by the TTL the server confirmed. A lock's own lease can be
 //! shorter than its session's (etcd leases are whole seconds and the server raises short ones to its
 //! minimum; `max_hold` shrinks renewals), so a held lock whose lease is, or becomes, shorter than its
-//! session's TTL gets a client-side timer that deletes its key (by create_revision) when its own lease
-//! runs out without a renewal: `max_hold` and short leases are honoured even though the session lives
-//! on. With equal TTLs (the default) the session's own expiry does that, and no timer task is spent. The timer fires no earlier than the deadline
+//! session's TTL — and every other held lock too, since the session is kept alive while the core may
+//! stop renewing (at `max_hold`, or after stalled renewals) — gets a client-side timer that deletes its
+//! key (by create_revision) when its own lease runs out without a renewal: `max_hold` and short leases
+//! are honoured even though the session lives on. The timer fires no earlier than the deadline
 //! the core computed, so a guard is never Held with its key deleted. The grant's loss signal resolves
 //! when the held-keys watch (one stream per backend, see `held.rs`) sees the key deleted (`etcdctl del`,
 //! a revoke, an expiry): within a round trip; or when a keep-alive finds the session lease gone.

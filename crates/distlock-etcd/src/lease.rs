@@ -206,7 +206,7 @@ impl EtcdBackend {
             backend: Arc::downgrade(&self.inner),
             handed_off: std::sync::atomic::AtomicBool::new(false),
         };
-        self.arm_expiry(&held, lease);
+        self.arm_expiry(&held);
         Grant::new(held)
             .with_token(token)
             .with_ttl(ttl)
@@ -268,15 +268,15 @@ impl EtcdBackend {
         }
     }
 
-    /// Starts the lock's expiry timer once its lease (`ttl`) is shorter than its session's TTL: only
-    /// then can the session, kept alive for the process's other locks and waiters, outlive the lock and
-    /// keep its key (a short lease at the grant, or a renewal capped by `max_hold`). With equal TTLs the
-    /// session's own expiry frees the key, and no task is spent per lock. A timer whose runtime went
-    /// away with it is started again on the current one.
-    pub(crate) fn arm_expiry(&self, held: &EtcdLease, ttl: Duration) {
-        if ttl >= held.session.granted {
-            return;
-        }
+    /// Starts the lock's expiry timer, which deletes its key once the lock's own lease runs out
+    /// unrenewed. Every hold has one: the session is kept alive for the process's other locks and
+    /// waiters (and for its next acquire), so it outlives a hold the core stopped renewing — at
+    /// `max_hold`, whose last renewal may ask for the whole lease when it is sent right at the cap
+    /// minus one lease, or after renewals that stalled — and its key would block the name until the
+    /// guard is dropped. Skipping the timer when the lease equals the session's TTL (as first built,
+    /// to spend no task per lock) left exactly that key behind. A timer whose runtime went away with it
+    /// is started again on the current one.
+    pub(crate) fn arm_expiry(&self, held: &EtcdLease) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -352,7 +352,7 @@ impl EtcdBackend {
                 if armed {
                     entry.lease.wake.notify_one();
                 } else {
-                    self.arm_expiry(entry.lease, entry.ttl);
+                    self.arm_expiry(entry.lease);
                 }
                 Ok(Renewed::Extended {
                     ttl: entry.ttl.min(*ttl),

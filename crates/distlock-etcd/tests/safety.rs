@@ -959,3 +959,53 @@ async fn a_queued_acquisition_that_ends_without_a_grant_leaves_no_watch() {
     drop(outcome);
     settle(idle, "nothing held, nothing watched").await;
 }
+
+/// `max_hold` of exactly the session's TTL (a 2 s lease capped at 2 s: the session is 2 s too): the
+/// guard is `Lost` at the cap and the name is free right after, although the session itself is kept
+/// alive (for this backend's other locks and its next acquires). Its key must go with the hold's own
+/// lease. Failed while the expiry timer was skipped for a lease equal to the session's TTL: the key
+/// stayed as long as the session, here for the whole test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_equal_to_the_session_ttl_frees_the_name_at_the_cap() {
+    let server = EtcdServer::start_or_panic();
+    let a = {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    let b = {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    };
+    let name = common::name("max_hold_session_ttl");
+    let cap = Duration::from_secs(2);
+    let guard = a
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(cap)
+        .max_hold(cap)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::timeout(cap + SLACK, guard.lost())
+        .await
+        .expect("Lost at max_hold");
+    // The key goes when the hold's lease runs out (the timer fires no earlier than the core's
+    // deadline, within a round trip after it).
+    let next = b
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(3))
+        .acquire()
+        .await
+        .expect(
+            "the name is free once the capped hold's lease ran out, though its session lives on",
+        );
+    assert!(
+        next.token().unwrap() > guard.token().unwrap(),
+        "the next holder's token is greater"
+    );
+    next.release().await.unwrap();
+    drop(guard);
+}
