@@ -154,12 +154,7 @@ impl EtcdBackend {
         let client = connect_client(&config, "connect").await?;
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
-                held: HeldKeys::new(
-                    client.clone(),
-                    config.connection.request_timeout,
-                    crate::conn::hedge_after(&config, config.connection.request_timeout)
-                        .unwrap_or(config.connection.request_timeout),
-                ),
+                held: HeldKeys::new(client.clone(), config.connection.request_timeout),
                 conn: Mutex::new(Conn::new(client)),
                 reconnecting: tokio::sync::Mutex::new(()),
                 config,

@@ -82,12 +82,8 @@ struct Watcher {
 struct State {
     /// The backend's connection, replaced when its runtime is dropped.
     client: Client,
-    /// The bound of one request (re-reading a key).
+    /// The bound of one request (opening the stream, re-reading a key).
     request_timeout: Duration,
-    /// The bound of opening the stream: the requests' hedge bound when there are several members,
-    /// so that a stream opened on a member that stopped answering (paused, its connection still
-    /// open) is opened on the next one after a quarter of the request timeout, not all of it.
-    open_timeout: Duration,
     next_id: i64,
     entries: HashMap<i64, Entry>,
     /// Watch ids handed out whose entry moved to a new id (its watch was cancelled by the server and
@@ -115,16 +111,11 @@ impl Drop for HeldKeys {
 }
 
 impl HeldKeys {
-    pub(crate) fn new(
-        client: Client,
-        request_timeout: Duration,
-        open_timeout: Duration,
-    ) -> HeldKeys {
+    pub(crate) fn new(client: Client, request_timeout: Duration) -> HeldKeys {
         HeldKeys {
             state: Arc::new(Mutex::new(State {
                 client,
                 request_timeout,
-                open_timeout,
                 next_id: 0,
                 entries: HashMap::new(),
                 moved: HashMap::new(),
@@ -424,14 +415,8 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
         };
         // etcd checks every watch created on the stream against the token it was opened with.
         let opened_with = client.token();
-        let Some(open_timeout) = shared
-            .upgrade()
-            .and_then(|state| state.lock().ok().map(|s| s.open_timeout))
-        else {
-            return;
-        };
         let opened =
-            tokio::time::timeout(open_timeout, client.watch(options(*first_id, first))).await;
+            tokio::time::timeout(request_timeout, client.watch(options(*first_id, first))).await;
         let mut stream = match opened {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {
@@ -731,7 +716,7 @@ mod tests {
             .await
             .unwrap();
         let rev = put.header.unwrap().revision;
-        let held = HeldKeys::new(client, Duration::from_secs(5), Duration::from_secs(5));
+        let held = HeldKeys::new(client, Duration::from_secs(5));
         let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
         let (id, first) = held.watch("confirmation/key".into(), rev, rev + 1, lost);
         let created = first.await.unwrap();

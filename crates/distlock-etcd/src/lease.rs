@@ -236,11 +236,23 @@ impl EtcdBackend {
         let request_timeout = self.inner.config.connection.request_timeout;
         let timeout = crate::conn::hedge_after(&self.inner.config, request_timeout)
             .unwrap_or(request_timeout);
-        let created_at = match tokio::time::timeout(timeout, confirmed).await {
+        let mut confirmed = confirmed;
+        let created_at = match tokio::time::timeout(timeout, &mut confirmed).await {
             Ok(Ok(revision)) => revision,
-            _ => {
-                tracing::debug!(%key, "etcd: the held-key watch was not confirmed in time; a delete is reported once it is made again");
-                return;
+            Ok(Err(_)) => return,
+            Err(_) => {
+                // Closed before giving up: a confirmation sent just as the time ran out is either
+                // here now, or its send fails and the watch task re-reads the key itself. Dropping
+                // the receiver instead could lose one sent after the last poll (its sender would
+                // count it delivered, and nobody would read the key).
+                confirmed.close();
+                match confirmed.try_recv() {
+                    Ok(revision) => revision,
+                    Err(_) => {
+                        tracing::debug!(%key, "etcd: the held-key watch was not confirmed in time; a delete is reported once it is made again");
+                        return;
+                    }
+                }
             }
         };
         if created_at <= read_rev {
@@ -346,7 +358,9 @@ impl EtcdBackend {
                                 .into(),
                     });
                 }
-                clock.expires = clock::now().saturating_add(entry.ttl);
+                // What the core is told (the lease the server confirmed may be shorter): the key
+                // must not outlive the guard's own deadline by more than a round trip.
+                clock.expires = clock::now().saturating_add(entry.ttl.min(*ttl));
                 let armed = clock.timer.as_ref().is_some_and(Task::is_alive);
                 drop(clock);
                 if armed {
