@@ -19,7 +19,12 @@
 //! is confirmed, the key is re-read if the store moved since it was last seen, so a delete that
 //! happened while disconnected is still reported ([`recheck`]). A watch cancelled by the server (a
 //! compaction) re-reads the key too (and is watched again under a new id: etcd refuses a cancelled
-//! id on the same stream). The task runs on the runtime
+//! id on the same stream). A released key's watch is kept for [`LINGER`] (at most
+//! [`MAX_LINGERING`] of them) and taken by the next grant of the same key, as a watch made while
+//! queued is: a loop of acquire and release on one name creates no watch per cycle and waits for no
+//! confirmation (issue 9). The watch then outlives its holds, so a delete reaching it counts only
+//! while a hold has it and only if it is later than that hold's create_revision (the release's own
+//! delete may arrive after the next grant). The task runs on the runtime
 //! of whoever registered a key; if that runtime is gone (its tasks are dropped with it) the next
 //! registration or renewal starts it again on the current one.
 
@@ -52,10 +57,22 @@ pub(crate) fn report_loss(lost: &LossSender, reason: String) {
     });
 }
 
+/// How long a released key's watch is kept for the next grant of the same key (issue 9): a loop of
+/// acquire and release on one name then creates and cancels no watch per cycle and waits for no
+/// confirmation. The same period as the core's watchdog lingers.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// At most this many released keys' watches are kept at once (the oldest is cancelled first).
+const MAX_LINGERING: usize = 64;
+
 #[derive(Clone)]
 struct Entry {
     key: String,
+    /// The revision the current hold of the key began at (its create_revision). A delete at an
+    /// earlier revision is a former hold's (this watch outlives its holds, see [`LINGER`]).
     rev: i64,
+    /// False while the watch is kept after a release with no hold to report on.
+    held: bool,
     /// The revision to (re)start the watch from.
     from: i64,
     lost: LossSender,
@@ -70,6 +87,8 @@ enum Command {
     /// A new entry is to be watched.
     Wake,
     Cancel(i64),
+    /// A released key's watch is kept: cancel it after [`LINGER`] unless a grant takes it.
+    Linger,
     /// The connection was replaced: reopen the stream on the new one.
     Reopen,
 }
@@ -93,6 +112,9 @@ struct State {
     /// The grants waiting for their watch's confirmation, by watch id: each gets the revision the
     /// server created the watch at.
     confirmations: HashMap<i64, oneshot::Sender<i64>>,
+    /// The watches kept after their key's release ([`HeldKeys::linger`]), by key: watch id and
+    /// when it was released.
+    lingering: HashMap<String, (i64, tokio::time::Instant)>,
 }
 
 /// The held keys of one backend and the task that watches them.
@@ -121,6 +143,7 @@ impl HeldKeys {
                 moved: HashMap::new(),
                 task: None,
                 confirmations: HashMap::new(),
+                lingering: HashMap::new(),
             })),
         }
     }
@@ -162,6 +185,7 @@ impl HeldKeys {
             Entry {
                 key,
                 rev,
+                held: true,
                 from,
                 lost,
                 created: false,
@@ -220,6 +244,81 @@ impl HeldKeys {
                 let _ = task.commands.send(Command::Cancel(id));
             }
         }
+    }
+
+    /// Keeps the watch of a released key for [`LINGER`], for the next grant of the same key
+    /// ([`take_lingering`](Self::take_lingering)): it reports nothing meanwhile (the release's own
+    /// delete is ignored). Called before the release's delete is sent.
+    pub(crate) fn linger(&self, id: i64) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        let state = &mut *state;
+        let mut id = id;
+        state.confirmations.remove(&id);
+        while let Some(moved) = state.moved.remove(&id) {
+            id = moved;
+        }
+        let Some(entry) = state.entries.get_mut(&id) else {
+            return;
+        };
+        entry.held = false;
+        // A fresh channel nobody listens to: the released hold's loss channel is not reported on.
+        entry.lost = Arc::new(watch::channel::<Option<String>>(None).0);
+        let key = entry.key.clone();
+        let now = tokio::time::Instant::now();
+        let mut doomed = Vec::new();
+        if let Some((old, _)) = state.lingering.insert(key, (id, now)) {
+            doomed.push(old);
+        }
+        if state.lingering.len() > MAX_LINGERING {
+            if let Some(oldest) = state
+                .lingering
+                .iter()
+                .min_by_key(|(_, (_, since))| *since)
+                .map(|(key, _)| key.clone())
+            {
+                if let Some((old, _)) = state.lingering.remove(&oldest) {
+                    doomed.push(old);
+                }
+            }
+        }
+        let mut cancels = Vec::new();
+        for old in doomed {
+            if state.entries.remove(&old).is_some_and(|e| e.created) {
+                cancels.push(old);
+            }
+        }
+        if let Some(task) = &state.task {
+            for old in cancels {
+                let _ = task.commands.send(Command::Cancel(old));
+            }
+            let _ = task.commands.send(Command::Linger);
+        }
+    }
+
+    /// The watch kept after an earlier release of `key`, now watching for the hold created at
+    /// `rev` (known to exist at revision `from - 1`) and reporting on `lost`: its id, to be used as a
+    /// watch made while queued ([`confirmation`](Self::confirmation) says whether it covers the
+    /// grant). None if no watch of the key is kept.
+    pub(crate) fn take_lingering(
+        &self,
+        key: &str,
+        rev: i64,
+        from: i64,
+        lost: &LossSender,
+    ) -> Option<i64> {
+        let mut state = self.state.lock().ok()?;
+        let (id, _) = state.lingering.remove(key)?;
+        let entry = state.entries.get_mut(&id)?;
+        if entry.held || entry.key != key {
+            return None;
+        }
+        entry.held = true;
+        entry.rev = rev;
+        entry.from = from;
+        entry.lost = lost.clone();
+        Some(id)
     }
 
     /// Starts the task again if it is gone (its runtime was dropped) while keys are held.
@@ -332,7 +431,8 @@ async fn recheck(
     let Some(entry) = entry_of(shared, id) else {
         return Ok(false);
     };
-    if revision < entry.from {
+    // A kept watch of a released key has no hold to check (a grant that takes it checks its own).
+    if !entry.held || revision < entry.from {
         return Ok(false);
     }
     let own = RangeRequest {
@@ -435,6 +535,8 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut unconfirmed = entries.len();
         let mut refused = false;
         let mut broken = false;
+        // When the oldest kept watch of a released key is due to be cancelled.
+        let mut prune_at = prune_lingering(&shared, tokio::time::Instant::now()).1;
         for (id, entry) in rest {
             if stream.watch(options(*id, entry)).await.is_err() {
                 broken = true;
@@ -462,8 +564,23 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                             broken = true;
                         }
                     }
+                    Some(Command::Linger) => {
+                        if prune_at.is_none() {
+                            prune_at = Some(tokio::time::Instant::now() + LINGER);
+                        }
+                    }
                     Some(Command::Reopen) => broken = true,
                 },
+                () = sleep_until(prune_at) => {
+                    let (cancels, next) = prune_lingering(&shared, tokio::time::Instant::now());
+                    prune_at = next;
+                    for id in cancels {
+                        if active.remove(&id) && stream.cancel(id).await.is_err() {
+                            broken = true;
+                            break;
+                        }
+                    }
+                }
                 message = stream.message() => match message {
                     // A create the server refused (etcd answers it created and cancelled, under id -1):
                     // which key it was is unknown, so the stream is reopened and every key watched
@@ -511,6 +628,14 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
                 .await;
         }
         tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// Sleeps until `at`, or for ever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -564,6 +689,54 @@ async fn wait_for_a_key(shared: &Shared, commands: &mut mpsc::UnboundedReceiver<
     commands.recv().await.is_some()
 }
 
+/// Forgets the kept watches released [`LINGER`] ago or more. Returns the ids whose watches are to be
+/// cancelled, and when the next kept one is due, if any is left.
+fn prune_lingering(
+    shared: &Shared,
+    now: tokio::time::Instant,
+) -> (Vec<i64>, Option<tokio::time::Instant>) {
+    let Some(state) = shared.upgrade() else {
+        return (Vec::new(), None);
+    };
+    let Ok(mut state) = state.lock() else {
+        return (Vec::new(), None);
+    };
+    let state = &mut *state;
+    let mut due = Vec::new();
+    let mut next: Option<tokio::time::Instant> = None;
+    state.lingering.retain(|_, (id, since)| {
+        let at = *since + LINGER;
+        if at <= now {
+            due.push(*id);
+            false
+        } else {
+            next = Some(next.map_or(at, |n| n.min(at)));
+            true
+        }
+    });
+    let mut cancels = Vec::new();
+    for id in due {
+        // Only a watch still kept: one a grant took meanwhile is held again.
+        if state.entries.get(&id).is_some_and(|e| !e.held)
+            && state.entries.remove(&id).is_some_and(|e| e.created)
+        {
+            cancels.push(id);
+        }
+    }
+    (cancels, next)
+}
+
+/// Forgets a kept watch (its key's lingering ended some other way: the server cancelled it).
+fn forget_lingering(shared: &Shared, id: i64) {
+    if let Some(state) = shared.upgrade() {
+        if let Ok(mut s) = state.lock() {
+            if s.entries.get(&id).is_some_and(|e| !e.held) {
+                s.entries.remove(&id);
+            }
+        }
+    }
+}
+
 fn entry_of(shared: &Shared, id: i64) -> Option<Entry> {
     let state = shared.upgrade()?;
     let state = state.lock().ok()?;
@@ -594,12 +767,23 @@ async fn handle(
     resp: WatchResponse,
 ) -> Result<bool, tonic::Status> {
     let id = resp.watch_id;
-    if resp
+    // The revisions of the deletes in this message (an event without its key counts as the latest).
+    let deletes: Vec<i64> = resp
         .events
         .iter()
-        .any(|e| e.r#type == EventType::Delete as i32)
-    {
-        if let Some(entry) = entry_of(shared, id) {
+        .filter(|e| e.r#type == EventType::Delete as i32)
+        .map(|e| e.kv.as_ref().map_or(i64::MAX, |kv| kv.mod_revision))
+        .collect();
+    if !deletes.is_empty() {
+        let entry = entry_of(shared, id);
+        // A kept watch of a released key (its own release's delete, or a later holder's), or a
+        // former hold's delete reaching the watch after a new hold of the key took it: not a loss,
+        // and the watch is kept.
+        let stale = |entry: &Entry| !entry.held || deletes.iter().all(|&d| d < entry.rev);
+        if entry.as_ref().is_some_and(stale) {
+            return Ok(false);
+        }
+        if let Some(entry) = entry {
             lose(
                 shared,
                 id,
@@ -624,6 +808,8 @@ async fn handle(
         // The server keeps the compacted watch (and its id) on the stream until told to drop it.
         stream.cancel(id).await?;
     }
+    // A kept watch of a released key is just dropped.
+    forget_lingering(shared, id);
     let Some(entry) = entry_of(shared, id) else {
         return Ok(false);
     };

@@ -147,12 +147,26 @@ impl EtcdBackend {
             None => {
                 let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
                 // The key existed at the grant's read: a watch (re)made after that re-reads it
-                // unless the store has not moved since (`from` is that read + 1).
-                let (id, confirmed) =
-                    self.inner
-                        .held
-                        .watch(key.clone(), rev, read_rev + 1, lost.clone());
-                (lost, id, Err(confirmed))
+                // unless the store has not moved since (`from` is that read + 1). A watch kept from
+                // an earlier release of this key (a loop of acquire and release) is taken as one
+                // made while queued: confirmed before the read, it needs no round trip.
+                match self
+                    .inner
+                    .held
+                    .take_lingering(&key, rev, read_rev + 1, &lost)
+                {
+                    Some(id) => {
+                        let confirmed = self.inner.held.confirmation(id);
+                        (lost, id, confirmed)
+                    }
+                    None => {
+                        let (id, confirmed) =
+                            self.inner
+                                .held
+                                .watch(key.clone(), rev, read_rev + 1, lost.clone());
+                        (lost, id, Err(confirmed))
+                    }
+                }
             }
         };
         let lost_rx = lost.subscribe();
@@ -426,7 +440,8 @@ impl EtcdBackend {
         name: &str,
         owner: &str,
     ) -> Result<Released> {
-        self.inner.held.unwatch(lease.watch_id);
+        // Kept for the next grant of this key (this owner's next cycle, or another local owner's).
+        self.inner.held.linger(lease.watch_id);
         let resp = match self
             .txn("release", layout::release_txn(&lease.key, lease.rev))
             .await

@@ -1009,3 +1009,93 @@ async fn max_hold_equal_to_the_session_ttl_frees_the_name_at_the_cap() {
     next.release().await.unwrap();
     drop(guard);
 }
+
+/// Watch messages the server received (creates and cancels on every watch stream).
+async fn watch_messages(server: &EtcdServer) -> u64 {
+    watch_gauge(
+        server.addr(),
+        "grpc_server_msg_received_total{grpc_method=\"Watch\",grpc_service=\"etcdserverpb.Watch\",grpc_type=\"bidi_stream\"}",
+    )
+    .await
+}
+
+/// A loop of acquire and release on one name (issue 9's uncontended cycle) keeps its key's held-key
+/// watch from one hold to the next instead of creating and cancelling one per cycle (two messages and
+/// a confirmation wait per grant). Each release's own delete reaches the kept watch and must not make
+/// the next hold `Lost`; the kept watch is cancelled soon after the last release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_of_cycles_on_one_name_keeps_one_held_key_watch() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let lock = locks.lock(&common::name("kept_watch")).unwrap();
+    let first = lock.acquire().await.unwrap();
+    first.release().await.unwrap();
+    let before = watch_messages(&server).await;
+    let cycles = 20;
+    for cycle in 0..cycles {
+        let guard = lock.acquire().await.unwrap();
+        if cycle % 4 == 0 {
+            // Time for the previous release's delete to reach the kept watch.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            guard.state(),
+            LockState::Held,
+            "cycle {cycle}: a former hold's delete was taken for this hold's: {:?}",
+            guard.loss_reason()
+        );
+        guard.release().await.unwrap();
+    }
+    let messages = watch_messages(&server).await - before;
+    assert!(
+        messages <= 2,
+        "{messages} watch messages for {cycles} cycles on one name: a watch made per grant"
+    );
+    let deadline = Instant::now() + SLACK;
+    loop {
+        let left = watch_gauge(server.addr(), "etcd_debugging_mvcc_watcher_total").await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the kept watch is left on the server ({left} watches)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A hold that took the watch kept from the previous release of its key is still told of a delete of
+/// that key at once (at the default session TTL, whose keep-alive would notice only 20 s later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_on_a_kept_watch_is_lost_when_its_key_is_deleted() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("kept_watch_delete");
+    let lock = locks.lock(&name).unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap();
+    let before = watch_messages(&server).await;
+    let guard = lock.acquire().await.unwrap();
+    assert_eq!(
+        watch_messages(&server).await,
+        before,
+        "the second hold made a watch of its own instead of taking the kept one"
+    );
+    let seen = keys(&server.endpoints(), &format!("{name}/"));
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let deleted_at = Instant::now();
+    server.etcdctl(&["del", &seen[0].key]).unwrap();
+    tokio::time::timeout(SLACK, guard.lost())
+        .await
+        .expect("a delete of the key reaches the hold on the kept watch");
+    eprintln!("delete → Lost: {:?}", deleted_at.elapsed());
+    assert!(guard.loss_reason().unwrap().contains("deleted"));
+    // The next hold of the name is not told of that delete (an earlier revision than its key's).
+    drop(guard);
+    let next = lock.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(next.state(), LockState::Held, "{:?}", next.loss_reason());
+    next.release().await.unwrap();
+}
