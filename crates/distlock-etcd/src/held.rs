@@ -73,6 +73,10 @@ struct Entry {
     rev: i64,
     /// False while the watch is kept after a release with no hold to report on.
     held: bool,
+    /// The latest delete the watch saw while kept (0: none). The next hold of the key may have been
+    /// created before it (its create txn's reply still on its way): the grant that takes the watch
+    /// must then not trust it (review of the kept watch: that hold stayed `Held` for good).
+    deleted_while_kept: i64,
     /// The revision to (re)start the watch from.
     from: i64,
     lost: LossSender,
@@ -186,6 +190,7 @@ impl HeldKeys {
                 key,
                 rev,
                 held: true,
+                deleted_while_kept: 0,
                 from,
                 lost,
                 created: false,
@@ -263,13 +268,17 @@ impl HeldKeys {
             return;
         };
         entry.held = false;
+        entry.deleted_while_kept = 0;
         // A fresh channel nobody listens to: the released hold's loss channel is not reported on.
         entry.lost = Arc::new(watch::channel::<Option<String>>(None).0);
         let key = entry.key.clone();
         let now = tokio::time::Instant::now();
         let mut doomed = Vec::new();
+        // (The same id again: a release restarted after its first run kept the watch already.)
         if let Some((old, _)) = state.lingering.insert(key, (id, now)) {
-            doomed.push(old);
+            if old != id {
+                doomed.push(old);
+            }
         }
         if state.lingering.len() > MAX_LINGERING {
             if let Some(oldest) = state
@@ -312,6 +321,16 @@ impl HeldKeys {
         let (id, _) = state.lingering.remove(key)?;
         let entry = state.entries.get_mut(&id)?;
         if entry.held || entry.key != key {
+            return None;
+        }
+        if entry.deleted_while_kept > rev {
+            // This hold's key was deleted before the grant took the watch, and the event was spent
+            // on the kept watch: the grant makes a watch of its own, whose confirmation (after the
+            // delete) makes it read the key, and finds it gone.
+            let created = state.entries.remove(&id).is_some_and(|e| e.created);
+            if let (true, Some(task)) = (created, &state.task) {
+                let _ = task.commands.send(Command::Cancel(id));
+            }
             return None;
         }
         entry.held = true;
@@ -461,15 +480,17 @@ async fn recheck(
         }
         return Ok(false);
     }
-    lose(
+    // Only the hold that was read: the watch may have been released and taken by the key's next hold
+    // while the read was under way (that grant checks its own hold).
+    Ok(lose_if(
         shared,
         id,
+        entry.rev,
         format!(
             "its key {} was deleted on the server (by hand, or its session lease was revoked or expired)",
             entry.key
         ),
-    );
-    Ok(true)
+    ))
 }
 
 /// [`recheck`] beside the task: a key found gone has its watch cancelled, a failed read reopens the
@@ -499,6 +520,9 @@ async fn run(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let mut refusals = Refusals::default();
     loop {
+        // Kept watches already due are dropped before the open, not made again on the new stream
+        // (nothing would cancel them there).
+        let _ = prune_lingering(&shared, tokio::time::Instant::now());
         // (Re)open: every entry is watched at once, from its start revision.
         for_each_entry(&shared, |entry| {
             entry.created = false;
@@ -743,19 +767,74 @@ fn entry_of(shared: &Shared, id: i64) -> Option<Entry> {
     state.entries.get(&id).cloned()
 }
 
-/// Forgets a watch whose key is gone, and reports the loss.
-fn lose(shared: &Shared, id: i64, reason: String) {
+/// Forgets a watch whose key is gone, and reports the loss, if the watch still has the hold created
+/// at `rev` (a watch outlives its holds: see [`LINGER`]). True if it did.
+fn lose_if(shared: &Shared, id: i64, rev: i64, reason: String) -> bool {
     let Some(state) = shared.upgrade() else {
-        return;
+        return false;
     };
     let entry = match state.lock() {
-        Ok(mut s) => s.entries.remove(&id),
+        Ok(mut s) => match s.entries.get(&id) {
+            Some(e) if e.held && e.rev == rev => s.entries.remove(&id),
+            _ => None,
+        },
         Err(_) => None,
     };
-    if let Some(entry) = entry {
-        tracing::debug!(key = %entry.key, "etcd: a held key was deleted on the server");
-        report_loss(&entry.lost, reason);
+    match entry {
+        Some(entry) => {
+            tracing::debug!(key = %entry.key, "etcd: a held key was deleted on the server");
+            report_loss(&entry.lost, reason);
+            true
+        }
+        None => false,
     }
+}
+
+/// What deletes seen by a watch mean.
+enum Deleted {
+    /// Its hold's key is gone: the watch was forgotten and the loss reported; cancel it.
+    Lost,
+    /// A former hold's delete, or one seen while the watch is kept (recorded for the grant that
+    /// takes it): the watch stays.
+    Kept,
+    /// No such watch any more: cancel it.
+    Unknown,
+}
+
+/// Decides, under the state lock (so that a grant taking a kept watch cannot slip between the
+/// decision and the record), what the deletes at `revisions` seen by watch `id` mean.
+fn deleted(shared: &Shared, id: i64, revisions: &[i64]) -> Deleted {
+    let Some(state) = shared.upgrade() else {
+        return Deleted::Unknown;
+    };
+    let Ok(mut s) = state.lock() else {
+        return Deleted::Unknown;
+    };
+    let latest = revisions.iter().copied().max().unwrap_or(i64::MAX);
+    let Some(entry) = s.entries.get_mut(&id) else {
+        return Deleted::Unknown;
+    };
+    if !entry.held {
+        entry.deleted_while_kept = entry.deleted_while_kept.max(latest);
+        return Deleted::Kept;
+    }
+    // A former hold's delete reaching the watch after the key's next hold took it.
+    if latest < entry.rev {
+        return Deleted::Kept;
+    }
+    let Some(entry) = s.entries.remove(&id) else {
+        return Deleted::Unknown;
+    };
+    drop(s);
+    tracing::debug!(key = %entry.key, "etcd: a held key was deleted on the server");
+    report_loss(
+        &entry.lost,
+        format!(
+            "its key {} was deleted on the server (by hand, or its session lease was revoked or expired)",
+            entry.key
+        ),
+    );
+    Deleted::Lost
 }
 
 async fn handle(
@@ -775,23 +854,8 @@ async fn handle(
         .map(|e| e.kv.as_ref().map_or(i64::MAX, |kv| kv.mod_revision))
         .collect();
     if !deletes.is_empty() {
-        let entry = entry_of(shared, id);
-        // A kept watch of a released key (its own release's delete, or a later holder's), or a
-        // former hold's delete reaching the watch after a new hold of the key took it: not a loss,
-        // and the watch is kept.
-        let stale = |entry: &Entry| !entry.held || deletes.iter().all(|&d| d < entry.rev);
-        if entry.as_ref().is_some_and(stale) {
+        if let Deleted::Kept = deleted(shared, id, &deletes) {
             return Ok(false);
-        }
-        if let Some(entry) = entry {
-            lose(
-                shared,
-                id,
-                format!(
-                    "its key {} was deleted on the server (by hand, or its session lease was revoked or expired)",
-                    entry.key
-                ),
-            );
         }
         if active.remove(&id) {
             stream.cancel(id).await?;
@@ -828,14 +892,26 @@ async fn handle(
             ))
         }
     };
+    // Released and taken by the key's next hold during the read: what was read is not that hold's.
+    // Reopened, every watch is made again and checked.
+    let Some(now) = entry_of(shared, id) else {
+        // Released meanwhile.
+        return Ok(false);
+    };
+    if !now.held || now.rev != entry.rev {
+        return Err(tonic::Status::aborted(
+            "a held key's hold changed while it was re-read",
+        ));
+    }
     let alive = read
         .kvs
         .first()
         .is_some_and(|kv| kv.create_revision == entry.rev);
     if !alive {
-        lose(
+        lose_if(
             shared,
             id,
+            entry.rev,
             format!(
                 "its key {} was deleted on the server (by hand, or its session lease was revoked or expired)",
                 entry.key

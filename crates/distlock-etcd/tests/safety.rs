@@ -1099,3 +1099,158 @@ async fn a_hold_on_a_kept_watch_is_lost_when_its_key_is_deleted() {
     assert_eq!(next.state(), LockState::Held, "{:?}", next.loss_reason());
     next.release().await.unwrap();
 }
+
+/// A delete of the next hold's key that reaches the kept watch *before* the grant takes it (the
+/// create's reply comes back later than the delete's event: here the create went through a slow
+/// path to a member, the watch stream is on a fast one) is dropped as "no hold has this watch", and
+/// the grant then trusts the kept watch's old confirmation (at or before its read) and skips the
+/// re-read. The hold stays `Held` with its key gone, for good (renewals of the live session succeed).
+/// Several rounds: the member each request goes to is chosen in turn, so some rounds put the create
+/// on the slow path and the watch stream on the fast one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_delete_reaching_the_kept_watch_before_the_grant_takes_it_is_reported() {
+    use distlock_etcd::rpc::pb::etcdserverpb::RangeRequest;
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
+        .await
+        .unwrap();
+    let probe = || RangeRequest {
+        key: b"x".to_vec(),
+        ..Default::default()
+    };
+    let mut slow_creates = 0;
+    for round in 0..4 {
+        tokio::task::block_in_place(|| proxy.pass().unwrap());
+        // Two "members" (one server, one of them behind a slow proxy); no hedged resend within the
+        // test. The held-keys stream stays on whichever the backend opened it on.
+        let backend = backend(&format!(
+            "etcd://{},{}?request_timeout=20s",
+            proxy.addr(),
+            server.addr()
+        ))
+        .await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        for cycle in 0..3 {
+            tokio::task::block_in_place(|| proxy.pass().unwrap());
+            // Shift which member the next requests go to.
+            let _ = backend.client().range(probe()).await;
+            let name = common::name(&format!("kept_watch_early_delete_{round}_{cycle}"));
+            let prefix = format!("{name}/");
+            let lock = locks.lock(&name).unwrap();
+            // A first cycle leaves its key's watch kept (confirmed).
+            lock.acquire().await.unwrap().release().await.unwrap();
+            let start = raw.range(probe()).await.unwrap().header.unwrap().revision;
+            // An operator deletes the next key as soon as it exists (polling directly).
+            let deleter = {
+                let raw = raw.clone();
+                let prefix = prefix.clone();
+                tokio::spawn(async move {
+                    let mut end = prefix.clone().into_bytes();
+                    *end.last_mut().unwrap() += 1;
+                    loop {
+                        let got = raw
+                            .range(RangeRequest {
+                                key: prefix.clone().into_bytes(),
+                                range_end: end.clone(),
+                                ..Default::default()
+                            })
+                            .await
+                            .unwrap();
+                        if let Some(kv) = got.kvs.iter().find(|kv| kv.create_revision > start) {
+                            raw.delete_range(DeleteRangeRequest {
+                                key: kv.key.clone(),
+                                ..DeleteRangeRequest::default()
+                            })
+                            .await
+                            .unwrap();
+                            return kv.create_revision;
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+            };
+            tokio::task::block_in_place(|| proxy.delay(Duration::from_millis(300)).unwrap());
+            let asked = Instant::now();
+            let guard = tokio::time::timeout(SLACK * 2, lock.acquire())
+                .await
+                .expect("acquire answers")
+                .unwrap();
+            if asked.elapsed() >= Duration::from_millis(550) {
+                slow_creates += 1;
+            }
+            let deleted = deleter.await.unwrap();
+            tokio::task::block_in_place(|| proxy.pass().unwrap());
+            assert_eq!(guard.token().unwrap().get(), deleted as u64);
+            // A round trip and then some.
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            let left = keys(&server.endpoints(), &prefix);
+            assert!(left.is_empty(), "{left:?}");
+            eprintln!("round {round}.{cycle}: state {:?}", guard.state());
+            assert_ne!(
+                guard.state(),
+                LockState::Held,
+                "round {round}.{cycle}: its key was deleted 0.8 s ago and the guard is still Held (the kept watch dropped the delete before the grant took it)"
+            );
+            let _ = guard.release().await;
+        }
+        drop(locks);
+        drop(backend);
+    }
+    eprintln!("{slow_creates} creates went the slow way");
+}
+
+/// The held-keys stream is reopened (a new runtime, or a connection that came back) after a kept
+/// watch of a released key is already due: the reopen takes every entry, watches it on the new stream,
+/// and only then prunes the due ones from the state without cancelling them, so that watch stays on
+/// the server for as long as the stream lives (nothing else cancels it: only a delete of the key
+/// reaching it would).
+#[test]
+fn a_kept_watch_due_at_a_reopen_is_not_left_on_the_server() {
+    let server = EtcdServer::start_or_panic();
+    let name = common::name("kept_watch_reopen");
+    let rt1 = runtime();
+    let locks = rt1.block_on(async {
+        let backend = backend(&server.url()).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        locks
+            .lock(&name)
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        locks
+    });
+    drop(rt1);
+    // The kept watch is due now; nothing pruned it (its task went with the runtime).
+    std::thread::sleep(Duration::from_millis(1500));
+    let rt2 = runtime();
+    rt2.block_on(async {
+        // Any use of the backend moves the held-keys task here (the kept entry makes it run).
+        let other = locks
+            .lock(&common::name("kept_watch_reopen_other"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        other.release().await.unwrap();
+        let deadline = Instant::now() + LINGER_AND_SLACK;
+        loop {
+            let left = watch_gauge(server.addr(), "etcd_debugging_mvcc_watcher_total").await;
+            if left == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{left} watches left on the server: the kept watch of {name} was made again on the new stream and never cancelled"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    drop(locks);
+}
+
+const LINGER_AND_SLACK: Duration = Duration::from_secs(5);
