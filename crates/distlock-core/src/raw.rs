@@ -344,8 +344,10 @@ pub trait Backend: Send + Sync + 'static {
         lease: &Self::Lease,
         name: &str,
         owner: &str,
-        _next: &AcquireRequest,
+        next: &AcquireRequest,
     ) -> Result<HandOff<Self::Lease>> {
+        // The default cannot grant: it only releases.
+        let _ = next;
         Ok(HandOff::Released(self.release(lease, name, owner).await?))
     }
 

@@ -469,8 +469,9 @@ impl EtcdBackend {
 }
 
 /// A key made for the next owner by a handoff whose outcome is not known yet: if the handoff future is
-/// dropped (or its reply lost), the key is deleted in the background (by create_revision once known,
-/// else by lease + owner, again after twice the request timeout in case the txn still lands).
+/// dropped (or its reply lost), the key is deleted in the background at once (by create_revision once
+/// known, else by lease + owner, and then again after twice the request timeout in case the txn still
+/// lands), so a handoff cut short does not leave the next acquire queued behind a key nobody holds.
 struct HandOffUndo {
     backend: EtcdBackend,
     doomed: Option<Doomed>,
@@ -481,6 +482,12 @@ impl Drop for HandOffUndo {
         let Some(mut doomed) = self.doomed.take() else {
             return;
         };
+        tracing::debug!(key = %doomed.key, "etcd: a handoff was cut short; deleting the next owner's key in the background");
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let backend = self.backend.clone();
+            runtime.spawn(async move { backend.delete_and_unclaim(doomed).await });
+            return;
+        }
         if doomed.rev.is_none() {
             doomed.not_before = Some(
                 tokio::time::Instant::now()
@@ -493,7 +500,6 @@ impl Drop for HandOffUndo {
                         .saturating_mul(2),
             );
         }
-        tracing::debug!(key = %doomed.key, "etcd: a handoff was cut short; deleting the next owner's key in the background");
         self.backend.retry_delete(doomed);
     }
 }
