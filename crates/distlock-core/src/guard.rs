@@ -7,11 +7,15 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify, OwnedMutexGuard};
 
+use crate::gate::{GateGuard, HandedGrant};
+
 use crate::clock::{self, Instant};
 use crate::error::{Error, ErrorKind, Result};
 use crate::locks::{tag, LockShared};
 use crate::options::LockOptions;
-use crate::raw::{ErasedLease, LossSignal, Released, Renewal, RenewalId, Renewed};
+use crate::raw::{
+    AcquireRequest, ErasedLease, HandOff, LossSignal, Released, Renewal, RenewalId, Renewed,
+};
 use crate::state::LockState;
 use crate::sync::lock;
 use crate::token::FencingToken;
@@ -87,7 +91,7 @@ pub(crate) struct Holding {
     /// a hold (issue 9's memory per held lock).
     state_tx: std::sync::OnceLock<watch::Sender<LockState>>,
     /// The local gate of this name, passed to the next waiter of this process after the release.
-    gate: Mutex<Option<OwnedMutexGuard<()>>>,
+    gate: Mutex<Option<GateGuard>>,
     /// The owner's `releasing` lock, taken when the gate is passed on before the release's reply (see
     /// [`pass_gate_on_early`](Self::pass_gate_on_early)), until that reply.
     releasing: Mutex<Option<OwnedMutexGuard<()>>>,
@@ -146,7 +150,7 @@ impl Holding {
         ttl: Option<Duration>,
         sent_at: Instant,
         options: LockOptions,
-        gate: Option<OwnedMutexGuard<()>>,
+        gate: Option<GateGuard>,
     ) -> Arc<Self> {
         let max_hold_end = options.max_hold.map(|cap| sent_at.saturating_add(cap));
         let mut status = Status::default();
@@ -548,17 +552,71 @@ impl Holding {
         }
     }
 
+    /// Where the backend can, releases and grants the lock to the front waiter of the local gate in one
+    /// request ([`Backend::hand_off`](crate::raw::Backend::hand_off)), and passes the gate on with the
+    /// grant. `None` when it is not tried: the backend cannot, nobody waits, or the next waiter is this
+    /// same owner (to the engine one owner; its acquire must not overtake this release, see
+    /// [`LockShared::releasing`]). Not with a backend that passes the gate on early, whose `releasing`
+    /// rule a handed grant would skip.
+    async fn hand_off(&self) -> Option<Result<Released>> {
+        let backend = self.shared.locks.backend.clone();
+        if !backend.supports_hand_off() || backend.release_orders_next_acquire() {
+            return None;
+        }
+        let next = lock(&self.gate).as_ref()?.next_waiter()?;
+        if next.owner == self.shared.owner {
+            return None;
+        }
+        let request = AcquireRequest::new(
+            self.shared.name.to_string(),
+            next.owner.to_string(),
+            next.lease,
+        );
+        let sent_at = clock::now();
+        let outcome = backend
+            .hand_off(&self.lease, &self.shared.name, &self.shared.owner, &request)
+            .await;
+        Some(match outcome {
+            Ok(HandOff::Handed(grant)) => {
+                let handed = HandedGrant {
+                    gate: None,
+                    grant: Some(grant),
+                    sent_at,
+                    locks: self.shared.locks.clone(),
+                    name: self.shared.name.clone(),
+                    owner: next.owner,
+                };
+                match lock(&self.gate).take() {
+                    Some(gate) => gate.pass_with_grant(next.id, handed),
+                    // Not expected (the gate was ours a moment ago): the grant is released.
+                    None => drop(handed),
+                }
+                Ok(Released::Released)
+            }
+            Ok(HandOff::Released(released)) => Ok(released),
+            Err(e) => Err(e),
+        })
+    }
+
     /// Releases on the server, then passes the local gate on. Runs as its own task so that dropping the
     /// caller's future does not interrupt it.
     async fn finish(self: Arc<Self>) -> Result<()> {
-        {
+        let lost_before = {
             let mut status = lock(&self.status);
             self.refresh(&mut status, clock::now());
             status.released = true;
-        }
+            status.lost.is_some()
+        };
         let backend = self.shared.locks.backend.clone();
-        let mut release = backend.release(&self.lease, &self.shared.name, &self.shared.owner);
-        let outcome = if backend.release_orders_next_acquire() {
+        let handed = if lost_before {
+            None
+        } else {
+            self.hand_off().await
+        };
+        let outcome = if let Some(outcome) = handed {
+            outcome
+        } else if backend.release_orders_next_acquire() {
+            let mut release = backend.release(&self.lease, &self.shared.name, &self.shared.owner);
             // One poll puts the request on the connection; from then on the next waiter's acquire
             // travels behind it, so it need not wait for the reply.
             match std::future::poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx))).await {
@@ -569,7 +627,9 @@ impl Holding {
                 }
             }
         } else {
-            release.await
+            backend
+                .release(&self.lease, &self.shared.name, &self.shared.owner)
+                .await
         };
         let lost = lock(&self.status).lost.clone();
         drop(lock(&self.gate).take());

@@ -27,6 +27,7 @@ pub mod clock;
 pub mod connection;
 pub mod duration;
 mod error;
+mod gate;
 mod guard;
 mod locks;
 mod memory;

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::OwnedMutexGuard;
 
 use crate::capabilities::Capabilities;
 use crate::clock;
 use crate::error::{Error, ErrorKind, Result};
+use crate::gate::{Gate, GateGuard, HandedGrant, Pass};
 use crate::guard::{Holding, LockGuard};
 use crate::options::{LockOptions, Wait};
 use crate::raw::{AcquireRequest, Attempt, Backend, DynBackend, ErasedAcquisition, LockInfo};
@@ -47,29 +47,33 @@ pub(crate) struct LocksInner {
     /// runtime (a guard dropped on a plain thread).
     runtime: Mutex<Option<Handle>>,
     defaults: LockOptions,
-    /// Same-name waiters of this `Locks` queue here (tokio's mutex is FIFO), so only the head contends
+    /// Same-name waiters of this `Locks` queue here (FIFO, see [`Gate`]), so only the head contends
     /// with the engine.
-    gates: Mutex<Shared<Arc<str>>>,
+    gates: Mutex<Shared<Arc<str>, Gate>>,
     /// The `releasing` mutex of each (name, owner) with a live `Lock` (see [`LockShared::releasing`]):
     /// shared by every `Lock` of one name and owner id (`lock_as` may give two the same), since to the
     /// engine they are one owner. Keyed by the `Lock`'s own name and owner id (`Arc<str>`s shared with
     /// it, not copies: issue 9's memory per held lock).
-    releasing: Mutex<Shared<(Arc<str>, Arc<str>)>>,
+    releasing: Mutex<Shared<NameAndOwner, ReleasingMutex>>,
     pub(crate) watchdog: Arc<Watchdog>,
     background: Arc<Background>,
 }
 
+/// The `releasing` mutex of one (name, owner), and its key.
+type ReleasingMutex = tokio::sync::Mutex<()>;
+type NameAndOwner = (Arc<str>, Arc<str>);
+
 /// Shared mutexes by key, each alive while a [`Lock`] holds it: the local gates by name, and the
 /// `releasing` mutexes by name and owner. Each `Lock` keeps its own from its creation, so an acquire
 /// takes them without a look-up; the map only lets `Lock`s of one key find the same mutex.
-struct Shared<K> {
-    by_key: HashMap<K, Weak<tokio::sync::Mutex<()>>>,
+struct Shared<K, T> {
+    by_key: HashMap<K, Weak<T>>,
     /// Mutexes no `Lock` holds any more are dropped from the map when it grows past this (which then
     /// doubles the live count, so pruning stays amortised O(1) however many `Lock`s live).
     prune_at: usize,
 }
 
-impl<K> Default for Shared<K> {
+impl<K, T> Default for Shared<K, T> {
     fn default() -> Self {
         Self {
             by_key: HashMap::new(),
@@ -78,8 +82,8 @@ impl<K> Default for Shared<K> {
     }
 }
 
-impl<K: std::hash::Hash + Eq> Shared<K> {
-    fn get(&mut self, key: K) -> Arc<tokio::sync::Mutex<()>> {
+impl<K: std::hash::Hash + Eq, T: Default> Shared<K, T> {
+    fn get(&mut self, key: K) -> Arc<T> {
         if let Some(mutex) = self.by_key.get(&key).and_then(Weak::upgrade) {
             return mutex;
         }
@@ -87,7 +91,7 @@ impl<K: std::hash::Hash + Eq> Shared<K> {
             self.by_key.retain(|_, mutex| mutex.strong_count() > 0);
             self.prune_at = (self.by_key.len() * 2).max(64);
         }
-        let mutex = Arc::new(tokio::sync::Mutex::new(()));
+        let mutex = Arc::new(T::default());
         // Removed first: `insert` keeps an existing (dead) entry's key, a dropped `Lock`'s copy.
         self.by_key.remove(&key);
         self.by_key.insert(key, Arc::downgrade(&mutex));
@@ -457,7 +461,7 @@ pub(crate) struct LockShared {
     /// joins it instead of racing it to the engine.
     acquiring: tokio::sync::Mutex<()>,
     /// The local gate of this name in this `Locks` (see [`LocksInner::gates`]).
-    gate: Arc<tokio::sync::Mutex<()>>,
+    gate: Arc<Gate>,
     /// Held by a hold whose release passed the local gate on before its reply (see
     /// [`Backend::release_orders_next_acquire`](crate::raw::Backend::release_orders_next_acquire)), until
     /// that reply: this owner's next acquire waits for it, since a release that reaches the engine
@@ -562,10 +566,16 @@ impl Lock {
             locks.watchdog.ensure_running(locks);
             return Ok(Some(guard));
         }
-        let gate = match shared.gate.clone().try_lock_owned() {
+        let gate = match shared
+            .gate
+            .take_or_queue(&shared.owner, options.first_ttl())
+        {
             Ok(gate) => gate,
-            Err(_) => match within(deadline, shared.gate.clone().lock_owned()).await {
-                Some(gate) => gate,
+            Err(wait) => match within(deadline, wait).await {
+                Some(Ok(Pass::Plain(gate))) => gate,
+                // The releaser handed the lock on with the gate: installed like a grant of ours.
+                Some(Ok(Pass::Granted(handed))) => return self.install_handed(handed, options),
+                Some(Err(e)) => return Err(e),
                 None => return Ok(None),
             },
         };
@@ -660,12 +670,43 @@ impl Lock {
         Ok(Some(LockGuard::new(holding.clone())))
     }
 
+    /// Installs a grant the releaser got for us with the local gate (see
+    /// [`Backend::hand_off`](crate::raw::Backend::hand_off)); one that arrived after its validity
+    /// deadline is released, as a late grant of ours would be abandoned.
+    fn install_handed(
+        &self,
+        mut handed: HandedGrant,
+        options: LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        let sent_at = handed.sent_at;
+        if let Some(ttl) = handed.grant.as_ref().and_then(|g| g.ttl) {
+            if clock::now() >= crate::guard::validity_deadline(sent_at, ttl) {
+                // Dropped with its grant: released in the background, then the gate moves on.
+                drop(handed);
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "the lock handed on by the previous holder arrived after its validity deadline (the round trip took longer than the {} lease); use a longer lease",
+                        crate::duration::format(ttl)
+                    ),
+                ));
+            }
+        }
+        let (Some(grant), gate) = (handed.grant.take(), handed.gate.take()) else {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                "internal error: a handed-on lock without its grant",
+            ));
+        };
+        Ok(Some(self.install(grant, sent_at, options, gate)))
+    }
+
     fn install(
         &self,
         grant: crate::raw::Grant<crate::raw::ErasedLease>,
         sent_at: clock::Instant,
         options: LockOptions,
-        gate: Option<OwnedMutexGuard<()>>,
+        gate: Option<GateGuard>,
     ) -> LockGuard {
         let holding = Holding::new(
             self.shared.clone(),
@@ -710,7 +751,7 @@ async fn within<F: std::future::Future>(
 /// is passed on only after that, so the next waiter of this process never races the undo.
 struct Pending {
     acquisition: Option<ErasedAcquisition>,
-    gate: Option<OwnedMutexGuard<()>>,
+    gate: Option<GateGuard>,
     request: AcquireRequest,
     locks: Arc<LocksInner>,
 }
@@ -728,7 +769,7 @@ impl Pending {
     }
 
     /// The acquire succeeded: nothing to undo. Returns the gate for the hold to keep.
-    fn disarm(&mut self) -> Option<OwnedMutexGuard<()>> {
+    fn disarm(&mut self) -> Option<GateGuard> {
         self.acquisition = None;
         self.gate.take()
     }

@@ -12,8 +12,8 @@ use crate::capabilities::{Capabilities, Fencing};
 use crate::clock::{self, Instant};
 use crate::error::{Error, ErrorKind, Result};
 use crate::raw::{
-    AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, Released, Renewal, RenewalId,
-    Renewed,
+    AcquireRequest, Attempt, Backend, Grant, HandOff, HolderInfo, LockInfo, Released, Renewal,
+    RenewalId, Renewed,
 };
 use crate::sync::lock;
 use crate::token::FencingToken;
@@ -61,6 +61,9 @@ struct Link {
     /// How long the replies of the next `release` calls are held back after the store applied them, one
     /// entry per call.
     release_reply_delays: Mutex<VecDeque<Duration>>,
+    /// Releases hand the lock to the next local waiter in one step (`enable_hand_off`).
+    hand_off: AtomicBool,
+    hand_offs: AtomicU64,
 }
 
 impl Link {
@@ -250,6 +253,20 @@ impl MemoryBackend {
         *lock(&self.link.ttl_cap) = cap;
     }
 
+    /// Makes this handle (and its clones) pass a lock to the next waiter of its `Locks` in one step
+    /// at release ([`Backend::hand_off`]) instead of passing its local queue on early; `delay_releases`
+    /// delays handoffs too.
+    #[cfg(feature = "testing")]
+    pub fn enable_hand_off(&self) {
+        self.link.hand_off.store(true, Ordering::SeqCst);
+    }
+
+    /// How many handoffs of this handle granted the lock to the next owner.
+    #[cfg(feature = "testing")]
+    pub fn hand_offs(&self) -> u64 {
+        self.link.hand_offs.load(Ordering::SeqCst)
+    }
+
     /// How many `renew` calls of this handle have reached the store (renewals under way included).
     #[cfg(feature = "testing")]
     pub fn renewal_requests(&self) -> u64 {
@@ -436,7 +453,50 @@ impl Backend for MemoryBackend {
     /// The store applies a release at its first poll (unless `delay_releases` holds it back: then an
     /// acquire that overtakes it finds the lock held and waits for the release, as it would anyway).
     fn release_orders_next_acquire(&self) -> bool {
-        true
+        !self.link.hand_off.load(Ordering::SeqCst)
+    }
+
+    fn supports_hand_off(&self) -> bool {
+        self.link.hand_off.load(Ordering::SeqCst)
+    }
+
+    /// The holder becomes `next` with a new token, in one step (the store has no queue of its own to
+    /// pass over).
+    async fn hand_off(
+        &self,
+        _lease: &(),
+        name: &str,
+        owner: &str,
+        next: &AcquireRequest,
+    ) -> Result<HandOff<()>> {
+        let delay = lock(&self.link.release_delays).pop_front();
+        if let Some(delay) = delay.filter(|d| !d.is_zero()) {
+            tokio::time::sleep(delay).await;
+        }
+        self.link.check_reachable()?;
+        let now = clock::now();
+        let mut names = lock(&self.store.names);
+        let Some(state) = names.get_mut(name).filter(|s| {
+            s.holder
+                .as_ref()
+                .is_some_and(|h| h.owner == owner && h.live(now))
+        }) else {
+            return Ok(HandOff::Released(Released::NotHeld));
+        };
+        let ttl = self.link.grant(next.lease);
+        state.last_token += 1;
+        state.holder = Some(Holder {
+            owner: next.owner.clone(),
+            token: state.last_token,
+            expires_at: now.saturating_add(ttl),
+            since: SystemTime::now(),
+        });
+        self.link.hand_offs.fetch_add(1, Ordering::SeqCst);
+        Ok(HandOff::Handed(
+            Grant::new(())
+                .with_token(FencingToken::new(state.last_token))
+                .with_ttl(ttl),
+        ))
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo> {

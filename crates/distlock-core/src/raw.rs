@@ -185,6 +185,18 @@ pub enum Released {
     NotHeld,
 }
 
+/// The outcome of [`Backend::hand_off`].
+#[non_exhaustive]
+#[derive(Debug)]
+pub enum HandOff<L> {
+    /// The releaser's hold ended and the next owner holds the lock, in one request: the core gives
+    /// this grant to the next waiter without a try of its own.
+    Handed(Grant<L>),
+    /// The lock could not be handed on (someone queued on the server first, the hold was gone): it
+    /// was released as by [`Backend::release`], and the next waiter acquires as usual.
+    Released(Released),
+}
+
 /// What `status` shows about a lock.
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -310,6 +322,35 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Whether [`hand_off`](Self::hand_off) can pass a lock on in one request. The core then calls it,
+    /// instead of [`release`](Self::release), when a hold ends with another owner of the same
+    /// [`Locks`](crate::Locks) first in the name's local queue. Default `false`.
+    fn supports_hand_off(&self) -> bool {
+        false
+    }
+
+    /// Releases a held lock (if, and only if, it is still this owner's) and grants it to `next`
+    /// together, where the engine can do both in one request without passing over anyone queued on
+    /// the server; otherwise only releases it. `next` is the next local waiter's acquire; the grant
+    /// is installed as a grant of [`try_acquire`](Self::try_acquire) would be (its validity deadline
+    /// counts from when this call began). If the core cannot deliver the grant (the waiter gave up
+    /// meanwhile) it releases it with [`release`](Self::release) and `next.owner`.
+    ///
+    /// # Cancel safety
+    /// The core may drop this future; it then releases the old hold again (owner-guarded). A grant
+    /// the engine may have made for `next` must then be undone by the backend.
+    async fn hand_off(
+        &self,
+        lease: &Self::Lease,
+        name: &str,
+        owner: &str,
+        next: &AcquireRequest,
+    ) -> Result<HandOff<Self::Lease>> {
+        // The default cannot grant: it only releases.
+        let _ = next;
+        Ok(HandOff::Released(self.release(lease, name, owner).await?))
+    }
+
     /// What the server knows about a lock, for `distlock status`.
     async fn inspect(&self, _name: &str) -> Result<LockInfo> {
         Err(Error::new(
@@ -346,6 +387,14 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     async fn renew(&self, batch: &[Renewal<'_, ErasedLease>]) -> Vec<(RenewalId, Result<Renewed>)>;
     async fn release(&self, lease: &ErasedLease, name: &str, owner: &str) -> Result<Released>;
     fn release_orders_next_acquire(&self) -> bool;
+    fn supports_hand_off(&self) -> bool;
+    async fn hand_off(
+        &self,
+        lease: &ErasedLease,
+        name: &str,
+        owner: &str,
+        next: &AcquireRequest,
+    ) -> Result<HandOff<ErasedLease>>;
     async fn inspect(&self, name: &str) -> Result<LockInfo>;
 }
 
@@ -354,6 +403,16 @@ fn mismatch(what: &str) -> Error {
         ErrorKind::Protocol,
         format!("internal error: {what} belongs to another backend"),
     )
+}
+
+fn erase<L: Send + Sync + 'static>(grant: Grant<L>) -> Grant<ErasedLease> {
+    Grant {
+        lease: Arc::new(grant.lease) as ErasedLease,
+        token: grant.token,
+        ttl: grant.ttl,
+        loss: grant.loss,
+        descriptor: grant.descriptor,
+    }
 }
 
 #[async_trait]
@@ -384,13 +443,7 @@ impl<B: Backend> DynBackend for B {
             .ok_or_else(|| mismatch("an acquisition"))?;
         Ok(
             match Backend::try_acquire(self, acquisition, request).await? {
-                Attempt::Acquired(grant) => Attempt::Acquired(Grant {
-                    lease: Arc::new(grant.lease) as ErasedLease,
-                    token: grant.token,
-                    ttl: grant.ttl,
-                    loss: grant.loss,
-                    descriptor: grant.descriptor,
-                }),
+                Attempt::Acquired(grant) => Attempt::Acquired(erase(grant)),
                 Attempt::Busy { retry_after } => Attempt::Busy { retry_after },
             },
         )
@@ -444,6 +497,28 @@ impl<B: Backend> DynBackend for B {
 
     fn release_orders_next_acquire(&self) -> bool {
         Backend::release_orders_next_acquire(self)
+    }
+
+    fn supports_hand_off(&self) -> bool {
+        Backend::supports_hand_off(self)
+    }
+
+    async fn hand_off(
+        &self,
+        lease: &ErasedLease,
+        name: &str,
+        owner: &str,
+        next: &AcquireRequest,
+    ) -> Result<HandOff<ErasedLease>> {
+        let lease = lease
+            .downcast_ref::<B::Lease>()
+            .ok_or_else(|| mismatch("a lease"))?;
+        Ok(
+            match Backend::hand_off(self, lease, name, owner, next).await? {
+                HandOff::Handed(grant) => HandOff::Handed(erase(grant)),
+                HandOff::Released(released) => HandOff::Released(released),
+            },
+        )
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo> {

@@ -395,7 +395,7 @@ fn get_of(op: Option<&ResponseOp>) -> std::result::Result<&RangeResponse, EtcdEr
     }
 }
 
-fn header_rev(resp: &TxnResponse) -> std::result::Result<i64, EtcdError> {
+pub(crate) fn header_rev(resp: &TxnResponse) -> std::result::Result<i64, EtcdError> {
     resp.header
         .as_ref()
         .map(|h| h.revision)

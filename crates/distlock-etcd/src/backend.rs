@@ -49,7 +49,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, HolderInfo, LockInfo, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Attempt, Backend, HandOff, HolderInfo, LockInfo, Released, Renewal, RenewalId,
+    Renewed,
 };
 use distlock_core::url::LockUrl;
 use distlock_core::{Capabilities, Fencing, FencingToken, LockOptions, Result};
@@ -263,6 +264,20 @@ impl Backend for EtcdBackend {
 
     async fn release(&self, lease: &EtcdLease, name: &str, owner: &str) -> Result<Released> {
         self.release_lease(lease, name, owner).await
+    }
+
+    fn supports_hand_off(&self) -> bool {
+        true
+    }
+
+    async fn hand_off(
+        &self,
+        lease: &EtcdLease,
+        name: &str,
+        owner: &str,
+        next: &AcquireRequest,
+    ) -> Result<HandOff<EtcdLease>> {
+        self.hand_off_lease(lease, name, owner, next).await
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo> {

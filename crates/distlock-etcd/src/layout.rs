@@ -204,6 +204,43 @@ pub fn release_txn(key: &str, rev: i64) -> TxnRequest {
     }
 }
 
+/// The handoff to the next local owner, one write: if `old_key` still has `old_rev` (the releaser's
+/// hold) and no key under the prefix was created after it (nobody queued on the server: a Go Mutex, an
+/// `etcdctl lock` or another process would be passed over), delete it and create `new_key` on `lease`
+/// with `value` in the same revision, which is the new key's create_revision and so the next holder's
+/// token. Otherwise release as [`release_txn`] does (a nested txn: responses `[txn]`). Two keys: the
+/// next owner's key is another local claim (`NAME/<lease hex>_<n>`), since etcd refuses a txn that
+/// deletes and puts one key.
+pub fn hand_off_txn(
+    old_key: &str,
+    old_rev: i64,
+    prefix: &str,
+    new_key: &str,
+    lease: i64,
+    value: &str,
+) -> TxnRequest {
+    let nobody_after = Compare {
+        result: CompareResult::Less as i32,
+        target: CompareTarget::Create as i32,
+        key: prefix.as_bytes().to_vec(),
+        range_end: prefix_end(prefix.as_bytes()),
+        target_union: Some(TargetUnion::CreateRevision(old_rev.saturating_add(1))),
+    };
+    TxnRequest {
+        compare: vec![
+            created_at(old_key, old_rev),
+            nobody_after,
+            created_at(new_key, 0),
+        ],
+        success: vec![delete_op(old_key), put_op(new_key, value, lease)],
+        failure: vec![RequestOp {
+            request: Some(request_op::Request::RequestTxn(release_txn(
+                old_key, old_rev,
+            ))),
+        }],
+    }
+}
+
 /// Undo of a try whose reply was lost: delete the key only if it hangs on our lease *and* holds our
 /// owner id (the key name carries the lease id, but another writer given the same lease could have
 /// created it: its key is left alone).

@@ -8,17 +8,20 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use distlock_core::clock::{self, Instant};
-use distlock_core::raw::{Grant, LossSignal, Released, Renewal, RenewalId, Renewed};
+use distlock_core::raw::{
+    AcquireRequest, Grant, HandOff, LossSignal, Released, Renewal, RenewalId, Renewed,
+};
 use distlock_core::retry::RetryPolicy;
 use distlock_core::{FencingToken, Result};
 use tokio::sync::{watch, Notify};
 
-use crate::acquire::Position;
+use crate::acquire::{header_rev, Position};
 use crate::backend::{EtcdBackend, Inner};
 use crate::claims::Doomed;
 use crate::error::BACKEND;
 use crate::held::{report_loss, LossSender};
 use crate::layout;
+use crate::rpc::pb::etcdserverpb::response_op::Response as OpResponse;
 use crate::session::{KeepAlive, Session};
 use crate::tasks::Task;
 
@@ -477,6 +480,139 @@ impl EtcdBackend {
         } else {
             Released::NotHeld
         })
+    }
+}
+
+/// A key made for the next owner by a handoff whose outcome is not known yet: if the handoff future is
+/// dropped (or its reply lost), the key is deleted in the background at once (by create_revision once
+/// known, else by lease + owner, and then again after twice the request timeout in case the txn still
+/// lands), so a handoff cut short does not leave the next acquire queued behind a key nobody holds.
+struct HandOffUndo {
+    backend: EtcdBackend,
+    doomed: Option<Doomed>,
+}
+
+impl Drop for HandOffUndo {
+    fn drop(&mut self) {
+        let Some(mut doomed) = self.doomed.take() else {
+            return;
+        };
+        tracing::debug!(key = %doomed.key, "etcd: a handoff was cut short; deleting the next owner's key in the background");
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let backend = self.backend.clone();
+            runtime.spawn(async move { backend.delete_and_unclaim(doomed).await });
+            return;
+        }
+        if doomed.rev.is_none() {
+            doomed.not_before = Some(
+                tokio::time::Instant::now()
+                    + self
+                        .backend
+                        .inner
+                        .config
+                        .connection
+                        .request_timeout
+                        .saturating_mul(2),
+            );
+        }
+        self.backend.retry_delete(doomed);
+    }
+}
+
+impl EtcdBackend {
+    /// Releases `lease` and grants the name to `next` in one txn ([`layout::hand_off_txn`]): the
+    /// releaser's key is deleted and the next owner's key (a local claim of its own) created in the
+    /// same revision, unless someone queued on the server meanwhile; then it is only released (the
+    /// txn's failure branch), and the next owner acquires as usual, behind whoever queued.
+    pub(crate) async fn hand_off_lease(
+        &self,
+        lease: &EtcdLease,
+        name: &str,
+        owner: &str,
+        next: &AcquireRequest,
+    ) -> Result<HandOff<EtcdLease>> {
+        let session = match self.session_for(next.lease).await {
+            Ok(session) => session,
+            Err(e) => {
+                tracing::debug!(lock = %name, error = %e, "etcd: no session for a handoff; releasing instead");
+                return Ok(HandOff::Released(
+                    self.release_lease(lease, name, owner).await?,
+                ));
+            }
+        };
+        let prefix = layout::prefix(name);
+        let (key, claim) = self.claim_key(name, session.id);
+        let mut undo = HandOffUndo {
+            backend: self.clone(),
+            doomed: Some(Doomed {
+                key: key.clone(),
+                rev: None,
+                owner: next.owner.clone(),
+                session: session.clone(),
+                claim,
+                not_before: None,
+            }),
+        };
+        self.inner.held.linger(lease.watch_id);
+        let txn = layout::hand_off_txn(
+            &lease.key,
+            lease.rev,
+            &prefix,
+            &key,
+            session.id,
+            &next.owner,
+        );
+        let resp = match self.txn("handoff", txn).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                // Either outcome may have happened: the old key goes to the retried deletes as a
+                // failed release's does, the new one with `undo`.
+                lease
+                    .handed_off
+                    .store(true, std::sync::atomic::Ordering::Release);
+                self.delete_later(Doomed {
+                    key: lease.key.clone(),
+                    rev: Some(lease.rev),
+                    owner: owner.to_string(),
+                    session: lease.session.clone(),
+                    claim: lease.claim,
+                    not_before: None,
+                });
+                return Err(e.into_core(Some(name)));
+            }
+        };
+        // The old key is gone either way (deleted now, or no longer this hold's).
+        self.unclaim(&lease.key, lease.claim);
+        if let Ok(mut c) = lease.clock.lock() {
+            c.released = true;
+        }
+        lease.wake.notify_one();
+        if !resp.succeeded {
+            // Nothing was written for the next owner.
+            undo.doomed = None;
+            self.unclaim(&key, claim);
+            let released = match resp.responses.first().and_then(|op| op.response.as_ref()) {
+                Some(OpResponse::ResponseTxn(release)) if release.succeeded => Released::Released,
+                _ => Released::NotHeld,
+            };
+            return Ok(HandOff::Released(released));
+        }
+        let rev = header_rev(&resp).map_err(|e| e.into_core(Some(name)))?;
+        if let Some(doomed) = undo.doomed.as_mut() {
+            doomed.rev = Some(rev);
+        }
+        let found = Position {
+            session,
+            key,
+            rev,
+            holder: None,
+            predecessor: None,
+            read_rev: rev,
+            alive_at: rev,
+        };
+        let grant = self.grant(found, claim, next.lease, None).await;
+        undo.doomed = None;
+        Ok(HandOff::Handed(grant))
     }
 }
 

@@ -1,0 +1,358 @@
+//! The local gate of one name in one [`Locks`](crate::Locks): same-name waiters of the process queue
+//! here, first come first served, so only the front one contends with the engine. A FIFO of our own
+//! rather than tokio's mutex because the gate is passed to the next waiter *with a grant attached* when
+//! the backend can hand a lock on in one request ([`Backend::hand_off`](crate::raw::Backend::hand_off)):
+//! the releaser needs to see who is next, and the waiter to receive the grant with the gate.
+//!
+//! Cancel safety: a waiter that gives up before the gate reaches it leaves the queue; one that gives up
+//! after (its pass was sent, not yet taken) passes the gate on, and a grant that came with it is
+//! released on the server in the background before the gate moves on.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::clock::Instant;
+use crate::error::{Error, ErrorKind, Result};
+use crate::locks::LocksInner;
+use crate::raw::{ErasedLease, Grant};
+use crate::sync::lock;
+
+#[derive(Default)]
+pub(crate) struct Gate {
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    held: bool,
+    next_id: u64,
+    waiters: VecDeque<Waiter>,
+}
+
+struct Waiter {
+    id: u64,
+    owner: Arc<str>,
+    lease: Duration,
+    pass: oneshot::Sender<Pass>,
+}
+
+/// The front waiter, as the holder sees it when its hold ends.
+pub(crate) struct NextWaiter {
+    pub(crate) id: u64,
+    pub(crate) owner: Arc<str>,
+    pub(crate) lease: Duration,
+}
+
+/// What a waiter receives when the gate reaches it.
+pub(crate) enum Pass {
+    /// The gate alone: acquire as usual.
+    Plain(GateGuard),
+    /// The gate and the lock, handed on by the releaser in one request.
+    Granted(HandedGrant),
+}
+
+/// The local gate, held: dropping it passes the gate to the next waiter still waiting.
+#[must_use]
+pub(crate) struct GateGuard {
+    gate: Option<Arc<Gate>>,
+}
+
+/// A grant the releaser got for the next waiter, with the gate. Dropped before the waiter takes it
+/// (the waiter gave up), the grant is released on the server in the background, and the gate passed
+/// on only after that.
+pub(crate) struct HandedGrant {
+    pub(crate) gate: Option<GateGuard>,
+    pub(crate) grant: Option<Grant<ErasedLease>>,
+    /// When the handoff request was sent: the grant's validity deadline counts from here.
+    pub(crate) sent_at: Instant,
+    pub(crate) locks: Arc<LocksInner>,
+    pub(crate) name: Arc<str>,
+    pub(crate) owner: Arc<str>,
+}
+
+impl Drop for HandedGrant {
+    fn drop(&mut self) {
+        let Some(grant) = self.grant.take() else {
+            return;
+        };
+        let gate = self.gate.take();
+        let backend = self.locks.backend.clone();
+        let (name, owner) = (self.name.clone(), self.owner.clone());
+        tracing::debug!(lock = %name, "a lock handed to a waiter that gave up; releasing it in the background");
+        self.locks.spawn_background(async move {
+            if let Err(error) = backend.release(&grant.lease, &name, &owner).await {
+                tracing::warn!(lock = %name, %error, "releasing a lock handed to a waiter that gave up failed");
+            }
+            drop(gate);
+        });
+    }
+}
+
+impl Gate {
+    /// Takes the gate if it is free (nobody holds it, so nobody queues either); otherwise queues
+    /// `owner` (asking for `lease`) and returns the wait. No allocation when the gate is free.
+    pub(crate) fn take_or_queue(
+        self: &Arc<Self>,
+        owner: &Arc<str>,
+        lease: Duration,
+    ) -> std::result::Result<GateGuard, GateWait> {
+        let mut state = lock(&self.state);
+        if !state.held {
+            state.held = true;
+            return Ok(GateGuard {
+                gate: Some(self.clone()),
+            });
+        }
+        state.next_id += 1;
+        let id = state.next_id;
+        let (pass, passed) = oneshot::channel();
+        state.waiters.push_back(Waiter {
+            id,
+            owner: owner.clone(),
+            lease,
+            pass,
+        });
+        Err(GateWait {
+            gate: self.clone(),
+            id,
+            passed,
+            done: false,
+        })
+    }
+
+    /// Passes the gate to the front waiter, or frees it. A waiter that cannot take it (gone without
+    /// leaving the queue) is skipped.
+    fn pass_on(self: &Arc<Self>) {
+        let mut state = lock(&self.state);
+        while let Some(waiter) = state.waiters.pop_front() {
+            // Sent under the lock: a waiter that gives up checks the queue under it, then reads its
+            // receiver, so a pass is either not sent yet (it leaves the queue) or there to read.
+            match waiter.pass.send(Pass::Plain(GateGuard {
+                gate: Some(self.clone()),
+            })) {
+                Ok(()) => return,
+                Err(Pass::Plain(mut unused)) => {
+                    // The same gate we are passing: disarmed, not dropped (that would pass it again).
+                    unused.gate = None;
+                }
+                // Not sent here: only plain passes are.
+                Err(Pass::Granted(_)) => {}
+            }
+        }
+        state.held = false;
+    }
+}
+
+impl GateGuard {
+    /// The front waiter, if any.
+    pub(crate) fn next_waiter(&self) -> Option<NextWaiter> {
+        let gate = self.gate.as_ref()?;
+        let state = lock(&gate.state);
+        state.waiters.front().map(|w| NextWaiter {
+            id: w.id,
+            owner: w.owner.clone(),
+            lease: w.lease,
+        })
+    }
+
+    /// Passes the gate with `handed` (a grant for waiter `id`, the front one when the handoff began).
+    /// If that waiter has given up since, the grant is released in the background and the gate passed
+    /// on after that.
+    pub(crate) fn pass_with_grant(mut self, id: u64, mut handed: HandedGrant) {
+        let Some(gate) = self.gate.take() else {
+            return;
+        };
+        let mut state = lock(&gate.state);
+        // Only the holder pops the queue: the front is `id`, or `id` left it.
+        if state.waiters.front().is_some_and(|w| w.id == id) {
+            if let Some(waiter) = state.waiters.pop_front() {
+                handed.gate = Some(GateGuard {
+                    gate: Some(gate.clone()),
+                });
+                match waiter.pass.send(Pass::Granted(handed)) {
+                    Ok(()) => return,
+                    Err(unsent) => {
+                        drop(state);
+                        // Releases the grant, then passes the gate on.
+                        drop(unsent);
+                        return;
+                    }
+                }
+            }
+        }
+        drop(state);
+        handed.gate = Some(GateGuard { gate: Some(gate) });
+        drop(handed);
+    }
+}
+
+impl Drop for GateGuard {
+    fn drop(&mut self) {
+        if let Some(gate) = self.gate.take() {
+            gate.pass_on();
+        }
+    }
+}
+
+/// A queued waiter's wait for the gate. Dropped before it finished, it leaves the queue, or passes on
+/// a gate (and releases a grant) that reached it meanwhile.
+pub(crate) struct GateWait {
+    gate: Arc<Gate>,
+    id: u64,
+    passed: oneshot::Receiver<Pass>,
+    done: bool,
+}
+
+impl Future for GateWait {
+    type Output = Result<Pass>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match Pin::new(&mut this.passed).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(passed) => {
+                this.done = true;
+                Poll::Ready(passed.map_err(|_| {
+                    Error::new(
+                        ErrorKind::Protocol,
+                        "internal error: the local gate was dropped with a waiter queued",
+                    )
+                }))
+            }
+        }
+    }
+}
+
+impl Drop for GateWait {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        {
+            let mut state = lock(&self.gate.state);
+            if let Some(at) = state.waiters.iter().position(|w| w.id == self.id) {
+                state.waiters.remove(at);
+                return;
+            }
+        }
+        // Out of the queue: the pass was sent (under the gate's lock, before we looked). Dropping it
+        // passes the gate on, and releases a grant that came with it.
+        self.passed.close();
+        if let Ok(pass) = self.passed.try_recv() {
+            drop(pass);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{Gate, Pass};
+
+    fn owner(name: &str) -> Arc<str> {
+        Arc::from(name)
+    }
+
+    /// Waiters get the gate in the order they queued.
+    #[tokio::test]
+    async fn the_gate_passes_in_queue_order() {
+        let gate = Arc::new(Gate::default());
+        let held = gate
+            .take_or_queue(&owner("a"), Duration::ZERO)
+            .ok()
+            .expect("free");
+        let first = gate
+            .take_or_queue(&owner("b"), Duration::ZERO)
+            .err()
+            .expect("queued");
+        let second = gate
+            .take_or_queue(&owner("c"), Duration::ZERO)
+            .err()
+            .expect("queued");
+        assert_eq!(
+            held.next_waiter().map(|w| w.owner.to_string()),
+            Some("b".into())
+        );
+        drop(held);
+        let Ok(Pass::Plain(first)) = first.await else {
+            panic!("the first waiter gets the gate");
+        };
+        assert_eq!(
+            first.next_waiter().map(|w| w.owner.to_string()),
+            Some("c".into())
+        );
+        drop(first);
+        let Ok(Pass::Plain(second)) = second.await else {
+            panic!("the second waiter gets the gate");
+        };
+        drop(second);
+        assert!(gate.take_or_queue(&owner("d"), Duration::ZERO).is_ok());
+    }
+
+    /// A waiter that gives up before the gate reaches it leaves the queue: the gate skips it.
+    #[tokio::test]
+    async fn a_waiter_that_gives_up_in_the_queue_is_skipped() {
+        let gate = Arc::new(Gate::default());
+        let held = gate
+            .take_or_queue(&owner("a"), Duration::ZERO)
+            .ok()
+            .expect("free");
+        let gone = gate
+            .take_or_queue(&owner("b"), Duration::ZERO)
+            .err()
+            .expect("queued");
+        let next = gate
+            .take_or_queue(&owner("c"), Duration::ZERO)
+            .err()
+            .expect("queued");
+        drop(gone);
+        assert_eq!(
+            held.next_waiter().map(|w| w.owner.to_string()),
+            Some("c".into())
+        );
+        drop(held);
+        let passed = tokio::time::timeout(Duration::from_secs(1), next)
+            .await
+            .expect("the gate reaches the waiter after the one that gave up");
+        assert!(matches!(passed, Ok(Pass::Plain(_))));
+    }
+
+    /// A waiter dropped after the gate was passed to it (not yet taken) passes it on: the gate is not
+    /// stuck with nobody.
+    #[tokio::test]
+    async fn a_waiter_dropped_after_the_pass_passes_the_gate_on() {
+        let gate = Arc::new(Gate::default());
+        let held = gate
+            .take_or_queue(&owner("a"), Duration::ZERO)
+            .ok()
+            .expect("free");
+        let passed_but_gone = gate
+            .take_or_queue(&owner("b"), Duration::ZERO)
+            .err()
+            .expect("queued");
+        let next = gate
+            .take_or_queue(&owner("c"), Duration::ZERO)
+            .err()
+            .expect("queued");
+        drop(held);
+        drop(passed_but_gone);
+        let passed = tokio::time::timeout(Duration::from_secs(1), next)
+            .await
+            .expect("the gate moves on");
+        let Ok(Pass::Plain(guard)) = passed else {
+            panic!("a plain pass");
+        };
+        drop(guard);
+        assert!(gate.take_or_queue(&owner("d"), Duration::ZERO).is_ok());
+    }
+}
