@@ -324,12 +324,23 @@ impl HeldKeys {
             return None;
         }
         if entry.deleted_while_kept > rev {
-            // This hold's key was deleted before the grant took the watch, and the event was spent
-            // on the kept watch: the grant makes a watch of its own, whose confirmation (after the
-            // delete) makes it read the key, and finds it gone.
+            // This hold's key was deleted before the grant took the watch (the event was spent on
+            // the kept watch): every key of that name after the delete was created after it, so the
+            // hold is gone, and is reported so at once. With the delete's revision unknown (an event
+            // without its key), the grant makes a watch of its own, whose confirmation (after the
+            // delete) makes it read the key.
+            let known = entry.deleted_while_kept != i64::MAX;
+            let key = entry.key.clone();
             let created = state.entries.remove(&id).is_some_and(|e| e.created);
             if let (true, Some(task)) = (created, &state.task) {
                 let _ = task.commands.send(Command::Cancel(id));
+            }
+            drop(state);
+            if known {
+                report_loss(
+                    lost,
+                    format!("its key {key} was deleted on the server right after the grant (by hand, or its session lease was revoked or expired)"),
+                );
             }
             return None;
         }
@@ -338,6 +349,33 @@ impl HeldKeys {
         entry.from = from;
         entry.lost = lost.clone();
         Some(id)
+    }
+
+    /// A grant could not read its key after its watch was confirmed at `revision` (later than the
+    /// grant's read): the watch task reads it instead, reopening the stream (which makes the watch,
+    /// and this read, again) until a read answers. A delete before the watch was created is then
+    /// still reported; only logging the failed read left such a hold `Held` for good (review).
+    pub(crate) fn recheck_later(&self, id: i64, revision: i64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to read on: the stream's next reopen re-reads every watched key.
+            return;
+        };
+        let Ok(state) = self.state.lock() else {
+            return;
+        };
+        let mut id = id;
+        while let Some(&moved) = state.moved.get(&id) {
+            id = moved;
+        }
+        let (client, request_timeout) = (state.client.clone(), state.request_timeout);
+        drop(state);
+        runtime.spawn(recheck_in_background(
+            Arc::downgrade(&self.state),
+            client,
+            request_timeout,
+            id,
+            revision,
+        ));
     }
 
     /// Starts the task again if it is gone (its runtime was dropped) while keys are held.

@@ -205,9 +205,12 @@ impl EtcdBackend {
             Ok(created_at) if created_at <= read_rev => {}
             // Confirmed after the read (or made again since): a delete in between is found by
             // reading the key.
-            Ok(_) => self.recheck_granted(&key, rev, &lost).await,
+            Ok(created_at) => {
+                self.recheck_granted(&key, rev, &lost, watch_id, created_at)
+                    .await
+            }
             Err(confirmed) => {
-                self.await_watch(&key, rev, read_rev, confirmed, &lost)
+                self.await_watch(&key, rev, read_rev, confirmed, &lost, watch_id)
                     .await
             }
         }
@@ -249,6 +252,7 @@ impl EtcdBackend {
         read_rev: i64,
         confirmed: tokio::sync::oneshot::Receiver<i64>,
         lost: &LossSender,
+        watch_id: i64,
     ) {
         let request_timeout = self.inner.config.connection.request_timeout;
         let timeout = crate::conn::hedge_after(&self.inner.config, request_timeout)
@@ -275,12 +279,22 @@ impl EtcdBackend {
         if created_at <= read_rev {
             return;
         }
-        self.recheck_granted(key, rev, lost).await;
+        self.recheck_granted(key, rev, lost, watch_id, created_at)
+            .await;
     }
 
     /// Reads a just-granted key whose watch was created after the grant's read: deleted in between,
     /// the grant is returned already lost.
-    async fn recheck_granted(&self, key: &str, rev: i64, lost: &LossSender) {
+    /// A read that fails is handed to the watch task (`watch_id`, confirmed at `created_at`), which
+    /// reads until it is answered: the delete may have come before the watch, which never sees it.
+    async fn recheck_granted(
+        &self,
+        key: &str,
+        rev: i64,
+        lost: &LossSender,
+        watch_id: i64,
+        created_at: i64,
+    ) {
         let own = crate::rpc::pb::etcdserverpb::RangeRequest {
             key: key.as_bytes().to_vec(),
             ..Default::default()
@@ -292,7 +306,8 @@ impl EtcdBackend {
                 format!("its key {key} was deleted on the server right after the grant (by hand, or its session lease was revoked or expired)"),
             ),
             Err(e) => {
-                tracing::debug!(%key, error = %e, "etcd: re-reading a just-granted key failed; its watch still reports a delete, if later");
+                tracing::debug!(%key, error = %e, "etcd: re-reading a just-granted key failed; the watch task reads it again");
+                self.inner.held.recheck_later(watch_id, created_at);
             }
         }
     }

@@ -1254,3 +1254,238 @@ fn a_kept_watch_due_at_a_reopen_is_not_left_on_the_server() {
 }
 
 const LINGER_AND_SLACK: Duration = Duration::from_secs(5);
+
+/// Review of the kept watch (r-watch): a grant whose watch was confirmed after its read (the store
+/// moved: here the key itself was deleted in between) re-reads the key in `recheck_granted`; if that
+/// read fails (the member stalls for longer than the request timeout, then comes back), the error is
+/// only logged ("its watch still reports a delete, if later"), but the delete was *earlier* than the
+/// watch, the watch task was handed the confirmation (so it does not re-read), and the stream did not
+/// break: nothing ever reports it. The guard stays `Held` with its key gone, and renewals of the live
+/// session keep it so. The same re-read is what the kept-watch fix relies on when a grant finds its
+/// kept watch saw a later delete (`take_lingering` → own watch → `recheck_granted`).
+/// Timeline (proxy delay d = 300 ms each way, request_timeout 1 s): create reaches etcd at t, the
+/// deleter (direct) deletes at ~t; create reply at the client t+d; watch created at etcd t+2d;
+/// confirmation at the client t+3d, get sent; etcd paused at t+800 ms (before the get arrives at
+/// t+4d) for 1.5 s, so the get times out. (HTTP/2 pings run every 2 s with a 1 s timeout: a ping
+/// caught by the pause breaks the stream, whose reopen re-reads and masks the hole, so several rounds.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_delete_before_the_grants_watch_is_reported_when_the_grants_re_read_fails() {
+    use distlock_etcd::rpc::pb::etcdserverpb::RangeRequest;
+    let mut server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
+        .await
+        .unwrap();
+    let backend = backend(&format!("etcd://{}?request_timeout=1s", proxy.addr())).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    // A session exists before the delay (its lease grant is not part of the timeline).
+    locks
+        .lock(&common::name("reread_fails_warmup"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let mut held_with_key_gone = Vec::new();
+    for round in 0..4 {
+        let name = common::name(&format!("reread_fails_{round}"));
+        let prefix = format!("{name}/");
+        let start = raw
+            .range(RangeRequest {
+                key: b"x".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .header
+            .unwrap()
+            .revision;
+        let deleter = {
+            let raw = raw.clone();
+            let prefix = prefix.clone();
+            tokio::spawn(async move {
+                let mut end = prefix.clone().into_bytes();
+                *end.last_mut().unwrap() += 1;
+                loop {
+                    let got = raw
+                        .range(RangeRequest {
+                            key: prefix.clone().into_bytes(),
+                            range_end: end.clone(),
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap();
+                    if let Some(kv) = got.kvs.iter().find(|kv| kv.create_revision > start) {
+                        raw.delete_range(DeleteRangeRequest {
+                            key: kv.key.clone(),
+                            ..DeleteRangeRequest::default()
+                        })
+                        .await
+                        .unwrap();
+                        return Instant::now();
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        };
+        tokio::task::block_in_place(|| proxy.delay(Duration::from_millis(300)).unwrap());
+        let lock = locks.lock(&name).unwrap();
+        let acquire = tokio::spawn(async move { lock.acquire().await });
+        let deleted_at = deleter.await.unwrap();
+        tokio::time::sleep_until((deleted_at + Duration::from_millis(800)).into()).await;
+        tokio::task::block_in_place(|| server.pause().unwrap());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tokio::task::block_in_place(|| server.resume().unwrap());
+        let guard = tokio::time::timeout(SLACK * 2, acquire)
+            .await
+            .expect("acquire answers")
+            .unwrap();
+        tokio::task::block_in_place(|| proxy.pass().unwrap());
+        let Ok(guard) = guard else {
+            eprintln!("round {round}: acquire failed: {guard:?}");
+            continue;
+        };
+        // Far more than a round trip.
+        tokio::time::sleep(SLACK).await;
+        let left = keys(&server.endpoints(), &prefix);
+        eprintln!(
+            "round {round}: state {:?}, keys left {left:?}",
+            guard.state()
+        );
+        let token = guard.token().unwrap().get();
+        let own_key_gone = !left.iter().any(|k| k.create_revision == token);
+        if own_key_gone && guard.state() == LockState::Held {
+            held_with_key_gone.push(round);
+        }
+        let _ = guard.release().await;
+    }
+    assert!(
+        held_with_key_gone.is_empty(),
+        "rounds {held_with_key_gone:?}: the key was deleted before the grant's watch and the grant's re-read failed; the guard is still Held {} s later with its key gone",
+        SLACK.as_secs()
+    );
+}
+
+/// The same hole on the kept-watch fix's own path (9948eec): the kept watch saw the delete of the next
+/// key before the grant took it (the create's reply came the slow way), so `take_lingering` refuses it
+/// and the grant makes its own watch, confirmed after the delete, and re-reads the key. That re-read
+/// fails (etcd stalls past the request timeout right after the confirmation), the error is only
+/// logged, and nothing else re-reads: `Held` with its key gone although the kept watch *knew* the key
+/// was deleted (`deleted_while_kept > rev`). Three "members" (two behind slow proxies, one direct;
+/// the held-keys stream opened on the direct one): when the create goes to the first proxy, the
+/// grant's re-read goes to the second (requests go to the endpoints in turn). Observed: the take was
+/// refused in every cycle, and cycles 0-3 of 9 stayed `Held` (2 runs of 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_kept_watch_delete_is_reported_when_the_grants_re_read_fails() {
+    use distlock_etcd::rpc::pb::etcdserverpb::RangeRequest;
+    let mut server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let proxy2 = Proxy::start_or_panic(server.addr());
+    let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
+        .await
+        .unwrap();
+    let probe = || RangeRequest {
+        key: b"x".to_vec(),
+        ..Default::default()
+    };
+    let backend = backend(&format!(
+        "etcd://{},{},{}?request_timeout=1s",
+        proxy.addr(),
+        proxy2.addr(),
+        server.addr()
+    ))
+    .await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    // The held-keys stream on the direct member: opened while the proxies refuse.
+    tokio::task::block_in_place(|| proxy.refuse().unwrap());
+    tokio::task::block_in_place(|| proxy2.refuse().unwrap());
+    let warm = locks
+        .lock(&common::name("kept_watch_reread_fails_warm"))
+        .unwrap();
+    for _ in 0..3 {
+        if let Ok(guard) = warm.acquire().await {
+            let _ = guard.release().await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut hits = Vec::new();
+    for cycle in 0..9 {
+        tokio::task::block_in_place(|| proxy.pass().unwrap());
+        tokio::task::block_in_place(|| proxy2.pass().unwrap());
+        // Shift which member the next requests go to.
+        let _ = backend.client().range(probe()).await;
+        let name = common::name(&format!("kept_watch_reread_fails_{cycle}"));
+        let prefix = format!("{name}/");
+        let lock = locks.lock(&name).unwrap();
+        lock.acquire().await.unwrap().release().await.unwrap();
+        let start = raw.range(probe()).await.unwrap().header.unwrap().revision;
+        let deleter = {
+            let raw = raw.clone();
+            let prefix = prefix.clone();
+            tokio::spawn(async move {
+                let mut end = prefix.clone().into_bytes();
+                *end.last_mut().unwrap() += 1;
+                loop {
+                    let got = raw
+                        .range(RangeRequest {
+                            key: prefix.clone().into_bytes(),
+                            range_end: end.clone(),
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap();
+                    if let Some(kv) = got.kvs.iter().find(|kv| kv.create_revision > start) {
+                        raw.delete_range(DeleteRangeRequest {
+                            key: kv.key.clone(),
+                            ..DeleteRangeRequest::default()
+                        })
+                        .await
+                        .unwrap();
+                        return Instant::now();
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        };
+        // Under the 250 ms hedge of a 1 s request timeout with two endpoints.
+        tokio::task::block_in_place(|| proxy.delay(Duration::from_millis(100)).unwrap());
+        tokio::task::block_in_place(|| proxy2.delay(Duration::from_millis(100)).unwrap());
+        let acquire = tokio::spawn(async move { lock.acquire().await });
+        let deleted_at = deleter.await.unwrap();
+        // After the grant's own watch is confirmed (create reply ~+100 ms, confirmation a local
+        // round trip later), before its re-read reaches etcd through the slow member (~+200 ms).
+        tokio::time::sleep_until((deleted_at + Duration::from_millis(150)).into()).await;
+        tokio::task::block_in_place(|| server.pause().unwrap());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tokio::task::block_in_place(|| server.resume().unwrap());
+        let guard = tokio::time::timeout(SLACK * 2, acquire)
+            .await
+            .expect("acquire answers")
+            .unwrap();
+        tokio::task::block_in_place(|| proxy.pass().unwrap());
+        tokio::task::block_in_place(|| proxy2.pass().unwrap());
+        let Ok(guard) = guard else {
+            eprintln!("cycle {cycle}: acquire failed: {guard:?}");
+            continue;
+        };
+        tokio::time::sleep(SLACK).await;
+        let left = keys(&server.endpoints(), &prefix);
+        eprintln!(
+            "cycle {cycle}: state {:?}, keys left {left:?}",
+            guard.state()
+        );
+        let token = guard.token().unwrap().get();
+        let own_key_gone = !left.iter().any(|k| k.create_revision == token);
+        if own_key_gone && guard.state() == LockState::Held {
+            hits.push(cycle);
+        }
+        let _ = guard.release().await;
+    }
+    assert!(
+        hits.is_empty(),
+        "cycles {hits:?}: the next key's delete reached the kept watch first, the grant's re-read failed, and the guard is still Held {} s later with its key gone",
+        SLACK.as_secs()
+    );
+}
