@@ -208,7 +208,8 @@ pub fn release_txn(key: &str, rev: i64) -> TxnRequest {
 /// hold) and no key under the prefix was created after it (nobody queued on the server: a Go Mutex, an
 /// `etcdctl lock` or another process would be passed over), delete it and create `new_key` on `lease`
 /// with `value` in the same revision, which is the new key's create_revision and so the next holder's
-/// token. Otherwise release as [`release_txn`] does (a nested txn: responses `[txn]`). Two keys: the
+/// token. Otherwise release as [`release_txn`] does and read `new_key` (responses `[txn, range]`: a
+/// copy of this txn that applied first made it, see `hand_off_lease`). Two keys: the
 /// next owner's key is another local claim (`NAME/<lease hex>_<n>`), since etcd refuses a txn that
 /// deletes and puts one key.
 pub fn hand_off_txn(
@@ -233,11 +234,19 @@ pub fn hand_off_txn(
             created_at(new_key, 0),
         ],
         success: vec![delete_op(old_key), put_op(new_key, value, lease)],
-        failure: vec![RequestOp {
-            request: Some(request_op::Request::RequestTxn(release_txn(
-                old_key, old_rev,
-            ))),
-        }],
+        // The release, and the new key as it is: a txn resent after its first copy applied (a lost
+        // reply, a hedged copy) fails its compares, and this read shows the key that copy made.
+        failure: vec![
+            RequestOp {
+                request: Some(request_op::Request::RequestTxn(release_txn(
+                    old_key, old_rev,
+                ))),
+            },
+            range_op(RangeRequest {
+                key: new_key.as_bytes().to_vec(),
+                ..RangeRequest::default()
+            }),
+        ],
     }
 }
 

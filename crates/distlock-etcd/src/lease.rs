@@ -501,7 +501,7 @@ impl EtcdBackend {
 /// A key made for the next owner by a handoff whose outcome is not known yet: if the handoff future is
 /// dropped (or its reply lost), the key is deleted in the background at once (by create_revision once
 /// known, else by lease + owner, and then again after twice the request timeout in case the txn still
-/// lands), so a handoff cut short does not leave the next acquire queued behind a key nobody holds.
+/// lands; the retried deletes keep it until done), so a handoff cut short does not leave the next acquire queued behind a key nobody holds.
 struct HandOffUndo {
     backend: EtcdBackend,
     doomed: Option<Doomed>,
@@ -513,10 +513,13 @@ impl Drop for HandOffUndo {
             return;
         };
         tracing::debug!(key = %doomed.key, "etcd: a handoff was cut short; deleting the next owner's key in the background");
+        // At once where a runtime runs it; but a runtime shutting down drops new tasks unrun (a
+        // release cut short by its runtime's shutdown is exactly this case: review), so the key is
+        // also recorded for the retried deletes, which later requests start again on their runtime.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let backend = self.backend.clone();
-            runtime.spawn(async move { backend.delete_and_unclaim(doomed).await });
-            return;
+            let now = doomed.clone();
+            runtime.spawn(async move { backend.delete_once(&now).await });
         }
         if doomed.rev.is_none() {
             doomed.not_before = Some(
@@ -602,17 +605,37 @@ impl EtcdBackend {
             c.released = true;
         }
         lease.wake.notify_one();
-        if !resp.succeeded {
-            // Nothing was written for the next owner.
-            undo.doomed = None;
-            self.unclaim(&key, claim);
-            let released = match resp.responses.first().and_then(|op| op.response.as_ref()) {
-                Some(OpResponse::ResponseTxn(release)) if release.succeeded => Released::Released,
-                _ => Released::NotHeld,
-            };
-            return Ok(HandOff::Released(released));
-        }
-        let rev = header_rev(&resp).map_err(|e| e.into_core(Some(name)))?;
+        let rev = if resp.succeeded {
+            header_rev(&resp).map_err(|e| e.into_core(Some(name)))?
+        } else {
+            // A copy of this txn sent before (its reply lost, or a hedged copy to another member)
+            // may have applied first: then the new key is there, on the session's lease with the next
+            // owner's value, and the handoff happened (the releaser's key went with it). Unclaiming
+            // it as if nothing was written left it blocking the name (review).
+            let made = resp.responses.get(1).and_then(|op| match &op.response {
+                Some(OpResponse::ResponseRange(read)) => read
+                    .kvs
+                    .first()
+                    .filter(|kv| kv.lease == session.id && kv.value == next.owner.as_bytes()),
+                _ => None,
+            });
+            match made {
+                Some(kv) => kv.create_revision,
+                None => {
+                    // Nothing was written for the next owner.
+                    undo.doomed = None;
+                    self.unclaim(&key, claim);
+                    let released = match resp.responses.first().and_then(|op| op.response.as_ref())
+                    {
+                        Some(OpResponse::ResponseTxn(release)) if release.succeeded => {
+                            Released::Released
+                        }
+                        _ => Released::NotHeld,
+                    };
+                    return Ok(HandOff::Released(released));
+                }
+            }
+        };
         if let Some(doomed) = undo.doomed.as_mut() {
             doomed.rev = Some(rev);
         }

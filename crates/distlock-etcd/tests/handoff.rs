@@ -234,3 +234,144 @@ async fn fault_a_waiter_that_gives_up_during_the_handoff_leaves_nothing_held() {
         |keys| keys.is_empty(),
     );
 }
+
+/// A release cut short by its runtime's shutdown after its handoff txn applied (the reply never read):
+/// the next owner's key must not stay behind, blocking the name (the undo's delete was spawned on the
+/// runtime that was shutting down, which drops new tasks unrun: the waiter waited in vain).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_runtime_shut_down_mid_handoff_leaves_no_orphan_key() {
+    let server = EtcdServer::start_or_panic();
+    // A short request timeout: `HandOffUndo`'s delete (at once, and again after 2 s) would be long
+    // done when the waiter gives up after 8 s.
+    let locks = locks(&format!("{}?request_timeout=1s", server.url())).await;
+    let name = common::name("handoff_shutdown");
+    let prefix = format!("{name}/");
+    let first = locks.lock(&name).unwrap();
+    let second = Arc::new(locks.lock(&name).unwrap());
+    let held = first.acquire().await.unwrap();
+    let waiter = {
+        let second = second.clone();
+        tokio::spawn(async move {
+            second
+                .options()
+                .wait(Duration::from_secs(8))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let endpoints = server.endpoints();
+    let (eps, pfx) = (endpoints.clone(), prefix.clone());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            // The release runs as a task on this runtime.
+            drop(held);
+            // Run it until its handoff txn has been applied on the server, then stop polling it
+            // (the reply is not read: this runtime never runs its tasks again).
+            let started = std::time::Instant::now();
+            loop {
+                tokio::task::yield_now().await;
+                let keys = common::keys(&eps, &pfx);
+                if keys.len() == 1 && keys[0].key.ends_with("_1") {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "the handoff txn never applied: {keys:?}"
+                );
+            }
+        });
+        // Shut down with the release task mid-handoff.
+        drop(rt);
+    })
+    .join()
+    .unwrap();
+    // The restarted release ran on the background runtime meanwhile.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let outcome = waiter.await.unwrap();
+    let keys = common::keys(&endpoints, &prefix);
+    let guard = outcome.unwrap_or_else(|e| {
+        panic!("the waiter never got the lock ({e}); keys left on the server: {keys:?}")
+    });
+    guard.release().await.unwrap();
+    common::wait_keys(
+        &endpoints,
+        &prefix,
+        Duration::from_secs(5),
+        "no key left",
+        |keys| keys.is_empty(),
+    );
+}
+
+/// The handoff txn is sent through `EtcdBackend::txn`, which retries ("every txn here is
+/// compare-guarded, so repeating one is harmless"). Not this one: the first attempt applies (the old
+/// key deleted, the next owner's key `NAME/<lease>_1` created), its reply is lost (the connection is
+/// reset), and the retry's compare fails (the old key is gone), so `hand_off_lease` reads "nothing
+/// was written for the next owner", disarms its undo and *unclaims* the new key. The key stays on the
+/// live session, held by nobody: the waiter (passed the gate plainly) queues behind it, as does
+/// everyone else, for as long as the session lives.
+
+/// A handoff txn whose first copy applied and whose reply was lost is sent again; the copy's compares
+/// fail, and the key the first copy made must be taken as the handoff, not unclaimed and left
+/// blocking the name (the releaser was also told `NotHeld`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_handoff_retried_after_a_lost_reply_leaves_no_orphan_key() {
+    use distlock_testkit::proxy::Proxy;
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let locks = locks(&format!("etcd://{}?request_timeout=5s", proxy.addr())).await;
+    let name = common::name("handoff_retry");
+    let prefix = format!("{name}/");
+    let endpoints = server.endpoints();
+    let first = locks.lock(&name).unwrap();
+    let second = Arc::new(locks.lock(&name).unwrap());
+    let held = first.acquire().await.unwrap();
+    let waiter = {
+        let second = second.clone();
+        tokio::spawn(async move {
+            second
+                .options()
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Every chunk held 300 ms each way: the txn reaches etcd at ~300 ms, its reply would be back at
+    // ~600 ms; the connection is reset in between.
+    proxy.delay(Duration::from_millis(300)).unwrap();
+    let release = tokio::spawn(async move { held.release().await });
+    // Reset as soon as the txn has applied (its reply is then still held by the proxy).
+    let seen = common::wait_keys(
+        &endpoints,
+        &prefix,
+        Duration::from_millis(550),
+        "the handoff txn applied before its reply came back",
+        |keys| keys.len() == 1 && keys[0].key.ends_with("_1"),
+    );
+    proxy.reset().unwrap();
+    proxy.pass().unwrap();
+    eprintln!("keys at the reset: {seen:?}");
+    let released = tokio::time::timeout(Duration::from_secs(10), release)
+        .await
+        .expect("the release finishes")
+        .unwrap();
+    eprintln!("release outcome: {released:?}");
+    let outcome = waiter.await.unwrap();
+    let keys = common::keys(&endpoints, &prefix);
+    let guard = outcome.unwrap_or_else(|e| {
+        panic!("the waiter never got the lock ({e}); keys left on the server: {keys:?}")
+    });
+    guard.release().await.unwrap();
+    common::wait_keys(
+        &endpoints,
+        &prefix,
+        Duration::from_secs(5),
+        "no key left",
+        |keys| keys.is_empty(),
+    );
+}
