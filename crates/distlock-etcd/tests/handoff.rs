@@ -307,14 +307,6 @@ async fn fault_a_runtime_shut_down_mid_handoff_leaves_no_orphan_key() {
     );
 }
 
-/// The handoff txn is sent through `EtcdBackend::txn`, which retries ("every txn here is
-/// compare-guarded, so repeating one is harmless"). Not this one: the first attempt applies (the old
-/// key deleted, the next owner's key `NAME/<lease>_1` created), its reply is lost (the connection is
-/// reset), and the retry's compare fails (the old key is gone), so `hand_off_lease` reads "nothing
-/// was written for the next owner", disarms its undo and *unclaims* the new key. The key stays on the
-/// live session, held by nobody: the waiter (passed the gate plainly) queues behind it, as does
-/// everyone else, for as long as the session lives.
-
 /// A handoff txn whose first copy applied and whose reply was lost is sent again; the copy's compares
 /// fail, and the key the first copy made must be taken as the handoff, not unclaimed and left
 /// blocking the name (the releaser was also told `NotHeld`).
