@@ -174,7 +174,8 @@ impl EtcdBackend {
         txn: TxnRequest,
     ) -> std::result::Result<TxnResponse, EtcdError> {
         let client = self.connection().await?;
-        // Every txn here is compare-guarded, so repeating one is harmless.
+        // Every txn here is compare-guarded, so repeating one is harmless (the handoff's failure branch
+        // reads its new key, so a copy that applied first is recognised: `hand_off_lease`).
         self.idempotent(action, || client.txn(txn.clone())).await
     }
 
