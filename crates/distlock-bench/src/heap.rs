@@ -133,6 +133,60 @@ impl Drop for HeapWindow {
     }
 }
 
+/// What glibc's allocator holds, all arenas together (`mallinfo2`): the side of resident memory the
+/// live-heap count does not see, i.e. the allocator's per-block overhead and the free memory it keeps
+/// in its arenas rather than returning it to the system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocatorReading {
+    /// Bytes the arenas took from the system (`arena`), plus the chunks mapped on their own (`hblkhd`).
+    pub system_bytes: u64,
+    /// Bytes in allocated chunks, their headers and rounding included (`uordblks` + `hblkhd`).
+    pub in_use_bytes: u64,
+    /// Free bytes kept in the arenas (`fordblks`).
+    pub free_bytes: u64,
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod glibc {
+    /// `struct mallinfo2` (glibc 2.33+): every field a `size_t`.
+    #[repr(C)]
+    pub(super) struct MallInfo2 {
+        pub arena: usize,
+        pub ordblks: usize,
+        pub smblks: usize,
+        pub hblks: usize,
+        pub hblkhd: usize,
+        pub usmblks: usize,
+        pub fsmblks: usize,
+        pub uordblks: usize,
+        pub fordblks: usize,
+        pub keepcost: usize,
+    }
+
+    extern "C" {
+        pub(super) fn mallinfo2() -> MallInfo2;
+    }
+}
+
+/// The allocator's totals now; `None` where the allocator is not glibc's.
+pub fn allocator_reading() -> Option<AllocatorReading> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `mallinfo2` takes no argument and returns a plain struct; it locks each arena in turn.
+        let info = unsafe { glibc::mallinfo2() };
+        let wide = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        Some(AllocatorReading {
+            system_bytes: wide(info.arena) + wide(info.hblkhd),
+            in_use_bytes: wide(info.uordblks) + wide(info.hblkhd),
+            free_bytes: wide(info.fordblks),
+        })
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::HeapWindow;

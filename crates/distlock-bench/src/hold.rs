@@ -6,8 +6,9 @@
 //! How renewals are counted: the `Locks` of this workload runs on the engine's backend wrapped in
 //! [`Counted`], which counts the batches the watchdog hands to `Backend::renew` and the renewals in
 //! them. A tick is one renewal of every held lock, so ticks = renewals / locks. On a standalone Redis
-//! server the backend sends each batch as one pipeline on its one connection: one round trip per
-//! batch. The server's own count (`INFO commandstats`, the `EVALSHA` + `EVAL` calls over the hold,
+//! server the backend sends each batch on its one connection in pipelines of at most
+//! `RENEWALS_PER_PIPELINE` renewals, all queued before any reply is awaited: one round trip per batch,
+//! and the pipelines are counted beside it. The server's own count (`INFO commandstats`, the `EVALSHA` + `EVAL` calls over the hold,
 //! when only renewals run) is reported beside it: it counts commands, so it is the renewals, not the
 //! round trips, and confirms them.
 
@@ -26,7 +27,7 @@ use tokio::task::JoinSet;
 use crate::cpu::{CpuFigures, CpuMeter, CpuSpent};
 use crate::engines::{redis_failure, Engine};
 use crate::error::Error;
-use crate::heap::{HeapReading, HeapWindow};
+use crate::heap::{allocator_reading, AllocatorReading, HeapReading, HeapWindow};
 use crate::measure::{Baseline, Run};
 use crate::stats::round2;
 use crate::Runner;
@@ -70,9 +71,15 @@ pub struct HoldRenewals {
     pub ticks: Option<f64>,
     /// The lease / 3 cadence: how many ticks the hold should see.
     pub expected_ticks: f64,
-    /// Round trips to the engine for those batches, where the backend's grouping is known.
+    /// Round trips to the engine for those batches, where the backend's grouping is known: requests
+    /// sent one after another's reply. Pipelines sent back to back, none waiting for a reply of
+    /// another, are one round trip.
     pub round_trips: Option<u64>,
     pub round_trips_per_tick: Option<f64>,
+    /// Pipelines those round trips were sent as (Redis: a batch of more than
+    /// `RENEWALS_PER_PIPELINE` renewals goes as several, back to back on the one connection).
+    pub pipelines: Option<u64>,
+    pub pipelines_per_tick: Option<f64>,
     /// Connections, slots or sessions the renewals go to (1 round trip per group per tick is the
     /// target).
     pub groups: Option<u64>,
@@ -115,20 +122,33 @@ pub struct HoldMemory {
     pub heap_peak_per_lock_bytes: Option<f64>,
     /// How the heap figures were counted, or why they are missing.
     pub heap_counted: String,
+    /// Growth over the same window / locks of what the allocator has in allocated chunks (live heap
+    /// plus its per-block headers and rounding), glibc's `mallinfo2`; `None` on another allocator.
+    pub allocator_in_use_per_lock_bytes: Option<f64>,
+    /// Growth of the free memory the allocator keeps in its arenas / locks (freed, not returned).
+    pub allocator_free_per_lock_bytes: Option<f64>,
+    /// Growth of what the allocator took from the system / locks (in use + kept free): of the RSS
+    /// growth, the rest is memory outside malloc (thread stacks, the binary's pages).
+    pub allocator_system_per_lock_bytes: Option<f64>,
 }
+
+/// Batches, renewals and pipelines, as [`Counts::read`] gives them.
+type CountsRead = (u64, u64, u64);
 
 /// Counts of a [`Counted`] backend.
 #[derive(Debug, Default)]
 pub struct Counts {
     batches: AtomicU64,
     renewals: AtomicU64,
+    pipelines: AtomicU64,
 }
 
 impl Counts {
-    fn read(&self) -> (u64, u64) {
+    fn read(&self) -> CountsRead {
         (
             self.batches.load(Ordering::Relaxed),
             self.renewals.load(Ordering::Relaxed),
+            self.pipelines.load(Ordering::Relaxed),
         )
     }
 }
@@ -137,6 +157,8 @@ impl Counts {
 pub struct Counted<B> {
     inner: B,
     counts: Arc<Counts>,
+    /// The most renewals the backend sends in one pipeline, where it sends pipelines.
+    renewals_per_pipeline: Option<usize>,
 }
 
 impl<B> Counted<B> {
@@ -146,9 +168,17 @@ impl<B> Counted<B> {
             Self {
                 inner,
                 counts: counts.clone(),
+                renewals_per_pipeline: None,
             },
             counts,
         )
+    }
+
+    /// Also counts the pipelines of a backend that sends a batch in pipelines of at most `per`.
+    pub fn with_pipelines(inner: B, per: usize) -> (Self, Arc<Counts>) {
+        let (mut counted, counts) = Self::new(inner);
+        counted.renewals_per_pipeline = Some(per.max(1));
+        (counted, counts)
     }
 }
 
@@ -202,6 +232,11 @@ impl<B: Backend> Backend for Counted<B> {
         self.counts
             .renewals
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        if let Some(per) = self.renewals_per_pipeline {
+            self.counts
+                .pipelines
+                .fetch_add(batch.len().div_ceil(per) as u64, Ordering::Relaxed);
+        }
         self.inner.renew(batch).await
     }
 
@@ -237,7 +272,12 @@ async fn connect(url: &str, engine: &Engine) -> Result<(Locks, Option<Arc<Counts
         Engine::Redis(_) => {
             let url = LockUrl::parse(url)?;
             let backend = Box::pin(distlock::redis::RedisBackend::connect(&url)).await?;
-            let (backend, counts) = Counted::new(backend);
+            // With `wait_replicas`, a batch goes as one pipeline with its `WAIT`.
+            let per = match backend.config().wait_replicas {
+                0 => distlock::redis::RENEWALS_PER_PIPELINE,
+                _ => usize::MAX,
+            };
+            let (backend, counts) = Counted::with_pipelines(backend, per);
             wrap(Locks::new(backend), counts)
         }
         _ => Ok((distlock::connect(url).await?, None)),
@@ -321,6 +361,7 @@ impl Run<'_> {
         // included: a caller of `lock(name)` has its names too).
         let heap = HeapWindow::open();
         let rss_before = rss_kib();
+        let allocator_before = allocator_reading();
         runner.step(&format!("hold: acquiring {n} locks"));
         let names: Vec<String> = (0..n)
             .map(|i| format!("distlock-bench/{}/hold/{i}", self.config.run))
@@ -364,6 +405,7 @@ impl Run<'_> {
             None => None,
         };
         let rss_holding = rss_kib();
+        let allocator_holding = allocator_reading();
         let heap_holding = heap.as_ref().map(HeapWindow::read);
         drop(heap);
         let mut not_held = 0;
@@ -411,7 +453,12 @@ impl Run<'_> {
             release_s: round2(release_s),
             renewals,
             cpu,
-            memory: hold_memory(n, rss_before, rss_holding, heap_holding),
+            memory: hold_memory(
+                n,
+                (rss_before, rss_holding),
+                heap_holding,
+                allocator_before.zip(allocator_holding),
+            ),
             not_held,
             lost,
             loss_reason,
@@ -420,7 +467,7 @@ impl Run<'_> {
 
     fn renewal_figures(
         &self,
-        counted: Option<((u64, u64), (u64, u64))>,
+        counted: Option<(CountsRead, CountsRead)>,
         server: Option<(u64, u64)>,
         held_s: f64,
     ) -> HoldRenewals {
@@ -431,21 +478,25 @@ impl Run<'_> {
         } else {
             0.0
         };
-        let (batches, renewals) = match counted {
-            Some(((b0, r0), (b1, r1))) => (Some(b1 - b0), Some(r1 - r0)),
-            None => (None, None),
+        let (batches, renewals, pipelines) = match counted {
+            Some(((b0, r0, p0), (b1, r1, p1))) => (Some(b1 - b0), Some(r1 - r0), Some(p1 - p0)),
+            None => (None, None, None),
         };
         let ticks = renewals.map(|r| r as f64 / n);
         let per_tick = |count: u64| ticks.filter(|t| *t > 0.0).map(|t| round2(count as f64 / t));
         let server_commands = server.map(|(before, after)| after.saturating_sub(before));
         let redis = matches!(self.baseline, Baseline::Redis { .. });
-        // Standalone Redis: one pipeline per batch on the backend's one connection.
+        // Standalone Redis: one round trip per batch on the backend's one connection (its pipelines
+        // all sent before any reply is awaited).
         let round_trips = if redis { batches } else { None };
+        let pipelines = if redis { pipelines } else { None };
         let counted = match (&self.config.engine, batches) {
             (Engine::Redis(_), Some(_)) => {
                 "batches and renewals counted at Backend::renew (a counting wrapper around the \
-                 Redis backend); one batch is one pipeline on the backend's one connection, so round \
-                 trips = batches; ticks = renewals / locks; server_commands = EVALSHA + EVAL calls \
+                 Redis backend); one batch goes on the backend's one connection as pipelines of at \
+                 most RENEWALS_PER_PIPELINE renewals (pipelines = those counted from each batch's \
+                 size), all queued on the connection before any reply is awaited, so round trips = \
+                 batches; ticks = renewals / locks; server_commands = EVALSHA + EVAL calls \
                  from INFO commandstats over the hold (commands, not round trips: a pipeline of N \
                  renewals is N commands; its window differs from the client's by the batches in \
                  flight at either edge)"
@@ -466,6 +517,8 @@ impl Run<'_> {
             expected_ticks,
             round_trips,
             round_trips_per_tick: round_trips.and_then(per_tick),
+            pipelines,
+            pipelines_per_tick: pipelines.and_then(per_tick),
             groups: redis.then_some(1),
             server_commands,
             server_commands_per_tick: server_commands.and_then(per_tick),
@@ -477,9 +530,9 @@ impl Run<'_> {
 /// The hold's memory figures per held lock.
 fn hold_memory(
     n: usize,
-    rss_before: Option<u64>,
-    rss_holding: Option<u64>,
+    (rss_before, rss_holding): (Option<u64>, Option<u64>),
     heap: Option<HeapReading>,
+    allocator: Option<(AllocatorReading, AllocatorReading)>,
 ) -> HoldMemory {
     let per_lock = |total: f64| (n > 0).then(|| round2(total / n as f64));
     let per_lock_bytes = match (rss_before, rss_holding) {
@@ -501,6 +554,15 @@ fn hold_memory(
         heap_blocks_per_lock: heap.and_then(|h| per_lock(h.live_blocks as f64)),
         heap_peak_per_lock_bytes: heap.and_then(|h| per_lock(h.peak_bytes as f64)),
         heap_counted: heap_counted.to_string(),
+        allocator_in_use_per_lock_bytes: allocator.and_then(|(before, holding)| {
+            per_lock(holding.in_use_bytes as f64 - before.in_use_bytes as f64)
+        }),
+        allocator_free_per_lock_bytes: allocator.and_then(|(before, holding)| {
+            per_lock(holding.free_bytes as f64 - before.free_bytes as f64)
+        }),
+        allocator_system_per_lock_bytes: allocator.and_then(|(before, holding)| {
+            per_lock(holding.system_bytes as f64 - before.system_bytes as f64)
+        }),
     }
 }
 

@@ -859,6 +859,8 @@ fn hold_counts_renewals_and_loses_no_lock() {
     assert!(num(renewals, "round_trips") > 0.0, "{renewals}");
     assert!(num(renewals, "server_commands") > 0.0, "{renewals}");
     assert!(num(renewals, "round_trips_per_tick") > 0.0, "{renewals}");
+    // 200 locks fit one pipeline: as many pipelines as round trips.
+    assert_eq!(renewals["pipelines"], renewals["round_trips"], "{renewals}");
     assert_eq!(renewals["groups"], 1, "{renewals}");
     assert!(renewals["counted"]
         .as_str()
@@ -944,6 +946,8 @@ fn hold_renewal_fields(v: &Value, at: &str) {
             ("expected_ticks", Num),
             ("round_trips", OptNum),
             ("round_trips_per_tick", OptNum),
+            ("pipelines", OptNum),
+            ("pipelines_per_tick", OptNum),
             ("groups", OptNum),
             ("server_commands", OptNum),
             ("server_commands_per_tick", OptNum),
@@ -978,6 +982,9 @@ fn hold_memory_fields(v: &Value, at: &str) {
             ("heap_blocks_per_lock", OptNum),
             ("heap_peak_per_lock_bytes", OptNum),
             ("heap_counted", Str),
+            ("allocator_in_use_per_lock_bytes", OptNum),
+            ("allocator_free_per_lock_bytes", OptNum),
+            ("allocator_system_per_lock_bytes", OptNum),
         ],
     );
 }

@@ -9,9 +9,11 @@
 //! [`crate::pubsub`]). Dropping the acquisition unsubscribes (ref-counted per channel).
 //!
 //! # Renewals
-//! `renew(batch)` sends one pipeline of renew-script calls per group: the whole batch on one
-//! connection (standalone, Sentinel), or one pipeline per hash slot in Cluster (pipelines there must stay
-//! in one slot), all groups at once. A reply of "no key" or "another owner" is `Gone` (Lost at once); an
+//! `renew(batch)` sends one round trip of renew-script calls per group: the whole batch on one
+//! connection (standalone, Sentinel), or one per hash slot in Cluster (pipelines there must stay in one
+//! slot), all groups at once. A group goes in pipelines of at most
+//! [`RENEWALS_PER_PIPELINE`](crate::RENEWALS_PER_PIPELINE), each queued on the connection as soon as it
+//! is built, before any reply is awaited (with `wait_replicas`: one pipeline, `WAIT` last). A reply of "no key" or "another owner" is `Gone` (Lost at once); an
 //! I/O error or a timeout is an error (Jeopardy until the deadline).
 //!
 //! # Durability

@@ -4,7 +4,8 @@
 //! `redlocks://`) over N independent masters, on node-redlock's layout: see [`redlock`].
 //!
 //! * **Lock.** A hash at key `NAME`, field = owner, `PEXPIRE` = lease; the watchdog of the core renews it
-//!   every third of the lease (one pipelined round trip per connection, or per Cluster slot).
+//!   every third of the lease (one pipelined round trip per connection, or per Cluster slot: a large
+//!   batch in pipelines of [`RENEWALS_PER_PIPELINE`] sent back to back).
 //! * **Fencing.** `INCR` of `redisson_lock_token:{NAME}` inside the acquire script:
 //!   [`Fencing::BestEffort`](distlock_core::Fencing::BestEffort), since a failover to a replica that
 //!   missed the increment, or a restart without persistence, can hand out a token again.
@@ -48,6 +49,7 @@ pub use config::{
     RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
 };
+pub use renew::RENEWALS_PER_PIPELINE;
 
 pub use redlock::{RedlockBackend, RedlockConfig};
 

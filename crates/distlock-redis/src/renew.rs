@@ -1,19 +1,26 @@
-//! Renewals: one pipeline of renew-script calls per connection (standalone, Sentinel) or per Cluster
-//! hash slot, all groups at once.
+//! Renewals: one round trip per connection (standalone, Sentinel) or per Cluster hash slot, all groups
+//! at once: the group's renew-script calls in pipelines of at most [`RENEWALS_PER_PIPELINE`], sent back
+//! to back on the connection without waiting for a reply in between.
 
 use std::collections::BTreeMap;
+use std::task::Poll;
 use std::time::Duration;
 
 use distlock_core::raw::{Renewal, RenewalId, Renewed};
 use distlock_core::Result;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::Value;
 
 use crate::backend::RedisLease;
-use crate::conn::Sent;
+use crate::conn::{Link, Sent};
 use crate::error::RedisError;
 use crate::layout;
 use crate::rpc::{int, millis, request_error, server_error, ScriptCall};
 use crate::RedisBackend;
+
+/// The most renewals sent in one pipeline: a larger group goes as several, back to back on the same
+/// connection (see [`RedisBackend::renew_group`]). 512 renew calls are ≈ 90 KB on the wire.
+pub const RENEWALS_PER_PIPELINE: usize = 512;
 
 /// Outcomes of one group of renewals.
 type Outcomes = Vec<(RenewalId, Result<Renewed>)>;
@@ -41,36 +48,76 @@ impl RedisBackend {
     }
 
     /// Renews one group (one connection, or one Cluster slot) in one round trip; with
-    /// `wait_replicas`, on the renewals' own `WAIT` connection, one batch at a time.
+    /// `wait_replicas`, on the renewals' own `WAIT` connection, one batch at a time, in one pipeline.
+    ///
+    /// A group of more than [`RENEWALS_PER_PIPELINE`] goes as several pipelines sent back to back on
+    /// the same connection: each is queued on the connection as soon as it is built, before any reply
+    /// is awaited, so the group still takes one round trip (and the server runs the commands in the
+    /// same order). What this saves is memory (issue 9): redis-rs packs a pipeline into one buffer and
+    /// copies it into the connection's write buffer, which keeps that capacity for as long as the
+    /// connection lives: a 10,000-renewal pipeline left ≈ 1.7 MB there for good. In slices, both are
+    /// one slice's (≈ 90 KB). The commands themselves live until their slice's replies are in (redis-rs
+    /// borrows a pipeline until then), so a batch's peak is about the same. After a `NOSCRIPT` (a
+    /// restarted server) each slice loads the scripts again on its own: a few `SCRIPT LOAD`s, once.
     async fn renew_group(&self, group: &[&Renewal<'_, RedisLease>]) -> Outcomes {
+        let longest = group.iter().map(|e| e.ttl).max().unwrap_or_default();
+        // A renewal answered after half the lease is of little use; fail it and let the core retry.
+        let timeout = self
+            .request_timeout()
+            .min((longest / 2).max(Duration::from_millis(50)));
+        if let Some((gate, link)) = &self.inner.durable_renewals {
+            // `WAIT` counts the replication of the connection's writes before it: one pipeline, with
+            // the `WAIT` last, so its count covers every renewal of the group.
+            let _one_at_a_time = gate.lock().await;
+            let timeout = timeout + self.config().wait_timeout;
+            return self.renew_pipeline(link, group, timeout, true).await;
+        }
+        let link = &self.inner.link;
+        if group.len() <= RENEWALS_PER_PIPELINE {
+            return self.renew_pipeline(link, group, timeout, false).await;
+        }
+        let mut outcomes = Vec::with_capacity(group.len());
+        let mut in_flight = FuturesUnordered::new();
+        for slice in group.chunks(RENEWALS_PER_PIPELINE) {
+            in_flight.push(self.renew_pipeline(link, slice, timeout, false));
+            // Polled once now, so this slice is packed and queued on the connection before the next
+            // is built: the slices travel back to back (replies already in are taken as they come).
+            std::future::poll_fn(|cx| {
+                while let Poll::Ready(Some(done)) = in_flight.poll_next_unpin(cx) {
+                    outcomes.extend(done);
+                }
+                Poll::Ready(())
+            })
+            .await;
+        }
+        while let Some(done) = in_flight.next().await {
+            outcomes.extend(done);
+        }
+        outcomes
+    }
+
+    /// One pipeline of renewals on `link` (with `WAIT` last if `wait`), and each entry's outcome.
+    async fn renew_pipeline(
+        &self,
+        link: &Link,
+        entries: &[&Renewal<'_, RedisLease>],
+        timeout: Duration,
+        wait: bool,
+    ) -> Outcomes {
         // Each call written straight into its command (`ScriptCall`): a `ScriptInvocation` copies every
         // key and argument into buffers of its own first, 10,000 renewals' worth per tick (issue 9).
-        let mut pipe = redis::Pipeline::with_capacity(group.len() + 1);
-        for entry in group {
+        let mut pipe = redis::Pipeline::with_capacity(entries.len() + usize::from(wait));
+        for entry in entries {
             let key = layout::lock_key(entry.name);
             let bytes = key.len() + 20 + entry.owner.len();
             let mut call = ScriptCall::new(&self.inner.scripts.renew, 1, 3, bytes);
             call.arg(key).arg(millis(entry.ttl)).arg(entry.owner);
             pipe.add_command(call.into_cmd());
         }
-        let longest = group.iter().map(|e| e.ttl).max().unwrap_or_default();
-        // A renewal answered after half the lease is of little use; fail it and let the core retry.
-        let mut timeout = self
-            .request_timeout()
-            .min((longest / 2).max(Duration::from_millis(50)));
-        let (link, gate) = match &self.inner.durable_renewals {
-            Some((gate, link)) => {
-                pipe.add_command(self.wait_cmd());
-                timeout += self.config().wait_timeout;
-                (link, Some(gate))
-            }
-            None => (&self.inner.link, None),
-        };
-        let _one_at_a_time = match gate {
-            Some(gate) => Some(gate.lock().await),
-            None => None,
-        };
-        let expected = group.len() + usize::from(gate.is_some());
+        if wait {
+            pipe.add_command(self.wait_cmd());
+        }
+        let expected = entries.len() + usize::from(wait);
         let values = match self
             .pipeline(link, "renew", timeout, pipe, &mut Sent::default())
             .await
@@ -79,13 +126,13 @@ impl RedisBackend {
             Ok(values) => {
                 let e = RedisError::Reply {
                     what: "renew",
-                    detail: format!("{} replies for {} renewals", values.len(), group.len()),
+                    detail: format!("{} replies for {} renewals", values.len(), entries.len()),
                 };
-                return every_entry(group, &e);
+                return every_entry(entries, &e);
             }
-            Err(e) => return every_entry(group, &e),
+            Err(e) => return every_entry(entries, &e),
         };
-        let shortfall = gate.and_then(|_| {
+        let shortfall = wait.then(|| {
             let required = self.config().wait_replicas;
             let confirmed = values
                 .last()
@@ -97,7 +144,8 @@ impl RedisBackend {
                 required,
             })
         });
-        group
+        let shortfall = shortfall.flatten();
+        entries
             .iter()
             .zip(&values)
             .map(|(entry, value)| {

@@ -89,6 +89,7 @@ pub mod redis {
     pub use distlock_redis::{
         layout, RedisBackend, RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT,
         DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
+        RENEWALS_PER_PIPELINE,
     };
 }
 
