@@ -1,7 +1,6 @@
 //! Acquiring: one try (open, `flock` without blocking, mint the token, make it durable) and the wait
 //! between tries (inotify, or the fallback poll).
 
-use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -14,7 +13,7 @@ use crate::error::FileError;
 use crate::held::{loss_signal, FileLease, HeldFile};
 use crate::notify::{Notifier, Shared, Subscription};
 use crate::open::OpenFile;
-use crate::sync_thread::off_the_workers;
+use crate::sync_thread::off_the_workers_in;
 
 /// How many times one try starts over because the lock file was deleted or replaced under it.
 const MAX_ROUNDS: usize = 8;
@@ -160,7 +159,8 @@ impl FileAcquisition {
                 if config.sync {
                     // The directory too for a file's first token only (the path is needed then alone).
                     let dir = first_token.then(|| config.dir.clone());
-                    held = off_the_workers(move || held.sync(dir.as_deref()))
+                    let pid = held.pid;
+                    held = off_the_workers_in(pid, move || held.sync(dir.as_deref()))
                         .await
                         .and_then(|r| r)
                         .map_err(|e| e.into_core(Some(&request.name)))?;
@@ -213,8 +213,8 @@ impl FileAcquisition {
     }
 }
 
-/// The grant of a held (and, if configured, synced) lock file: its token, a duplicate of its descriptor
-/// for `inheritable_descriptor`, and the loss signal if the file is watched.
+/// The grant of a held (and, if configured, synced) lock file: its token, its descriptor for
+/// `inheritable_descriptor`, and the loss signal if the file is watched.
 fn grant(
     held: HeldFile,
     watch: Option<Subscription>,
@@ -223,18 +223,12 @@ fn grant(
 ) -> Result<Grant<FileLease>> {
     let (path, token) = (held.path.clone(), held.token);
     let (dev, ino) = (held.file.dev, held.file.ino);
-    // A duplicate shares the open file description and so the `flock`: whoever inherits it keeps the
-    // lock held (`dup` with close-on-exec, like the original).
-    let descriptor = held
-        .file
-        .file
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| FileError::io("dup", &path, e).into_core(Some(&request.name)))?;
+    // The locked descriptor itself, not a `dup` of it: whoever inherits it keeps the lock held (it
+    // is close-on-exec, so only a deliberate hand-over passes it on). See `OpenFile::fd`.
+    let descriptor = held.file.fd.clone();
     tracing::debug!(lock = %request.name, token, "file lock acquired");
-    let mut grant = Grant::new(FileLease::new(held))
-        .with_token(FencingToken::new(token))
-        .with_descriptor(descriptor);
+    let mut grant = Grant::new(FileLease::new(held)).with_token(FencingToken::new(token));
+    grant.descriptor = Some(descriptor);
     if let Some(watch) = watch {
         grant = grant.with_loss(loss_signal(watch, notifier.clone(), path, dev, ino));
     }
@@ -266,6 +260,48 @@ mod tests {
         });
         drop(first);
         watch
+    }
+
+    /// The grant's inheritable descriptor is the descriptor the lease locked and releases (one open
+    /// descriptor per hold, no `dup` per acquisition), and the file stays open while the core keeps
+    /// it: releasing through the lease unlocks it for the holder of the descriptor too.
+    #[test]
+    fn the_grant_shares_the_locked_descriptor() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let config = FileConfig::new(dir.path());
+        let path = dir.path().join("x.lock");
+        let notifier = Arc::new(Notifier::default());
+        let request = AcquireRequest::new("x", "owner-1", Duration::from_secs(30));
+        let mut acquisition = FileAcquisition::new(path.clone(), &config);
+        let attempt = runtime()
+            .block_on(acquisition.try_once(&config, || None, &notifier, &request))
+            .unwrap();
+        let Attempt::Acquired(grant) = attempt else {
+            panic!("a free lock file was busy");
+        };
+        let descriptor = grant
+            .descriptor
+            .clone()
+            .expect("a file grant has a descriptor");
+        let held = grant.lease.take().expect("the lease holds the file");
+        assert!(
+            Arc::ptr_eq(&descriptor, &held.file.fd),
+            "the grant's descriptor {} is not the locked one {}",
+            descriptor.as_raw_fd(),
+            held.file.fd.as_raw_fd()
+        );
+        drop(grant);
+        assert_eq!(
+            held.release("owner-1"),
+            distlock_core::raw::Released::Released
+        );
+        // Released through the lease: another open file description can lock it, while the
+        // descriptor the core keeps stays open.
+        let other = std::fs::File::open(&path).unwrap();
+        rustix::fs::flock(&other, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .expect("the released file is still locked");
+        assert!(rustix::io::fcntl_getfd(&*descriptor).is_ok());
     }
 
     /// A watch that ends (its reader stopped, or the file went) makes the wait return at once, without

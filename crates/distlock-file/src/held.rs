@@ -22,6 +22,9 @@ pub(crate) struct HeldFile {
     pub(crate) file: OpenFile,
     pub(crate) path: PathBuf,
     pub(crate) token: u64,
+    /// This process's id, as the record names it (read once per acquire; the sync thread's fork check
+    /// reuses it).
+    pub(crate) pid: u32,
     owner: String,
     /// The length of the record this hold wrote.
     len: usize,
@@ -38,7 +41,7 @@ impl HeldFile {
         path: &Path,
         owner: &str,
     ) -> Result<(Self, bool), FileError> {
-        let content = read_content(&file.file, path)?;
+        let content = read_content(&*file.fd, path)?;
         let last = Record::parse(&content).map_err(|detail| FileError::Corrupt {
             path: path.to_path_buf(),
             detail,
@@ -51,14 +54,16 @@ impl HeldFile {
             })?;
         let mut record = Record::released(token);
         record.owner = Some(owner.to_string());
-        record.pid = Some(std::process::id());
+        let pid = std::process::id();
+        record.pid = Some(pid);
         record.host = Some(host_name().to_string());
         record.since_ms = Some(now_ms());
-        let len = write_record(&file.file, path, &record, content.len())?;
+        let len = write_record(&*file.fd, path, &record, content.len())?;
         let held = HeldFile {
             file,
             path: path.to_path_buf(),
             token,
+            pid,
             owner: owner.to_string(),
             len,
             armed: true,
@@ -70,10 +75,8 @@ impl HeldFile {
     /// after a crash. For a file's first token the directory entry is synced too (`dir`). On failure
     /// the held file is dropped, which unlocks it.
     pub(crate) fn sync(self, dir: Option<&Path>) -> Result<Self, FileError> {
-        self.file
-            .file
-            .sync_data()
-            .map_err(|e| FileError::io("sync", &self.path, e))?;
+        rustix::fs::fdatasync(&*self.file.fd)
+            .map_err(|e| FileError::io("sync", &self.path, e.into()))?;
         if let Some(dir) = dir {
             sync_dir(dir)?;
         }
@@ -89,7 +92,7 @@ impl HeldFile {
         match self.check(owner) {
             Ok(()) => {
                 if let Err(e) = write_record(
-                    &self.file.file,
+                    &*self.file.fd,
                     &self.path,
                     &Record::released(self.token),
                     self.len,
@@ -115,7 +118,7 @@ impl HeldFile {
             Ok(false) => return Err("the lock file was deleted or replaced while held".into()),
             Err(e) => tracing::debug!(error = %e, "cannot stat the lock file at release"),
         }
-        let record = read_content(&self.file.file, &self.path)
+        let record = read_content(&*self.file.fd, &self.path)
             .ok()
             .and_then(|c| Record::parse(&c).ok());
         match record {
@@ -134,7 +137,7 @@ impl Drop for HeldFile {
     fn drop(&mut self) {
         if self.armed {
             if let Err(e) = write_record(
-                &self.file.file,
+                &*self.file.fd,
                 &self.path,
                 &Record::released(self.token),
                 self.len,
