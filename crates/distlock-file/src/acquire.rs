@@ -1,7 +1,7 @@
 //! Acquiring: one try (open, `flock` without blocking, mint the token, make it durable) and the wait
 //! between tries (inotify, or the fallback poll).
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
@@ -21,18 +21,20 @@ const MAX_ROUNDS: usize = 8;
 /// One acquire under way: the open lock file (kept between tries), its watch, and the poll's backoff.
 #[derive(Debug)]
 pub struct FileAcquisition {
-    path: PathBuf,
+    /// Shared with the hold and its loss signal, not copied into each (issue 9: allocations).
+    path: Arc<Path>,
     file: Option<OpenFile>,
     watch: Option<Subscription>,
     watch_failed: bool,
     backoff: Backoff,
 }
 
-/// One try (inline: microseconds). Owns what it needs; its outcome goes back into the acquisition.
-struct TryJob {
-    path: PathBuf,
-    dir: PathBuf,
-    owner: String,
+/// One try (inline: microseconds). Borrows the names it needs; its outcome goes back into the
+/// acquisition.
+struct TryJob<'a> {
+    path: &'a Arc<Path>,
+    dir: &'a Path,
+    owner: &'a str,
     file: Option<OpenFile>,
     watch: Option<Subscription>,
     watcher: Option<Arc<Shared>>,
@@ -52,7 +54,7 @@ enum TryOutcome {
     },
 }
 
-impl TryJob {
+impl TryJob<'_> {
     fn run(mut self) -> Result<TryOutcome, FileError> {
         for _ in 0..MAX_ROUNDS {
             let mut file = match self.file.take() {
@@ -60,19 +62,19 @@ impl TryJob {
                 None => {
                     // A new file: a watch of the old one is useless.
                     self.watch = None;
-                    OpenFile::open(&self.path, &self.dir)?
+                    OpenFile::open(self.path, self.dir)?
                 }
             };
-            let locked = file.try_lock(&self.path)?;
+            let locked = file.try_lock(self.path)?;
             let fresh_watch = self.watch.is_none() && self.subscribe();
             // The watch follows the path, the lock the descriptor: both must be on the same file.
-            if !file.is_current(&self.path)? {
+            if !file.is_current(self.path)? {
                 tracing::debug!(path = %self.path.display(), "lock file replaced under a try; reopening");
                 self.watch = None;
                 continue;
             }
             if locked {
-                let (held, first_token) = HeldFile::take(file, &self.path, &self.owner)?;
+                let (held, first_token) = HeldFile::take(file, self.path, self.owner)?;
                 return Ok(TryOutcome::Acquired {
                     held,
                     first_token,
@@ -90,7 +92,9 @@ impl TryJob {
                 watch_failed: self.watch_failed,
             });
         }
-        Err(FileError::Replaced { path: self.path })
+        Err(FileError::Replaced {
+            path: self.path.to_path_buf(),
+        })
     }
 
     /// Adds the watch; `true` if one was added now.
@@ -101,7 +105,7 @@ impl TryJob {
         let Some(watcher) = &self.watcher else {
             return false;
         };
-        match watcher.subscribe(&self.path) {
+        match watcher.subscribe(self.path) {
             Ok(watch) => {
                 self.watch = Some(watch);
                 true
@@ -117,9 +121,9 @@ impl TryJob {
 
 impl FileAcquisition {
     /// An acquire of the lock file at `path`; nothing is opened yet.
-    pub(crate) fn new(path: PathBuf, config: &FileConfig) -> Self {
+    pub(crate) fn new(path: impl Into<Arc<Path>>, config: &FileConfig) -> Self {
         Self {
-            path,
+            path: path.into(),
             file: None,
             watch: None,
             watch_failed: false,
@@ -141,9 +145,9 @@ impl FileAcquisition {
         request: &AcquireRequest,
     ) -> Result<Attempt<FileLease>> {
         let job = TryJob {
-            path: self.path.clone(),
-            dir: config.dir.clone(),
-            owner: request.owner.clone(),
+            path: &self.path,
+            dir: &config.dir,
+            owner: &request.owner,
             file: self.file.take(),
             watch: self.watch.take(),
             watcher: if self.watch_failed { None } else { watcher() },

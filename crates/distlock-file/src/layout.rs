@@ -106,26 +106,38 @@ pub const fn fnv1a64(bytes: &[u8]) -> u64 {
 
 /// The file name (no directory) of the lock file for `name`. See the [module docs](self).
 pub fn file_name(name: &str) -> String {
-    let mut stem = String::with_capacity(name.len() + 8);
+    let mut out = Vec::with_capacity(name.len() + 8);
+    push_file_name(&mut out, name);
+    // Only ASCII was pushed.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends [`file_name`]`(name)` to `out` (the lock file's path is built in one buffer: issue 9).
+pub(crate) fn push_file_name(out: &mut Vec<u8>, name: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let start = out.len();
     for (i, &b) in name.as_bytes().iter().enumerate() {
         let keep = b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0);
         if keep {
-            stem.push(b as char);
+            out.push(b);
         } else {
-            push_escape(&mut stem, b);
+            out.extend_from_slice(&[b'%', HEX[(b >> 4) as usize], HEX[(b & 0xF) as usize]]);
         }
     }
-    if stem.len() > MAX_STEM {
+    if out.len() - start > MAX_STEM {
         // Cut before an escape that would straddle the limit: `%XX` is 3 bytes.
-        let mut cut = KEPT_PREFIX;
-        if let Some(pct) = stem[cut.saturating_sub(2)..cut].rfind('%') {
+        let mut cut = start + KEPT_PREFIX;
+        if let Some(pct) = out[cut - 2..cut].iter().rposition(|&b| b == b'%') {
             cut = cut - 2 + pct;
         }
-        stem.truncate(cut);
-        let _ = write!(stem, "~{:016x}", fnv1a64(name.as_bytes()));
+        out.truncate(cut);
+        out.push(b'~');
+        let hash = fnv1a64(name.as_bytes());
+        for shift in (0..16).rev() {
+            out.push(HEX[((hash >> (shift * 4)) & 0xF) as usize].to_ascii_lowercase());
+        }
     }
-    stem.push_str(SUFFIX);
-    stem
+    out.extend_from_slice(SUFFIX.as_bytes());
 }
 
 fn push_escape(out: &mut String, b: u8) {
@@ -135,26 +147,6 @@ fn push_escape(out: &mut String, b: u8) {
     out.push(HEX[(b & 0xF) as usize] as char);
 }
 
-/// What a lock file holds: the last token and, while held, the holder.
-///
-/// ```
-/// use distlock_file::layout::Record;
-///
-/// let mut record = Record::released(41);
-/// record.token = 42;
-/// record.owner = Some("a1:3".into());
-/// record.pid = Some(1234);
-/// record.host = Some("build-7".into());
-/// record.since_ms = Some(1_700_000_000_123);
-/// let text = record.render();
-/// assert!(text.ends_with("\ntoken=42\nowner=a1:3\npid=1234\nhost=build-7\nsince=1700000000123\nend\n"));
-/// assert_eq!(Record::parse(text.as_bytes()), Ok(record));
-///
-/// // Released: only the counter stays.
-/// assert_eq!(Record::parse(Record::released(42).render().as_bytes()), Ok(Record::released(42)));
-/// assert_eq!(Record::parse(b""), Ok(Record::released(0)));
-/// assert!(Record::parse(b"garbage").is_err());
-/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Record {
