@@ -188,13 +188,17 @@ impl Record {
         out.push_str(HEADER);
         let _ = write!(out, "\ntoken={}\n", self.token);
         if let Some(owner) = &self.owner {
-            let _ = writeln!(out, "owner={}", escape_value(owner));
+            out.push_str("owner=");
+            push_escaped_value(&mut out, owner);
+            out.push('\n');
         }
         if let Some(pid) = self.pid {
             let _ = writeln!(out, "pid={pid}");
         }
         if let Some(host) = &self.host {
-            let _ = writeln!(out, "host={}", escape_value(host));
+            out.push_str("host=");
+            push_escaped_value(&mut out, host);
+            out.push('\n');
         }
         if let Some(since) = self.since_ms {
             let _ = writeln!(out, "since={since}");
@@ -254,16 +258,18 @@ impl Record {
 }
 
 /// Escapes `%` and control bytes so a value stays on its line.
-fn escape_value(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        if c == '%' || (c as u32) < 0x20 || c as u32 == 0x7F {
-            push_escape(&mut out, c as u8);
-        } else {
-            out.push(c);
-        }
+/// Appends `value` with `%`, and bytes below 0x20 or 0x7F, written as `%XX`; the rest as is, in runs.
+fn push_escaped_value(out: &mut String, value: &str) {
+    let mut rest = value;
+    while let Some(at) = rest
+        .bytes()
+        .position(|b| b == b'%' || b < 0x20 || b == 0x7F)
+    {
+        out.push_str(&rest[..at]);
+        push_escape(out, rest.as_bytes()[at]);
+        rest = &rest[at + 1..];
     }
-    out
+    out.push_str(rest);
 }
 
 fn unescape_value(value: &str) -> String {
@@ -315,6 +321,28 @@ mod tests {
         record.owner = Some("evil\nowner=x%".into());
         let parsed = Record::parse(record.render().as_bytes()).unwrap();
         assert_eq!(parsed, record);
+    }
+
+    /// The rendered record, byte for byte (format 1 is a compatibility contract): `%`, control bytes
+    /// and DEL escaped, everything else (UTF-8 included) as is.
+    #[test]
+    fn the_record_renders_exactly() {
+        let mut record = Record::released(42);
+        record.owner = Some("größe%\u{7f}\tx:3".into());
+        record.pid = Some(1234);
+        record.host = Some("build-7\r".into());
+        record.since_ms = Some(1_700_000_000_123);
+        assert_eq!(
+            record.render(),
+            format!(
+                "{HEADER}\ntoken=42\nowner=größe%25%7F%09x:3\npid=1234\nhost=build-7%0D\nsince=1700000000123\nend\n"
+            )
+        );
+        assert_eq!(Record::parse(record.render().as_bytes()).unwrap(), record);
+        assert_eq!(
+            Record::released(0).render(),
+            format!("{HEADER}\ntoken=0\nend\n")
+        );
     }
 
     #[test]
