@@ -214,6 +214,9 @@ impl Record {
     /// cannot be trusted, and restarting it would hand out tokens a resource has already seen. Holder
     /// fields that do not parse are dropped (they are only shown by `status`).
     pub fn parse(content: &[u8]) -> Result<Self, String> {
+        if let Some(token) = released_token(content) {
+            return Ok(Record::released(token));
+        }
         let text =
             std::str::from_utf8(content).map_err(|_| "the file is not UTF-8 text".to_string())?;
         let mut record = Record::default();
@@ -258,6 +261,19 @@ impl Record {
 }
 
 /// Escapes `%` and control bytes so a value stays on its line.
+/// The token of a released record exactly as [`Record::render`] writes it (the header, the token
+/// line, `end`, then anything: the padding), read without the general parser: it is what every
+/// acquire finds (issue 9). `None` for anything else, which the general parser reads.
+fn released_token(content: &[u8]) -> Option<u64> {
+    let rest = content.strip_prefix(HEADER.as_bytes())?;
+    let rest = rest.strip_prefix(b"\ntoken=")?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let tail = rest[digits..].strip_prefix(b"\nend\n")?;
+    // The parser refuses content that is not UTF-8 anywhere, past `end` too.
+    std::str::from_utf8(tail).ok()?;
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+}
+
 /// Appends `value` with `%`, and bytes below 0x20 or 0x7F, written as `%XX`; the rest as is, in runs.
 fn push_escaped_value(out: &mut String, value: &str) {
     let mut rest = value;
@@ -343,6 +359,40 @@ mod tests {
             Record::released(0).render(),
             format!("{HEADER}\ntoken=0\nend\n")
         );
+    }
+
+    /// A released record is read the same with and without the short path, and content it does not
+    /// take (other fields, other spelling, a torn tail, a token that overflows) still goes to the
+    /// general parser.
+    #[test]
+    fn the_released_short_path_reads_what_the_parser_reads() {
+        let padded = format!("{HEADER}\ntoken=9\nend\n\n\n\n");
+        let tail = format!("{HEADER}\ntoken=9\nend\nowner=x\nbroken");
+        assert_eq!(released_token(padded.as_bytes()), Some(9));
+        assert_eq!(released_token(tail.as_bytes()), Some(9));
+        assert_eq!(
+            Record::parse(padded.as_bytes()).unwrap(),
+            Record::released(9)
+        );
+        for content in [
+            format!("{HEADER}\ntoken=18446744073709551616\nend\n"),
+            format!("{HEADER}\ntoken=\nend\n"),
+            format!("{HEADER}\ntoken=+9\nend\n"),
+            format!("{HEADER}\ntoken=9\nowner=me\nend\n"),
+            format!("{HEADER}\ntoken=9\r\nend\n"),
+            format!("{HEADER}\ntoken=9"),
+            format!("{HEADER}\ntoken=9\nend"),
+            "token=9\nend\n".to_string(),
+        ] {
+            assert_eq!(released_token(content.as_bytes()), None, "{content:?}");
+        }
+        let not_utf8 = [format!("{HEADER}\ntoken=9\nend\n").as_bytes(), b"\xff"].concat();
+        assert_eq!(released_token(&not_utf8), None);
+        assert!(Record::parse(&not_utf8).is_err());
+        for token in [0, 1, 42, u64::MAX] {
+            let rendered = Record::released(token).render();
+            assert_eq!(released_token(rendered.as_bytes()), Some(token));
+        }
     }
 
     #[test]
