@@ -1,8 +1,7 @@
 //! Acquiring: one try (open, `flock` without blocking, mint the token, make it durable) and the wait
 //! between tries (inotify, or the fallback poll).
 
-use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
@@ -14,7 +13,7 @@ use crate::error::FileError;
 use crate::held::{loss_signal, FileLease, HeldFile};
 use crate::notify::{Notifier, Shared, Subscription};
 use crate::open::OpenFile;
-use crate::sync_thread::off_the_workers;
+use crate::sync_thread::off_the_workers_in;
 
 /// How many times one try starts over because the lock file was deleted or replaced under it.
 const MAX_ROUNDS: usize = 8;
@@ -22,18 +21,20 @@ const MAX_ROUNDS: usize = 8;
 /// One acquire under way: the open lock file (kept between tries), its watch, and the poll's backoff.
 #[derive(Debug)]
 pub struct FileAcquisition {
-    path: PathBuf,
+    /// Shared with the hold and its loss signal, not copied into each (issue 9: allocations).
+    path: Arc<Path>,
     file: Option<OpenFile>,
     watch: Option<Subscription>,
     watch_failed: bool,
     backoff: Backoff,
 }
 
-/// One try (inline: microseconds). Owns what it needs; its outcome goes back into the acquisition.
-struct TryJob {
-    path: PathBuf,
-    dir: PathBuf,
-    owner: String,
+/// One try (inline: microseconds). Borrows the names it needs; its outcome goes back into the
+/// acquisition.
+struct TryJob<'a> {
+    path: &'a Arc<Path>,
+    dir: &'a Path,
+    owner: &'a str,
     file: Option<OpenFile>,
     watch: Option<Subscription>,
     watcher: Option<Arc<Shared>>,
@@ -53,7 +54,7 @@ enum TryOutcome {
     },
 }
 
-impl TryJob {
+impl TryJob<'_> {
     fn run(mut self) -> Result<TryOutcome, FileError> {
         for _ in 0..MAX_ROUNDS {
             let mut file = match self.file.take() {
@@ -61,19 +62,19 @@ impl TryJob {
                 None => {
                     // A new file: a watch of the old one is useless.
                     self.watch = None;
-                    OpenFile::open(&self.path, &self.dir)?
+                    OpenFile::open(self.path, self.dir)?
                 }
             };
-            let locked = file.try_lock(&self.path)?;
+            let locked = file.try_lock(self.path)?;
             let fresh_watch = self.watch.is_none() && self.subscribe();
             // The watch follows the path, the lock the descriptor: both must be on the same file.
-            if !file.is_current(&self.path)? {
+            if !file.is_current(self.path)? {
                 tracing::debug!(path = %self.path.display(), "lock file replaced under a try; reopening");
                 self.watch = None;
                 continue;
             }
             if locked {
-                let (held, first_token) = HeldFile::take(file, &self.path, &self.owner)?;
+                let (held, first_token) = HeldFile::take(file, self.path, self.owner)?;
                 return Ok(TryOutcome::Acquired {
                     held,
                     first_token,
@@ -91,7 +92,9 @@ impl TryJob {
                 watch_failed: self.watch_failed,
             });
         }
-        Err(FileError::Replaced { path: self.path })
+        Err(FileError::Replaced {
+            path: self.path.to_path_buf(),
+        })
     }
 
     /// Adds the watch; `true` if one was added now.
@@ -102,7 +105,7 @@ impl TryJob {
         let Some(watcher) = &self.watcher else {
             return false;
         };
-        match watcher.subscribe(&self.path) {
+        match watcher.subscribe(self.path) {
             Ok(watch) => {
                 self.watch = Some(watch);
                 true
@@ -118,9 +121,9 @@ impl TryJob {
 
 impl FileAcquisition {
     /// An acquire of the lock file at `path`; nothing is opened yet.
-    pub(crate) fn new(path: PathBuf, config: &FileConfig) -> Self {
+    pub(crate) fn new(path: impl Into<Arc<Path>>, config: &FileConfig) -> Self {
         Self {
-            path,
+            path: path.into(),
             file: None,
             watch: None,
             watch_failed: false,
@@ -142,9 +145,9 @@ impl FileAcquisition {
         request: &AcquireRequest,
     ) -> Result<Attempt<FileLease>> {
         let job = TryJob {
-            path: self.path.clone(),
-            dir: config.dir.clone(),
-            owner: request.owner.clone(),
+            path: &self.path,
+            dir: &config.dir,
+            owner: &request.owner,
             file: self.file.take(),
             watch: self.watch.take(),
             watcher: if self.watch_failed { None } else { watcher() },
@@ -160,7 +163,8 @@ impl FileAcquisition {
                 if config.sync {
                     // The directory too for a file's first token only (the path is needed then alone).
                     let dir = first_token.then(|| config.dir.clone());
-                    held = off_the_workers(move || held.sync(dir.as_deref()))
+                    let pid = held.pid;
+                    held = off_the_workers_in(pid, move || held.sync(dir.as_deref()))
                         .await
                         .and_then(|r| r)
                         .map_err(|e| e.into_core(Some(&request.name)))?;
@@ -213,8 +217,8 @@ impl FileAcquisition {
     }
 }
 
-/// The grant of a held (and, if configured, synced) lock file: its token, a duplicate of its descriptor
-/// for `inheritable_descriptor`, and the loss signal if the file is watched.
+/// The grant of a held (and, if configured, synced) lock file: its token, its descriptor for
+/// `inheritable_descriptor`, and the loss signal if the file is watched.
 fn grant(
     held: HeldFile,
     watch: Option<Subscription>,
@@ -223,18 +227,12 @@ fn grant(
 ) -> Result<Grant<FileLease>> {
     let (path, token) = (held.path.clone(), held.token);
     let (dev, ino) = (held.file.dev, held.file.ino);
-    // A duplicate shares the open file description and so the `flock`: whoever inherits it keeps the
-    // lock held (`dup` with close-on-exec, like the original).
-    let descriptor = held
-        .file
-        .file
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| FileError::io("dup", &path, e).into_core(Some(&request.name)))?;
+    // The locked descriptor itself, not a `dup` of it: whoever inherits it keeps the lock held (it
+    // is close-on-exec, so only a deliberate hand-over passes it on). See `OpenFile::fd`.
+    let descriptor = held.file.fd.clone();
     tracing::debug!(lock = %request.name, token, "file lock acquired");
-    let mut grant = Grant::new(FileLease::new(held))
-        .with_token(FencingToken::new(token))
-        .with_descriptor(descriptor);
+    let mut grant = Grant::new(FileLease::new(held)).with_token(FencingToken::new(token));
+    grant.descriptor = Some(descriptor);
     if let Some(watch) = watch {
         grant = grant.with_loss(loss_signal(watch, notifier.clone(), path, dev, ino));
     }
@@ -266,6 +264,48 @@ mod tests {
         });
         drop(first);
         watch
+    }
+
+    /// The grant's inheritable descriptor is the descriptor the lease locked and releases (one open
+    /// descriptor per hold, no `dup` per acquisition), and the file stays open while the core keeps
+    /// it: releasing through the lease unlocks it for the holder of the descriptor too.
+    #[test]
+    fn the_grant_shares_the_locked_descriptor() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let config = FileConfig::new(dir.path());
+        let path = dir.path().join("x.lock");
+        let notifier = Arc::new(Notifier::default());
+        let request = AcquireRequest::new("x", "owner-1", Duration::from_secs(30));
+        let mut acquisition = FileAcquisition::new(path.clone(), &config);
+        let attempt = runtime()
+            .block_on(acquisition.try_once(&config, || None, &notifier, &request))
+            .unwrap();
+        let Attempt::Acquired(grant) = attempt else {
+            panic!("a free lock file was busy");
+        };
+        let descriptor = grant
+            .descriptor
+            .clone()
+            .expect("a file grant has a descriptor");
+        let held = grant.lease.take().expect("the lease holds the file");
+        assert!(
+            Arc::ptr_eq(&descriptor, &held.file.fd),
+            "the grant's descriptor {} is not the locked one {}",
+            descriptor.as_raw_fd(),
+            held.file.fd.as_raw_fd()
+        );
+        drop(grant);
+        assert_eq!(
+            held.release("owner-1"),
+            distlock_core::raw::Released::Released
+        );
+        // Released through the lease: another open file description can lock it, while the
+        // descriptor the core keeps stays open.
+        let other = std::fs::File::open(&path).unwrap();
+        rustix::fs::flock(&other, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .expect("the released file is still locked");
+        assert!(rustix::io::fcntl_getfd(&*descriptor).is_ok());
     }
 
     /// A watch that ends (its reader stopped, or the file went) makes the wait return at once, without

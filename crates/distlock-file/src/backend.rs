@@ -43,7 +43,9 @@
 //! record's I/O), [`acquire`](crate::acquire) (a try and the wait), [`held`](crate::held) (the token, the
 //! release, the loss signal), [`inspect`](crate::inspect) (`status`).
 
+use std::ffi::OsString;
 use std::fmt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,7 +140,15 @@ impl FileBackend {
 
     /// The lock file of `name` (see [`layout::file_name`]). It may not exist yet.
     pub fn lock_file(&self, name: &str) -> PathBuf {
-        self.config.dir.join(layout::file_name(name))
+        // `dir.join(file_name(name))` in one buffer (issue 9: allocations per acquire).
+        let dir = self.config.dir.as_os_str().as_bytes();
+        let mut path = Vec::with_capacity(dir.len() + 1 + name.len() + 16);
+        path.extend_from_slice(dir);
+        if !dir.ends_with(b"/") {
+            path.push(b'/');
+        }
+        layout::push_file_name(&mut path, name);
+        PathBuf::from(OsString::from_vec(path))
     }
 
     fn watcher(&self) -> Option<Arc<Shared>> {
@@ -294,6 +304,36 @@ mod tests {
                 .collect();
             for task in tasks {
                 task.await.unwrap();
+            }
+        }
+    }
+
+    /// The path built in one buffer is `dir.join(file_name(name))`, long and escaped names included,
+    /// with or without a trailing `/` on the directory.
+    #[test]
+    fn lock_file_is_the_directory_joined_with_the_file_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let slashed = format!("{}/", dir.path().display());
+        let names = [
+            "a".to_string(),
+            "orders/42".into(),
+            ".hidden".into(),
+            "größe 100%".into(),
+            "x".repeat(1024),
+            format!("{}{}", "a".repeat(181), "/".repeat(40)),
+            format!("{}{}", "a".repeat(182), "/".repeat(40)),
+        ];
+        for backend in [
+            FileBackend::new(dir.path()).unwrap(),
+            FileBackend::new(&slashed).unwrap(),
+        ] {
+            for name in &names {
+                assert_eq!(
+                    backend.lock_file(name),
+                    backend.dir().join(layout::file_name(name)),
+                    "{name:?} in {}",
+                    backend.dir().display()
+                );
             }
         }
     }

@@ -106,26 +106,38 @@ pub const fn fnv1a64(bytes: &[u8]) -> u64 {
 
 /// The file name (no directory) of the lock file for `name`. See the [module docs](self).
 pub fn file_name(name: &str) -> String {
-    let mut stem = String::with_capacity(name.len() + 8);
+    let mut out = Vec::with_capacity(name.len() + 8);
+    push_file_name(&mut out, name);
+    // Only ASCII was pushed.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends [`file_name`]`(name)` to `out` (the lock file's path is built in one buffer: issue 9).
+pub(crate) fn push_file_name(out: &mut Vec<u8>, name: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let start = out.len();
     for (i, &b) in name.as_bytes().iter().enumerate() {
         let keep = b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0);
         if keep {
-            stem.push(b as char);
+            out.push(b);
         } else {
-            push_escape(&mut stem, b);
+            out.extend_from_slice(&[b'%', HEX[(b >> 4) as usize], HEX[(b & 0xF) as usize]]);
         }
     }
-    if stem.len() > MAX_STEM {
+    if out.len() - start > MAX_STEM {
         // Cut before an escape that would straddle the limit: `%XX` is 3 bytes.
-        let mut cut = KEPT_PREFIX;
-        if let Some(pct) = stem[cut.saturating_sub(2)..cut].rfind('%') {
+        let mut cut = start + KEPT_PREFIX;
+        if let Some(pct) = out[cut - 2..cut].iter().rposition(|&b| b == b'%') {
             cut = cut - 2 + pct;
         }
-        stem.truncate(cut);
-        let _ = write!(stem, "~{:016x}", fnv1a64(name.as_bytes()));
+        out.truncate(cut);
+        out.push(b'~');
+        let hash = fnv1a64(name.as_bytes());
+        for shift in (0..16).rev() {
+            out.push(HEX[((hash >> (shift * 4)) & 0xF) as usize].to_ascii_lowercase());
+        }
     }
-    stem.push_str(SUFFIX);
-    stem
+    out.extend_from_slice(SUFFIX.as_bytes());
 }
 
 fn push_escape(out: &mut String, b: u8) {
@@ -135,26 +147,6 @@ fn push_escape(out: &mut String, b: u8) {
     out.push(HEX[(b & 0xF) as usize] as char);
 }
 
-/// What a lock file holds: the last token and, while held, the holder.
-///
-/// ```
-/// use distlock_file::layout::Record;
-///
-/// let mut record = Record::released(41);
-/// record.token = 42;
-/// record.owner = Some("a1:3".into());
-/// record.pid = Some(1234);
-/// record.host = Some("build-7".into());
-/// record.since_ms = Some(1_700_000_000_123);
-/// let text = record.render();
-/// assert!(text.ends_with("\ntoken=42\nowner=a1:3\npid=1234\nhost=build-7\nsince=1700000000123\nend\n"));
-/// assert_eq!(Record::parse(text.as_bytes()), Ok(record));
-///
-/// // Released: only the counter stays.
-/// assert_eq!(Record::parse(Record::released(42).render().as_bytes()), Ok(Record::released(42)));
-/// assert_eq!(Record::parse(b""), Ok(Record::released(0)));
-/// assert!(Record::parse(b"garbage").is_err());
-/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Record {
@@ -196,13 +188,17 @@ impl Record {
         out.push_str(HEADER);
         let _ = write!(out, "\ntoken={}\n", self.token);
         if let Some(owner) = &self.owner {
-            let _ = writeln!(out, "owner={}", escape_value(owner));
+            out.push_str("owner=");
+            push_escaped_value(&mut out, owner);
+            out.push('\n');
         }
         if let Some(pid) = self.pid {
             let _ = writeln!(out, "pid={pid}");
         }
         if let Some(host) = &self.host {
-            let _ = writeln!(out, "host={}", escape_value(host));
+            out.push_str("host=");
+            push_escaped_value(&mut out, host);
+            out.push('\n');
         }
         if let Some(since) = self.since_ms {
             let _ = writeln!(out, "since={since}");
@@ -218,6 +214,9 @@ impl Record {
     /// cannot be trusted, and restarting it would hand out tokens a resource has already seen. Holder
     /// fields that do not parse are dropped (they are only shown by `status`).
     pub fn parse(content: &[u8]) -> Result<Self, String> {
+        if let Some(token) = released_token(content) {
+            return Ok(Record::released(token));
+        }
         let text =
             std::str::from_utf8(content).map_err(|_| "the file is not UTF-8 text".to_string())?;
         let mut record = Record::default();
@@ -262,16 +261,31 @@ impl Record {
 }
 
 /// Escapes `%` and control bytes so a value stays on its line.
-fn escape_value(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        if c == '%' || (c as u32) < 0x20 || c as u32 == 0x7F {
-            push_escape(&mut out, c as u8);
-        } else {
-            out.push(c);
-        }
+/// The token of a released record exactly as [`Record::render`] writes it (the header, the token
+/// line, `end`, then anything: the padding), read without the general parser: it is what every
+/// acquire finds (issue 9). `None` for anything else, which the general parser reads.
+fn released_token(content: &[u8]) -> Option<u64> {
+    let rest = content.strip_prefix(HEADER.as_bytes())?;
+    let rest = rest.strip_prefix(b"\ntoken=")?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let tail = rest[digits..].strip_prefix(b"\nend\n")?;
+    // The parser refuses content that is not UTF-8 anywhere, past `end` too.
+    std::str::from_utf8(tail).ok()?;
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+}
+
+/// Appends `value` with `%`, and bytes below 0x20 or 0x7F, written as `%XX`; the rest as is, in runs.
+fn push_escaped_value(out: &mut String, value: &str) {
+    let mut rest = value;
+    while let Some(at) = rest
+        .bytes()
+        .position(|b| b == b'%' || b < 0x20 || b == 0x7F)
+    {
+        out.push_str(&rest[..at]);
+        push_escape(out, rest.as_bytes()[at]);
+        rest = &rest[at + 1..];
     }
-    out
+    out.push_str(rest);
 }
 
 fn unescape_value(value: &str) -> String {
@@ -323,6 +337,62 @@ mod tests {
         record.owner = Some("evil\nowner=x%".into());
         let parsed = Record::parse(record.render().as_bytes()).unwrap();
         assert_eq!(parsed, record);
+    }
+
+    /// The rendered record, byte for byte (format 1 is a compatibility contract): `%`, control bytes
+    /// and DEL escaped, everything else (UTF-8 included) as is.
+    #[test]
+    fn the_record_renders_exactly() {
+        let mut record = Record::released(42);
+        record.owner = Some("größe%\u{7f}\tx:3".into());
+        record.pid = Some(1234);
+        record.host = Some("build-7\r".into());
+        record.since_ms = Some(1_700_000_000_123);
+        assert_eq!(
+            record.render(),
+            format!(
+                "{HEADER}\ntoken=42\nowner=größe%25%7F%09x:3\npid=1234\nhost=build-7%0D\nsince=1700000000123\nend\n"
+            )
+        );
+        assert_eq!(Record::parse(record.render().as_bytes()).unwrap(), record);
+        assert_eq!(
+            Record::released(0).render(),
+            format!("{HEADER}\ntoken=0\nend\n")
+        );
+    }
+
+    /// A released record is read the same with and without the short path, and content it does not
+    /// take (other fields, other spelling, a torn tail, a token that overflows) still goes to the
+    /// general parser.
+    #[test]
+    fn the_released_short_path_reads_what_the_parser_reads() {
+        let padded = format!("{HEADER}\ntoken=9\nend\n\n\n\n");
+        let tail = format!("{HEADER}\ntoken=9\nend\nowner=x\nbroken");
+        assert_eq!(released_token(padded.as_bytes()), Some(9));
+        assert_eq!(released_token(tail.as_bytes()), Some(9));
+        assert_eq!(
+            Record::parse(padded.as_bytes()).unwrap(),
+            Record::released(9)
+        );
+        for content in [
+            format!("{HEADER}\ntoken=18446744073709551616\nend\n"),
+            format!("{HEADER}\ntoken=\nend\n"),
+            format!("{HEADER}\ntoken=+9\nend\n"),
+            format!("{HEADER}\ntoken=9\nowner=me\nend\n"),
+            format!("{HEADER}\ntoken=9\r\nend\n"),
+            format!("{HEADER}\ntoken=9"),
+            format!("{HEADER}\ntoken=9\nend"),
+            "token=9\nend\n".to_string(),
+        ] {
+            assert_eq!(released_token(content.as_bytes()), None, "{content:?}");
+        }
+        let not_utf8 = [format!("{HEADER}\ntoken=9\nend\n").as_bytes(), b"\xff"].concat();
+        assert_eq!(released_token(&not_utf8), None);
+        assert!(Record::parse(&not_utf8).is_err());
+        for token in [0, 1, 42, u64::MAX] {
+            let rendered = Record::released(token).render();
+            assert_eq!(released_token(rendered.as_bytes()), Some(token));
+        }
     }
 
     #[test]

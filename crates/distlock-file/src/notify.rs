@@ -11,7 +11,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -262,9 +261,14 @@ impl Drop for OnExit {
     }
 }
 
+/// The size of `struct inotify_event` before its name.
+const EVENT_HEADER: usize = 16;
+/// The longest event: the header and a name of `NAME_MAX` bytes with its terminating NUL.
+const MAX_EVENT: usize = EVENT_HEADER + 256;
+
 async fn read_events(afd: AsyncFd<SharedFd>, on_exit: OnExit, mut stop: oneshot::Receiver<()>) {
     let shared = on_exit.0.clone();
-    let mut buf = vec![MaybeUninit::<u8>::uninit(); 8192];
+    let mut buf = vec![0u8; 8192];
     let mut events = Vec::new();
     loop {
         let mut ready = tokio::select! {
@@ -278,22 +282,28 @@ async fn read_events(afd: AsyncFd<SharedFd>, on_exit: OnExit, mut stop: oneshot:
             },
         };
         events.clear();
-        // Read until the queue is empty, so the readiness is cleared exactly when nothing is left.
-        let result: Result<io::Result<Result<(), Errno>>, _> = ready.try_io(|fd| {
-            let mut reader = inotify::Reader::new(fd.get_ref().borrow(), &mut buf);
-            loop {
-                match reader.next() {
-                    Ok(event) => events.push((event.wd(), event.events())),
-                    Err(Errno::AGAIN) => return Err(io::ErrorKind::WouldBlock.into()),
-                    Err(Errno::INTR) => {}
-                    Err(e) => return Ok(Err(e)),
+        // Read until the queue is empty. A read with room left for another event emptied it, so the
+        // readiness is cleared then without a second read to see EAGAIN (one read per wake, not two:
+        // our own release's close wakes this reader every cycle; issue 9). An event queued after that
+        // read is not lost: epoll is edge-triggered, and tokio clears only the readiness this guard
+        // saw, not a newer one.
+        loop {
+            match rustix::io::read(afd.get_ref().borrow(), &mut buf[..]) {
+                Ok(n) => {
+                    parse_events(&buf[..n], &mut events);
+                    if n + MAX_EVENT <= buf.len() {
+                        break;
+                    }
+                }
+                Err(Errno::AGAIN) => break,
+                Err(Errno::INTR) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read inotify events; file lock waiters will poll");
+                    return;
                 }
             }
-        });
-        if let Ok(Ok(Err(e))) = result {
-            tracing::warn!(error = %e, "cannot read inotify events; file lock waiters will poll");
-            return;
         }
+        ready.clear_ready();
         if events.is_empty() {
             continue;
         }
@@ -301,5 +311,51 @@ async fn read_events(afd: AsyncFd<SharedFd>, on_exit: OnExit, mut stop: oneshot:
             return;
         };
         shared.dispatch(&events);
+    }
+}
+
+/// The watch and the flags of each `struct inotify_event` in `bytes` (whole events, as `read` returns
+/// them).
+fn parse_events(bytes: &[u8], events: &mut Vec<(i32, ReadFlags)>) {
+    let field = |at: usize| -> Option<[u8; 4]> { bytes.get(at..at + 4)?.try_into().ok() };
+    let mut at = 0;
+    while let (Some(wd), Some(mask), Some(len)) = (field(at), field(at + 4), field(at + 12)) {
+        events.push((
+            i32::from_ne_bytes(wd),
+            ReadFlags::from_bits_retain(u32::from_ne_bytes(mask)),
+        ));
+        at += EVENT_HEADER + u32::from_ne_bytes(len) as usize;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events as the kernel lays them out: each header, then its name padded to its `len`.
+    #[test]
+    fn events_are_parsed_whole_names_skipped() {
+        let mut bytes = Vec::new();
+        let mut event = |wd: i32, mask: u32, name: &[u8]| {
+            bytes.extend_from_slice(&wd.to_ne_bytes());
+            bytes.extend_from_slice(&mask.to_ne_bytes());
+            bytes.extend_from_slice(&0u32.to_ne_bytes());
+            bytes.extend_from_slice(&(name.len() as u32).to_ne_bytes());
+            bytes.extend_from_slice(name);
+        };
+        let close = ReadFlags::CLOSE_WRITE.bits();
+        event(3, close, b"");
+        event(5, ReadFlags::ATTRIB.bits(), b"x.lock\0\0\0\0\0\0\0\0\0\0");
+        event(-1, ReadFlags::QUEUE_OVERFLOW.bits(), b"");
+        let mut events = Vec::new();
+        parse_events(&bytes, &mut events);
+        assert_eq!(
+            events,
+            [
+                (3, ReadFlags::CLOSE_WRITE),
+                (5, ReadFlags::ATTRIB),
+                (-1, ReadFlags::QUEUE_OVERFLOW)
+            ]
+        );
     }
 }

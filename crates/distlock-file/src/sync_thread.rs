@@ -76,11 +76,22 @@ fn sync_thread() -> Option<&'static SyncThread> {
         .as_ref()
 }
 
+/// [`off_the_workers_in`] for this process (tests: the acquire passes the id it read already).
+#[cfg(test)]
+pub(crate) async fn off_the_workers<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, FileError> {
+    off_the_workers_in(std::process::id(), work).await
+}
+
 /// Runs `work` (an `fdatasync`, milliseconds at worst) off the runtime's workers: on the sync thread
 /// if it is idle, else on tokio's blocking pool; inline when there is no runtime. If the caller's
 /// future is dropped, the work still finishes and its result is dropped where it ran, which undoes it
-/// (see `HeldFile`'s `Drop`).
-pub(crate) async fn off_the_workers<T: Send + 'static>(
+/// (see `HeldFile`'s `Drop`). `pid` is this process's id, read by the caller during this acquire (the
+/// record names it already: one `getpid` per acquire, not two); the sync thread serves only the
+/// process that started it.
+pub(crate) async fn off_the_workers_in<T: Send + 'static>(
+    pid: u32,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, FileError> {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -92,9 +103,7 @@ pub(crate) async fn off_the_workers<T: Send + 'static>(
         let _ = done.send(work());
     });
     match sync_thread() {
-        Some(thread)
-            if thread.pid == std::process::id() && !thread.busy.swap(true, Ordering::Acquire) =>
-        {
+        Some(thread) if thread.pid == pid && !thread.busy.swap(true, Ordering::Acquire) => {
             *slot(&thread.job.0) = Some(job);
             thread.job.1.notify_one();
         }
