@@ -410,6 +410,19 @@ async fn fault_cluster_a_paused_member_does_not_fail_requests() {
     // so one more request before the stream opens moves it to the next member.
     let mut found = None;
     for attempt in 0..12 {
+        // The previous attempt's backend is gone, but the server drops its watches (released keys'
+        // watches are kept for a second, for their next grant) only once it sees its stream closed.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for i in 0..cluster.len() {
+            let addr = cluster.addr(i).unwrap();
+            while watch_gauge(addr, "etcd_debugging_mvcc_watcher_total").await > 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "a dropped backend's watches stayed on member {i}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         let backend = backend(&url).await;
         for _ in 0..attempt {
             backend.client().status().await.unwrap();
