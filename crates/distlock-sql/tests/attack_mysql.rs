@@ -217,13 +217,16 @@ async fn release_after_kill_of_the_session_is_not_released_fault() {
             .expect("Lost");
         let released = guard.release().await;
         assert!(released.is_err(), "{mode}: a lost hold released Ok");
+        // The server frees the killed session's locks once its thread has ended, which may be a
+        // moment after the client saw the connection end (as on PostgreSQL, where CI caught it).
         let next = locks
             .lock(&name)
             .unwrap()
-            .try_acquire()
+            .options()
+            .wait(SLACK)
+            .acquire()
             .await
-            .unwrap()
-            .expect("free");
+            .expect("free once the killed session has ended");
         assert!(next.token().unwrap() > first, "{mode}: token not higher");
         next.release().await.unwrap();
     }
