@@ -60,6 +60,7 @@ use crate::claims::Retry;
 use crate::config::EtcdConfig;
 use crate::conn::{connect_client, Conn, Keeper};
 use crate::error::{EtcdError, BACKEND};
+use crate::expiry::Expiries;
 use crate::held::HeldKeys;
 use crate::layout;
 use crate::lease::EtcdLease;
@@ -105,10 +106,13 @@ pub(crate) struct Inner {
     pub(crate) doomed: Mutex<Retry>,
     /// The watch on held keys (one stream for the whole backend).
     pub(crate) held: HeldKeys,
+    /// The deadlines of held locks, and the one task that expires them.
+    pub(crate) expiries: Arc<Expiries>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.expiries.stop();
         if let Ok(conn) = self.conn.get_mut() {
             if let Some(sentinel) = conn.sentinel.take() {
                 sentinel.abort();
@@ -164,6 +168,7 @@ impl EtcdBackend {
                 claims: Mutex::new(HashMap::new()),
                 next_claim: AtomicU64::new(1),
                 doomed: Mutex::new(Retry::default()),
+                expiries: Arc::default(),
             }),
         })
     }
@@ -206,6 +211,13 @@ impl EtcdBackend {
             .filter(|s| s.gone_reason().is_none())
             .map(|s| (s.granted, s.id))
             .collect()
+    }
+
+    /// How many held locks have a deadline in the expiry task's structure (a test hook, with the
+    /// `testing` feature).
+    #[cfg(feature = "testing")]
+    pub fn held_deadlines(&self) -> usize {
+        self.inner.expiries.len()
     }
 }
 

@@ -1443,3 +1443,198 @@ fn held_with_its_key_gone(
     let token = guard.token().unwrap().get();
     !left.iter().any(|k| k.create_revision == token) && guard.state() == LockState::Held
 }
+
+/// Issue 9: the client-side expiry of held locks is one task per backend, not one per held lock.
+/// Holding 200 more locks adds O(1) tokio tasks beside the core's loss watch per hold (a task per
+/// lock added >= 200 more), every hold has a
+/// deadline in the shared structure, and a release removes its entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holding_many_locks_adds_no_expiry_task_per_lock() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("many_held");
+    // Everything the backend starts lazily starts here (session, keep-alive, held-keys watch, expiry).
+    let first = locks
+        .lock(&format!("{name}/warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        guards.push(
+            locks
+                .lock(&format!("{name}/{i}"))
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let after = metrics.num_alive_tasks();
+    // The core watches each hold's loss signal in a task of its own (one per hold, not the
+    // backend's); the backend adds O(1) on top (a task per lock: >= 200 more).
+    let core_loss_watches = 200;
+    assert!(
+        after < before + core_loss_watches + 20,
+        "holding 200 more locks went from {before} to {after} tokio tasks"
+    );
+    assert_eq!(backend.held_deadlines(), 201);
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    assert_eq!(
+        backend.held_deadlines(),
+        1,
+        "a release removes its deadline"
+    );
+    // A dropped guard is released in the background.
+    drop(first);
+    let dropped_at = Instant::now();
+    while backend.held_deadlines() != 0 {
+        assert!(
+            dropped_at.elapsed() < SLACK,
+            "a dropped hold's deadline is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Several holds with different `max_hold` caps on one backend: each key is deleted at its own cap,
+/// in order of the caps though not of the acquires (the latest cap first, so the earlier deadlines
+/// inserted after it must wake the expiry task), and a hold that is renewed (no cap) is not expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_with_different_caps_expire_in_order_and_a_renewed_one_does_not() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let eps = server.endpoints();
+    let name = common::name("caps");
+    let lease = Duration::from_secs(2);
+    let acquire = |suffix: &'static str, cap: Option<Duration>| {
+        let locks = locks.clone();
+        let name = format!("{name}/{suffix}");
+        async move {
+            let lock = locks.lock(&name).unwrap();
+            let options = lock.options().lease(lease);
+            let options = match cap {
+                Some(cap) => options.max_hold(cap),
+                None => options,
+            };
+            options.acquire().await.unwrap()
+        }
+    };
+    let start = Instant::now();
+    let late = acquire("late", Some(Duration::from_secs(10))).await;
+    let early = acquire("early", Some(Duration::from_secs(2))).await;
+    let middle = acquire("middle", Some(Duration::from_secs(5))).await;
+    let renewed = acquire("renewed", None).await;
+    let present = |suffix: &str| !keys(&eps, &format!("{name}/{suffix}/")).is_empty();
+    assert!(present("late") && present("early") && present("middle") && present("renewed"));
+
+    let gone = |suffix: &'static str, by: Duration| {
+        let present = &present;
+        async move {
+            while present(suffix) {
+                assert!(
+                    start.elapsed() < by,
+                    "the key of {suffix} is still there after {:?}",
+                    start.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    gone("early", Duration::from_secs(2) + SLACK).await;
+    assert!(
+        start.elapsed() >= Duration::from_secs(2),
+        "not before its cap"
+    );
+    assert!(
+        present("late"),
+        "the later cap is not expired with the earlier one"
+    );
+    gone("middle", Duration::from_secs(5) + SLACK).await;
+    assert!(
+        start.elapsed() >= Duration::from_secs(5),
+        "not before its cap"
+    );
+    assert!(
+        present("late"),
+        "the later cap is not expired with the earlier one"
+    );
+    gone("late", Duration::from_secs(10) + SLACK).await;
+    assert!(
+        start.elapsed() >= Duration::from_secs(10),
+        "not before its cap"
+    );
+    for guard in [&early, &middle, &late] {
+        assert_ne!(guard.state(), LockState::Held);
+    }
+    // Renewed through five of its leases: still held, its key still there, its deadline still kept.
+    assert_eq!(
+        renewed.state(),
+        LockState::Held,
+        "{:?}",
+        renewed.loss_reason()
+    );
+    assert!(present("renewed"));
+    assert_eq!(backend.held_deadlines(), 1);
+    renewed.release().await.unwrap();
+    assert_eq!(backend.held_deadlines(), 0);
+    drop((early, middle, late));
+}
+
+/// A hold made on a runtime that is then dropped (with the expiry task and the core's watchdog):
+/// once the backend is used on a second runtime, the expiry task runs there and still deletes the
+/// hold's key at its cap.
+#[test]
+fn a_capped_hold_still_expires_after_its_runtime_is_dropped() {
+    let server = EtcdServer::start_or_panic();
+    let cap = Duration::from_secs(2);
+    let name = common::name("cap_runtimes");
+    let eps = server.endpoints();
+
+    let rt1 = runtime();
+    let (locks, guard, start) = rt1.block_on(async {
+        let backend = backend(&server.url()).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let start = Instant::now();
+        let guard = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(cap)
+            .max_hold(cap)
+            .acquire()
+            .await
+            .unwrap();
+        (locks, guard, start)
+    });
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async {
+        // Any use of the backend starts its background tasks again on this runtime.
+        let other = locks
+            .lock(&format!("{name}-other"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        while !keys(&eps, &format!("{name}/")).is_empty() {
+            assert!(
+                start.elapsed() < cap + SLACK,
+                "the capped hold's key is still there after {:?}",
+                start.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(start.elapsed() >= cap, "not before its cap");
+        other.release().await.unwrap();
+    });
+    drop(guard);
+}

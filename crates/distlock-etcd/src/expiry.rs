@@ -1,0 +1,221 @@
+//! The client-side expiry of held locks: one task per backend over the deadlines of all its held
+//! locks (issue 9: a task per held lock cost most of a held lock's memory). Every hold has a deadline
+//! here: the session is kept alive for the process's other locks and waiters (and for its next
+//! acquire), so it outlives a hold the core stopped renewing — at `max_hold`, whose last renewal may
+//! ask for the whole lease when it is sent right at the cap minus one lease, or after renewals that
+//! stalled — and its key would block the name until the guard is dropped. At a deadline the lock's
+//! loss is reported on its loss channel and its key deleted by create_revision.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use distlock_core::clock::{self, Instant};
+use tokio::sync::Notify;
+
+use crate::backend::{EtcdBackend, Inner};
+use crate::held::{report_loss, LossSender};
+use crate::tasks::Task;
+
+/// A held lock's expiry: what the task needs to report its loss and delete its key.
+#[derive(Debug)]
+struct Expiring {
+    key: String,
+    rev: i64,
+    lost: LossSender,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// By deadline, then by the hold's expiry id (unique per hold). A renewal moves its entry (a
+    /// remove and an insert, which reuse the tree's nodes).
+    deadlines: BTreeMap<(Instant, u64), Expiring>,
+    next_id: u64,
+    /// The expiry task; not alive any more if its runtime was dropped (then started again on the
+    /// current one, see [`EtcdBackend::ensure_expiry`]). The entries stay meanwhile.
+    task: Option<Task>,
+}
+
+/// The deadlines of a backend's held locks.
+#[derive(Debug, Default)]
+pub(crate) struct Expiries {
+    state: Mutex<State>,
+    /// Wakes the task when an entry becomes the earliest.
+    earlier: Notify,
+}
+
+/// What a renewal found for its hold.
+pub(crate) enum Rearmed {
+    /// The deadline was moved.
+    Moved,
+    /// The hold's entry is gone: its deadline passed and the task deleted its key.
+    Expired,
+    /// The hold was released (or dropped) meanwhile: nothing to move.
+    Released,
+}
+
+/// A hold's place among the deadlines (in [`EtcdLease`](crate::lease::EtcdLease)): its id, and its
+/// current deadline, the key of its entry. Changed only under the expiries' lock.
+#[derive(Debug)]
+pub(crate) struct ExpirySlot {
+    id: u64,
+    deadline: Mutex<Option<Instant>>,
+}
+
+impl Expiries {
+    /// Records a hold's deadline; the returned slot moves it ([`renew`](Self::renew)) and removes it
+    /// ([`remove`](Self::remove)).
+    pub(crate) fn insert(
+        &self,
+        deadline: Instant,
+        key: String,
+        rev: i64,
+        lost: LossSender,
+    ) -> ExpirySlot {
+        let Ok(mut state) = self.state.lock() else {
+            // A poisoned lock (a panic under it): no timer, as when no runtime ran one before.
+            return ExpirySlot {
+                id: 0,
+                deadline: Mutex::new(None),
+            };
+        };
+        state.next_id += 1;
+        let id = state.next_id;
+        state
+            .deadlines
+            .insert((deadline, id), Expiring { key, rev, lost });
+        self.wake_if_first(&state, (deadline, id));
+        ExpirySlot {
+            id,
+            deadline: Mutex::new(Some(deadline)),
+        }
+    }
+
+    /// Moves a hold's deadline to `deadline` (a renewal).
+    pub(crate) fn renew(&self, slot: &ExpirySlot, deadline: Instant) -> Rearmed {
+        let Ok(mut state) = self.state.lock() else {
+            return Rearmed::Moved;
+        };
+        let Ok(mut current) = slot.deadline.lock() else {
+            return Rearmed::Moved;
+        };
+        let Some(old) = *current else {
+            return Rearmed::Released;
+        };
+        let Some(entry) = state.deadlines.remove(&(old, slot.id)) else {
+            return Rearmed::Expired;
+        };
+        state.deadlines.insert((deadline, slot.id), entry);
+        *current = Some(deadline);
+        self.wake_if_first(&state, (deadline, slot.id));
+        Rearmed::Moved
+    }
+
+    /// Removes a hold's deadline (its release, its drop): its key is no longer the task's to delete.
+    pub(crate) fn remove(&self, slot: &ExpirySlot) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        let Ok(mut current) = slot.deadline.lock() else {
+            return;
+        };
+        if let Some(old) = current.take() {
+            // A later deadline wake of the task finds nothing due and sleeps again.
+            state.deadlines.remove(&(old, slot.id));
+        }
+    }
+
+    /// Whether the hold was released (or dropped): its slot has no deadline.
+    pub(crate) fn released(slot: &ExpirySlot) -> bool {
+        slot.deadline.lock().map(|d| d.is_none()).unwrap_or(false)
+    }
+
+    fn wake_if_first(&self, state: &State, entry: (Instant, u64)) {
+        if state.deadlines.first_key_value().map(|(k, _)| *k) == Some(entry) {
+            // Stored as a permit if the task is not waiting yet: it then looks again at once.
+            self.earlier.notify_one();
+        }
+    }
+
+    /// The number of deadlines recorded (a test hook).
+    #[cfg(feature = "testing")]
+    pub(crate) fn len(&self) -> usize {
+        self.state.lock().map(|s| s.deadlines.len()).unwrap_or(0)
+    }
+
+    /// Stops the task (the backend is dropped).
+    pub(crate) fn stop(&self) {
+        if let Ok(state) = self.state.lock() {
+            if let Some(task) = &state.task {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl EtcdBackend {
+    /// Starts the expiry task on the current runtime unless it runs: at the first grant, and again
+    /// (at the next grant, renewal or request) if its runtime was dropped.
+    pub(crate) fn ensure_expiry(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let expiries = &self.inner.expiries;
+        let Ok(mut state) = expiries.state.lock() else {
+            return;
+        };
+        if state.task.as_ref().is_some_and(Task::is_alive) {
+            return;
+        }
+        state.task = Some(Task::spawn(
+            &runtime,
+            run(expiries.clone(), Arc::downgrade(&self.inner)),
+        ));
+    }
+}
+
+/// The expiry task: sleeps until the earliest deadline (or until an earlier one is recorded), and at
+/// each deadline passed reports the hold lost and deletes its key. Holds only a weak reference to the
+/// backend, which aborts it when dropped.
+async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
+    loop {
+        let now = clock::now();
+        let mut due = Vec::new();
+        let next = {
+            let Ok(mut state) = expiries.state.lock() else {
+                return;
+            };
+            while let Some(entry) = state.deadlines.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                due.push(entry.remove());
+            }
+            state.deadlines.first_key_value().map(|((at, _), _)| *at)
+        };
+        if !due.is_empty() {
+            let Some(inner) = backend.upgrade() else {
+                return;
+            };
+            let backend = EtcdBackend { inner };
+            for Expiring { key, rev, lost } in due {
+                report_loss(
+                    &lost,
+                    "the lock's lease ran out without a renewal (max_hold reached or renewals failed); its key was deleted"
+                        .into(),
+                );
+                // Its own task, so a slow delete (retried) does not hold up the other deadlines.
+                let backend = backend.clone();
+                tokio::spawn(async move { backend.delete_own(&key, rev).await });
+            }
+        }
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(at.saturating_duration_since(now)) => {}
+                    _ = expiries.earlier.notified() => {}
+                }
+            }
+            None => expiries.earlier.notified().await,
+        }
+    }
+}
