@@ -28,9 +28,10 @@
 //! shorter than its session's (etcd leases are whole seconds and the server raises short ones to its
 //! minimum; `max_hold` shrinks renewals), so a held lock whose lease is, or becomes, shorter than its
 //! session's TTL — and every other held lock too, since the session is kept alive while the core may
-//! stop renewing (at `max_hold`, or after stalled renewals) — gets a client-side timer that deletes its
-//! key (by create_revision) when its own lease runs out without a renewal: `max_hold` and short leases
-//! are honoured even though the session lives on. The timer fires no earlier than the deadline
+//! stop renewing (at `max_hold`, or after stalled renewals) — has a deadline in the backend's
+//! client-side expiry (one task for all held locks, `expiry.rs`), which deletes its key (by
+//! create_revision) when its own lease runs out without a renewal: `max_hold` and short leases
+//! are honoured even though the session lives on. The expiry fires no earlier than the deadline
 //! the core computed, so a guard is never Held with its key deleted. The grant's loss signal resolves
 //! when the held-keys watch (one stream per backend, see `held.rs`) sees the key deleted (`etcdctl del`,
 //! a revoke, an expiry): within a round trip; or when a keep-alive finds the session lease gone.

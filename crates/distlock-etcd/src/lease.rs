@@ -33,7 +33,7 @@ pub struct EtcdLease {
     pub(crate) session: Arc<Session>,
     /// Its deadline in the backend's expiries (see `expiry.rs`); none once released.
     pub(crate) expiry: ExpirySlot,
-    /// The lock's loss channel (the expiry timer and the held-keys watch report on it).
+    /// The lock's loss channel (the expiry task and the held-keys watch report on it).
     pub(crate) lost: LossSender,
     /// The local claim on `key`, passed on only once the key is known deleted.
     pub(crate) claim: u64,
@@ -304,7 +304,7 @@ impl EtcdBackend {
         }
     }
 
-    /// Deletes a held key by key + create_revision, with a few retries (the expiry timer's delete; the
+    /// Deletes a held key by key + create_revision, with a few retries (the expiry task's delete; the
     /// key's claim stays with its lease until the release).
     pub(crate) async fn delete_own(&self, key: &str, rev: i64) {
         let policy = RetryPolicy::new(3, Duration::from_millis(50), Duration::from_millis(800));
