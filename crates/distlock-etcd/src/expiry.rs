@@ -1,5 +1,6 @@
-//! The client-side expiry of held locks: one task per backend over the deadlines of all its held
-//! locks (issue 9: a task per held lock cost most of a held lock's memory). Every hold has a deadline
+//! The client-side expiry of held locks: one task per runtime (that a hold was granted on) over the
+//! deadlines of all the backend's held locks (issue 9: a task per held lock cost most of a held
+//! lock's memory). Every hold has a deadline
 //! here: the session is kept alive for the process's other locks and waiters (and for its next
 //! acquire), so it outlives a hold the core stopped renewing — at `max_hold`, whose last renewal may
 //! ask for the whole lease when it is sent right at the cap minus one lease, or after renewals that
@@ -30,16 +31,17 @@ struct State {
     /// remove and an insert, which reuse the tree's nodes).
     deadlines: BTreeMap<(Instant, u64), Expiring>,
     next_id: u64,
-    /// The expiry task; not alive any more if its runtime was dropped (then started again on the
-    /// current one, see [`EtcdBackend::ensure_expiry`]). The entries stay meanwhile.
-    task: Option<Task>,
+    /// The expiry tasks: one on each runtime a hold was granted on (see
+    /// [`EtcdBackend::ensure_expiry`]), each serving every deadline. A task whose runtime was dropped
+    /// is not alive any more; the entries stay for the others, and for the next grant's.
+    tasks: Vec<(tokio::runtime::Id, Task)>,
 }
 
 /// The deadlines of a backend's held locks.
 #[derive(Debug, Default)]
 pub(crate) struct Expiries {
     state: Mutex<State>,
-    /// Wakes the task when an entry becomes the earliest.
+    /// Wakes the tasks when an entry becomes the earliest.
     earlier: Notify,
 }
 
@@ -131,8 +133,8 @@ impl Expiries {
 
     fn wake_if_first(&self, state: &State, entry: (Instant, u64)) {
         if state.deadlines.first_key_value().map(|(k, _)| *k) == Some(entry) {
-            // Stored as a permit if the task is not waiting yet: it then looks again at once.
-            self.earlier.notify_one();
+            // Every task (one per runtime): each registered its wait before it read the deadlines.
+            self.earlier.notify_waiters();
         }
     }
 
@@ -142,10 +144,10 @@ impl Expiries {
         self.state.lock().map(|s| s.deadlines.len()).unwrap_or(0)
     }
 
-    /// Stops the task (the backend is dropped).
+    /// Stops the tasks (the backend is dropped).
     pub(crate) fn stop(&self) {
         if let Ok(state) = self.state.lock() {
-            if let Some(task) = &state.task {
+            for (_, task) in &state.tasks {
                 task.abort();
             }
         }
@@ -153,8 +155,12 @@ impl Expiries {
 }
 
 impl EtcdBackend {
-    /// Starts the expiry task on the current runtime unless it runs: at the first grant, and again
-    /// (at the next grant, renewal or request) if its runtime was dropped.
+    /// Starts an expiry task on the current runtime unless one runs there: at every grant (and at
+    /// renewals and requests). One per runtime, not one per backend: a single task lives on the
+    /// runtime it was spawned on, and a hold granted on a second runtime, once the first is dropped
+    /// with no renewal due any more (a hold whose grant covers its `max_hold`), had nothing to delete
+    /// its key at the deadline (review). Any task serves every deadline, so the holds of a dropped
+    /// runtime are expired by another runtime's task, or by the next grant's.
     pub(crate) fn ensure_expiry(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -163,13 +169,13 @@ impl EtcdBackend {
         let Ok(mut state) = expiries.state.lock() else {
             return;
         };
-        if state.task.as_ref().is_some_and(Task::is_alive) {
+        let here = runtime.id();
+        state.tasks.retain(|(_, task)| task.is_alive());
+        if state.tasks.iter().any(|(id, _)| *id == here) {
             return;
         }
-        state.task = Some(Task::spawn(
-            &runtime,
-            run(expiries.clone(), Arc::downgrade(&self.inner)),
-        ));
+        let task = Task::spawn(&runtime, run(expiries.clone(), Arc::downgrade(&self.inner)));
+        state.tasks.push((here, task));
     }
 }
 
@@ -178,6 +184,11 @@ impl EtcdBackend {
 /// backend, which aborts it when dropped.
 async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
     loop {
+        // Registered before the deadlines are read, so an earlier one recorded after the read wakes
+        // this task (`notify_waiters` stores no permit).
+        let earlier = expiries.earlier.notified();
+        tokio::pin!(earlier);
+        earlier.as_mut().enable();
         let now = clock::now();
         let mut due = Vec::new();
         let next = {
@@ -212,10 +223,10 @@ async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
             Some(at) => {
                 tokio::select! {
                     _ = tokio::time::sleep(at.saturating_duration_since(now)) => {}
-                    _ = expiries.earlier.notified() => {}
+                    _ = &mut earlier => {}
                 }
             }
-            None => expiries.earlier.notified().await,
+            None => earlier.await,
         }
     }
 }

@@ -1638,3 +1638,64 @@ fn a_capped_hold_still_expires_after_its_runtime_is_dropped() {
     });
     drop(guard);
 }
+
+/// The expiry task of a backend was bound to the runtime it was first spawned on. A hold
+/// granted on a second runtime (whose grant finds the task alive on the first, so does not move it),
+/// after which the first runtime is dropped: with no renewal due (lease == max_hold) and no other use
+/// of the backend, nothing restarts the task and the key is not deleted at its cap. Before, the
+/// hold's own timer was spawned on the runtime of its grant and survived.
+#[test]
+fn a_hold_granted_on_a_second_runtime_expires_after_the_first_is_dropped() {
+    let server = EtcdServer::start_or_panic();
+    let cap = Duration::from_secs(2);
+    let name = common::name("cap_second_rt");
+    let eps = server.endpoints();
+
+    let rt_b = runtime();
+    let locks = rt_b.block_on(async {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    });
+    // The first hold on the backend is made on runtime A: the expiry task starts there.
+    let rt_a = runtime();
+    rt_a.block_on(async {
+        let warm = locks
+            .lock(&format!("{name}-warm"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        warm.release().await.unwrap();
+    });
+    // The capped hold is granted on runtime B.
+    let (guard, start) = rt_b.block_on(async {
+        let start = Instant::now();
+        let guard = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(cap)
+            .max_hold(cap)
+            .acquire()
+            .await
+            .unwrap();
+        // The core renews once or twice early on (each renewal restarts a dead task on this
+        // runtime) and not once the grant covers the rest of the cap: wait for that.
+        tokio::time::sleep_until((start + cap * 3 / 4).into()).await;
+        (guard, start)
+    });
+    drop(rt_a);
+    rt_b.block_on(async {
+        while !keys(&eps, &format!("{name}/")).is_empty() {
+            assert!(
+                start.elapsed() < cap + SLACK,
+                "the capped hold's key is still there after {:?} (its guard: {:?})",
+                start.elapsed(),
+                guard.state()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(start.elapsed() >= cap, "not before its cap");
+    });
+    drop(guard);
+}
