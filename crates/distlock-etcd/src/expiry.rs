@@ -14,7 +14,9 @@ use distlock_core::clock::{self, Instant};
 use tokio::sync::Notify;
 
 use crate::backend::{EtcdBackend, Inner};
+use crate::claims::{Doomed, FOREIGN};
 use crate::held::{report_loss, LossSender};
+use crate::session::Session;
 use crate::tasks::Task;
 
 /// A held lock's expiry: what the task needs to report its loss and delete its key.
@@ -23,6 +25,7 @@ struct Expiring {
     key: String,
     rev: i64,
     lost: LossSender,
+    session: Arc<Session>,
 }
 
 #[derive(Debug, Default)]
@@ -72,6 +75,7 @@ impl Expiries {
         key: String,
         rev: i64,
         lost: LossSender,
+        session: Arc<Session>,
     ) -> ExpirySlot {
         let Ok(mut state) = self.state.lock() else {
             // A poisoned lock (a panic under it): no timer, as when no runtime ran one before.
@@ -82,9 +86,15 @@ impl Expiries {
         };
         state.next_id += 1;
         let id = state.next_id;
-        state
-            .deadlines
-            .insert((deadline, id), Expiring { key, rev, lost });
+        state.deadlines.insert(
+            (deadline, id),
+            Expiring {
+                key,
+                rev,
+                lost,
+                session,
+            },
+        );
         self.wake_if_first(&state, (deadline, id));
         ExpirySlot {
             id,
@@ -208,15 +218,37 @@ async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
                 return;
             };
             let backend = EtcdBackend { inner };
-            for Expiring { key, rev, lost } in due {
+            for Expiring {
+                key,
+                rev,
+                lost,
+                session,
+            } in due
+            {
                 report_loss(
                     &lost,
                     "the lock's lease ran out without a renewal (max_hold reached or renewals failed); its key was deleted"
                         .into(),
                 );
-                // Its own task, so a slow delete (retried) does not hold up the other deadlines.
-                let backend = backend.clone();
-                tokio::spawn(async move { backend.delete_own(&key, rev).await });
+                // Handed to the backend's retried deletes, which try until the key is gone or its
+                // session is, and are started again on another runtime if this one is dropped: a
+                // delete run as a task here died with a short-lived runtime whose task took the
+                // deadline, and a delete given up after three tries left the key past the cap
+                // (review). The claim stays with the lease until its release, as before (`FOREIGN`
+                // passes none on).
+                let doomed = Doomed {
+                    key,
+                    rev: Some(rev),
+                    owner: String::new(),
+                    session,
+                    claim: FOREIGN,
+                    not_before: None,
+                };
+                // At once as well (the retrier's first pass is a backoff away).
+                let now = backend.clone();
+                let first = doomed.clone();
+                tokio::spawn(async move { now.delete_once(&first).await });
+                backend.retry_delete(doomed);
             }
         }
         match next {

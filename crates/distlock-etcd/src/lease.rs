@@ -11,7 +11,6 @@ use distlock_core::clock;
 use distlock_core::raw::{
     AcquireRequest, Grant, HandOff, LossSignal, Released, Renewal, RenewalId, Renewed,
 };
-use distlock_core::retry::RetryPolicy;
 use distlock_core::{FencingToken, Result};
 use tokio::sync::watch;
 
@@ -203,10 +202,10 @@ impl EtcdBackend {
         }
         // Every hold has a deadline (see `expiry.rs`): the session outlives a hold the core stopped
         // renewing.
-        let expiry = self
-            .inner
-            .expiries
-            .insert(expires, key.clone(), rev, lost.clone());
+        let expiry =
+            self.inner
+                .expiries
+                .insert(expires, key.clone(), rev, lost.clone(), session.clone());
         self.ensure_expiry();
         let held = EtcdLease {
             key,
@@ -301,22 +300,6 @@ impl EtcdBackend {
                 tracing::debug!(%key, error = %e, "etcd: re-reading a just-granted key failed; the watch task reads it again");
                 self.inner.held.recheck_later(watch_id, created_at);
             }
-        }
-    }
-
-    /// Deletes a held key by key + create_revision, with a few retries (the expiry task's delete; the
-    /// key's claim stays with its lease until the release).
-    pub(crate) async fn delete_own(&self, key: &str, rev: i64) {
-        let policy = RetryPolicy::new(3, Duration::from_millis(50), Duration::from_millis(800));
-        let deleted = distlock_core::retry::retry(
-            &policy,
-            None,
-            |_| self.txn("expiry delete", layout::release_txn(key, rev)),
-            |_| true,
-        )
-        .await;
-        if let Err(e) = deleted {
-            tracing::warn!(%key, error = %e, "etcd: could not delete an expired lock key; the release retries it");
         }
     }
 

@@ -1699,3 +1699,132 @@ fn a_hold_granted_on_a_second_runtime_expires_after_the_first_is_dropped() {
     });
     drop(guard);
 }
+
+/// Review of a37632b (pre-existing since e24c33a): the expiry task removes a due entry from the
+/// deadline map before its delete succeeds, and `delete_own` gives up after three attempts. A
+/// connection that is down for ~2 s at the deadline (shorter than the session TTL, so the session
+/// lives on) makes the delete fail its attempts; nothing tries again (the entry is gone, the renewal
+/// path says `Expired`), and the key blocks the name past `max_hold` until the guard is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_expiry_delete_failing_at_the_deadline_is_not_abandoned() {
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend(&format!("etcd://{}?request_timeout=300ms", proxy.addr())).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("expiry_delete_fails");
+    let eps = server.endpoints();
+    let cap = Duration::from_secs(4);
+    let start = Instant::now();
+    let guard = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(cap)
+        .max_hold(cap)
+        .acquire()
+        .await
+        .unwrap();
+    // Down from just before the deadline for 2 s: longer than the delete's three attempts (300 ms
+    // each, 50/100 ms backoff), shorter than the 4 s session TTL.
+    tokio::time::sleep_until((start + cap - Duration::from_millis(200)).into()).await;
+    tokio::task::block_in_place(|| proxy.refuse().unwrap());
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    tokio::task::block_in_place(|| proxy.pass().unwrap());
+    assert_eq!(
+        backend.held_deadlines(),
+        0,
+        "the expiry task took the entry"
+    );
+    while !keys(&eps, &format!("{name}/")).is_empty() {
+        assert!(
+            start.elapsed() < cap + Duration::from_secs(2) + SLACK,
+            "the capped hold's key is still there after {:?} (guard: {:?}); the session lives on",
+            start.elapsed(),
+            guard.state()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(guard);
+}
+
+/// Review of a37632b: every runtime's task serves every deadline, so a hold granted on a long-lived
+/// runtime B may be taken, at its deadline, by the task of a short-lived runtime C that happens to be
+/// driven then. The task removes the entry and spawns the delete (with its retries) on C; C is
+/// dropped while the delete is still retrying (the connection was down for ~200 ms around the
+/// deadline, well within the delete's retry budget): the delete is dropped with C, nothing else has
+/// the entry, and the key stays past `max_hold` on a live session. With B's task taking it, the
+/// delete is retried on B and succeeds. Which task wins is a race: a few rounds.
+#[test]
+fn fault_an_expiry_taken_by_a_short_lived_runtime_still_deletes_the_key() {
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let eps = server.endpoints();
+    let cap = Duration::from_secs(3);
+    let rt_b = runtime();
+    let (backend, locks) = rt_b.block_on(async {
+        let backend = backend(&format!("etcd://{}?request_timeout=300ms", proxy.addr())).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        (backend, locks)
+    });
+    for round in 0..6 {
+        let name = common::name(&format!("short_rt_expiry{round}"));
+        let (guard, start) = rt_b.block_on(async {
+            let start = Instant::now();
+            let guard = locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .lease(cap)
+                .max_hold(cap)
+                .acquire()
+                .await
+                .unwrap();
+            (guard, start)
+        });
+        // B's two workers busy for 300 ms across the deadline (a loaded runtime): C's task, not
+        // B's, takes the entry (without this it is a race that C wins in about half the rounds).
+        for _ in 0..2 {
+            let busy_from = start + cap - Duration::from_millis(20);
+            rt_b.spawn(async move {
+                tokio::time::sleep_until(busy_from.into()).await;
+                std::thread::sleep(Duration::from_millis(300));
+            });
+        }
+        let rt_c = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt_c.block_on(async {
+            // Any use of the backend on C starts an expiry task there.
+            let warm = locks
+                .lock(&format!("{name}-warm"))
+                .unwrap()
+                .options()
+                .lease(cap)
+                .acquire()
+                .await
+                .unwrap();
+            warm.release().await.unwrap();
+            tokio::time::sleep_until((start + cap - Duration::from_millis(50)).into()).await;
+            proxy.refuse().unwrap();
+            while backend.held_deadlines() > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        });
+        drop(rt_c);
+        proxy.pass().unwrap();
+        rt_b.block_on(async {
+            while !keys(&eps, &format!("{name}/")).is_empty() {
+                assert!(
+                    start.elapsed() < cap + SLACK,
+                    "round {round}: the capped hold's key is still there after {:?} (guard: {:?})",
+                    start.elapsed(),
+                    guard.state()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        drop(guard);
+    }
+}
