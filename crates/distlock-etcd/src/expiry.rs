@@ -9,8 +9,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use distlock_core::clock::{self, Instant};
+use distlock_core::retry::Backoff;
 use tokio::sync::Notify;
 
 use crate::backend::{EtcdBackend, Inner};
@@ -28,7 +30,7 @@ struct Expiring {
     session: Arc<Session>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct State {
     /// By deadline, then by the hold's expiry id (unique per hold). A renewal moves its entry (a
     /// remove and an insert, which reuse the tree's nodes).
@@ -38,10 +40,15 @@ struct State {
     /// [`EtcdBackend::ensure_expiry`]), each serving every deadline. A task whose runtime was dropped
     /// is not alive any more; the entries stay for the others, and for the next grant's.
     tasks: Vec<(tokio::runtime::Id, Task)>,
+    /// Expired holds whose key is not known deleted yet, by expiry id. Kept here rather than in a task
+    /// of one runtime, so that every expiry task retries them (review: a delete run as a task on a
+    /// short-lived runtime whose task took the deadline died with that runtime); removed once a
+    /// delete answered, or the key's session is gone.
+    undeleted: BTreeMap<u64, Doomed>,
 }
 
 /// The deadlines of a backend's held locks.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Expiries {
     state: Mutex<State>,
     /// Wakes the tasks when an entry becomes the earliest.
@@ -189,10 +196,12 @@ impl EtcdBackend {
     }
 }
 
-/// The expiry task: sleeps until the earliest deadline (or until an earlier one is recorded), and at
-/// each deadline passed reports the hold lost and deletes its key. Holds only a weak reference to the
-/// backend, which aborts it when dropped.
+/// The expiry task (one per runtime a hold was granted on): sleeps until the earliest deadline (or
+/// until an earlier one is recorded), and at each deadline passed reports the hold lost and deletes
+/// its key by create_revision, retrying with backoff until a delete answers or the session is gone.
+/// Holds only a weak reference to the backend, which aborts it when dropped.
 async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         // Registered before the deadlines are read, so an earlier one recorded after the read wakes
         // this task (`notify_waiters` stores no permit).
@@ -201,7 +210,7 @@ async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
         earlier.as_mut().enable();
         let now = clock::now();
         let mut due = Vec::new();
-        let next = {
+        let (next, undeleted) = {
             let Ok(mut state) = expiries.state.lock() else {
                 return;
             };
@@ -209,52 +218,72 @@ async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
                 if entry.key().0 > now {
                     break;
                 }
-                due.push(entry.remove());
+                let ((_, id), expiring) = entry.remove_entry();
+                due.push((id, expiring));
             }
-            state.deadlines.first_key_value().map(|((at, _), _)| *at)
+            for (
+                id,
+                Expiring {
+                    key, rev, session, ..
+                },
+            ) in &due
+            {
+                // The claim stays with the lease until its release, as before.
+                let doomed = Doomed {
+                    key: key.clone(),
+                    rev: Some(*rev),
+                    owner: String::new(),
+                    session: session.clone(),
+                    claim: FOREIGN,
+                    not_before: None,
+                };
+                state.undeleted.insert(*id, doomed);
+            }
+            let next = state.deadlines.first_key_value().map(|((at, _), _)| *at);
+            let undeleted: Vec<(u64, Doomed)> = state
+                .undeleted
+                .iter()
+                .map(|(id, d)| (*id, d.clone()))
+                .collect();
+            (next, undeleted)
         };
-        if !due.is_empty() {
+        for (_, Expiring { lost, .. }) in &due {
+            report_loss(
+                lost,
+                "the lock's lease ran out without a renewal (max_hold reached or renewals failed); its key was deleted"
+                    .into(),
+            );
+        }
+        let mut retry_after = None;
+        if !undeleted.is_empty() {
             let Some(inner) = backend.upgrade() else {
                 return;
             };
             let backend = EtcdBackend { inner };
-            for Expiring {
-                key,
-                rev,
-                lost,
-                session,
-            } in due
-            {
-                report_loss(
-                    &lost,
-                    "the lock's lease ran out without a renewal (max_hold reached or renewals failed); its key was deleted"
-                        .into(),
-                );
-                // Handed to the backend's retried deletes, which try until the key is gone or its
-                // session is, and are started again on another runtime if this one is dropped: a
-                // delete run as a task here died with a short-lived runtime whose task took the
-                // deadline, and a delete given up after three tries left the key past the cap
-                // (review). The claim stays with the lease until its release, as before (`FOREIGN`
-                // passes none on).
-                let doomed = Doomed {
-                    key,
-                    rev: Some(rev),
-                    owner: String::new(),
-                    session,
-                    claim: FOREIGN,
-                    not_before: None,
-                };
-                // At once as well (the retrier's first pass is a backoff away).
-                let now = backend.clone();
-                let first = doomed.clone();
-                tokio::spawn(async move { now.delete_once(&first).await });
-                backend.retry_delete(doomed);
+            for (id, doomed) in undeleted {
+                // A key whose session is gone went with its lease.
+                if doomed.session.gone_reason().is_some() || backend.delete_once(&doomed).await {
+                    if let Ok(mut state) = expiries.state.lock() {
+                        state.undeleted.remove(&id);
+                    }
+                } else {
+                    retry_after = Some(backoff.next_delay());
+                }
+            }
+            if retry_after.is_none() {
+                backoff.reset();
             }
         }
-        match next {
+        let wake_at = match (next, retry_after) {
+            (Some(at), Some(retry)) => Some(at.min(clock::now().saturating_add(retry))),
+            (Some(at), None) => Some(at),
+            (None, Some(retry)) => Some(clock::now().saturating_add(retry)),
+            (None, None) => None,
+        };
+        match wake_at {
             Some(at) => {
                 tokio::select! {
-                    _ = tokio::time::sleep(at.saturating_duration_since(now)) => {}
+                    _ = tokio::time::sleep(at.saturating_duration_since(clock::now())) => {}
                     _ = &mut earlier => {}
                 }
             }
