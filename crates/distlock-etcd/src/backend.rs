@@ -28,9 +28,10 @@
 //! shorter than its session's (etcd leases are whole seconds and the server raises short ones to its
 //! minimum; `max_hold` shrinks renewals), so a held lock whose lease is, or becomes, shorter than its
 //! session's TTL — and every other held lock too, since the session is kept alive while the core may
-//! stop renewing (at `max_hold`, or after stalled renewals) — gets a client-side timer that deletes its
-//! key (by create_revision) when its own lease runs out without a renewal: `max_hold` and short leases
-//! are honoured even though the session lives on. The timer fires no earlier than the deadline
+//! stop renewing (at `max_hold`, or after stalled renewals) — has a deadline in the backend's
+//! client-side expiry (one task for all held locks, `expiry.rs`), which deletes its key (by
+//! create_revision) when its own lease runs out without a renewal: `max_hold` and short leases
+//! are honoured even though the session lives on. The expiry fires no earlier than the deadline
 //! the core computed, so a guard is never Held with its key deleted. The grant's loss signal resolves
 //! when the held-keys watch (one stream per backend, see `held.rs`) sees the key deleted (`etcdctl del`,
 //! a revoke, an expiry): within a round trip; or when a keep-alive finds the session lease gone.
@@ -60,6 +61,7 @@ use crate::claims::Retry;
 use crate::config::EtcdConfig;
 use crate::conn::{connect_client, Conn, Keeper};
 use crate::error::{EtcdError, BACKEND};
+use crate::expiry::Expiries;
 use crate::held::HeldKeys;
 use crate::layout;
 use crate::lease::EtcdLease;
@@ -105,10 +107,13 @@ pub(crate) struct Inner {
     pub(crate) doomed: Mutex<Retry>,
     /// The watch on held keys (one stream for the whole backend).
     pub(crate) held: HeldKeys,
+    /// The deadlines of held locks, and the one task that expires them.
+    pub(crate) expiries: Arc<Expiries>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.expiries.stop();
         if let Ok(conn) = self.conn.get_mut() {
             if let Some(sentinel) = conn.sentinel.take() {
                 sentinel.abort();
@@ -164,6 +169,7 @@ impl EtcdBackend {
                 claims: Mutex::new(HashMap::new()),
                 next_claim: AtomicU64::new(1),
                 doomed: Mutex::new(Retry::default()),
+                expiries: Arc::default(),
             }),
         })
     }
@@ -206,6 +212,13 @@ impl EtcdBackend {
             .filter(|s| s.gone_reason().is_none())
             .map(|s| (s.granted, s.id))
             .collect()
+    }
+
+    /// How many held locks have a deadline in the expiry task's structure (a test hook, with the
+    /// `testing` feature).
+    #[cfg(feature = "testing")]
+    pub fn held_deadlines(&self) -> usize {
+        self.inner.expiries.len()
     }
 }
 

@@ -92,11 +92,12 @@ impl EtcdBackend {
     }
 
     /// Starts again, on the current runtime, the background tasks whose runtime was dropped: session
-    /// keep-alives, the held-keys watch, the retry of failed deletes.
+    /// keep-alives, the held-keys watch, the retry of failed deletes, the expiry of held locks.
     pub(crate) fn ensure_background(&self) {
         self.ensure_keepers();
         self.inner.held.keep_running();
         self.ensure_retrier();
+        self.ensure_expiry();
     }
 
     /// Starts again, on the current runtime, the keep-alive tasks whose runtime was dropped.

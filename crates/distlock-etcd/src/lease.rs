@@ -4,26 +4,25 @@
 //! picture.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use distlock_core::clock::{self, Instant};
+use distlock_core::clock;
 use distlock_core::raw::{
     AcquireRequest, Grant, HandOff, LossSignal, Released, Renewal, RenewalId, Renewed,
 };
-use distlock_core::retry::RetryPolicy;
 use distlock_core::{FencingToken, Result};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 use crate::acquire::{header_rev, Position};
 use crate::backend::{EtcdBackend, Inner};
 use crate::claims::Doomed;
 use crate::error::BACKEND;
+use crate::expiry::{Expiries, ExpirySlot, Rearmed};
 use crate::held::{report_loss, LossSender};
 use crate::layout;
 use crate::rpc::pb::etcdserverpb::response_op::Response as OpResponse;
 use crate::session::{KeepAlive, Session};
-use crate::tasks::Task;
 
 /// A held lock: its key, create_revision (the token) and session, and the client-side expiry of the
 /// lock's own lease.
@@ -31,9 +30,9 @@ pub struct EtcdLease {
     pub(crate) key: String,
     pub(crate) rev: i64,
     pub(crate) session: Arc<Session>,
-    pub(crate) clock: Arc<Mutex<LeaseClock>>,
-    pub(crate) wake: Arc<Notify>,
-    /// The lock's loss channel (the expiry timer and the held-keys watch report on it).
+    /// Its deadline in the backend's expiries (see `expiry.rs`); none once released.
+    pub(crate) expiry: ExpirySlot,
+    /// The lock's loss channel (the expiry task and the held-keys watch report on it).
     pub(crate) lost: LossSender,
     /// The local claim on `key`, passed on only once the key is known deleted.
     pub(crate) claim: u64,
@@ -49,13 +48,16 @@ pub struct EtcdLease {
 
 impl Drop for EtcdLease {
     fn drop(&mut self) {
-        let released = self.clock.lock().map(|c| c.released).unwrap_or(false);
-        if released || self.handed_off.load(std::sync::atomic::Ordering::Acquire) {
-            return;
-        }
+        let released = Expiries::released(&self.expiry);
         let Some(inner) = self.backend.upgrade() else {
             return;
         };
+        // Not the expiry task's any more: the retried deletes below (or those of a failed release)
+        // delete the key.
+        inner.expiries.remove(&self.expiry);
+        if released || self.handed_off.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         let backend = EtcdBackend { inner };
         backend.inner.held.unwatch(self.watch_id);
         // By create_revision, so a newer key of the name is never touched; a key already deleted (a
@@ -97,16 +99,6 @@ impl EtcdLease {
     pub fn lease_id(&self) -> i64 {
         self.session.id
     }
-}
-
-#[derive(Debug)]
-pub(crate) struct LeaseClock {
-    expires: Instant,
-    /// The timer deleted the key: no renewal may report it held again.
-    expired: bool,
-    released: bool,
-    /// The expiry timer task runs (see `arm_expiry`); false again if its runtime went away with it.
-    timer: Option<Task>,
 }
 
 /// The held-key watch an acquisition makes for its own key once it queues behind another (in
@@ -173,13 +165,7 @@ impl EtcdBackend {
             }
         };
         let lost_rx = lost.subscribe();
-        let clock = Arc::new(Mutex::new(LeaseClock {
-            expires: clock::now().saturating_add(lease),
-            expired: false,
-            released: false,
-            timer: None,
-        }));
-        let wake = Arc::new(Notify::new());
+        let expires = clock::now().saturating_add(lease);
         let gone = session.gone();
         let loss: LossSignal = Box::pin(async move {
             let mut lost_rx = lost_rx;
@@ -214,19 +200,24 @@ impl EtcdBackend {
                     .await
             }
         }
+        // Every hold has a deadline (see `expiry.rs`): the session outlives a hold the core stopped
+        // renewing.
+        let expiry =
+            self.inner
+                .expiries
+                .insert(expires, key.clone(), rev, lost.clone(), session.clone());
+        self.ensure_expiry();
         let held = EtcdLease {
             key,
             rev,
             session,
-            clock,
-            wake,
+            expiry,
             lost,
             claim,
             watch_id,
             backend: Arc::downgrade(&self.inner),
             handed_off: std::sync::atomic::AtomicBool::new(false),
         };
-        self.arm_expiry(&held);
         Grant::new(held)
             .with_token(token)
             .with_ttl(ttl)
@@ -312,54 +303,6 @@ impl EtcdBackend {
         }
     }
 
-    /// Starts the lock's expiry timer, which deletes its key once the lock's own lease runs out
-    /// unrenewed. Every hold has one: the session is kept alive for the process's other locks and
-    /// waiters (and for its next acquire), so it outlives a hold the core stopped renewing — at
-    /// `max_hold`, whose last renewal may ask for the whole lease when it is sent right at the cap
-    /// minus one lease, or after renewals that stalled — and its key would block the name until the
-    /// guard is dropped. Skipping the timer when the lease equals the session's TTL (as first built,
-    /// to spend no task per lock) left exactly that key behind. A timer whose runtime went away with it
-    /// is started again on the current one.
-    pub(crate) fn arm_expiry(&self, held: &EtcdLease) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let Ok(mut clock) = held.clock.lock() else {
-            return;
-        };
-        if clock.timer.as_ref().is_some_and(Task::is_alive) {
-            return;
-        }
-        // Spawned under the lock: the timer reads the clock first thing, after it is recorded.
-        clock.timer = Some(Task::spawn(
-            &runtime,
-            expiry_timer(
-                self.clone(),
-                held.key.clone(),
-                held.rev,
-                held.clock.clone(),
-                held.wake.clone(),
-                held.lost.clone(),
-            ),
-        ));
-    }
-
-    /// Deletes a held key by key + create_revision, with a few retries (the expiry timer's delete; the
-    /// key's claim stays with its lease until the release).
-    pub(crate) async fn delete_own(&self, key: &str, rev: i64) {
-        let policy = RetryPolicy::new(3, Duration::from_millis(50), Duration::from_millis(800));
-        let deleted = distlock_core::retry::retry(
-            &policy,
-            None,
-            |_| self.txn("expiry delete", layout::release_txn(key, rev)),
-            |_| true,
-        )
-        .await;
-        if let Err(e) = deleted {
-            tracing::warn!(%key, error = %e, "etcd: could not delete an expired lock key; the release retries it");
-        }
-    }
-
     /// What one renewal's session keep-alive (`None`: none was sent for it) means for its lock.
     fn renewal_outcome(
         &self,
@@ -375,30 +318,16 @@ impl EtcdBackend {
                 if let Some(reason) = found {
                     return Ok(Renewed::Gone { reason });
                 }
-                let mut clock = match entry.lease.clock.lock() {
-                    Ok(c) => c,
-                    Err(_) => {
-                        return Ok(Renewed::Gone {
-                            reason: "internal error: a poisoned lease clock".into(),
-                        })
-                    }
-                };
-                if clock.expired {
-                    return Ok(Renewed::Gone {
+                // What the core is told (the lease the server confirmed may be shorter): the key
+                // must not outlive the guard's own deadline by more than a round trip.
+                let expires = clock::now().saturating_add(entry.ttl.min(*ttl));
+                match self.inner.expiries.renew(&entry.lease.expiry, expires) {
+                    Rearmed::Moved | Rearmed::Released => {}
+                    Rearmed::Expired => return Ok(Renewed::Gone {
                         reason:
                             "the lock's own lease ran out before this renewal; its key was deleted"
                                 .into(),
-                    });
-                }
-                // What the core is told (the lease the server confirmed may be shorter): the key
-                // must not outlive the guard's own deadline by more than a round trip.
-                clock.expires = clock::now().saturating_add(entry.ttl.min(*ttl));
-                let armed = clock.timer.as_ref().is_some_and(Task::is_alive);
-                drop(clock);
-                if armed {
-                    entry.lease.wake.notify_one();
-                } else {
-                    self.arm_expiry(entry.lease);
+                    }),
                 }
                 Ok(Renewed::Extended {
                     ttl: entry.ttl.min(*ttl),
@@ -439,7 +368,7 @@ impl EtcdBackend {
         let outcomes =
             futures_util::future::join_all(sessions.iter().map(|s| s.keep_alive())).await;
         // Renewals run on the runtime the core's watchdog is on now: the keep-alive tasks and the
-        // held-keys watch move there if their runtime is gone.
+        // held-keys watch (and the expiry task) move there if their runtime is gone.
         self.ensure_background();
         let by_id: HashMap<i64, &std::result::Result<Duration, KeepAlive>> =
             sessions.iter().map(|s| s.id).zip(outcomes.iter()).collect();
@@ -484,12 +413,9 @@ impl EtcdBackend {
             }
         };
         self.unclaim(&lease.key, lease.claim);
-        // Only now stop the expiry timer: if the release failed, the timer still deletes the key
-        // when the lease runs out.
-        if let Ok(mut c) = lease.clock.lock() {
-            c.released = true;
-        }
-        lease.wake.notify_one();
+        // Only now remove its deadline: if the release failed, the expiry task still deletes the
+        // key when the lease runs out.
+        self.inner.expiries.remove(&lease.expiry);
         Ok(if resp.succeeded {
             Released::Released
         } else {
@@ -601,10 +527,7 @@ impl EtcdBackend {
         };
         // The old key is gone either way (deleted now, or no longer this hold's).
         self.unclaim(&lease.key, lease.claim);
-        if let Ok(mut c) = lease.clock.lock() {
-            c.released = true;
-        }
-        lease.wake.notify_one();
+        self.inner.expiries.remove(&lease.expiry);
         let rev = if resp.succeeded {
             header_rev(&resp).map_err(|e| e.into_core(Some(name)))?
         } else {
@@ -652,41 +575,4 @@ impl EtcdBackend {
         undo.doomed = None;
         Ok(HandOff::Handed(grant))
     }
-}
-
-/// Deletes a held lock's key when its own lease runs out without a renewal (see the module docs).
-async fn expiry_timer(
-    backend: EtcdBackend,
-    key: String,
-    rev: i64,
-    clock: Arc<Mutex<LeaseClock>>,
-    wake: Arc<Notify>,
-    lost: LossSender,
-) {
-    loop {
-        let left = match clock.lock() {
-            Ok(c) if c.released => return,
-            Ok(c) => c.expires.saturating_duration_since(clock::now()),
-            Err(_) => return,
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(left) => {}
-            _ = wake.notified() => {}
-        }
-        match clock.lock() {
-            Ok(c) if c.released => return,
-            Ok(mut c) if clock::now() >= c.expires => {
-                c.expired = true;
-                break;
-            }
-            Ok(_) => {}
-            Err(_) => return,
-        }
-    }
-    report_loss(
-        &lost,
-        "the lock's lease ran out without a renewal (max_hold reached or renewals failed); its key was deleted"
-            .into(),
-    );
-    backend.delete_own(&key, rev).await;
 }

@@ -30,6 +30,7 @@ mod claims;
 mod config;
 mod conn;
 mod error;
+mod expiry;
 mod held;
 pub mod layout;
 mod lease;

@@ -1443,3 +1443,388 @@ fn held_with_its_key_gone(
     let token = guard.token().unwrap().get();
     !left.iter().any(|k| k.create_revision == token) && guard.state() == LockState::Held
 }
+
+/// Issue 9: the client-side expiry of held locks is one task per backend, not one per held lock.
+/// Holding 200 more locks adds O(1) tokio tasks beside the core's loss watch per hold (a task per
+/// lock added >= 200 more), every hold has a
+/// deadline in the shared structure, and a release removes its entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holding_many_locks_adds_no_expiry_task_per_lock() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("many_held");
+    // Everything the backend starts lazily starts here (session, keep-alive, held-keys watch, expiry).
+    let first = locks
+        .lock(&format!("{name}/warm"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        guards.push(
+            locks
+                .lock(&format!("{name}/{i}"))
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let after = metrics.num_alive_tasks();
+    // The core watches each hold's loss signal in a task of its own (one per hold, not the
+    // backend's); the backend adds O(1) on top (a task per lock: >= 200 more).
+    let core_loss_watches = 200;
+    assert!(
+        after < before + core_loss_watches + 20,
+        "holding 200 more locks went from {before} to {after} tokio tasks"
+    );
+    assert_eq!(backend.held_deadlines(), 201);
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    assert_eq!(
+        backend.held_deadlines(),
+        1,
+        "a release removes its deadline"
+    );
+    // A dropped guard is released in the background.
+    drop(first);
+    let dropped_at = Instant::now();
+    while backend.held_deadlines() != 0 {
+        assert!(
+            dropped_at.elapsed() < SLACK,
+            "a dropped hold's deadline is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Several holds with different `max_hold` caps on one backend: each key is deleted at its own cap,
+/// in order of the caps though not of the acquires (the latest cap first, so the earlier deadlines
+/// inserted after it must wake the expiry task), and a hold that is renewed (no cap) is not expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_with_different_caps_expire_in_order_and_a_renewed_one_does_not() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let eps = server.endpoints();
+    let name = common::name("caps");
+    let lease = Duration::from_secs(2);
+    let acquire = |suffix: &'static str, cap: Option<Duration>| {
+        let locks = locks.clone();
+        let name = format!("{name}/{suffix}");
+        async move {
+            let lock = locks.lock(&name).unwrap();
+            let options = lock.options().lease(lease);
+            let options = match cap {
+                Some(cap) => options.max_hold(cap),
+                None => options,
+            };
+            options.acquire().await.unwrap()
+        }
+    };
+    let start = Instant::now();
+    let late = acquire("late", Some(Duration::from_secs(10))).await;
+    let early = acquire("early", Some(Duration::from_secs(2))).await;
+    let middle = acquire("middle", Some(Duration::from_secs(5))).await;
+    let renewed = acquire("renewed", None).await;
+    let present = |suffix: &str| !keys(&eps, &format!("{name}/{suffix}/")).is_empty();
+    assert!(present("late") && present("early") && present("middle") && present("renewed"));
+
+    let gone = |suffix: &'static str, by: Duration| {
+        let present = &present;
+        async move {
+            while present(suffix) {
+                assert!(
+                    start.elapsed() < by,
+                    "the key of {suffix} is still there after {:?}",
+                    start.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    gone("early", Duration::from_secs(2) + SLACK).await;
+    assert!(
+        start.elapsed() >= Duration::from_secs(2),
+        "not before its cap"
+    );
+    assert!(
+        present("late"),
+        "the later cap is not expired with the earlier one"
+    );
+    gone("middle", Duration::from_secs(5) + SLACK).await;
+    assert!(
+        start.elapsed() >= Duration::from_secs(5),
+        "not before its cap"
+    );
+    assert!(
+        present("late"),
+        "the later cap is not expired with the earlier one"
+    );
+    gone("late", Duration::from_secs(10) + SLACK).await;
+    assert!(
+        start.elapsed() >= Duration::from_secs(10),
+        "not before its cap"
+    );
+    for guard in [&early, &middle, &late] {
+        assert_ne!(guard.state(), LockState::Held);
+    }
+    // Renewed through five of its leases: still held, its key still there, its deadline still kept.
+    assert_eq!(
+        renewed.state(),
+        LockState::Held,
+        "{:?}",
+        renewed.loss_reason()
+    );
+    assert!(present("renewed"));
+    assert_eq!(backend.held_deadlines(), 1);
+    renewed.release().await.unwrap();
+    assert_eq!(backend.held_deadlines(), 0);
+    drop((early, middle, late));
+}
+
+/// A hold made on a runtime that is then dropped (with the expiry task and the core's watchdog):
+/// once the backend is used on a second runtime, the expiry task runs there and still deletes the
+/// hold's key at its cap.
+#[test]
+fn a_capped_hold_still_expires_after_its_runtime_is_dropped() {
+    let server = EtcdServer::start_or_panic();
+    let cap = Duration::from_secs(2);
+    let name = common::name("cap_runtimes");
+    let eps = server.endpoints();
+
+    let rt1 = runtime();
+    let (locks, guard, start) = rt1.block_on(async {
+        let backend = backend(&server.url()).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let start = Instant::now();
+        let guard = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(cap)
+            .max_hold(cap)
+            .acquire()
+            .await
+            .unwrap();
+        (locks, guard, start)
+    });
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async {
+        // Any use of the backend starts its background tasks again on this runtime.
+        let other = locks
+            .lock(&format!("{name}-other"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        while !keys(&eps, &format!("{name}/")).is_empty() {
+            assert!(
+                start.elapsed() < cap + SLACK,
+                "the capped hold's key is still there after {:?}",
+                start.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(start.elapsed() >= cap, "not before its cap");
+        other.release().await.unwrap();
+    });
+    drop(guard);
+}
+
+/// The expiry task of a backend was bound to the runtime it was first spawned on. A hold
+/// granted on a second runtime (whose grant finds the task alive on the first, so does not move it),
+/// after which the first runtime is dropped: with no renewal due (lease == max_hold) and no other use
+/// of the backend, nothing restarts the task and the key is not deleted at its cap. Before, the
+/// hold's own timer was spawned on the runtime of its grant and survived.
+#[test]
+fn a_hold_granted_on_a_second_runtime_expires_after_the_first_is_dropped() {
+    let server = EtcdServer::start_or_panic();
+    let cap = Duration::from_secs(2);
+    let name = common::name("cap_second_rt");
+    let eps = server.endpoints();
+
+    let rt_b = runtime();
+    let locks = rt_b.block_on(async {
+        let backend = backend(&server.url()).await;
+        Locks::with_defaults(backend.clone(), backend.default_options())
+    });
+    // The first hold on the backend is made on runtime A: the expiry task starts there.
+    let rt_a = runtime();
+    rt_a.block_on(async {
+        let warm = locks
+            .lock(&format!("{name}-warm"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        warm.release().await.unwrap();
+    });
+    // The capped hold is granted on runtime B.
+    let (guard, start) = rt_b.block_on(async {
+        let start = Instant::now();
+        let guard = locks
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(cap)
+            .max_hold(cap)
+            .acquire()
+            .await
+            .unwrap();
+        // The core renews once or twice early on (each renewal restarts a dead task on this
+        // runtime) and not once the grant covers the rest of the cap: wait for that.
+        tokio::time::sleep_until((start + cap * 3 / 4).into()).await;
+        (guard, start)
+    });
+    drop(rt_a);
+    rt_b.block_on(async {
+        while !keys(&eps, &format!("{name}/")).is_empty() {
+            assert!(
+                start.elapsed() < cap + SLACK,
+                "the capped hold's key is still there after {:?} (its guard: {:?})",
+                start.elapsed(),
+                guard.state()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(start.elapsed() >= cap, "not before its cap");
+    });
+    drop(guard);
+}
+
+/// Review of a37632b (pre-existing since e24c33a): the expiry task removes a due entry from the
+/// deadline map before its delete succeeds, and `delete_own` gives up after three attempts. A
+/// connection that is down for ~2 s at the deadline (shorter than the session TTL, so the session
+/// lives on) makes the delete fail its attempts; nothing tries again (the entry is gone, the renewal
+/// path says `Expired`), and the key blocks the name past `max_hold` until the guard is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_expiry_delete_failing_at_the_deadline_is_not_abandoned() {
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend(&format!("etcd://{}?request_timeout=300ms", proxy.addr())).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let name = common::name("expiry_delete_fails");
+    let eps = server.endpoints();
+    let cap = Duration::from_secs(4);
+    let start = Instant::now();
+    let guard = locks
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(cap)
+        .max_hold(cap)
+        .acquire()
+        .await
+        .unwrap();
+    // Down from just before the deadline for 2 s: longer than the delete's three attempts (300 ms
+    // each, 50/100 ms backoff), shorter than the 4 s session TTL.
+    tokio::time::sleep_until((start + cap - Duration::from_millis(200)).into()).await;
+    tokio::task::block_in_place(|| proxy.refuse().unwrap());
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    tokio::task::block_in_place(|| proxy.pass().unwrap());
+    assert_eq!(
+        backend.held_deadlines(),
+        0,
+        "the expiry task took the entry"
+    );
+    while !keys(&eps, &format!("{name}/")).is_empty() {
+        assert!(
+            start.elapsed() < cap + Duration::from_secs(2) + SLACK,
+            "the capped hold's key is still there after {:?} (guard: {:?}); the session lives on",
+            start.elapsed(),
+            guard.state()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(guard);
+}
+
+/// Review of a37632b: every runtime's task serves every deadline, so a hold granted on a long-lived
+/// runtime B may be taken, at its deadline, by the task of a short-lived runtime C that happens to be
+/// driven then. The task removes the entry and spawns the delete (with its retries) on C; C is
+/// dropped while the delete is still retrying (the connection was down for ~200 ms around the
+/// deadline, well within the delete's retry budget): the delete is dropped with C, nothing else has
+/// the entry, and the key stays past `max_hold` on a live session. With B's task taking it, the
+/// delete is retried on B and succeeds. Which task wins is a race: a few rounds.
+#[test]
+fn fault_an_expiry_taken_by_a_short_lived_runtime_still_deletes_the_key() {
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let eps = server.endpoints();
+    let cap = Duration::from_secs(3);
+    let rt_b = runtime();
+    let (backend, locks) = rt_b.block_on(async {
+        let backend = backend(&format!("etcd://{}?request_timeout=300ms", proxy.addr())).await;
+        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        (backend, locks)
+    });
+    for round in 0..6 {
+        let name = common::name(&format!("short_rt_expiry{round}"));
+        let (guard, start) = rt_b.block_on(async {
+            let start = Instant::now();
+            let guard = locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .lease(cap)
+                .max_hold(cap)
+                .acquire()
+                .await
+                .unwrap();
+            (guard, start)
+        });
+        // B's two workers busy for 300 ms across the deadline (a loaded runtime): C's task, not
+        // B's, takes the entry (without this it is a race that C wins in about half the rounds).
+        for _ in 0..2 {
+            let busy_from = start + cap - Duration::from_millis(20);
+            rt_b.spawn(async move {
+                tokio::time::sleep_until(busy_from.into()).await;
+                std::thread::sleep(Duration::from_millis(300));
+            });
+        }
+        let rt_c = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt_c.block_on(async {
+            // Any use of the backend on C starts an expiry task there.
+            let warm = locks
+                .lock(&format!("{name}-warm"))
+                .unwrap()
+                .options()
+                .lease(cap)
+                .acquire()
+                .await
+                .unwrap();
+            warm.release().await.unwrap();
+            tokio::time::sleep_until((start + cap - Duration::from_millis(50)).into()).await;
+            proxy.refuse().unwrap();
+            while backend.held_deadlines() > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        });
+        drop(rt_c);
+        proxy.pass().unwrap();
+        rt_b.block_on(async {
+            while !keys(&eps, &format!("{name}/")).is_empty() {
+                assert!(
+                    start.elapsed() < cap + SLACK,
+                    "round {round}: the capped hold's key is still there after {:?} (guard: {:?})",
+                    start.elapsed(),
+                    guard.state()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        drop(guard);
+    }
+}
