@@ -260,17 +260,29 @@ async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
                 return;
             };
             let backend = EtcdBackend { inner };
-            for (id, doomed) in undeleted {
-                // A key whose session is gone went with its lease.
-                if doomed.session.gone_reason().is_some() || backend.delete_once(&doomed).await {
-                    if let Ok(mut state) = expiries.state.lock() {
-                        state.undeleted.remove(&id);
+            // All at once: one after the other, many keys expiring together on a slow etcd held up
+            // the next deadline by a round trip each (review).
+            let deleted = futures_util::future::join_all(undeleted.iter().map(|(_, doomed)| {
+                let backend = &backend;
+                async move {
+                    // A key whose session is gone went with its lease.
+                    doomed.session.gone_reason().is_some() || backend.delete_once(doomed).await
+                }
+            }))
+            .await;
+            let mut failed = false;
+            if let Ok(mut state) = expiries.state.lock() {
+                for ((id, _), deleted) in undeleted.iter().zip(deleted) {
+                    if deleted {
+                        state.undeleted.remove(id);
+                    } else {
+                        failed = true;
                     }
-                } else {
-                    retry_after = Some(backoff.next_delay());
                 }
             }
-            if retry_after.is_none() {
+            if failed {
+                retry_after = Some(backoff.next_delay());
+            } else {
                 backoff.reset();
             }
         }

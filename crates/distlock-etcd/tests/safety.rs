@@ -1828,3 +1828,69 @@ fn fault_an_expiry_taken_by_a_short_lived_runtime_still_deletes_the_key() {
         drop(guard);
     }
 }
+
+/// The expiry task's deletes of expired keys run together: awaited one after the other (as first
+/// built), they held up the next deadline by a round trip each. With etcd slow (here 400 ms each way through the
+/// proxy, well within the 2 s request timeout: every delete succeeds), eight holds expiring together
+/// keep the runtime's only expiry task busy for ~8 round trips; a ninth hold's deadline passing
+/// meanwhile is served only after them, so its key blocks the name for several seconds past its
+/// `max_hold`. Before 98e2eb5 the deletes were spawned and ran concurrently (one round trip).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_many_expiries_on_a_slow_etcd_do_not_hold_up_a_later_deadline() {
+    let server = EtcdServer::start_or_panic();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let backend = backend(&format!("etcd://{}?request_timeout=2s", proxy.addr())).await;
+    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let eps = server.endpoints();
+    let cap = Duration::from_secs(3);
+    let start = Instant::now();
+    let mut early = Vec::new();
+    let k: usize = 8;
+    for i in 0..k {
+        let name = common::name(&format!("inline_expiry_a{i}"));
+        early.push(
+            locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .lease(cap)
+                .max_hold(cap)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep_until((start + Duration::from_millis(1000)).into()).await;
+    let b_name = common::name("inline_expiry_b");
+    let b_start = Instant::now();
+    let b = locks
+        .lock(&b_name)
+        .unwrap()
+        .options()
+        .lease(cap)
+        .max_hold(cap)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(2500),
+        "setup too slow"
+    );
+    tokio::time::sleep_until((start + Duration::from_millis(2600)).into()).await;
+    tokio::task::block_in_place(|| proxy.delay(Duration::from_millis(400)).unwrap());
+    // B's deadline is at b_start + cap; one delete round trip is ~0.8 s.
+    let limit = cap + Duration::from_millis(2500);
+    while !keys(&eps, &format!("{b_name}/")).is_empty() {
+        assert!(
+            b_start.elapsed() < limit,
+            "B's key is still there {:?} after its grant (max_hold {:?}; guard: {:?}): its deadline waited for the other holds' inline deletes",
+            b_start.elapsed(),
+            cap,
+            b.state()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("B's key gone {:?} after its grant", b_start.elapsed());
+    drop(b);
+    drop(early);
+}
