@@ -13,9 +13,10 @@ use crate::clock::{self, Instant};
 use crate::error::{Error, ErrorKind, Result};
 use crate::locks::{tag, LockShared};
 use crate::options::LockOptions;
-use crate::raw::{
-    AcquireRequest, ErasedLease, HandOff, LossSignal, Released, Renewal, RenewalId, Renewed,
-};
+use crate::raw::{AcquireRequest, ErasedLease, HandOff, Released, Renewal, RenewalId, Renewed};
+
+/// A backend's loss future ([`LossSignal::from_future`](crate::raw::LossSignal::from_future)).
+pub(crate) type LossFuture = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
 use crate::state::LockState;
 use crate::sync::lock;
 use crate::token::FencingToken;
@@ -515,8 +516,8 @@ impl Holding {
         failure.map_or(Ok(()), Err)
     }
 
-    /// Watches a backend's loss signal until the hold ends.
-    pub(crate) fn watch_loss(self: &Arc<Self>, loss: LossSignal) {
+    /// Watches a backend's loss future until the hold ends, in a task.
+    pub(crate) fn watch_loss(self: &Arc<Self>, loss: LossFuture) {
         // On the acquire's runtime, which the hold's user is on.
         let runtime = self.runtime.clone().or_else(|| self.shared.locks.runtime());
         LossWatch::start(runtime.as_ref(), Arc::downgrade(self), loss);
@@ -912,7 +913,7 @@ impl Drop for LockGuard {
 /// [`crate::locks::spawn`]). Backends' signals stay pending, never resolve, when what feeds them is gone,
 /// so moving one never reports a false loss.
 struct LossWatch {
-    loss: Option<LossSignal>,
+    loss: Option<LossFuture>,
     holding: Weak<Holding>,
 }
 
@@ -922,7 +923,7 @@ impl LossWatch {
         self.loss = None;
     }
 
-    fn start(runtime: Option<&tokio::runtime::Handle>, holding: Weak<Holding>, loss: LossSignal) {
+    fn start(runtime: Option<&tokio::runtime::Handle>, holding: Weak<Holding>, loss: LossFuture) {
         let Some(changes) = holding.upgrade().map(|h| h.subscribe()) else {
             return;
         };

@@ -725,7 +725,7 @@ impl Lock {
                 .register(&holding, &self.shared.locks);
         }
         if let Some(loss) = grant.loss {
-            holding.watch_loss(loss);
+            loss.attach(&holding);
         }
         if let Some(descriptor) = grant.descriptor {
             let _ = holding.descriptor.set(descriptor);

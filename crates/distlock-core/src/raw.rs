@@ -54,9 +54,139 @@ impl AcquireRequest {
     }
 }
 
-/// A future that resolves, with the reason, once the backend knows a held lock is gone (a session
-/// expired, a connection closed). Backends that learn of a loss only by renewing return none.
-pub type LossSignal = Pin<Box<dyn Future<Output = String> + Send + 'static>>;
+/// How a backend tells the core, with the reason, that a held lock is gone (a session expired, a
+/// connection closed, the key was deleted). Backends that learn of a loss only by renewing give none.
+///
+/// Two kinds, the same to the guard:
+/// * [`LossReport::signal`]: the backend keeps the [`LossReport`] and calls
+///   [`report`](LossReport::report) from its own task (a watch, a session). It costs one small
+///   allocation per hold and no task: the kind for backends that hold many locks (issue 9's memory
+///   per held lock).
+/// * [`LossSignal::from_future`]: a future that resolves with the reason. The core polls it in a
+///   task of its own per hold.
+///
+/// A signal that never fires (its report dropped, its future pending for ever) reports nothing:
+/// what feeds a signal going away is never a loss by itself.
+pub struct LossSignal(LossSource);
+
+enum LossSource {
+    Future(Pin<Box<dyn Future<Output = String> + Send + 'static>>),
+    Reported(Arc<LossSlot>),
+}
+
+impl LossSignal {
+    /// A signal that fires when `loss` resolves, with its output as the reason. The core polls it in
+    /// a task per hold until the hold ends; prefer [`LossReport`] where a task per hold matters.
+    pub fn from_future(loss: impl Future<Output = String> + Send + 'static) -> Self {
+        Self(LossSource::Future(Box::pin(loss)))
+    }
+
+    /// Connects the signal to the hold it was granted with.
+    pub(crate) fn attach(self, holding: &Arc<crate::guard::Holding>) {
+        match self.0 {
+            LossSource::Future(loss) => holding.watch_loss(loss),
+            LossSource::Reported(slot) => {
+                let reported = {
+                    let mut state = crate::sync::lock(&slot.state);
+                    match &state.reason {
+                        Some(reason) => Some(reason.clone()),
+                        None => {
+                            state.holding = Some(Arc::downgrade(holding));
+                            None
+                        }
+                    }
+                };
+                // Reported before the core had the hold: applied now.
+                if let Some(reason) = reported {
+                    holding.mark_lost(reason);
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            LossSource::Future(_) => "LossSignal::Future",
+            LossSource::Reported(_) => "LossSignal::Reported",
+        })
+    }
+}
+
+/// The backend's end of a reported [`LossSignal`]: it reports a held lock's loss straight into the
+/// guard, from whatever task learns of it, with no task per hold. Clones report into the same
+/// signal; the first reason reported wins and later ones are ignored.
+///
+/// ```
+/// use distlock_core::raw::{Grant, LossReport};
+///
+/// let report = LossReport::new();
+/// let grant = Grant::new(()).with_loss(report.signal());
+/// // Later, from the task that sees the key deleted:
+/// report.report("the lock's key was deleted");
+/// assert_eq!(report.reason().as_deref(), Some("the lock's key was deleted"));
+/// # drop(grant);
+/// ```
+#[derive(Clone, Default)]
+pub struct LossReport(Arc<LossSlot>);
+
+#[derive(Default)]
+struct LossSlot {
+    state: std::sync::Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    /// The first reason reported.
+    reason: Option<String>,
+    /// The hold the signal was attached to, until a reason is reported. Weak: a hold that ended is
+    /// not kept alive by the backend's record of it.
+    holding: Option<std::sync::Weak<crate::guard::Holding>>,
+}
+
+impl LossReport {
+    /// A report with nothing reported yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The signal to give the core with the grant ([`Grant::with_loss`]). Make one per report: the
+    /// core reports into the hold it attached last.
+    pub fn signal(&self) -> LossSignal {
+        LossSignal(LossSource::Reported(self.0.clone()))
+    }
+
+    /// Reports the loss, unless a reason was reported already. Marks the hold `Lost` at once if the
+    /// core has it (otherwise when the core installs it). Never blocks on I/O.
+    pub fn report(&self, reason: impl Into<String>) {
+        let reason = reason.into();
+        let holding = {
+            let mut state = crate::sync::lock(&self.0.state);
+            if state.reason.is_some() {
+                return;
+            }
+            state.reason = Some(reason.clone());
+            state.holding.take()
+        };
+        if let Some(holding) = holding.and_then(|h| h.upgrade()) {
+            holding.mark_lost(reason);
+        }
+    }
+
+    /// The reason reported, if one was.
+    pub fn reason(&self) -> Option<String> {
+        crate::sync::lock(&self.0.state).reason.clone()
+    }
+}
+
+impl std::fmt::Debug for LossReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LossReport")
+            .field("reason", &self.reason())
+            .finish()
+    }
+}
 
 /// A granted lock.
 #[non_exhaustive]

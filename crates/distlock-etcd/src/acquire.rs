@@ -8,12 +8,10 @@ use std::time::Duration;
 
 use distlock_core::raw::{AcquireRequest, Attempt};
 use distlock_core::retry::jitter;
-use tokio::sync::watch;
 
 use crate::backend::{EtcdBackend, Inner};
 use crate::claims::{Doomed, FOREIGN};
 use crate::error::EtcdError;
-use crate::held::LossSender;
 use crate::layout;
 use crate::lease::{EtcdLease, QueuedWatch};
 use crate::rpc::pb::etcdserverpb::response_op::Response as OpResponse;
@@ -138,7 +136,7 @@ impl EtcdBackend {
         if acq.queued_watch.is_none() {
             // Queued: watch the own key now, so the grant after the wait finds its watch confirmed.
             // The key existed at this read (`from` is the revision after it).
-            let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
+            let lost = distlock_core::raw::LossReport::new();
             let (id, first_confirmation) = self.inner.held.watch(
                 found.key.clone(),
                 found.rev,

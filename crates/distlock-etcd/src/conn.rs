@@ -153,6 +153,7 @@ impl EtcdBackend {
             resp,
             sent,
             self.inner.config.connection.request_timeout,
+            Arc::downgrade(&self.inner.expiries),
         )?;
         let runtime = tokio::runtime::Handle::current();
         if let Ok(mut keepers) = self.inner.keepers.lock() {

@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use distlock_core::clock::{self, Instant};
+use distlock_core::raw::LossReport;
 use distlock_core::retry::Backoff;
 use tokio::sync::Notify;
 
 use crate::backend::{EtcdBackend, Inner};
 use crate::claims::{Doomed, FOREIGN};
-use crate::held::{report_loss, LossSender};
 use crate::session::Session;
 use crate::tasks::Task;
 
@@ -26,7 +26,7 @@ use crate::tasks::Task;
 struct Expiring {
     key: String,
     rev: i64,
-    lost: LossSender,
+    lost: LossReport,
     session: Arc<Session>,
 }
 
@@ -81,7 +81,7 @@ impl Expiries {
         deadline: Instant,
         key: String,
         rev: i64,
-        lost: LossSender,
+        lost: LossReport,
         session: Arc<Session>,
     ) -> ExpirySlot {
         let Ok(mut state) = self.state.lock() else {
@@ -140,6 +140,22 @@ impl Expiries {
         if let Some(old) = current.take() {
             // A later deadline wake of the task finds nothing due and sleeps again.
             state.deadlines.remove(&(old, slot.id));
+        }
+    }
+
+    /// Reports every hold on `session` lost: the session is gone, and its keys with it.
+    pub(crate) fn session_gone(&self, session: &Session, reason: &str) {
+        let holds: Vec<LossReport> = match self.state.lock() {
+            Ok(state) => state
+                .deadlines
+                .values()
+                .filter(|e| std::ptr::eq(Arc::as_ptr(&e.session), session))
+                .map(|e| e.lost.clone())
+                .collect(),
+            Err(_) => return,
+        };
+        for lost in holds {
+            lost.report(reason);
         }
     }
 
@@ -248,10 +264,8 @@ async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
             (next, undeleted)
         };
         for (_, Expiring { lost, .. }) in &due {
-            report_loss(
-                lost,
-                "the lock's lease ran out without a renewal (max_hold reached or renewals failed); its key was deleted"
-                    .into(),
+            lost.report(
+                "the lock's lease ran out without a renewal (max_hold reached or renewals failed); its key was deleted",
             );
         }
         let mut retry_after = None;
@@ -301,5 +315,68 @@ async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
             }
             None => earlier.await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::rpc::pb::etcdserverpb::LeaseGrantResponse;
+    use crate::rpc::Client;
+    use crate::EtcdConfig;
+    use distlock_testkit::etcd::EtcdServer;
+
+    fn session(client: &Client, id: i64, expiries: &Arc<Expiries>) -> Arc<Session> {
+        let granted = LeaseGrantResponse {
+            id,
+            ttl: 60,
+            ..LeaseGrantResponse::default()
+        };
+        Session::granted(
+            client,
+            60,
+            granted,
+            clock::now(),
+            Duration::from_secs(5),
+            Arc::downgrade(expiries),
+        )
+        .unwrap()
+    }
+
+    /// A session marked gone reports every hold on it lost, and no other: with a loss report per hold
+    /// instead of a task per hold, the session's own signal reaches the holds through the deadlines
+    /// (which list every hold), not through a future each hold polls.
+    #[tokio::test]
+    async fn a_session_gone_reports_its_holds_and_only_those() {
+        let server = EtcdServer::start_or_panic();
+        let client = Client::connect(&EtcdConfig::new([server.endpoints()]))
+            .await
+            .unwrap();
+        let expiries = Arc::new(Expiries::default());
+        let gone = session(&client, 1, &expiries);
+        let live = session(&client, 2, &expiries);
+        let far = clock::now().saturating_add(Duration::from_secs(60));
+        let on_gone: Vec<LossReport> = (0..3).map(|_| LossReport::new()).collect();
+        let on_live = LossReport::new();
+        let _slots: Vec<ExpirySlot> = on_gone
+            .iter()
+            .enumerate()
+            .map(|(i, lost)| expiries.insert(far, format!("k/{i}"), 1, lost.clone(), gone.clone()))
+            .chain([expiries.insert(far, "k/live".into(), 1, on_live.clone(), live.clone())])
+            .collect();
+        let _ = gone.mark_gone("the session lease expired or was revoked on the server");
+        for lost in &on_gone {
+            let reason = lost
+                .reason()
+                .expect("a hold on the gone session is reported lost");
+            assert!(reason.contains("lease 1"), "{reason}");
+        }
+        assert_eq!(
+            on_live.reason(),
+            None,
+            "a hold on another session is untouched"
+        );
     }
 }

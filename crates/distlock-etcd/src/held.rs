@@ -39,23 +39,9 @@ use crate::rpc::pb::etcdserverpb::{RangeRequest, WatchCreateRequest, WatchRespon
 use crate::rpc::pb::mvccpb::event::EventType;
 use crate::rpc::{Client, WatchStream};
 use crate::tasks::Task;
-use tokio::sync::{mpsc, oneshot, watch};
+use distlock_core::raw::LossReport;
+use tokio::sync::{mpsc, oneshot};
 use tonic::metadata::AsciiMetadataValue;
-
-/// The loss channel of one held lock: the first reason sent wins.
-pub(crate) type LossSender = Arc<watch::Sender<Option<String>>>;
-
-/// Sends `reason` on a loss channel unless a reason is there already.
-pub(crate) fn report_loss(lost: &LossSender, reason: String) {
-    lost.send_if_modified(|r| {
-        if r.is_none() {
-            *r = Some(reason);
-            true
-        } else {
-            false
-        }
-    });
-}
 
 /// How long a released key's watch is kept for the next grant of the same key (issue 9): a loop of
 /// acquire and release on one name then creates and cancels no watch per cycle and waits for no
@@ -79,7 +65,7 @@ struct Entry {
     deleted_while_kept: i64,
     /// The revision to (re)start the watch from.
     from: i64,
-    lost: LossSender,
+    lost: LossReport,
     /// Its watch was (or is being) created on the current stream: a release must cancel it.
     created: bool,
     /// The revision the server created its watch at on the current stream, once confirmed (reset
@@ -176,7 +162,7 @@ impl HeldKeys {
         key: String,
         rev: i64,
         from: i64,
-        lost: LossSender,
+        lost: LossReport,
     ) -> (i64, oneshot::Receiver<i64>) {
         let (confirm, confirmed) = oneshot::channel();
         let Ok(mut state) = self.state.lock() else {
@@ -270,7 +256,7 @@ impl HeldKeys {
         entry.held = false;
         entry.deleted_while_kept = 0;
         // A fresh channel nobody listens to: the released hold's loss channel is not reported on.
-        entry.lost = Arc::new(watch::channel::<Option<String>>(None).0);
+        entry.lost = LossReport::new();
         let key = entry.key.clone();
         let now = tokio::time::Instant::now();
         let mut doomed = Vec::new();
@@ -315,7 +301,7 @@ impl HeldKeys {
         key: &str,
         rev: i64,
         from: i64,
-        lost: &LossSender,
+        lost: &LossReport,
     ) -> Option<i64> {
         let mut state = self.state.lock().ok()?;
         let (id, _) = state.lingering.remove(key)?;
@@ -337,9 +323,7 @@ impl HeldKeys {
             }
             drop(state);
             if known {
-                report_loss(
-                    lost,
-                    format!("its key {key} was deleted on the server right after the grant (by hand, or its session lease was revoked or expired)"),
+                lost.report(format!("its key {key} was deleted on the server right after the grant (by hand, or its session lease was revoked or expired)"),
                 );
             }
             return None;
@@ -821,7 +805,7 @@ fn lose_if(shared: &Shared, id: i64, rev: i64, reason: String) -> bool {
     match entry {
         Some(entry) => {
             tracing::debug!(key = %entry.key, "etcd: a held key was deleted on the server");
-            report_loss(&entry.lost, reason);
+            entry.lost.report(reason);
             true
         }
         None => false,
@@ -865,9 +849,7 @@ fn deleted(shared: &Shared, id: i64, revisions: &[i64]) -> Deleted {
     };
     drop(s);
     tracing::debug!(key = %entry.key, "etcd: a held key was deleted on the server");
-    report_loss(
-        &entry.lost,
-        format!(
+    entry.lost.report(format!(
             "its key {} was deleted on the server (by hand, or its session lease was revoked or expired)",
             entry.key
         ),
@@ -1017,7 +999,7 @@ mod tests {
             .unwrap();
         let rev = put.header.unwrap().revision;
         let held = HeldKeys::new(client, Duration::from_secs(5));
-        let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
+        let lost: LossReport = LossReport::new();
         let (id, first) = held.watch("confirmation/key".into(), rev, rev + 1, lost);
         let created = first.await.unwrap();
         assert_eq!(held.confirmation(id).ok(), Some(created));

@@ -9,17 +9,15 @@ use std::time::Duration;
 
 use distlock_core::clock;
 use distlock_core::raw::{
-    AcquireRequest, Grant, HandOff, LossSignal, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Grant, HandOff, LossReport, Released, Renewal, RenewalId, Renewed,
 };
 use distlock_core::{FencingToken, Result};
-use tokio::sync::watch;
 
 use crate::acquire::{header_rev, Position};
 use crate::backend::{EtcdBackend, Inner};
 use crate::claims::Doomed;
 use crate::error::BACKEND;
 use crate::expiry::{Expiries, ExpirySlot, Rearmed};
-use crate::held::{report_loss, LossSender};
 use crate::layout;
 use crate::rpc::pb::etcdserverpb::response_op::Response as OpResponse;
 use crate::session::{KeepAlive, Session};
@@ -33,7 +31,7 @@ pub struct EtcdLease {
     /// Its deadline in the backend's expiries (see `expiry.rs`); none once released.
     pub(crate) expiry: ExpirySlot,
     /// The lock's loss channel (the expiry task and the held-keys watch report on it).
-    pub(crate) lost: LossSender,
+    pub(crate) lost: LossReport,
     /// The local claim on `key`, passed on only once the key is known deleted.
     pub(crate) claim: u64,
     /// The held-keys watch id.
@@ -107,7 +105,7 @@ impl EtcdLease {
 #[derive(Debug)]
 pub(crate) struct QueuedWatch {
     pub(crate) id: i64,
-    pub(crate) lost: LossSender,
+    pub(crate) lost: LossReport,
     /// Held unread so that the first confirmation is taken (a dropped receiver would make the
     /// watch task re-read the key, a round trip for nothing while the key is queued).
     pub(crate) first_confirmation: tokio::sync::oneshot::Receiver<i64>,
@@ -140,7 +138,7 @@ impl EtcdBackend {
                 (queued.lost, queued.id, confirmed)
             }
             None => {
-                let lost: LossSender = Arc::new(watch::channel::<Option<String>>(None).0);
+                let lost = LossReport::new();
                 // The key existed at the grant's read: a watch (re)made after that re-reads it
                 // unless the store has not moved since (`from` is that read + 1). A watch kept from
                 // an earlier release of this key (a loop of acquire and release) is taken as one
@@ -164,26 +162,7 @@ impl EtcdBackend {
                 }
             }
         };
-        let lost_rx = lost.subscribe();
         let expires = clock::now().saturating_add(lease);
-        let gone = session.gone();
-        let loss: LossSignal = Box::pin(async move {
-            let mut lost_rx = lost_rx;
-            let own = async move {
-                let reason = match lost_rx.wait_for(Option::is_some).await {
-                    Ok(r) => r.clone(),
-                    Err(_) => None,
-                };
-                match reason {
-                    Some(reason) => reason,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                reason = gone => reason,
-                reason = own => reason,
-            }
-        });
         let token = FencingToken::new(rev.unsigned_abs());
         match confirmed {
             // The watch made while queued was confirmed (on the stream still open) at or before
@@ -207,6 +186,12 @@ impl EtcdBackend {
                 .expiries
                 .insert(expires, key.clone(), rev, lost.clone(), session.clone());
         self.ensure_expiry();
+        // After the insert: a session marked gone before it is seen here, one marked gone after it
+        // finds the hold among the deadlines ([`Expiries::session_gone`]).
+        if let Some(reason) = session.gone_reason() {
+            lost.report(reason);
+        }
+        let loss = lost.signal();
         let held = EtcdLease {
             key,
             rev,
@@ -242,7 +227,7 @@ impl EtcdBackend {
         rev: i64,
         read_rev: i64,
         confirmed: tokio::sync::oneshot::Receiver<i64>,
-        lost: &LossSender,
+        lost: &LossReport,
         watch_id: i64,
     ) {
         let request_timeout = self.inner.config.connection.request_timeout;
@@ -282,7 +267,7 @@ impl EtcdBackend {
         &self,
         key: &str,
         rev: i64,
-        lost: &LossSender,
+        lost: &LossReport,
         watch_id: i64,
         created_at: i64,
     ) {
@@ -292,8 +277,7 @@ impl EtcdBackend {
         };
         match self.get("held-key check", own).await {
             Ok(read) if read.kvs.first().is_some_and(|kv| kv.create_revision == rev) => {}
-            Ok(_) => report_loss(
-                lost,
+            Ok(_) => lost.report(
                 format!("its key {key} was deleted on the server right after the grant (by hand, or its session lease was revoked or expired)"),
             ),
             Err(e) => {
@@ -311,10 +295,9 @@ impl EtcdBackend {
     ) -> Result<Renewed> {
         match keep_alive {
             Some(Ok(ttl)) => {
-                // A loss the backend found (its key deleted) is also this renewal's answer: the
-                // grant's loss signal may have no listener any more (the core's watcher ran on a
-                // runtime since dropped), and a live session alone does not keep the lock.
-                let found = entry.lease.lost.borrow().clone();
+                // A loss the backend found (its key deleted) is also this renewal's answer: a
+                // live session alone does not keep the lock.
+                let found = entry.lease.lost.reason();
                 if let Some(reason) = found {
                     return Ok(Renewed::Gone { reason });
                 }

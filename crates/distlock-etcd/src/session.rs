@@ -11,7 +11,7 @@
 //! dropped rather than reused: a late reply read as the answer to a newer request would overstate the
 //! lease.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::rpc::pb::etcdserverpb::LeaseGrantResponse;
@@ -21,6 +21,7 @@ use distlock_core::retry::Backoff;
 use tokio::sync::watch;
 
 use crate::error::EtcdError;
+use crate::expiry::Expiries;
 
 /// Why a keep-alive did not confirm the lease.
 #[derive(Debug)]
@@ -51,6 +52,9 @@ pub(crate) struct Session {
     confirmed: Mutex<Confirmed>,
     stream: tokio::sync::Mutex<Option<KeepAliveStream>>,
     gone: watch::Sender<Option<String>>,
+    /// The backend's held-lock deadlines, which list every hold on this session: marking the session
+    /// gone reports each of them lost ([`Expiries::session_gone`]), with no task per hold.
+    holds: Weak<Expiries>,
 }
 
 impl std::fmt::Debug for Session {
@@ -71,6 +75,7 @@ impl Session {
         resp: LeaseGrantResponse,
         sent: Instant,
         timeout: Duration,
+        holds: Weak<Expiries>,
     ) -> Result<Arc<Session>, EtcdError> {
         if !resp.error.is_empty() || resp.ttl <= 0 {
             return Err(EtcdError::Protocol(format!(
@@ -87,6 +92,7 @@ impl Session {
             confirmed: Mutex::new(Confirmed { sent, ttl: granted }),
             stream: tokio::sync::Mutex::new(None),
             gone: watch::channel(None).0,
+            holds,
         });
         tracing::debug!(lease = %format_args!("{:x}", session.id), ?granted, "etcd session granted");
         Ok(session)
@@ -214,6 +220,10 @@ impl Session {
             }
         });
         tracing::debug!(lease = %format_args!("{:x}", self.id), "etcd session gone");
+        // After the mark: a grant on this session checks the mark after it records its hold.
+        if let Some(holds) = self.holds.upgrade() {
+            holds.session_gone(self, &reason);
+        }
         KeepAlive::Gone(reason)
     }
 

@@ -230,7 +230,7 @@ pub(crate) fn loss_signal(
             path.display()
         )
     };
-    Box::pin(async move {
+    LossSignal::from_future(async move {
         loop {
             let alive = watch.changed().await;
             if alive {

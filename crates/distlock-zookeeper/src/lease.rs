@@ -289,7 +289,7 @@ fn unconfirmed(
 pub(crate) fn loss_signal(session: Arc<Session>, node: String, czxid: i64) -> LossSignal {
     // The watch is set at once: an operator's delete right after the grant must be Lost before the
     // next waiter can be granted (a delayed watch saved a request per short hold but left that window).
-    Box::pin(async move {
+    LossSignal::from_future(async move {
         let mut backoff =
             distlock_core::retry::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         loop {

@@ -262,7 +262,7 @@ impl Session {
         let fd = self.watch.as_ref()?.try_clone().ok()?;
         let id = self.id;
         let mut alive = self.alive.subscribe();
-        Some(Box::pin(async move {
+        Some(LossSignal::from_future(async move {
             tokio::select! {
                 () = wait_peer_closed(fd) => {}
                 // The session was dropped (released, or closed on purpose): no loss to report, and the

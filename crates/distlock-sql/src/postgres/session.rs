@@ -19,7 +19,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, RenewalId, Renewed};
+use distlock_core::raw::{
+    AcquireRequest, Attempt, Grant, LossSignal, Released, Renewal, RenewalId, Renewed,
+};
 use distlock_core::FencingToken;
 use futures_util::future::join_all;
 use tokio::sync::Mutex;
@@ -229,7 +231,7 @@ pub(crate) async fn try_acquire(
         Grant::new(PgLease(LeaseKind::Session(Box::new(held))))
             .with_token(token)
             .with_ttl(request.lease)
-            .with_loss(Box::pin(loss)),
+            .with_loss(LossSignal::from_future(loss)),
     ))
 }
 
