@@ -61,14 +61,7 @@ impl Drop for EtcdLease {
         // By create_revision, so a newer key of the name is never touched; a key already deleted (a
         // failed release retried, an undo) just passes. The retrier starts on the current runtime, or
         // on the next one the backend is used on.
-        backend.retry_delete(Doomed {
-            key: self.key.clone(),
-            rev: Some(self.rev),
-            owner: String::new(),
-            session: self.session.clone(),
-            claim: self.claim,
-            not_before: None,
-        });
+        backend.retry_delete(self.doomed(String::new()));
     }
 }
 
@@ -96,6 +89,19 @@ impl EtcdLease {
     /// The session lease id.
     pub fn lease_id(&self) -> i64 {
         self.session.id
+    }
+
+    /// This hold's key as a delete to retry: by create_revision, so a newer key of the name is never
+    /// touched, passing on the claim once done.
+    fn doomed(&self, owner: String) -> Doomed {
+        Doomed {
+            key: self.key.clone(),
+            rev: Some(self.rev),
+            owner,
+            session: self.session.clone(),
+            claim: self.claim,
+            not_before: None,
+        }
     }
 }
 
@@ -384,14 +390,7 @@ impl EtcdBackend {
                 lease
                     .handed_off
                     .store(true, std::sync::atomic::Ordering::Release);
-                self.delete_later(Doomed {
-                    key: lease.key.clone(),
-                    rev: Some(lease.rev),
-                    owner: owner.to_string(),
-                    session: lease.session.clone(),
-                    claim: lease.claim,
-                    not_before: None,
-                });
+                self.delete_later(lease.doomed(owner.to_string()));
                 return Err(e.into_core(Some(name)));
             }
         };
@@ -497,14 +496,7 @@ impl EtcdBackend {
                 lease
                     .handed_off
                     .store(true, std::sync::atomic::Ordering::Release);
-                self.delete_later(Doomed {
-                    key: lease.key.clone(),
-                    rev: Some(lease.rev),
-                    owner: owner.to_string(),
-                    session: lease.session.clone(),
-                    claim: lease.claim,
-                    not_before: None,
-                });
+                self.delete_later(lease.doomed(owner.to_string()));
                 return Err(e.into_core(Some(name)));
             }
         };
