@@ -370,6 +370,15 @@ impl EtcdBackend {
             .collect()
     }
 
+    /// A release (or handoff) txn of `lease` failed: its key goes to the retried deletes, and its drop
+    /// must not hand it there again.
+    fn delete_after_failed_release(&self, lease: &EtcdLease, owner: &str) {
+        lease
+            .handed_off
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.delete_later(lease.doomed(owner.to_string()));
+    }
+
     pub(crate) async fn release_lease(
         &self,
         lease: &EtcdLease,
@@ -387,10 +396,7 @@ impl EtcdBackend {
                 // The key may still be there, on a session this process keeps alive: delete it in the
                 // background until that works, and keep its claim meanwhile, so the next local owner
                 // of the name neither adopts it nor gets the lock before it is gone.
-                lease
-                    .handed_off
-                    .store(true, std::sync::atomic::Ordering::Release);
-                self.delete_later(lease.doomed(owner.to_string()));
+                self.delete_after_failed_release(lease, owner);
                 return Err(e.into_core(Some(name)));
             }
         };
@@ -493,10 +499,7 @@ impl EtcdBackend {
             Err(e) => {
                 // Either outcome may have happened: the old key goes to the retried deletes as a
                 // failed release's does, the new one with `undo`.
-                lease
-                    .handed_off
-                    .store(true, std::sync::atomic::Ordering::Release);
-                self.delete_later(lease.doomed(owner.to_string()));
+                self.delete_after_failed_release(lease, owner);
                 return Err(e.into_core(Some(name)));
             }
         };
