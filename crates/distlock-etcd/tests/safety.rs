@@ -1424,6 +1424,114 @@ async fn holding_many_locks_adds_no_expiry_task_per_lock() {
     }
 }
 
+/// Polls until no key is left under `prefix`, at most until `start + by`, and not before `start + cap`:
+/// a capped hold's key is deleted at its cap.
+async fn gone_at_its_cap(eps: &str, prefix: &str, start: Instant, cap: Duration, by: Duration) {
+    while !keys(eps, prefix).is_empty() {
+        assert!(
+            start.elapsed() < by,
+            "the key under {prefix} (max_hold {cap:?}) is still there after {:?}",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(start.elapsed() >= cap, "{prefix}: not before its cap");
+}
+
+/// At the defaults users run (the backend's default lease, the default 60 s session TTL, nothing
+/// shortened), a hold with a `max_hold` of 2 s is `Lost` at the cap and its key is deleted on the
+/// server within a few seconds of it, long before a 60 s session would take it, so another process
+/// (another backend: its own session) gets the name. The first lease asked is capped by `max_hold`,
+/// so the hold is on the backend's 2 s session (one per lease length), not the 60 s one; that session
+/// is kept alive, and the key would stay with it but for the client-side expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_defaults_a_max_hold_frees_the_name_on_the_server_at_the_cap() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    assert_eq!(backend.default_lease(), Duration::from_secs(60));
+    let holder = locks_on(&backend);
+    let other = locks(&server.url()).await;
+    let name = common::name("max_hold_defaults");
+    let prefix = format!("{name}/");
+    let cap = Duration::from_secs(2);
+    let start = Instant::now();
+    let guard = holder
+        .lock(&name)
+        .unwrap()
+        .options()
+        .max_hold(cap)
+        .acquire()
+        .await
+        .unwrap();
+    eprintln!(
+        "the hold's key {:?}; the backend's sessions (ttl, id): {:?}",
+        keys(&server.endpoints(), &prefix),
+        backend.session_leases().await
+    );
+    tokio::time::timeout_at((start + cap + SLACK).into(), guard.lost())
+        .await
+        .expect("Lost at max_hold");
+    eprintln!("loss: {:?}", guard.loss_reason());
+    gone_at_its_cap(&server.endpoints(), &prefix, start, cap, cap + SLACK).await;
+    let next = other
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(1))
+        .acquire()
+        .await
+        .expect("another process gets the name once the capped hold's key is gone");
+    assert!(
+        next.token().unwrap() > guard.token().unwrap(),
+        "the next holder's token is greater"
+    );
+    next.release().await.unwrap();
+    drop(guard);
+}
+
+/// At the defaults (long lease, 60 s session TTL), two holds of one backend on two runtimes with
+/// different `max_hold` caps: the first granted on runtime A (where the expiry task starts), the second
+/// on runtime B; A is dropped right after, with the first hold's deadline still ahead: both keys are
+/// still deleted at their caps (the first by a task on B), while the sessions live on (their keep-alives
+/// move to B with the core's early renewals).
+#[test]
+fn at_the_defaults_capped_holds_on_two_runtimes_expire_after_the_first_is_dropped() {
+    let server = EtcdServer::start_or_panic();
+    let eps = server.endpoints();
+    let name = common::name("caps_defaults_two_rts");
+    let (cap_a, cap_b) = (Duration::from_secs(2), Duration::from_secs(4));
+    let rt_a = runtime();
+    let rt_b = runtime();
+    let locks = rt_a.block_on(locks(&server.url()));
+    let hold = |suffix: &str, cap: Duration| {
+        let locks = locks.clone();
+        let name = format!("{name}-{suffix}");
+        async move {
+            locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .max_hold(cap)
+                .acquire()
+                .await
+                .unwrap()
+        }
+    };
+    let start = Instant::now();
+    let a = rt_a.block_on(hold("a", cap_a));
+    let b = rt_b.block_on(hold("b", cap_b));
+    drop(rt_a);
+    rt_b.block_on(async {
+        let prefix = |suffix: &str| format!("{name}-{suffix}/");
+        gone_at_its_cap(&eps, &prefix("a"), start, cap_a, cap_a + SLACK).await;
+        gone_at_its_cap(&eps, &prefix("b"), start, cap_b, cap_b + SLACK).await;
+    });
+    assert_ne!(a.state(), LockState::Held);
+    assert_ne!(b.state(), LockState::Held);
+    drop((a, b));
+    drop(locks);
+}
+
 /// Several holds with different `max_hold` caps on one backend: each key is deleted at its own cap,
 /// in order of the caps though not of the acquires (the latest cap first, so the earlier deadlines
 /// inserted after it must wake the expiry task), and a hold that is renewed (no cap) is not expired.
