@@ -306,7 +306,7 @@ mod tests {
     /// A waiter that gives up before the gate reaches it leaves the queue: the gate skips it.
     #[tokio::test]
     async fn a_waiter_that_gives_up_in_the_queue_is_skipped() {
-        let (gate, held, gone, next) = held_by_a_with_b_and_c_queued();
+        let (_gate, held, gone, next) = held_by_a_with_b_and_c_queued();
         drop(gone);
         assert_eq!(
             held.next_waiter().map(|w| w.owner.to_string()),
