@@ -1438,6 +1438,12 @@ async fn gone_at_its_cap(eps: &str, prefix: &str, start: Instant, cap: Duration,
     assert!(start.elapsed() >= cap, "{prefix}: not before its cap");
 }
 
+/// A hold of `name` with `locks`' default lease and a `max_hold` of `cap`.
+async fn capped_hold(locks: &Locks, name: &str, cap: Duration) -> distlock_core::LockGuard {
+    let lock = locks.lock(name).unwrap();
+    lock.options().max_hold(cap).acquire().await.unwrap()
+}
+
 /// At the defaults users run (the backend's default lease, the default 60 s session TTL, nothing
 /// shortened), a hold with a `max_hold` of 2 s is `Lost` at the cap and its key is deleted on the
 /// server within a few seconds of it, long before a 60 s session would take it, so another process
@@ -1455,14 +1461,7 @@ async fn at_the_defaults_a_max_hold_frees_the_name_on_the_server_at_the_cap() {
     let prefix = format!("{name}/");
     let cap = Duration::from_secs(2);
     let start = Instant::now();
-    let guard = holder
-        .lock(&name)
-        .unwrap()
-        .options()
-        .max_hold(cap)
-        .acquire()
-        .await
-        .unwrap();
+    let guard = capped_hold(&holder, &name, cap).await;
     eprintln!(
         "the hold's key {:?}; the backend's sessions (ttl, id): {:?}",
         keys(&server.endpoints(), &prefix),
@@ -1503,23 +1502,9 @@ fn at_the_defaults_capped_holds_on_two_runtimes_expire_after_the_first_is_droppe
     let rt_a = runtime();
     let rt_b = runtime();
     let locks = rt_a.block_on(locks(&server.url()));
-    let hold = |suffix: &str, cap: Duration| {
-        let locks = locks.clone();
-        let name = format!("{name}-{suffix}");
-        async move {
-            locks
-                .lock(&name)
-                .unwrap()
-                .options()
-                .max_hold(cap)
-                .acquire()
-                .await
-                .unwrap()
-        }
-    };
     let start = Instant::now();
-    let a = rt_a.block_on(hold("a", cap_a));
-    let b = rt_b.block_on(hold("b", cap_b));
+    let a = rt_a.block_on(capped_hold(&locks, &format!("{name}-a"), cap_a));
+    let b = rt_b.block_on(capped_hold(&locks, &format!("{name}-b"), cap_b));
     drop(rt_a);
     rt_b.block_on(async {
         let prefix = |suffix: &str| format!("{name}-{suffix}/");
