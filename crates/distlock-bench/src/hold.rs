@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock::raw::{
-    AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Attempt, Backend, HandOff, LockInfo, Released, Renewal, RenewalId, Renewed,
 };
 use distlock::{Capabilities, LockGuard, LockState, LockUrl, Locks};
 use serde::Serialize;
@@ -247,6 +247,26 @@ impl<B: Backend> Backend for Counted<B> {
         owner: &str,
     ) -> distlock::Result<Released> {
         self.inner.release(lease, name, owner).await
+    }
+
+    // The fast paths of the wrapped backend (the trait's defaults would turn them off): only renewals
+    // are counted, so a handoff, like a release and a grant, is passed through uncounted.
+    fn release_orders_next_acquire(&self) -> bool {
+        self.inner.release_orders_next_acquire()
+    }
+
+    fn supports_hand_off(&self) -> bool {
+        self.inner.supports_hand_off()
+    }
+
+    async fn hand_off(
+        &self,
+        lease: &Self::Lease,
+        name: &str,
+        owner: &str,
+        next: &AcquireRequest,
+    ) -> distlock::Result<HandOff<Self::Lease>> {
+        self.inner.hand_off(lease, name, owner, next).await
     }
 
     async fn inspect(&self, name: &str) -> distlock::Result<LockInfo> {
@@ -577,5 +597,52 @@ fn hold_cpu(spent: &CpuSpent, renewals: Option<u64>, ticks: Option<f64>) -> Hold
         client_ms_per_tick: per_tick(spent.client),
         server_ms_per_tick: spent.server.and_then(per_tick),
         per_renewal: spent.per(renewals.unwrap_or(0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use distlock::memory::MemoryBackend;
+    use distlock::raw::Backend;
+    use distlock::Locks;
+
+    use super::Counted;
+
+    /// The wrapped backend's release ordering shows through (the memory store applies a release at
+    /// its first poll; the trait's default says no).
+    #[test]
+    fn counted_keeps_the_release_ordering_of_its_backend() {
+        let inner = MemoryBackend::new();
+        assert!(inner.release_orders_next_acquire());
+        let (counted, _) = Counted::new(inner);
+        assert!(counted.release_orders_next_acquire());
+    }
+
+    /// A release with a local waiter queued is one handoff of the wrapped backend, not a release and
+    /// the waiter's own acquire.
+    #[tokio::test]
+    async fn counted_hands_off_through_its_backend() {
+        let inner = MemoryBackend::new();
+        inner.enable_hand_off();
+        let (counted, _) = Counted::new(inner.clone());
+        assert!(counted.supports_hand_off());
+        let locks = Locks::new(counted);
+        let first = locks.lock("counted-hand-off").unwrap();
+        let second = locks.lock("counted-hand-off").unwrap();
+        let held = first.acquire().await.unwrap();
+        let waiter = tokio::spawn(async move { second.acquire().await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        held.release().await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(inner.hand_offs(), 1, "the release was not a handoff");
+        next.release().await.unwrap();
     }
 }

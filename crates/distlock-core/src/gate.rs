@@ -257,28 +257,32 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{Gate, Pass};
+    use super::{Gate, GateGuard, GateWait, Pass};
 
     fn owner(name: &str) -> Arc<str> {
         Arc::from(name)
     }
 
-    /// Waiters get the gate in the order they queued.
-    #[tokio::test]
-    async fn the_gate_passes_in_queue_order() {
+    /// A gate held by "a", with "b" then "c" queued behind it.
+    fn held_by_a_with_b_and_c_queued() -> (Arc<Gate>, GateGuard, GateWait, GateWait) {
         let gate = Arc::new(Gate::default());
         let held = gate
             .take_or_queue(&owner("a"), Duration::ZERO)
             .ok()
             .expect("free");
-        let first = gate
-            .take_or_queue(&owner("b"), Duration::ZERO)
-            .err()
-            .expect("queued");
-        let second = gate
-            .take_or_queue(&owner("c"), Duration::ZERO)
-            .err()
-            .expect("queued");
+        let queued = |name| {
+            gate.take_or_queue(&owner(name), Duration::ZERO)
+                .err()
+                .expect("queued")
+        };
+        let (b, c) = (queued("b"), queued("c"));
+        (gate, held, b, c)
+    }
+
+    /// Waiters get the gate in the order they queued.
+    #[tokio::test]
+    async fn the_gate_passes_in_queue_order() {
+        let (gate, held, first, second) = held_by_a_with_b_and_c_queued();
         assert_eq!(
             held.next_waiter().map(|w| w.owner.to_string()),
             Some("b".into())
@@ -302,19 +306,7 @@ mod tests {
     /// A waiter that gives up before the gate reaches it leaves the queue: the gate skips it.
     #[tokio::test]
     async fn a_waiter_that_gives_up_in_the_queue_is_skipped() {
-        let gate = Arc::new(Gate::default());
-        let held = gate
-            .take_or_queue(&owner("a"), Duration::ZERO)
-            .ok()
-            .expect("free");
-        let gone = gate
-            .take_or_queue(&owner("b"), Duration::ZERO)
-            .err()
-            .expect("queued");
-        let next = gate
-            .take_or_queue(&owner("c"), Duration::ZERO)
-            .err()
-            .expect("queued");
+        let (_gate, held, gone, next) = held_by_a_with_b_and_c_queued();
         drop(gone);
         assert_eq!(
             held.next_waiter().map(|w| w.owner.to_string()),
@@ -331,19 +323,7 @@ mod tests {
     /// stuck with nobody.
     #[tokio::test]
     async fn a_waiter_dropped_after_the_pass_passes_the_gate_on() {
-        let gate = Arc::new(Gate::default());
-        let held = gate
-            .take_or_queue(&owner("a"), Duration::ZERO)
-            .ok()
-            .expect("free");
-        let passed_but_gone = gate
-            .take_or_queue(&owner("b"), Duration::ZERO)
-            .err()
-            .expect("queued");
-        let next = gate
-            .take_or_queue(&owner("c"), Duration::ZERO)
-            .err()
-            .expect("queued");
+        let (gate, held, passed_but_gone, next) = held_by_a_with_b_and_c_queued();
         drop(held);
         drop(passed_but_gone);
         let passed = tokio::time::timeout(Duration::from_secs(1), next)

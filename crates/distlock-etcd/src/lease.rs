@@ -61,14 +61,7 @@ impl Drop for EtcdLease {
         // By create_revision, so a newer key of the name is never touched; a key already deleted (a
         // failed release retried, an undo) just passes. The retrier starts on the current runtime, or
         // on the next one the backend is used on.
-        backend.retry_delete(Doomed {
-            key: self.key.clone(),
-            rev: Some(self.rev),
-            owner: String::new(),
-            session: self.session.clone(),
-            claim: self.claim,
-            not_before: None,
-        });
+        backend.retry_delete(self.doomed(String::new()));
     }
 }
 
@@ -96,6 +89,19 @@ impl EtcdLease {
     /// The session lease id.
     pub fn lease_id(&self) -> i64 {
         self.session.id
+    }
+
+    /// This hold's key as a delete to retry: by create_revision, so a newer key of the name is never
+    /// touched, passing on the claim once done.
+    fn doomed(&self, owner: String) -> Doomed {
+        Doomed {
+            key: self.key.clone(),
+            rev: Some(self.rev),
+            owner,
+            session: self.session.clone(),
+            claim: self.claim,
+            not_before: None,
+        }
     }
 }
 
@@ -364,6 +370,15 @@ impl EtcdBackend {
             .collect()
     }
 
+    /// A release (or handoff) txn of `lease` failed: its key goes to the retried deletes, and its drop
+    /// must not hand it there again.
+    fn delete_after_failed_release(&self, lease: &EtcdLease, owner: &str) {
+        lease
+            .handed_off
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.delete_later(lease.doomed(owner.to_string()));
+    }
+
     pub(crate) async fn release_lease(
         &self,
         lease: &EtcdLease,
@@ -381,17 +396,7 @@ impl EtcdBackend {
                 // The key may still be there, on a session this process keeps alive: delete it in the
                 // background until that works, and keep its claim meanwhile, so the next local owner
                 // of the name neither adopts it nor gets the lock before it is gone.
-                lease
-                    .handed_off
-                    .store(true, std::sync::atomic::Ordering::Release);
-                self.delete_later(Doomed {
-                    key: lease.key.clone(),
-                    rev: Some(lease.rev),
-                    owner: owner.to_string(),
-                    session: lease.session.clone(),
-                    claim: lease.claim,
-                    not_before: None,
-                });
+                self.delete_after_failed_release(lease, owner);
                 return Err(e.into_core(Some(name)));
             }
         };
@@ -494,17 +499,7 @@ impl EtcdBackend {
             Err(e) => {
                 // Either outcome may have happened: the old key goes to the retried deletes as a
                 // failed release's does, the new one with `undo`.
-                lease
-                    .handed_off
-                    .store(true, std::sync::atomic::Ordering::Release);
-                self.delete_later(Doomed {
-                    key: lease.key.clone(),
-                    rev: Some(lease.rev),
-                    owner: owner.to_string(),
-                    session: lease.session.clone(),
-                    claim: lease.claim,
-                    not_before: None,
-                });
+                self.delete_after_failed_release(lease, owner);
                 return Err(e.into_core(Some(name)));
             }
         };

@@ -9,29 +9,16 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::url::LockUrl;
-use distlock_core::{ErrorKind, Lock, LockGuard, LockState, Locks};
-use distlock_etcd::EtcdBackend;
+use common::{locks, Proxied};
+use distlock_core::{ErrorKind, Lock, LockGuard, LockState, Locks, Result};
 use distlock_testkit::etcd::EtcdServer;
-
-async fn locks(url: &str) -> Locks {
-    let backend = EtcdBackend::connect(&LockUrl::parse(url).unwrap())
-        .await
-        .expect("connect");
-    Locks::with_defaults(backend.clone(), backend.default_options())
-}
 
 /// How many unary requests of `method` (`Txn`, `Range`) etcd has started, from its `/metrics`.
 async fn started(addr: std::net::SocketAddr, method: &str) -> u64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    conn.read_to_string(&mut body).await.unwrap();
     let label = format!("grpc_method=\"{method}\"");
-    body.lines()
+    common::metrics(addr)
+        .await
+        .lines()
         .filter(|l| l.starts_with("grpc_server_started_total{") && l.contains(&label))
         .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
         .map(|v| v as u64)
@@ -44,6 +31,42 @@ async fn queue(lock: &Arc<Lock>) -> tokio::task::JoinHandle<LockGuard> {
     let task = tokio::spawn(async move { lock.acquire().await.expect("acquire") });
     tokio::time::sleep(Duration::from_millis(150)).await;
     task
+}
+
+/// A holder of `name` on `locks` and a second owner's acquire (waiting at most `wait`) queued behind
+/// it, for a release to hand the lock to.
+async fn held_with_a_waiter(
+    locks: &Locks,
+    name: &str,
+    wait: Duration,
+) -> (LockGuard, tokio::task::JoinHandle<Result<LockGuard>>) {
+    let first = locks.lock(name).unwrap();
+    let second = locks.lock(name).unwrap();
+    let held = first.acquire().await.unwrap();
+    let waiter = tokio::spawn(async move { second.options().wait(wait).acquire().await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    (held, waiter)
+}
+
+/// The waiter got the lock (else: which keys blocked it), and once it releases no key is left.
+async fn the_waiter_gets_it_and_leaves_nothing(
+    waiter: tokio::task::JoinHandle<Result<LockGuard>>,
+    endpoints: &str,
+    prefix: &str,
+) {
+    let outcome = waiter.await.unwrap();
+    let keys = common::keys(endpoints, prefix);
+    let guard = outcome.unwrap_or_else(|e| {
+        panic!("the waiter never got the lock ({e}); keys left on the server: {keys:?}")
+    });
+    guard.release().await.unwrap();
+    common::wait_keys(
+        endpoints,
+        prefix,
+        Duration::from_secs(5),
+        "no key left",
+        |keys| keys.is_empty(),
+    );
 }
 
 /// Each handoff to a queued local waiter is one txn (the releaser's delete and the next owner's
@@ -246,20 +269,7 @@ async fn fault_a_runtime_shut_down_mid_handoff_leaves_no_orphan_key() {
     let locks = locks(&format!("{}?request_timeout=1s", server.url())).await;
     let name = common::name("handoff_shutdown");
     let prefix = format!("{name}/");
-    let first = locks.lock(&name).unwrap();
-    let second = Arc::new(locks.lock(&name).unwrap());
-    let held = first.acquire().await.unwrap();
-    let waiter = {
-        let second = second.clone();
-        tokio::spawn(async move {
-            second
-                .options()
-                .wait(Duration::from_secs(8))
-                .acquire()
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (held, waiter) = held_with_a_waiter(&locks, &name, Duration::from_secs(8)).await;
     let endpoints = server.endpoints();
     let (eps, pfx) = (endpoints.clone(), prefix.clone());
     std::thread::spawn(move || {
@@ -292,19 +302,7 @@ async fn fault_a_runtime_shut_down_mid_handoff_leaves_no_orphan_key() {
     .unwrap();
     // The restarted release ran on the background runtime meanwhile.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let outcome = waiter.await.unwrap();
-    let keys = common::keys(&endpoints, &prefix);
-    let guard = outcome.unwrap_or_else(|e| {
-        panic!("the waiter never got the lock ({e}); keys left on the server: {keys:?}")
-    });
-    guard.release().await.unwrap();
-    common::wait_keys(
-        &endpoints,
-        &prefix,
-        Duration::from_secs(5),
-        "no key left",
-        |keys| keys.is_empty(),
-    );
+    the_waiter_gets_it_and_leaves_nothing(waiter, &endpoints, &prefix).await;
 }
 
 /// A handoff txn whose first copy applied and whose reply was lost is sent again; the copy's compares
@@ -312,27 +310,13 @@ async fn fault_a_runtime_shut_down_mid_handoff_leaves_no_orphan_key() {
 /// blocking the name (the releaser was also told `NotHeld`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_handoff_retried_after_a_lost_reply_leaves_no_orphan_key() {
-    use distlock_testkit::proxy::Proxy;
-    let server = EtcdServer::start_or_panic();
-    let proxy = Proxy::start_or_panic(server.addr());
-    let locks = locks(&format!("etcd://{}?request_timeout=5s", proxy.addr())).await;
+    let fx = Proxied::start(1);
+    let proxy = fx.proxy();
+    let (_backend, locks) = fx.connect(false, "request_timeout=5s").await;
     let name = common::name("handoff_retry");
     let prefix = format!("{name}/");
-    let endpoints = server.endpoints();
-    let first = locks.lock(&name).unwrap();
-    let second = Arc::new(locks.lock(&name).unwrap());
-    let held = first.acquire().await.unwrap();
-    let waiter = {
-        let second = second.clone();
-        tokio::spawn(async move {
-            second
-                .options()
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let endpoints = fx.server.endpoints();
+    let (held, waiter) = held_with_a_waiter(&locks, &name, Duration::from_secs(10)).await;
     // Every chunk held 300 ms each way: the txn reaches etcd at ~300 ms, its reply would be back at
     // ~600 ms; the connection is reset in between.
     proxy.delay(Duration::from_millis(300)).unwrap();
@@ -353,17 +337,5 @@ async fn fault_a_handoff_retried_after_a_lost_reply_leaves_no_orphan_key() {
         .expect("the release finishes")
         .unwrap();
     eprintln!("release outcome: {released:?}");
-    let outcome = waiter.await.unwrap();
-    let keys = common::keys(&endpoints, &prefix);
-    let guard = outcome.unwrap_or_else(|e| {
-        panic!("the waiter never got the lock ({e}); keys left on the server: {keys:?}")
-    });
-    guard.release().await.unwrap();
-    common::wait_keys(
-        &endpoints,
-        &prefix,
-        Duration::from_secs(5),
-        "no key left",
-        |keys| keys.is_empty(),
-    );
+    the_waiter_gets_it_and_leaves_nothing(waiter, &endpoints, &prefix).await;
 }

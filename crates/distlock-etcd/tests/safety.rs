@@ -9,12 +9,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{keys, wait_keys, watch_gauge};
-use distlock_core::url::LockUrl;
+use common::{backend, keys, locks, locks_on, probe, revision, wait_keys, watch_gauge, Proxied};
 use distlock_core::{LockState, Locks};
 use distlock_etcd::rpc::pb::etcdserverpb::{CompactionRequest, DeleteRangeRequest, PutRequest};
 use distlock_etcd::rpc::Client;
-use distlock_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::EtcdConfig;
 use distlock_testkit::etcd::EtcdServer;
 use distlock_testkit::proxy::Proxy;
 
@@ -34,20 +33,14 @@ const SLACK: Duration = Duration::from_secs(3);
 /// on the loaded 2-core machine the holder was at most ~17 ms behind the grant (48 rounds).
 const CATCH_UP_HALF: Duration = Duration::from_millis(50);
 
-async fn backend(url: &str) -> EtcdBackend {
-    EtcdBackend::connect(&LockUrl::parse(url).unwrap())
-        .await
-        .expect("connect")
-}
-
 /// Two `Locks` on clones of one backend share its sessions, so both owners' keys would be
 /// `NAME/<lease hex>`: the second must queue behind the first, never adopt its key and token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clones_of_one_backend_exclude_each_other() {
     let server = EtcdServer::start_or_panic();
     let backend = backend(&server.url()).await;
-    let a = Locks::with_defaults(backend.clone(), backend.default_options());
-    let b = Locks::with_defaults(backend.clone(), backend.default_options());
+    let a = locks_on(&backend);
+    let b = locks_on(&backend);
     let name = common::name("adopt");
 
     // At once: exactly one of the two gets it.
@@ -103,7 +96,7 @@ async fn clones_of_one_backend_exclude_each_other() {
 async fn a_key_on_the_own_lease_written_by_another_owner_is_not_adopted() {
     let server = EtcdServer::start_or_panic();
     let backend = backend(&server.url()).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let locks = locks_on(&backend);
     let name = common::name("foreign");
     // Create the session (a hold and a release on another name).
     locks
@@ -155,10 +148,9 @@ async fn a_key_on_the_own_lease_written_by_another_owner_is_not_adopted() {
 /// gets a newer token once it is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_failed_release_is_retried_and_its_key_never_adopted() {
-    let server = EtcdServer::start_or_panic();
-    let proxy = Proxy::start_or_panic(server.addr());
-    let backend = backend(&format!("etcd://{}?request_timeout=1s", proxy.addr())).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let fx = Proxied::start(1);
+    let (server, proxy) = (&fx.server, fx.proxy());
+    let (_backend, locks) = fx.connect(false, "request_timeout=1s").await;
     let name = common::name("failed_release");
     let prefix = format!("{name}/");
     let eps = server.endpoints();
@@ -201,7 +193,7 @@ async fn fault_deleted_key_is_lost_at_once_at_the_default_session_ttl() {
     let server = EtcdServer::start_or_panic();
     let backend = backend(&server.url()).await;
     assert_eq!(backend.default_lease(), Duration::from_secs(60));
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let locks = locks_on(&backend);
     let name = common::name("deleted");
     let prefix = format!("{name}/");
     let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
@@ -239,18 +231,9 @@ async fn fault_delete_right_after_the_grant_reaches_the_holder_with_the_next_gra
     let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
         .await
         .unwrap();
-    let first = {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
-    let second = {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
-    let third = {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
+    let first = locks(&server.url()).await;
+    let second = locks(&server.url()).await;
+    let third = locks(&server.url()).await;
     for round in 0..3 {
         let name = common::name(&format!("early_delete_{round}"));
         let prefix = format!("{name}/");
@@ -302,7 +285,7 @@ async fn fault_delete_right_after_the_grant_reaches_the_holder_with_the_next_gra
 async fn fault_revoked_lease_is_lost_at_once_at_the_default_session_ttl() {
     let server = EtcdServer::start_or_panic();
     let backend = backend(&server.url()).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let locks = locks_on(&backend);
     let name = common::name("revoked");
     let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
     let (ttl, lease) = backend.session_leases().await[0];
@@ -325,7 +308,7 @@ async fn fault_revoked_lease_is_lost_at_once_at_the_default_session_ttl() {
 async fn fault_a_revoked_session_is_not_reused_for_new_acquires() {
     let server = EtcdServer::start_or_panic();
     let backend = backend(&server.url()).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let locks = locks_on(&backend);
     let name = common::name("dead_session");
     locks
         .lock(&name)
@@ -385,7 +368,7 @@ fn a_backend_keeps_working_on_a_second_runtime_after_the_first_is_dropped() {
     let rt1 = runtime();
     let (locks, backend) = rt1.block_on(async {
         let backend = backend(&server.url()).await;
-        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let locks = locks_on(&backend);
         // Everything the backend starts lazily starts here: the session of this TTL and its keep-alive,
         // the held-keys watch.
         let guard = locks
@@ -440,10 +423,9 @@ fn a_backend_keeps_working_on_a_second_runtime_after_the_first_is_dropped() {
 /// the delete, long before the next keep-alive (which would not notice anyway: the lease is alive).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_delete_while_the_watch_is_disconnected_is_still_reported() {
-    let server = EtcdServer::start_or_panic();
-    let proxy = Proxy::start_or_panic(server.addr());
-    let backend = backend(&format!("etcd://{}?request_timeout=1s", proxy.addr())).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let fx = Proxied::start(1);
+    let (server, proxy) = (&fx.server, fx.proxy());
+    let (_backend, locks) = fx.connect(false, "request_timeout=1s").await;
     let name = common::name("deleted_offline");
     let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
     let seen = keys(&server.endpoints(), &format!("{name}/"));
@@ -486,7 +468,7 @@ async fn fault_a_delete_while_the_watch_is_disconnected_is_still_reported() {
 async fn short_holds_leave_no_watch_on_the_server() {
     let server = EtcdServer::start_or_panic();
     let backend = backend(&server.url()).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let locks = locks_on(&backend);
     let name = common::name("short_holds");
     for _ in 0..100 {
         let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
@@ -539,10 +521,9 @@ async fn compact_now(endpoints: &str) {
 /// reported within a round trip, for every held key, not never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_delete_after_the_watch_start_was_compacted_is_reported() {
-    let server = EtcdServer::start_or_panic();
-    let proxy = Proxy::start_or_panic(server.addr());
-    let backend = backend(&format!("etcd://{}?request_timeout=1s", proxy.addr())).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let fx = Proxied::start(1);
+    let (server, proxy) = (&fx.server, fx.proxy());
+    let (_backend, locks) = fx.connect(false, "request_timeout=1s").await;
     let names = [common::name("compacted"), common::name("compacted")];
     let mut guards = Vec::new();
     for name in &names {
@@ -591,7 +572,7 @@ fn fault_a_hold_from_a_dropped_runtime_is_lost_when_its_key_is_deleted() {
     let rt1 = runtime();
     let (locks, guard) = rt1.block_on(async {
         let backend = backend(&server.url()).await;
-        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let locks = locks_on(&backend);
         let guard = locks
             .lock(&name)
             .unwrap()
@@ -649,7 +630,7 @@ fn fault_an_acquire_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
     let rt0 = runtime();
     let (holder_locks, held) = rt0.block_on(async {
         let other = backend(&server.url()).await;
-        let locks = Locks::with_defaults(other.clone(), other.default_options());
+        let locks = locks_on(&other);
         let held = locks.lock(&name).unwrap().acquire().await.unwrap();
         (locks, held)
     });
@@ -657,7 +638,7 @@ fn fault_an_acquire_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
     let rt1 = runtime();
     let locks = rt1.block_on(async {
         let backend = backend(&server.url()).await;
-        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let locks = locks_on(&backend);
         let lock = locks.lock(&name).unwrap();
         let queued = tokio::time::timeout(SLACK, async {
             let acquire = lock.acquire();
@@ -722,7 +703,7 @@ fn fault_a_guard_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
     let rt1 = runtime();
     let locks = rt1.block_on(async {
         let backend = backend(&server.url()).await;
-        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let locks = locks_on(&backend);
         let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
         drop(guard);
         locks
@@ -733,7 +714,7 @@ fn fault_a_guard_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
     rt2.block_on(async {
         keep_using(&locks, "runtime_drop_guard_other").await;
         let other = backend(&server.url()).await;
-        let other_locks = Locks::with_defaults(other.clone(), other.default_options());
+        let other_locks = locks_on(&other);
         let next = other_locks
             .lock(&name)
             .unwrap()
@@ -755,14 +736,8 @@ fn fault_a_guard_dropped_with_its_runtime_leaves_no_key_blocking_the_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_acquisition_watches_its_own_key_before_its_grant() {
     let server = EtcdServer::start_or_panic();
-    let first = {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
-    let second = {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
+    let first = locks(&server.url()).await;
+    let second = locks(&server.url()).await;
     let name = common::name("queued_watch");
     let prefix = format!("{name}/");
     let all = "etcd_debugging_mvcc_watcher_total";
@@ -819,14 +794,8 @@ async fn fault_delete_right_after_the_held_watch_is_reopened_reaches_the_holder_
         .await
         .unwrap();
     let proxy = Proxy::start_or_panic(server.addr());
-    let first = {
-        let backend = backend(&format!("etcd://{}", proxy.addr())).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
-    let second = {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
+    let first = locks(&format!("etcd://{}", proxy.addr())).await;
+    let second = locks(&server.url()).await;
     for round in 0..3 {
         let name = common::name(&format!("reopened_delete_{round}"));
         let prefix = format!("{name}/");
@@ -891,14 +860,8 @@ async fn a_queued_acquisition_that_ends_without_a_grant_leaves_no_watch() {
     let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
         .await
         .unwrap();
-    let first = {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
-    let second = {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
+    let first = locks(&server.url()).await;
+    let second = locks(&server.url()).await;
     let all = "etcd_debugging_mvcc_watcher_total";
     let idle = watch_gauge(server.addr(), all).await;
     let name = common::name("queued_watch_ends");
@@ -968,14 +931,8 @@ async fn a_queued_acquisition_that_ends_without_a_grant_leaves_no_watch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_hold_equal_to_the_session_ttl_frees_the_name_at_the_cap() {
     let server = EtcdServer::start_or_panic();
-    let a = {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
-    let b = {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    };
+    let a = locks(&server.url()).await;
+    let b = locks(&server.url()).await;
     let name = common::name("max_hold_session_ttl");
     let cap = Duration::from_secs(2);
     let guard = a
@@ -1027,7 +984,7 @@ async fn watch_messages(server: &EtcdServer) -> u64 {
 async fn a_loop_of_cycles_on_one_name_keeps_one_held_key_watch() {
     let server = EtcdServer::start_or_panic();
     let backend = backend(&server.url()).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let locks = locks_on(&backend);
     let lock = locks.lock(&common::name("kept_watch")).unwrap();
     let first = lock.acquire().await.unwrap();
     first.release().await.unwrap();
@@ -1072,7 +1029,7 @@ async fn a_loop_of_cycles_on_one_name_keeps_one_held_key_watch() {
 async fn a_hold_on_a_kept_watch_is_lost_when_its_key_is_deleted() {
     let server = EtcdServer::start_or_panic();
     let backend = backend(&server.url()).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let locks = locks_on(&backend);
     let name = common::name("kept_watch_delete");
     let lock = locks.lock(&name).unwrap();
     lock.acquire().await.unwrap().release().await.unwrap();
@@ -1109,30 +1066,17 @@ async fn a_hold_on_a_kept_watch_is_lost_when_its_key_is_deleted() {
 /// on the slow path and the watch stream on the fast one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_delete_reaching_the_kept_watch_before_the_grant_takes_it_is_reported() {
-    use distlock_etcd::rpc::pb::etcdserverpb::RangeRequest;
-    let server = EtcdServer::start_or_panic();
-    let proxy = Proxy::start_or_panic(server.addr());
-    let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
-        .await
-        .unwrap();
-    let probe = || RangeRequest {
-        key: b"x".to_vec(),
-        ..Default::default()
-    };
+    let fx = Proxied::start(1);
+    let server = &fx.server;
+    let raw = fx.raw().await;
     let mut slow_creates = 0;
     for round in 0..4 {
-        tokio::task::block_in_place(|| proxy.pass().unwrap());
+        fx.pass();
         // Two "members" (one server, one of them behind a slow proxy); no hedged resend within the
         // test. The held-keys stream stays on whichever the backend opened it on.
-        let backend = backend(&format!(
-            "etcd://{},{}?request_timeout=20s",
-            proxy.addr(),
-            server.addr()
-        ))
-        .await;
-        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let (backend, locks) = fx.connect(true, "request_timeout=20s").await;
         for cycle in 0..3 {
-            tokio::task::block_in_place(|| proxy.pass().unwrap());
+            fx.pass();
             // Shift which member the next requests go to.
             let _ = backend.client().range(probe()).await;
             let name = common::name(&format!("kept_watch_early_delete_{round}_{cycle}"));
@@ -1140,10 +1084,10 @@ async fn fault_a_delete_reaching_the_kept_watch_before_the_grant_takes_it_is_rep
             let lock = locks.lock(&name).unwrap();
             // A first cycle leaves its key's watch kept (confirmed).
             lock.acquire().await.unwrap().release().await.unwrap();
-            let start = raw.range(probe()).await.unwrap().header.unwrap().revision;
+            let start = revision(&raw).await;
             // An operator deletes the next key as soon as it exists (polling directly).
             let deleter = delete_the_next_key(&raw, &prefix, start);
-            tokio::task::block_in_place(|| proxy.delay(Duration::from_millis(300)).unwrap());
+            fx.delay(Duration::from_millis(300));
             let asked = Instant::now();
             let guard = tokio::time::timeout(SLACK * 2, lock.acquire())
                 .await
@@ -1153,7 +1097,7 @@ async fn fault_a_delete_reaching_the_kept_watch_before_the_grant_takes_it_is_rep
                 slow_creates += 1;
             }
             let (_, deleted) = deleter.await.unwrap();
-            tokio::task::block_in_place(|| proxy.pass().unwrap());
+            fx.pass();
             assert_eq!(guard.token().unwrap().get(), deleted as u64);
             // A round trip and then some.
             tokio::time::sleep(Duration::from_millis(800)).await;
@@ -1185,7 +1129,7 @@ fn a_kept_watch_due_at_a_reopen_is_not_left_on_the_server() {
     let rt1 = runtime();
     let locks = rt1.block_on(async {
         let backend = backend(&server.url()).await;
-        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let locks = locks_on(&backend);
         locks
             .lock(&name)
             .unwrap()
@@ -1243,14 +1187,9 @@ const LINGER_AND_SLACK: Duration = Duration::from_secs(5);
 /// caught by the pause breaks the stream, whose reopen re-reads and masks the hole, so several rounds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_delete_before_the_grants_watch_is_reported_when_the_grants_re_read_fails() {
-    use distlock_etcd::rpc::pb::etcdserverpb::RangeRequest;
-    let mut server = EtcdServer::start_or_panic();
-    let proxy = Proxy::start_or_panic(server.addr());
-    let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
-        .await
-        .unwrap();
-    let backend = backend(&format!("etcd://{}?request_timeout=1s", proxy.addr())).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let mut fx = Proxied::start(1);
+    let raw = fx.raw().await;
+    let (_backend, locks) = fx.connect(false, "request_timeout=1s").await;
     // A session exists before the delay (its lease grant is not part of the timeline).
     locks
         .lock(&common::name("reread_fails_warmup"))
@@ -1265,40 +1204,23 @@ async fn fault_a_delete_before_the_grants_watch_is_reported_when_the_grants_re_r
     for round in 0..4 {
         let name = common::name(&format!("reread_fails_{round}"));
         let prefix = format!("{name}/");
-        let start = raw
-            .range(RangeRequest {
-                key: b"x".to_vec(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .header
-            .unwrap()
-            .revision;
+        let start = revision(&raw).await;
         let deleter = delete_the_next_key(&raw, &prefix, start);
-        tokio::task::block_in_place(|| proxy.delay(Duration::from_millis(300)).unwrap());
+        fx.delay(Duration::from_millis(300));
         let lock = locks.lock(&name).unwrap();
         let acquire = tokio::spawn(async move { lock.acquire().await });
         let (deleted_at, _) = deleter.await.unwrap();
         tokio::time::sleep_until((deleted_at + Duration::from_millis(800)).into()).await;
-        tokio::task::block_in_place(|| server.pause().unwrap());
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        tokio::task::block_in_place(|| server.resume().unwrap());
-        let guard = tokio::time::timeout(SLACK * 2, acquire)
-            .await
-            .expect("acquire answers")
-            .unwrap();
-        tokio::task::block_in_place(|| proxy.pass().unwrap());
-        let Ok(guard) = guard else {
-            eprintln!("round {round}: acquire failed: {guard:?}");
-            continue;
-        };
-        // Far more than a round trip.
-        tokio::time::sleep(SLACK).await;
-        if held_with_its_key_gone(&server, &prefix, &guard) {
+        if stalled_grant_held_with_its_key_gone(
+            &mut fx,
+            acquire,
+            &prefix,
+            &format!("round {round}"),
+        )
+        .await
+        {
             held_with_key_gone.push(round);
         }
-        let _ = guard.release().await;
     }
     assert!(
         held_with_key_gone.is_empty(),
@@ -1318,28 +1240,11 @@ async fn fault_a_delete_before_the_grants_watch_is_reported_when_the_grants_re_r
 /// refused in every cycle, and cycles 0-3 of 9 stayed `Held` (2 runs of 2; 6 cycles are run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_kept_watch_delete_is_reported_when_the_grants_re_read_fails() {
-    use distlock_etcd::rpc::pb::etcdserverpb::RangeRequest;
-    let mut server = EtcdServer::start_or_panic();
-    let proxy = Proxy::start_or_panic(server.addr());
-    let proxy2 = Proxy::start_or_panic(server.addr());
-    let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))
-        .await
-        .unwrap();
-    let probe = || RangeRequest {
-        key: b"x".to_vec(),
-        ..Default::default()
-    };
-    let backend = backend(&format!(
-        "etcd://{},{},{}?request_timeout=1s",
-        proxy.addr(),
-        proxy2.addr(),
-        server.addr()
-    ))
-    .await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let mut fx = Proxied::start(2);
+    let raw = fx.raw().await;
+    let (backend, locks) = fx.connect(true, "request_timeout=1s").await;
     // The held-keys stream on the direct member: opened while the proxies refuse.
-    tokio::task::block_in_place(|| proxy.refuse().unwrap());
-    tokio::task::block_in_place(|| proxy2.refuse().unwrap());
+    fx.refuse();
     let warm = locks
         .lock(&common::name("kept_watch_reread_fails_warm"))
         .unwrap();
@@ -1351,48 +1256,64 @@ async fn fault_a_kept_watch_delete_is_reported_when_the_grants_re_read_fails() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut hits = Vec::new();
     for cycle in 0..6 {
-        tokio::task::block_in_place(|| proxy.pass().unwrap());
-        tokio::task::block_in_place(|| proxy2.pass().unwrap());
+        fx.pass();
         // Shift which member the next requests go to.
         let _ = backend.client().range(probe()).await;
         let name = common::name(&format!("kept_watch_reread_fails_{cycle}"));
         let prefix = format!("{name}/");
         let lock = locks.lock(&name).unwrap();
         lock.acquire().await.unwrap().release().await.unwrap();
-        let start = raw.range(probe()).await.unwrap().header.unwrap().revision;
+        let start = revision(&raw).await;
         let deleter = delete_the_next_key(&raw, &prefix, start);
         // Under the 250 ms hedge of a 1 s request timeout with two endpoints.
-        tokio::task::block_in_place(|| proxy.delay(Duration::from_millis(100)).unwrap());
-        tokio::task::block_in_place(|| proxy2.delay(Duration::from_millis(100)).unwrap());
+        fx.delay(Duration::from_millis(100));
         let acquire = tokio::spawn(async move { lock.acquire().await });
         let (deleted_at, _) = deleter.await.unwrap();
         // After the grant's own watch is confirmed (create reply ~+100 ms, confirmation a local
         // round trip later), before its re-read reaches etcd through the slow member (~+200 ms).
         tokio::time::sleep_until((deleted_at + Duration::from_millis(150)).into()).await;
-        tokio::task::block_in_place(|| server.pause().unwrap());
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        tokio::task::block_in_place(|| server.resume().unwrap());
-        let guard = tokio::time::timeout(SLACK * 2, acquire)
-            .await
-            .expect("acquire answers")
-            .unwrap();
-        tokio::task::block_in_place(|| proxy.pass().unwrap());
-        tokio::task::block_in_place(|| proxy2.pass().unwrap());
-        let Ok(guard) = guard else {
-            eprintln!("cycle {cycle}: acquire failed: {guard:?}");
-            continue;
-        };
-        tokio::time::sleep(SLACK).await;
-        if held_with_its_key_gone(&server, &prefix, &guard) {
+        if stalled_grant_held_with_its_key_gone(
+            &mut fx,
+            acquire,
+            &prefix,
+            &format!("cycle {cycle}"),
+        )
+        .await
+        {
             hits.push(cycle);
         }
-        let _ = guard.release().await;
     }
     assert!(
         hits.is_empty(),
         "cycles {hits:?}: the next key's delete reached the kept watch first, the grant's re-read failed, and the guard is still Held {} s later with its key gone",
         SLACK.as_secs()
     );
+}
+
+/// The two re-read tests' stall: etcd paused for 1.5 s (past the 1 s request timeout of the grant's
+/// re-read), then `acquire`'s grant, if any, checked far more than a round trip later (see
+/// [`held_with_its_key_gone`]) and released. `what` names the round in the log.
+async fn stalled_grant_held_with_its_key_gone(
+    fx: &mut Proxied,
+    acquire: tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>,
+    prefix: &str,
+    what: &str,
+) -> bool {
+    fx.stall(Duration::from_millis(1500)).await;
+    let guard = tokio::time::timeout(SLACK * 2, acquire)
+        .await
+        .expect("acquire answers")
+        .unwrap();
+    fx.pass();
+    let Ok(guard) = guard else {
+        eprintln!("{what}: acquire failed: {guard:?}");
+        return false;
+    };
+    // Far more than a round trip.
+    tokio::time::sleep(SLACK).await;
+    let held = held_with_its_key_gone(&fx.server, prefix, &guard);
+    let _ = guard.release().await;
+    held
 }
 
 /// Deletes the first key under `prefix` created after revision `after`, as soon as it appears (an
@@ -1452,7 +1373,7 @@ fn held_with_its_key_gone(
 async fn holding_many_locks_adds_no_expiry_task_per_lock() {
     let server = EtcdServer::start_or_panic();
     let backend = backend(&server.url()).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let locks = locks_on(&backend);
     let name = common::name("many_held");
     // Everything the backend starts lazily starts here (session, keep-alive, held-keys watch, expiry).
     let first = locks
@@ -1503,6 +1424,99 @@ async fn holding_many_locks_adds_no_expiry_task_per_lock() {
     }
 }
 
+/// Polls until no key is left under `prefix`, at most until `start + by`, and not before `start + cap`:
+/// a capped hold's key is deleted at its cap.
+async fn gone_at_its_cap(eps: &str, prefix: &str, start: Instant, cap: Duration, by: Duration) {
+    while !keys(eps, prefix).is_empty() {
+        assert!(
+            start.elapsed() < by,
+            "the key under {prefix} (max_hold {cap:?}) is still there after {:?}",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(start.elapsed() >= cap, "{prefix}: not before its cap");
+}
+
+/// A hold of `name` with `locks`' default lease and a `max_hold` of `cap`.
+async fn capped_hold(locks: &Locks, name: &str, cap: Duration) -> distlock_core::LockGuard {
+    let lock = locks.lock(name).unwrap();
+    lock.options().max_hold(cap).acquire().await.unwrap()
+}
+
+/// At the defaults users run (the backend's default lease, the default 60 s session TTL, nothing
+/// shortened), a hold with a `max_hold` of 2 s is `Lost` at the cap and its key is deleted on the
+/// server within a few seconds of it, long before a 60 s session would take it, so another process
+/// (another backend: its own session) gets the name. The first lease asked is capped by `max_hold`,
+/// so the hold is on the backend's 2 s session (one per lease length), not the 60 s one; that session
+/// is kept alive, and the key would stay with it but for the client-side expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_defaults_a_max_hold_frees_the_name_on_the_server_at_the_cap() {
+    let server = EtcdServer::start_or_panic();
+    let backend = backend(&server.url()).await;
+    assert_eq!(backend.default_lease(), Duration::from_secs(60));
+    let holder = locks_on(&backend);
+    let other = locks(&server.url()).await;
+    let name = common::name("max_hold_defaults");
+    let prefix = format!("{name}/");
+    let cap = Duration::from_secs(2);
+    let start = Instant::now();
+    let guard = capped_hold(&holder, &name, cap).await;
+    eprintln!(
+        "the hold's key {:?}; the backend's sessions (ttl, id): {:?}",
+        keys(&server.endpoints(), &prefix),
+        backend.session_leases().await
+    );
+    tokio::time::timeout_at((start + cap + SLACK).into(), guard.lost())
+        .await
+        .expect("Lost at max_hold");
+    eprintln!("loss: {:?}", guard.loss_reason());
+    gone_at_its_cap(&server.endpoints(), &prefix, start, cap, cap + SLACK).await;
+    let next = other
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_secs(1))
+        .acquire()
+        .await
+        .expect("another process gets the name once the capped hold's key is gone");
+    assert!(
+        next.token().unwrap() > guard.token().unwrap(),
+        "the next holder's token is greater"
+    );
+    next.release().await.unwrap();
+    drop(guard);
+}
+
+/// At the defaults (long lease, 60 s session TTL), two holds of one backend on two runtimes with
+/// different `max_hold` caps: the first granted on runtime A (where the expiry task starts), the second
+/// on runtime B; A is dropped right after, with the first hold's deadline still ahead: both keys are
+/// still deleted at their caps (the first by a task on B), while the sessions live on (their keep-alives
+/// move to B with the core's early renewals).
+#[test]
+fn at_the_defaults_capped_holds_on_two_runtimes_expire_after_the_first_is_dropped() {
+    let server = EtcdServer::start_or_panic();
+    let eps = server.endpoints();
+    let name = common::name("caps_defaults_two_rts");
+    let (cap_a, cap_b) = (Duration::from_secs(2), Duration::from_secs(4));
+    let rt_a = runtime();
+    let rt_b = runtime();
+    let locks = rt_a.block_on(locks(&server.url()));
+    let start = Instant::now();
+    let a = rt_a.block_on(capped_hold(&locks, &format!("{name}-a"), cap_a));
+    let b = rt_b.block_on(capped_hold(&locks, &format!("{name}-b"), cap_b));
+    drop(rt_a);
+    rt_b.block_on(async {
+        let prefix = |suffix: &str| format!("{name}-{suffix}/");
+        gone_at_its_cap(&eps, &prefix("a"), start, cap_a, cap_a + SLACK).await;
+        gone_at_its_cap(&eps, &prefix("b"), start, cap_b, cap_b + SLACK).await;
+    });
+    assert_ne!(a.state(), LockState::Held);
+    assert_ne!(b.state(), LockState::Held);
+    drop((a, b));
+    drop(locks);
+}
+
 /// Several holds with different `max_hold` caps on one backend: each key is deleted at its own cap,
 /// in order of the caps though not of the acquires (the latest cap first, so the earlier deadlines
 /// inserted after it must wake the expiry task), and a hold that is renewed (no cap) is not expired.
@@ -1510,7 +1524,7 @@ async fn holding_many_locks_adds_no_expiry_task_per_lock() {
 async fn holds_with_different_caps_expire_in_order_and_a_renewed_one_does_not() {
     let server = EtcdServer::start_or_panic();
     let backend = backend(&server.url()).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let locks = locks_on(&backend);
     let eps = server.endpoints();
     let name = common::name("caps");
     let lease = Duration::from_secs(2);
@@ -1601,7 +1615,7 @@ fn a_capped_hold_still_expires_after_its_runtime_is_dropped() {
     let rt1 = runtime();
     let (locks, guard, start) = rt1.block_on(async {
         let backend = backend(&server.url()).await;
-        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let locks = locks_on(&backend);
         let start = Instant::now();
         let guard = locks
             .lock(&name)
@@ -1652,10 +1666,7 @@ fn a_hold_granted_on_a_second_runtime_expires_after_the_first_is_dropped() {
     let eps = server.endpoints();
 
     let rt_b = runtime();
-    let locks = rt_b.block_on(async {
-        let backend = backend(&server.url()).await;
-        Locks::with_defaults(backend.clone(), backend.default_options())
-    });
+    let locks = rt_b.block_on(locks(&server.url()));
     // The first hold on the backend is made on runtime A: the expiry task starts there.
     let rt_a = runtime();
     rt_a.block_on(async {
@@ -1707,10 +1718,9 @@ fn a_hold_granted_on_a_second_runtime_expires_after_the_first_is_dropped() {
 /// path says `Expired`), and the key blocks the name past `max_hold` until the guard is dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_expiry_delete_failing_at_the_deadline_is_not_abandoned() {
-    let server = EtcdServer::start_or_panic();
-    let proxy = Proxy::start_or_panic(server.addr());
-    let backend = backend(&format!("etcd://{}?request_timeout=300ms", proxy.addr())).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let fx = Proxied::start(1);
+    let (server, proxy) = (&fx.server, fx.proxy());
+    let (backend, locks) = fx.connect(false, "request_timeout=300ms").await;
     let name = common::name("expiry_delete_fails");
     let eps = server.endpoints();
     let cap = Duration::from_secs(4);
@@ -1763,7 +1773,7 @@ fn fault_an_expiry_taken_by_a_short_lived_runtime_still_deletes_the_key() {
     let rt_b = runtime();
     let (backend, locks) = rt_b.block_on(async {
         let backend = backend(&format!("etcd://{}?request_timeout=300ms", proxy.addr())).await;
-        let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+        let locks = locks_on(&backend);
         (backend, locks)
     });
     for round in 0..6 {
@@ -1837,10 +1847,9 @@ fn fault_an_expiry_taken_by_a_short_lived_runtime_still_deletes_the_key() {
 /// `max_hold`. Before 98e2eb5 the deletes were spawned and ran concurrently (one round trip).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_many_expiries_on_a_slow_etcd_do_not_hold_up_a_later_deadline() {
-    let server = EtcdServer::start_or_panic();
-    let proxy = Proxy::start_or_panic(server.addr());
-    let backend = backend(&format!("etcd://{}?request_timeout=2s", proxy.addr())).await;
-    let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+    let fx = Proxied::start(1);
+    let (server, proxy) = (&fx.server, fx.proxy());
+    let (_backend, locks) = fx.connect(false, "request_timeout=2s").await;
     let eps = server.endpoints();
     let cap = Duration::from_secs(3);
     let start = Instant::now();
