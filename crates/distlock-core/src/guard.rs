@@ -195,8 +195,14 @@ impl Holding {
     fn refresh(&self, status: &mut Status, now: Instant) {
         if status.lost.is_none() {
             if status.deadline.is_some_and(|d| now >= d) {
-                status.lost =
-                    Some("the validity deadline passed without a confirmed renewal".into());
+                // No renewal was due: the last grant covered the rest of `max_hold`, and its
+                // deadline (1 % early for clock drift) came just before the cap itself.
+                let capped = self.max_hold_end.is_some() && status.next_renew_at.is_none();
+                status.lost = Some(if capped {
+                    "max_hold was reached (the last grant covered the rest of it)".into()
+                } else {
+                    "the validity deadline passed without a confirmed renewal".into()
+                });
             } else if self.max_hold_end.is_some_and(|end| now >= end) {
                 status.lost = Some("max_hold was reached".into());
             }

@@ -1470,7 +1470,11 @@ async fn at_the_defaults_a_max_hold_frees_the_name_on_the_server_at_the_cap() {
     tokio::time::timeout_at((start + cap + SLACK).into(), guard.lost())
         .await
         .expect("Lost at max_hold");
-    eprintln!("loss: {:?}", guard.loss_reason());
+    let reason = guard.loss_reason().unwrap_or_default();
+    assert!(
+        reason.contains("max_hold was reached"),
+        "the loss names its cause: {reason}"
+    );
     gone_at_its_cap(&server.endpoints(), &prefix, start, cap, cap + SLACK).await;
     let next = other
         .lock(&name)
