@@ -91,7 +91,7 @@ impl LossSignal {
                     match &state.reason {
                         Some(reason) => Some(reason.clone()),
                         None => {
-                            state.holding = Some(Arc::downgrade(holding));
+                            state.holdings.attach(Arc::downgrade(holding));
                             None
                         }
                     }
@@ -116,7 +116,9 @@ impl std::fmt::Debug for LossSignal {
 
 /// The backend's end of a reported [`LossSignal`]: it reports a held lock's loss straight into the
 /// guard, from whatever task learns of it, with no task per hold. Clones report into the same
-/// signal; the first reason reported wins and later ones are ignored.
+/// signal; the first reason reported wins and later ones are ignored. Its [`signal`](Self::signal)
+/// may go to several grants (a report per session, say): a report reaches every hold it was given
+/// to, and a hold granted after the report is `Lost` at its install.
 ///
 /// ```
 /// use distlock_core::raw::{Grant, LossReport};
@@ -140,9 +142,42 @@ struct LossSlot {
 struct SlotState {
     /// The first reason reported.
     reason: Option<String>,
-    /// The hold the signal was attached to, until a reason is reported. Weak: a hold that ended is
+    /// The holds the signal was attached to, until a reason is reported. Weak: a hold that ended is
     /// not kept alive by the backend's record of it.
-    holding: Option<std::sync::Weak<crate::guard::Holding>>,
+    holdings: Holdings,
+}
+
+/// One hold without an allocation of its own (the usual case: a report per grant), or several.
+#[derive(Default)]
+enum Holdings {
+    #[default]
+    None,
+    One(std::sync::Weak<crate::guard::Holding>),
+    Many(Vec<std::sync::Weak<crate::guard::Holding>>),
+}
+
+impl Holdings {
+    fn attach(&mut self, holding: std::sync::Weak<crate::guard::Holding>) {
+        *self = match std::mem::take(self) {
+            Holdings::None => Holdings::One(holding),
+            Holdings::One(first) if first.strong_count() == 0 => Holdings::One(holding),
+            Holdings::One(first) => Holdings::Many(vec![first, holding]),
+            Holdings::Many(mut all) => {
+                // Ended holds are dropped as new ones come, so the list follows the live ones.
+                all.retain(|h| h.strong_count() > 0);
+                all.push(holding);
+                Holdings::Many(all)
+            }
+        };
+    }
+
+    fn into_vec(self) -> Vec<std::sync::Weak<crate::guard::Holding>> {
+        match self {
+            Holdings::None => Vec::new(),
+            Holdings::One(one) => vec![one],
+            Holdings::Many(all) => all,
+        }
+    }
 }
 
 impl LossReport {
@@ -151,8 +186,7 @@ impl LossReport {
         Self::default()
     }
 
-    /// The signal to give the core with the grant ([`Grant::with_loss`]). Make one per report: the
-    /// core reports into the hold it attached last.
+    /// The signal to give the core with a grant ([`Grant::with_loss`]).
     pub fn signal(&self) -> LossSignal {
         LossSignal(LossSource::Reported(self.0.clone()))
     }
@@ -161,16 +195,20 @@ impl LossReport {
     /// core has it (otherwise when the core installs it). Never blocks on I/O.
     pub fn report(&self, reason: impl Into<String>) {
         let reason = reason.into();
-        let holding = {
+        let holdings = {
             let mut state = crate::sync::lock(&self.0.state);
             if state.reason.is_some() {
                 return;
             }
             state.reason = Some(reason.clone());
-            state.holding.take()
+            std::mem::take(&mut state.holdings)
         };
-        if let Some(holding) = holding.and_then(|h| h.upgrade()) {
-            holding.mark_lost(reason);
+        for holding in holdings
+            .into_vec()
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+        {
+            holding.mark_lost(reason.clone());
         }
     }
 

@@ -17,6 +17,8 @@ struct Reporting {
     reports: Arc<Mutex<Vec<LossReport>>>,
     /// Report a loss inside `try_acquire`, before the core has the grant.
     report_at_grant: Arc<Mutex<Option<String>>>,
+    /// One report for every grant (a report per session), instead of one per grant.
+    shared: Option<LossReport>,
 }
 
 impl Reporting {
@@ -48,7 +50,7 @@ impl Backend for Reporting {
     }
 
     async fn try_acquire(&self, _: &mut (), _request: &AcquireRequest) -> Result<Attempt<()>> {
-        let report = LossReport::new();
+        let report = self.shared.clone().unwrap_or_default();
         if let Some(reason) = self.report_at_grant.lock().unwrap().take() {
             report.report(reason);
         }
@@ -123,4 +125,24 @@ async fn a_report_after_the_release_touches_neither_that_hold_nor_the_next() {
     // The report does not keep a dropped hold alive: reporting into it is a no-op.
     drop(second);
     backend.last().report("after the drop");
+}
+
+/// One report's signal given to several grants (a report per session) reaches every one of them,
+/// and a hold granted after the report is `Lost` at once (review: only the hold attached last was).
+#[tokio::test]
+async fn a_report_shared_by_several_grants_reaches_every_hold() {
+    let backend = Reporting {
+        shared: Some(LossReport::new()),
+        ..Reporting::default()
+    };
+    let locks = Locks::new(backend.clone());
+    let a = locks.lock("a").unwrap().acquire().await.unwrap();
+    let b = locks.lock("b").unwrap().acquire().await.unwrap();
+    let ended = locks.lock("ended").unwrap().acquire().await.unwrap();
+    ended.release().await.unwrap();
+    backend.last().report("the session is gone");
+    assert_eq!(a.state(), LockState::Lost, "the first hold is told too");
+    assert_eq!(b.state(), LockState::Lost);
+    let later = locks.lock("later").unwrap().acquire().await.unwrap();
+    assert_eq!(later.loss_reason().as_deref(), Some("the session is gone"));
 }

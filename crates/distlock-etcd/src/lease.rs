@@ -554,3 +554,172 @@ impl EtcdBackend {
         Ok(HandOff::Handed(grant))
     }
 }
+
+#[cfg(test)]
+mod loss_tests {
+    //! The loss reports (`LossReport`, from a review): a session marked gone while grants on
+    //! it are under way (the grant's post-insert check against `Expiries::session_gone`), and while a
+    //! local handoff's grant is under way, must reach every hold on that session, and no other.
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use distlock_core::url::LockUrl;
+    use distlock_core::{LockGuard, LockState, Locks};
+    use distlock_testkit::etcd::EtcdServer;
+
+    /// The lease of the key `token` of `name` has (none if it is not there).
+    async fn lease_of(backend: &EtcdBackend, name: &str, token: u64) -> Option<i64> {
+        let prefix = layout::prefix(name);
+        let mut end = prefix.clone().into_bytes();
+        *end.last_mut().unwrap() += 1;
+        let read = backend
+            .get(
+                "test",
+                crate::rpc::pb::etcdserverpb::RangeRequest {
+                    key: prefix.into_bytes(),
+                    range_end: end,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        read.kvs
+            .iter()
+            .find(|kv| kv.create_revision.unsigned_abs() == token)
+            .map(|kv| kv.lease)
+    }
+
+    async fn live_session(backend: &EtcdBackend) -> Arc<Session> {
+        backend
+            .inner
+            .sessions
+            .lock()
+            .await
+            .values()
+            .find(|s| s.gone_reason().is_none())
+            .cloned()
+            .expect("a live session")
+    }
+
+    /// Every guard on the gone session is Lost at once, every other one Held. Returns how many were
+    /// on the gone session.
+    async fn check(backend: &EtcdBackend, gone: &Session, held: &[(String, LockGuard)]) -> usize {
+        let mut on_gone = 0;
+        for (name, guard) in held {
+            let token = guard.token().unwrap().get();
+            let lease = lease_of(backend, name, token).await;
+            if lease == Some(gone.id) {
+                on_gone += 1;
+                assert_eq!(
+                    guard.state(),
+                    LockState::Lost,
+                    "{name}: a hold on the session marked gone is not Lost (token {token})"
+                );
+            } else if lease.is_some() {
+                assert_eq!(
+                    guard.state(),
+                    LockState::Held,
+                    "{name}: a hold on another session"
+                );
+            }
+        }
+        on_gone
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_marked_gone_during_grants_reaches_every_hold_on_it() {
+        let server = EtcdServer::start_or_panic();
+        let mut total = 0;
+        for round in 0u64..24 {
+            let backend = EtcdBackend::connect(&LockUrl::parse(&server.url()).unwrap())
+                .await
+                .unwrap();
+            let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+            let warm = locks.lock(&format!("review-loss/warm{round}")).unwrap();
+            warm.acquire().await.unwrap().release().await.unwrap();
+            let session = live_session(&backend).await;
+            let names: Vec<String> = (0..16)
+                .map(|i| format!("review-loss/r{round}/n{i}"))
+                .collect();
+            let mut tasks = Vec::new();
+            for name in &names {
+                let lock = locks.lock(name).unwrap();
+                let name = name.clone();
+                tasks.push(tokio::spawn(async move {
+                    lock.acquire().await.ok().map(|g| (name, g))
+                }));
+            }
+            let marker = {
+                let session = session.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_micros(round * 400)).await;
+                    let _ = session.mark_gone("review: marked gone during grants");
+                })
+            };
+            let mut held = Vec::new();
+            for t in tasks {
+                if let Some(g) = t.await.unwrap() {
+                    held.push(g);
+                }
+            }
+            marker.await.unwrap();
+            total += check(&backend, &session, &held).await;
+        }
+        assert!(total > 0, "no hold was granted on a session marked gone");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_marked_gone_during_local_handoffs_reaches_the_handed_holds() {
+        let server = EtcdServer::start_or_panic();
+        let mut total = 0;
+        for round in 0u64..16 {
+            let backend = EtcdBackend::connect(&LockUrl::parse(&server.url()).unwrap())
+                .await
+                .unwrap();
+            let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+            let names: Vec<String> = (0..8)
+                .map(|i| format!("review-loss-h/r{round}/n{i}"))
+                .collect();
+            let mut first = Vec::new();
+            let mut waiters = Vec::new();
+            for name in &names {
+                let a = locks.lock(name).unwrap();
+                first.push(a.acquire().await.unwrap());
+                let b = locks.lock(name).unwrap();
+                let name = name.clone();
+                waiters.push(tokio::spawn(async move {
+                    b.acquire().await.ok().map(|g| (name, g))
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let session = live_session(&backend).await;
+            let marker = {
+                let session = session.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_micros(round * 500)).await;
+                    let _ = session.mark_gone("review: marked gone during handoffs");
+                })
+            };
+            let releases: Vec<_> = first
+                .into_iter()
+                .map(|g| {
+                    tokio::spawn(async move {
+                        let _ = g.release().await;
+                    })
+                })
+                .collect();
+            let mut held = Vec::new();
+            for w in waiters {
+                if let Ok(Ok(Some(g))) = tokio::time::timeout(Duration::from_secs(10), w).await {
+                    held.push(g);
+                }
+            }
+            for r in releases {
+                r.await.unwrap();
+            }
+            marker.await.unwrap();
+            total += check(&backend, &session, &held).await;
+        }
+        assert!(total > 0, "no handed hold was on the session marked gone");
+    }
+}
