@@ -233,8 +233,7 @@ fn grant(
     let loss = watch.map(|watch| {
         let report = LossReport::new();
         let inode = (held.file.dev, held.file.ino);
-        held.watching =
-            Some(notifier.watch_held(watch, held.path.clone(), inode, report.clone()));
+        held.watching = Some(notifier.watch_held(watch, held.path.clone(), inode, report.clone()));
         report.signal()
     });
     tracing::debug!(lock = %request.name, token, "file lock acquired");

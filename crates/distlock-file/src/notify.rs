@@ -60,7 +60,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Notifier {
     current: Mutex<Option<Arc<Shared>>>,
     /// Set when the runtime cannot drive inotify at all; then waiters poll, and no retry is made.
-    disabled: AtomicBool,
+    pub(crate) disabled: AtomicBool,
     /// Numbers the instances, so a hold's record names the instance that watches it.
     generations: AtomicU64,
     held: Mutex<HeldFiles>,
@@ -98,7 +98,10 @@ impl HeldFiles {
 
     /// The ids, paths and inodes of the holds on `wd` of instance `generation`.
     fn on_watch(&self, generation: u64, wd: i32, into: &mut Vec<Candidate>) {
-        for &(_, _, id) in self.by_watch.range((generation, wd, 0)..=(generation, wd, u64::MAX)) {
+        for &(_, _, id) in self
+            .by_watch
+            .range((generation, wd, 0)..=(generation, wd, u64::MAX))
+        {
             if let Some(record) = self.files.get(&id) {
                 into.push(record.candidate(id));
             }
@@ -460,7 +463,9 @@ impl Notifier {
             }
             None => {
                 lock(&self.held).keeper = false;
-                tracing::error!("no runtime to watch held lock files on; their deletion goes unnoticed");
+                tracing::error!(
+                    "no runtime to watch held lock files on; their deletion goes unnoticed"
+                );
             }
         }
     }
