@@ -41,7 +41,8 @@
 //!
 //! The jobs live in files of their own: [`open`](crate::open) (the directory, the open file, the
 //! record's I/O), [`acquire`](crate::acquire) (a try and the wait), [`held`](crate::held) (the token, the
-//! release, the loss signal), [`inspect`](crate::inspect) (`status`).
+//! release), [`notify`](crate::notify) (inotify, and the watch of held files for loss),
+//! [`inspect`](crate::inspect) (`status`).
 
 use std::ffi::OsString;
 use std::fmt;
