@@ -275,13 +275,20 @@ impl Notifier {
     ) -> HeldWatch {
         let wd = watch.wd;
         let shared = watch.shared.take();
-        let generation = shared.as_ref().map(|s| s.generation);
-        // The record first: the reader checks it on any event it reads from now on.
+        // The hold's reference on the watch first, so a loss reported as soon as the record exists
+        // drops a reference that is there.
+        let kept = shared.as_ref().filter(|shared| {
+            lock(&shared.watches)
+                .get_mut(&wd)
+                .map(|entry| entry.holds += 1)
+                .is_some()
+        });
+        // Then the record: the reader checks it on any event it reads from now on.
         let id = {
             let mut held = lock(&self.held);
             let id = held.next_id;
             held.next_id += 1;
-            let watch = generation.map(|generation| (generation, wd));
+            let watch = kept.map(|shared| (shared.generation, wd));
             if let Some((generation, wd)) = watch {
                 held.by_watch.insert((generation, wd, id));
             }
@@ -301,42 +308,29 @@ impl Notifier {
             notifier: self.clone(),
             id,
         };
-        // The waiter's reference on the watch becomes the hold's. An event the reader sent to the
-        // channel before the record existed is only there: look at the file now if there was one.
-        let (kept, missed) = match &shared {
+        // Then the acquisition's reference goes. An event the reader sent to the waiters' channel
+        // before the record existed is only there: look at the file now if there was one.
+        let missed = match kept {
             Some(shared) => {
                 let mut watches = lock(&shared.watches);
-                match watches.get_mut(&wd) {
-                    Some(entry) => {
-                        let missed = watch.events.has_changed().unwrap_or(true);
-                        entry.waiters = entry.waiters.saturating_sub(1);
-                        entry.holds += 1;
-                        if entry.waiters == 0 {
-                            entry.events = None;
-                        }
-                        (true, missed)
+                let missed = watch.events.has_changed().unwrap_or(true);
+                if let Some(entry) = watches.get_mut(&wd) {
+                    entry.waiters = entry.waiters.saturating_sub(1);
+                    if entry.waiters == 0 {
+                        entry.events = None;
                     }
-                    None => (false, true),
                 }
+                missed
             }
-            None => (false, true),
+            // No live watch: the keeper watches the file again (and checks it).
+            None => true,
         };
-        if !kept {
-            // The watch is gone (the reader stopped, or the kernel dropped it): the keeper watches the
-            // file again.
-            let mut held = lock(&self.held);
-            if let Some(record) = held.files.get_mut(&id) {
-                if let Some((generation, wd)) = record.watch.take() {
-                    held.by_watch.remove(&(generation, wd, id));
-                }
-            }
-        }
         if missed {
             let candidate = lock(&self.held).files.get(&id).map(|r| r.candidate(id));
             self.check(candidate);
         }
         // A reader that stopped after the record was made may have found no record to hand the keeper.
-        if !kept || shared.is_some_and(|s| !s.alive.load(Ordering::Acquire)) {
+        if kept.is_none_or(|s| !s.alive.load(Ordering::Acquire)) {
             self.ensure_keeper();
         }
         hold
