@@ -502,8 +502,13 @@ mod tests {
             tokio::time::timeout(BOUND, guards[11].lost())
                 .await
                 .expect("the deletion went unnoticed without inotify");
-            let checkers = background.metrics().num_alive_tasks() - before;
-            assert!(checkers <= 2, "{checkers} tasks check 19 held files");
+            // Far from one per hold, with room for other tests' background work (`cargo test` runs
+            // them in one process).
+            let checkers = background
+                .metrics()
+                .num_alive_tasks()
+                .saturating_sub(before);
+            assert!(checkers < 10, "{checkers} tasks check 19 held files");
             assert_eq!(guards[0].state(), distlock_core::LockState::Held);
         });
     }
