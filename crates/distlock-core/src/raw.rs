@@ -226,6 +226,14 @@ impl std::fmt::Debug for LossReport {
     }
 }
 
+/// distlock's background runtime: one worker thread, started on first use and never shut down, where
+/// the core moves work whose runtime was dropped. For a backend's own work that must outlive the
+/// runtimes it is called from (watching held locks after the runtime that watched them is gone).
+/// `None` only if it cannot be started.
+pub fn background_runtime() -> Option<tokio::runtime::Handle> {
+    crate::locks::background_runtime()
+}
+
 /// A granted lock.
 #[non_exhaustive]
 pub struct Grant<L> {

@@ -4,13 +4,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use distlock_core::raw::{AcquireRequest, Attempt, Grant};
+use distlock_core::raw::{AcquireRequest, Attempt, Grant, LossReport};
 use distlock_core::retry::Backoff;
 use distlock_core::{FencingToken, Result};
 
 use crate::config::FileConfig;
 use crate::error::FileError;
-use crate::held::{loss_signal, FileLease, HeldFile};
+use crate::held::{FileLease, HeldFile};
 use crate::notify::{Notifier, Shared, Subscription};
 use crate::open::OpenFile;
 use crate::sync_thread::off_the_workers_in;
@@ -218,23 +218,29 @@ impl FileAcquisition {
 }
 
 /// The grant of a held (and, if configured, synced) lock file: its token, its descriptor for
-/// `inheritable_descriptor`, and the loss signal if the file is watched.
+/// `inheritable_descriptor`, and the loss signal if the file is watched (the notifier keeps the
+/// hold's record and reports into it: no task per hold).
 fn grant(
-    held: HeldFile,
+    mut held: HeldFile,
     watch: Option<Subscription>,
     notifier: &Arc<Notifier>,
     request: &AcquireRequest,
 ) -> Result<Grant<FileLease>> {
-    let (path, token) = (held.path.clone(), held.token);
-    let (dev, ino) = (held.file.dev, held.file.ino);
+    let token = held.token;
     // The locked descriptor itself, not a `dup` of it: whoever inherits it keeps the lock held (it
     // is close-on-exec, so only a deliberate hand-over passes it on). See `OpenFile::fd`.
     let descriptor = held.file.fd.clone();
+    let loss = watch.map(|watch| {
+        let report = LossReport::new();
+        let inode = (held.file.dev, held.file.ino);
+        held.watching = Some(notifier.watch_held(watch, held.path.clone(), inode, report.clone()));
+        report.signal()
+    });
     tracing::debug!(lock = %request.name, token, "file lock acquired");
     let mut grant = Grant::new(FileLease::new(held)).with_token(FencingToken::new(token));
     grant.descriptor = Some(descriptor);
-    if let Some(watch) = watch {
-        grant = grant.with_loss(loss_signal(watch, notifier.clone(), path, dev, ino));
+    if let Some(loss) = loss {
+        grant = grant.with_loss(loss);
     }
     Ok(grant)
 }
@@ -253,7 +259,7 @@ mod tests {
     }
 
     /// A watch made on a runtime that is then dropped, the reader having run (`yield_now`) or not.
-    fn orphaned_watch(notifier: &Notifier, path: &Path, reader_ran: bool) -> Subscription {
+    fn orphaned_watch(notifier: &Arc<Notifier>, path: &Path, reader_ran: bool) -> Subscription {
         let first = runtime();
         let watch = first.block_on(async {
             let watch = notifier.instance().unwrap().subscribe(path).unwrap();
@@ -317,7 +323,7 @@ mod tests {
         let config = FileConfig::new(dir.path());
         let path = dir.path().join("x.lock");
         std::fs::write(&path, b"").unwrap();
-        let notifier = Notifier::default();
+        let notifier = Arc::new(Notifier::default());
         let mut acquisition = FileAcquisition::new(path.clone(), &config);
         acquisition.watch = Some(orphaned_watch(&notifier, &path, true));
         runtime()
@@ -338,7 +344,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.lock");
         std::fs::write(&path, b"").unwrap();
-        let notifier = Notifier::default();
+        let notifier = Arc::new(Notifier::default());
         let mut orphan = orphaned_watch(&notifier, &path, false);
         runtime().block_on(async {
             let ended = tokio::time::timeout(Duration::from_millis(200), orphan.changed()).await;

@@ -41,7 +41,8 @@
 //!
 //! The jobs live in files of their own: [`open`](crate::open) (the directory, the open file, the
 //! record's I/O), [`acquire`](crate::acquire) (a try and the wait), [`held`](crate::held) (the token, the
-//! release, the loss signal), [`inspect`](crate::inspect) (`status`).
+//! release), [`notify`](crate::notify) (inotify, and the watch of held files for loss),
+//! [`inspect`](crate::inspect) (`status`).
 
 use std::ffi::OsString;
 use std::fmt;
@@ -370,7 +371,8 @@ mod tests {
             held.release().await.unwrap();
             waiting.await.unwrap().unwrap().release().await.unwrap();
         }
-        // The loss watchers end with their holds, in tasks of their own.
+        // The holds' references end with their releases; the waits' with the waits.
+        assert_eq!(notifier.held_count(), 0, "records of released holds kept");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while notifier.watch_count() > 0 {
             assert!(
@@ -380,5 +382,166 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    const BOUND: Duration = Duration::from_secs(5);
+
+    fn current_thread() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn names(count: usize) -> Vec<String> {
+        (0..count).map(|i| format!("h{i}")).collect()
+    }
+
+    /// Held lock files cost no task each: the runtime runs as many tasks with 40 holds as with one
+    /// (the inotify reader, whatever the core keeps), and a deleted one is still reported Lost
+    /// promptly, the others staying Held. With a loss future per hold, the core ran a task per hold.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn held_files_are_watched_with_no_task_per_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = FileBackend::new(dir.path()).unwrap();
+        let locks = distlock_core::Locks::new(backend.clone());
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let first = locks.lock("h-first").unwrap().acquire().await.unwrap();
+        let with_one = metrics.num_alive_tasks();
+        let mut guards = Vec::new();
+        for name in names(40) {
+            guards.push(locks.lock(&name).unwrap().acquire().await.unwrap());
+        }
+        let with_many = metrics.num_alive_tasks();
+        assert!(
+            with_many < with_one + 5,
+            "{with_one} tasks with one hold, {with_many} with 41"
+        );
+        assert_eq!(backend.notifier.held_count(), 41);
+
+        std::fs::remove_file(backend.lock_file("h7")).unwrap();
+        tokio::time::timeout(BOUND, guards[7].lost())
+            .await
+            .expect("the deletion went unnoticed");
+        assert!(guards[7].loss_reason().unwrap().contains("deleted"));
+        for (i, guard) in guards.iter().enumerate().filter(|(i, _)| *i != 7) {
+            assert_eq!(guard.state(), distlock_core::LockState::Held, "h{i}");
+        }
+        assert_eq!(first.state(), distlock_core::LockState::Held);
+        // The lost hold's record went with its report.
+        assert_eq!(backend.notifier.held_count(), 40);
+    }
+
+    /// Holds acquired on a runtime that is then dropped (its inotify reader with it) stay watched:
+    /// one file was replaced while that runtime was not driven (the event died with the reader, so
+    /// only a check after watching again sees it), another is deleted later, on another runtime
+    /// that never touches the backend. Both are reported; the rest stay Held.
+    #[test]
+    fn holds_outliving_their_runtime_stay_watched() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = FileBackend::new(dir.path()).unwrap();
+        let locks = distlock_core::Locks::new(backend.clone());
+        let first = current_thread();
+        let guards: Vec<_> = first.block_on(async {
+            let mut guards = Vec::new();
+            for name in names(10) {
+                guards.push(locks.lock(&name).unwrap().acquire().await.unwrap());
+            }
+            guards
+        });
+        // Replaced by a rename over it, while nobody reads the first runtime's inotify events.
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"").unwrap();
+        std::fs::rename(&other, backend.lock_file("h3")).unwrap();
+        drop(first);
+
+        current_thread().block_on(async {
+            tokio::time::timeout(BOUND, guards[3].lost())
+                .await
+                .expect("a replacement while the reader was down went unnoticed");
+            // Watched again by now (the replacement was seen after the new watch): a later
+            // deletion is an event for the new reader.
+            std::fs::remove_file(backend.lock_file("h6")).unwrap();
+            tokio::time::timeout(BOUND, guards[6].lost())
+                .await
+                .expect("a deletion after the runtime was dropped went unnoticed");
+            for (i, guard) in guards.iter().enumerate() {
+                if i != 3 && i != 6 {
+                    assert_eq!(guard.state(), distlock_core::LockState::Held, "h{i}");
+                }
+            }
+        });
+        assert_eq!(backend.notifier.held_count(), 8);
+    }
+
+    /// Without inotify (here: disabled after the grants, the reader's runtime dropped), held files
+    /// are checked every second by one task for all of them, not one per hold.
+    #[test]
+    fn without_inotify_one_task_checks_every_held_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = FileBackend::new(dir.path()).unwrap();
+        let locks = distlock_core::Locks::new(backend.clone());
+        let background = distlock_core::raw::background_runtime().unwrap();
+        let before = background.metrics().num_alive_tasks();
+        let first = current_thread();
+        let guards: Vec<_> = first.block_on(async {
+            let mut guards = Vec::new();
+            for name in names(20) {
+                guards.push(locks.lock(&name).unwrap().acquire().await.unwrap());
+            }
+            guards
+        });
+        backend
+            .notifier
+            .disabled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(first);
+
+        current_thread().block_on(async {
+            std::fs::remove_file(backend.lock_file("h11")).unwrap();
+            tokio::time::timeout(BOUND, guards[11].lost())
+                .await
+                .expect("the deletion went unnoticed without inotify");
+            // Far from one per hold, with room for other tests' background work (`cargo test` runs
+            // them in one process).
+            let checkers = background
+                .metrics()
+                .num_alive_tasks()
+                .saturating_sub(before);
+            assert!(checkers < 10, "{checkers} tasks check 19 held files");
+            assert_eq!(guards[0].state(), distlock_core::LockState::Held);
+        });
+    }
+
+    /// A released hold's record goes at the release (and a dropped guard's with its release in the
+    /// background), with its reference on the inotify watch: nothing grows with the holds made.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn released_holds_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = FileBackend::new(dir.path()).unwrap();
+        let locks = distlock_core::Locks::new(backend.clone());
+        for round in 0..50 {
+            let guard = locks
+                .lock(&format!("r{}", round % 7))
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap();
+            assert_eq!(backend.notifier.held_count(), 1);
+            guard.release().await.unwrap();
+            assert_eq!(backend.notifier.held_count(), 0, "round {round}");
+            assert_eq!(backend.notifier.watch_count(), 0, "round {round}");
+        }
+        let dropped = locks.lock("dropped").unwrap().acquire().await.unwrap();
+        drop(dropped);
+        let deadline = tokio::time::Instant::now() + BOUND;
+        while backend.notifier.held_count() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a dropped guard's record kept"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(backend.notifier.watch_count(), 0);
     }
 }

@@ -1,18 +1,18 @@
-//! Holding a lock file: the token minted on it, the release, the lease the core keeps, and the signal
-//! that fires if the file is deleted or replaced while held.
+//! Holding a lock file: the token minted on it, the release, and the lease the core keeps. Its loss
+//! (the file deleted or replaced while held) is watched by the notifier (`notify.rs`).
 
 use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use distlock_core::raw::{LossSignal, Released};
+use distlock_core::raw::Released;
 use distlock_core::FencingToken;
 
 use crate::error::FileError;
 use crate::layout::{fnv1a64, Record};
-use crate::notify::{Notifier, Subscription};
-use crate::open::{read_content, same_file, sync_dir, write_record, OpenFile};
+use crate::notify::HeldWatch;
+use crate::open::{read_content, sync_dir, write_record, OpenFile};
 
 /// A lock file this process holds, with the token it wrote. Dropped without [`release`](Self::release)
 /// (a try whose future was dropped, a lease dropped unreleased), it clears the holder from the record
@@ -34,6 +34,9 @@ pub(crate) struct HeldFile {
     written_hash: u64,
     /// Whether `Drop` must still clear the record.
     armed: bool,
+    /// The notifier's record of this hold, watching the file for loss; dropped first at the release,
+    /// so a released hold is never reported.
+    pub(crate) watching: Option<HeldWatch>,
 }
 
 impl HeldFile {
@@ -73,6 +76,7 @@ impl HeldFile {
             len,
             written_hash,
             armed: true,
+            watching: None,
         };
         Ok((held, last.token == 0))
     }
@@ -95,6 +99,7 @@ impl HeldFile {
     /// lock file was deleted or replaced, or its record names another holder. Unlocks either way.
     pub(crate) fn release(mut self, owner: &str) -> Released {
         self.armed = false;
+        drop(self.watching.take());
         match self.check(owner) {
             Ok(()) => {
                 if let Err(e) = write_record(
@@ -147,6 +152,7 @@ impl HeldFile {
 
 impl Drop for HeldFile {
     fn drop(&mut self) {
+        drop(self.watching.take());
         if self.armed {
             if let Err(e) = write_record(
                 &*self.file.fd,
@@ -208,59 +214,6 @@ impl FileLease {
             .unwrap_or_else(|p| p.into_inner())
             .is_some()
     }
-}
-
-/// Fires if the held lock file is deleted or replaced (then another process can lock a new file of the
-/// same name, with a counter that starts over).
-///
-/// The inotify reader runs on a runtime; if that runtime is dropped while the lock is held (a `Locks`
-/// used from several runtimes), the watch ends and a new one is taken on the runtime this signal is
-/// polled on now, checking the file in between so a deletion in the gap is not missed. Without inotify
-/// the file is checked every second.
-pub(crate) fn loss_signal(
-    mut watch: Subscription,
-    notifier: Arc<Notifier>,
-    path: Arc<Path>,
-    dev: u64,
-    ino: u64,
-) -> LossSignal {
-    let deleted = move |path: &Path| {
-        format!(
-            "the lock file {} was deleted or replaced while held; another process can now lock a new file of that name",
-            path.display()
-        )
-    };
-    LossSignal::from_future(async move {
-        loop {
-            let alive = watch.changed().await;
-            if alive {
-                match same_file(&path, dev, ino) {
-                    Ok(true) => continue,
-                    Ok(false) => return deleted(&path),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "cannot check the lock file");
-                        continue;
-                    }
-                }
-            }
-            // The reader stopped: watch again, then look, so nothing between the two is missed.
-            loop {
-                let renewed = notifier
-                    .instance()
-                    .and_then(|shared| shared.subscribe(&path).ok());
-                match same_file(&path, dev, ino) {
-                    Ok(false) => return deleted(&path),
-                    Ok(true) => {}
-                    Err(e) => tracing::debug!(error = %e, "cannot check the lock file"),
-                }
-                if let Some(renewed) = renewed {
-                    watch = renewed;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    })
 }
 
 fn host_name() -> &'static str {

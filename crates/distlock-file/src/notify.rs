@@ -5,22 +5,34 @@
 //! with a few hundred concurrent acquires. A reader task on the runtime reads the events and bumps a
 //! counter per watched file; subscribers wait for the counter to change.
 //!
+//! Held lock files are watched here too, with no task per hold: the notifier keeps a record of each
+//! (path, inode, the hold's [`LossReport`]), the reader checks the records of a file it has an event
+//! for and reports the hold lost if the path no longer names its inode. When the reader stops (its
+//! runtime was dropped) while files are held, one keeper task on distlock's background runtime watches
+//! them all again on a live instance and checks each file once (a deletion in between raised no event
+//! anyone read); while no instance can be had, it checks them every second.
+//!
 //! Every subscriber uses the same mask ([`MASK`]), because a second `inotify_add_watch` of one inode
 //! replaces the first one's mask. Events are wake-ups, not facts: a woken waiter tries the lock, a woken
 //! holder re-checks that its lock file is still in place.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use distlock_core::raw::LossReport;
 
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use rustix::io::Errno;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::{oneshot, watch};
+
+use crate::open::same_file;
 
 /// What wakes a subscriber:
 /// * `CLOSE_WRITE`: a descriptor opened for writing was closed: a release (distlock unlocks, then
@@ -43,16 +55,114 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The backend's handle: starts the shared instance on first use and restarts it if its runtime went.
-#[derive(Debug, Default)]
+/// Keeps the records of held lock files across instances.
+#[derive(Default)]
 pub(crate) struct Notifier {
     current: Mutex<Option<Arc<Shared>>>,
     /// Set when the runtime cannot drive inotify at all; then waiters poll, and no retry is made.
-    disabled: AtomicBool,
+    pub(crate) disabled: AtomicBool,
+    /// Numbers the instances, so a hold's record names the instance that watches it.
+    generations: AtomicU64,
+    held: Mutex<HeldFiles>,
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier")
+            .field("current", &*lock(&self.current))
+            .field("held", &lock(&self.held).files.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The held lock files watched for loss.
+#[derive(Default)]
+struct HeldFiles {
+    next_id: u64,
+    files: HashMap<u64, HeldRecord>,
+    /// `(instance generation, watch descriptor, hold id)` of each hold an instance watches: the reader
+    /// finds the holds of an event's watch here.
+    by_watch: BTreeSet<(u64, i32, u64)>,
+    /// Whether the keeper task is running (see the module docs).
+    keeper: bool,
+}
+
+impl HeldFiles {
+    fn remove(&mut self, id: u64) -> Option<HeldRecord> {
+        let record = self.files.remove(&id)?;
+        if let Some((generation, wd)) = record.watch {
+            self.by_watch.remove(&(generation, wd, id));
+        }
+        Some(record)
+    }
+
+    /// The ids, paths and inodes of the holds on `wd` of instance `generation`.
+    fn on_watch(&self, generation: u64, wd: i32, into: &mut Vec<Candidate>) {
+        for &(_, _, id) in self
+            .by_watch
+            .range((generation, wd, 0)..=(generation, wd, u64::MAX))
+        {
+            if let Some(record) = self.files.get(&id) {
+                into.push(record.candidate(id));
+            }
+        }
+    }
+}
+
+/// One held lock file: what must stay at its path, and where to report that it did not.
+struct HeldRecord {
+    path: Arc<Path>,
+    dev: u64,
+    ino: u64,
+    report: LossReport,
+    /// `(instance generation, watch descriptor)` of the watch on the file; `None` when no live
+    /// instance watches it (the keeper then does).
+    watch: Option<(u64, i32)>,
+}
+
+impl HeldRecord {
+    fn candidate(&self, id: u64) -> Candidate {
+        Candidate {
+            id,
+            path: self.path.clone(),
+            dev: self.dev,
+            ino: self.ino,
+        }
+    }
+}
+
+/// A held file to look at, taken out of the record so the `stat` runs without the lock.
+struct Candidate {
+    id: u64,
+    path: Arc<Path>,
+    dev: u64,
+    ino: u64,
+}
+
+/// A hold's record in its notifier; dropped (at the release, or when the held file is dropped), the
+/// record goes, and with it the hold's reference on the inotify watch.
+pub(crate) struct HeldWatch {
+    notifier: Arc<Notifier>,
+    id: u64,
+}
+
+impl std::fmt::Debug for HeldWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldWatch").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for HeldWatch {
+    fn drop(&mut self) {
+        self.notifier.forget(self.id);
+    }
 }
 
 /// A live inotify instance and its watches. Dropping the last handle stops the reader task.
 pub(crate) struct Shared {
     fd: Arc<OwnedFd>,
+    generation: u64,
+    notifier: Weak<Notifier>,
     watches: Mutex<HashMap<i32, Entry>>,
     alive: AtomicBool,
     /// Dropped with the last handle, which ends the reader task (and closes the instance).
@@ -69,15 +179,20 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// One watched file: the waiters' channel and the references that keep the watch.
+#[derive(Default)]
 struct Entry {
-    refs: usize,
-    events: watch::Sender<u64>,
+    /// Waiters' subscriptions; the channel exists while there is one (a held file needs none: its
+    /// events are read against the holds' records).
+    waiters: usize,
+    holds: usize,
+    events: Option<watch::Sender<u64>>,
 }
 
 impl Notifier {
     /// The live instance, started on the current runtime if there is none. `None` if inotify cannot be
     /// used (no runtime, or the per-user instance limit is reached): waiters then only poll.
-    pub(crate) fn instance(&self) -> Option<Arc<Shared>> {
+    pub(crate) fn instance(self: &Arc<Self>) -> Option<Arc<Shared>> {
         if self.disabled.load(Ordering::Relaxed) {
             return None;
         }
@@ -96,6 +211,8 @@ impl Notifier {
         let (stop_tx, stop_rx) = oneshot::channel();
         let shared = Arc::new(Shared {
             fd: fd.clone(),
+            generation: self.generations.fetch_add(1, Ordering::Relaxed),
+            notifier: Arc::downgrade(self),
             watches: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
             _stop: stop_tx,
@@ -139,6 +256,305 @@ impl Notifier {
             .as_ref()
             .map_or(0, |shared| lock(&shared.watches).len())
     }
+
+    /// How many held files have a record (for tests).
+    #[cfg(test)]
+    pub(crate) fn held_count(&self) -> usize {
+        lock(&self.held).files.len()
+    }
+
+    /// Watches a held lock file for loss with `report`: `watch` is the acquisition's subscription,
+    /// made before the file was locked, so nothing that happened to the file since is missed. The
+    /// record lasts as long as the returned [`HeldWatch`], or until the loss is reported.
+    pub(crate) fn watch_held(
+        self: &Arc<Self>,
+        mut watch: Subscription,
+        path: Arc<Path>,
+        (dev, ino): (u64, u64),
+        report: LossReport,
+    ) -> HeldWatch {
+        let wd = watch.wd;
+        let shared = watch.shared.take();
+        // The hold's reference on the watch first, so a loss reported as soon as the record exists
+        // drops a reference that is there.
+        let kept = shared.as_ref().filter(|shared| {
+            lock(&shared.watches)
+                .get_mut(&wd)
+                .map(|entry| entry.holds += 1)
+                .is_some()
+        });
+        // Then the record: the reader checks it on any event it reads from now on.
+        let id = {
+            let mut held = lock(&self.held);
+            let id = held.next_id;
+            held.next_id += 1;
+            let watch = kept.map(|shared| (shared.generation, wd));
+            if let Some((generation, wd)) = watch {
+                held.by_watch.insert((generation, wd, id));
+            }
+            held.files.insert(
+                id,
+                HeldRecord {
+                    path,
+                    dev,
+                    ino,
+                    report,
+                    watch,
+                },
+            );
+            id
+        };
+        let hold = HeldWatch {
+            notifier: self.clone(),
+            id,
+        };
+        // Then the acquisition's reference goes. An event the reader sent to the waiters' channel
+        // before the record existed is only there: look at the file now if there was one.
+        let missed = match kept {
+            Some(shared) => {
+                let mut watches = lock(&shared.watches);
+                let missed = watch.events.has_changed().unwrap_or(true);
+                if let Some(entry) = watches.get_mut(&wd) {
+                    entry.waiters = entry.waiters.saturating_sub(1);
+                    if entry.waiters == 0 {
+                        entry.events = None;
+                    }
+                }
+                missed
+            }
+            // No live watch: the keeper watches the file again (and checks it).
+            None => true,
+        };
+        if missed {
+            let candidate = lock(&self.held).files.get(&id).map(|r| r.candidate(id));
+            self.check(candidate);
+        }
+        // A reader that stopped after the record was made may have found no record to hand the keeper.
+        if kept.is_none_or(|s| !s.alive.load(Ordering::Acquire)) {
+            self.ensure_keeper();
+        }
+        hold
+    }
+
+    /// Drops a hold's record (released or dropped) and its reference on the watch.
+    fn forget(&self, id: u64) {
+        let record = lock(&self.held).remove(id);
+        if let Some(HeldRecord {
+            watch: Some((generation, wd)),
+            ..
+        }) = record
+        {
+            self.unwatch_held(generation, wd);
+        }
+    }
+
+    fn unwatch_held(&self, generation: u64, wd: i32) {
+        let shared = lock(&self.current).clone();
+        // A stopped instance's watches are gone with it.
+        if let Some(shared) = shared.filter(|s| s.generation == generation) {
+            shared.unref(wd, false);
+        }
+    }
+
+    /// Looks at each held file; reports (and forgets) those whose path no longer names their inode.
+    fn check(&self, candidates: impl IntoIterator<Item = Candidate>) {
+        for candidate in candidates {
+            match same_file(&candidate.path, candidate.dev, candidate.ino) {
+                Ok(true) => {}
+                Ok(false) => self.lost(candidate.id),
+                Err(e) => tracing::debug!(error = %e, "cannot check the lock file"),
+            }
+        }
+    }
+
+    fn lost(&self, id: u64) {
+        // Taken out under the lock: a hold released meanwhile is not reported.
+        let Some(record) = lock(&self.held).remove(id) else {
+            return;
+        };
+        if let Some((generation, wd)) = record.watch {
+            self.unwatch_held(generation, wd);
+        }
+        record.report.report(format!(
+            "the lock file {} was deleted or replaced while held; another process can now lock a new file of that name",
+            record.path.display()
+        ));
+    }
+
+    /// The reader of instance `generation` read `events`: checks the held files they concern.
+    fn held_events(self: &Arc<Self>, generation: u64, events: &[(i32, ReadFlags)]) {
+        let mut candidates = Vec::new();
+        let ignored: Vec<i32> = events
+            .iter()
+            .filter(|(_, flags)| flags.contains(ReadFlags::IGNORED))
+            .map(|&(wd, _)| wd)
+            .collect();
+        {
+            let held = lock(&self.held);
+            if held.files.is_empty() {
+                return;
+            }
+            if events
+                .iter()
+                .any(|(_, flags)| flags.contains(ReadFlags::QUEUE_OVERFLOW))
+            {
+                // Events were lost: look at every file this instance watches.
+                let all = (generation, i32::MIN, 0)..=(generation, i32::MAX, u64::MAX);
+                for &(_, _, id) in held.by_watch.range(all) {
+                    if let Some(record) = held.files.get(&id) {
+                        candidates.push(record.candidate(id));
+                    }
+                }
+            } else {
+                for &(wd, _) in events {
+                    held.on_watch(generation, wd, &mut candidates);
+                }
+            }
+        }
+        candidates.sort_unstable_by_key(|c| c.id);
+        candidates.dedup_by_key(|c| c.id);
+        self.check(candidates);
+        if ignored.is_empty() {
+            return;
+        }
+        // The kernel dropped these watches (an unmount; a held file's inode cannot go while we
+        // keep it open): holds still on them are the keeper's to watch again.
+        let mut unwatched = false;
+        {
+            let mut held = lock(&self.held);
+            for wd in ignored {
+                let ids: Vec<u64> = held
+                    .by_watch
+                    .range((generation, wd, 0)..=(generation, wd, u64::MAX))
+                    .map(|&(_, _, id)| id)
+                    .collect();
+                for id in ids {
+                    held.by_watch.remove(&(generation, wd, id));
+                    if let Some(record) = held.files.get_mut(&id) {
+                        record.watch = None;
+                        unwatched = true;
+                    }
+                }
+            }
+        }
+        if unwatched {
+            self.ensure_keeper();
+        }
+    }
+
+    /// Starts the keeper on distlock's background runtime unless it runs or nothing is held.
+    fn ensure_keeper(self: &Arc<Self>) {
+        {
+            let mut held = lock(&self.held);
+            if held.keeper || held.files.is_empty() {
+                return;
+            }
+            held.keeper = true;
+        }
+        match distlock_core::raw::background_runtime() {
+            Some(runtime) => {
+                runtime.spawn(keep_watching(Arc::downgrade(self)));
+            }
+            None => {
+                lock(&self.held).keeper = false;
+                tracing::error!(
+                    "no runtime to watch held lock files on; their deletion goes unnoticed"
+                );
+            }
+        }
+    }
+}
+
+/// The keeper: watches every held file no live instance watches on one (started on this runtime if
+/// there is none), then checks each, since a deletion before the watch raised no event for it; while
+/// no instance can be had, checks them every second. Ends when every held file is watched.
+async fn keep_watching(notifier: Weak<Notifier>) {
+    // Clears the flag if the task is dropped unfinished (a runtime does not end: defensive).
+    struct Running(Weak<Notifier>, bool);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            if self.1 {
+                if let Some(notifier) = self.0.upgrade() {
+                    lock(&notifier.held).keeper = false;
+                }
+            }
+        }
+    }
+    let mut running = Running(notifier.clone(), true);
+    loop {
+        let Some(notifier) = notifier.upgrade() else {
+            running.1 = false;
+            return;
+        };
+        let shared = notifier.instance();
+        let pending: Vec<Candidate> = {
+            let mut held = lock(&notifier.held);
+            // Read under the lock: a reader that stops after this finds the flag still set only if
+            // this round sees it stopped.
+            let live = shared
+                .as_ref()
+                .filter(|s| s.alive.load(Ordering::Acquire))
+                .map(|s| s.generation);
+            let pending: Vec<Candidate> = held
+                .files
+                .iter()
+                .filter(|(_, r)| live.is_none() || r.watch.map(|(g, _)| g) != live)
+                .map(|(&id, r)| r.candidate(id))
+                .collect();
+            if pending.is_empty() {
+                held.keeper = false;
+                running.1 = false;
+                return;
+            }
+            pending
+        };
+        let mut unwatched = shared.is_none();
+        if let Some(shared) = &shared {
+            for candidate in &pending {
+                match shared.watch_file(&candidate.path) {
+                    Ok(wd) => notifier.rewatched(candidate.id, shared, wd),
+                    Err(e) => {
+                        tracing::debug!(path = %candidate.path.display(), error = %e, "cannot watch a held lock file again");
+                        unwatched = true;
+                    }
+                }
+            }
+        }
+        notifier.check(pending);
+        drop((notifier, shared));
+        if unwatched {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+impl Notifier {
+    /// The keeper watches hold `id` again with `wd` of `shared`.
+    fn rewatched(&self, id: u64, shared: &Arc<Shared>, wd: i32) {
+        let kept = {
+            let mut held = lock(&self.held);
+            let stale = held
+                .files
+                .get(&id)
+                .map(|r| r.watch.map(|(g, _)| g) != Some(shared.generation));
+            match stale {
+                Some(true) => {
+                    let record = held.files.get_mut(&id);
+                    let old = record.and_then(|r| r.watch.replace((shared.generation, wd)));
+                    if let Some((generation, old_wd)) = old {
+                        held.by_watch.remove(&(generation, old_wd, id));
+                    }
+                    held.by_watch.insert((shared.generation, wd, id));
+                    true
+                }
+                // Released meanwhile, or watched by this instance already.
+                _ => false,
+            }
+        };
+        if !kept {
+            shared.unref(wd, false);
+        }
+    }
 }
 
 impl Shared {
@@ -150,37 +566,77 @@ impl Shared {
         }
         // Under the map's lock, so a concurrent last unsubscribe cannot remove the watch we join.
         let wd = inotify::add_watch(self.fd.as_fd(), path, MASK)?;
-        let entry = watches.entry(wd).or_insert_with(|| Entry {
-            refs: 0,
-            events: watch::channel(0).0,
-        });
-        entry.refs += 1;
-        let events = entry.events.subscribe();
+        let entry = watches.entry(wd).or_default();
+        entry.waiters += 1;
+        let events = entry
+            .events
+            .get_or_insert_with(|| watch::channel(0).0)
+            .subscribe();
         Ok(Subscription {
-            shared: self.clone(),
+            shared: Some(self.clone()),
             wd,
             events,
         })
     }
 
-    fn dispatch(&self, events: &[(i32, ReadFlags)]) {
+    /// Watches the held file at `path` for a hold's record (see [`Notifier::watch_held`]).
+    fn watch_file(&self, path: &Path) -> io::Result<i32> {
         let mut watches = lock(&self.watches);
-        for &(wd, flags) in events {
-            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
-                // Events were lost: wake everyone.
-                for entry in watches.values() {
-                    entry.events.send_modify(|n| *n = n.wrapping_add(1));
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(io::Error::other("the inotify reader stopped"));
+        }
+        let wd = inotify::add_watch(self.fd.as_fd(), path, MASK)?;
+        watches.entry(wd).or_default().holds += 1;
+        Ok(wd)
+    }
+
+    /// Drops a waiter's (or a hold's) reference on watch `wd`; the last one removes the watch.
+    fn unref(&self, wd: i32, waiter: bool) {
+        let mut watches = lock(&self.watches);
+        let last = match watches.get_mut(&wd) {
+            Some(entry) => {
+                if waiter {
+                    entry.waiters = entry.waiters.saturating_sub(1);
+                    if entry.waiters == 0 {
+                        entry.events = None;
+                    }
+                } else {
+                    entry.holds = entry.holds.saturating_sub(1);
                 }
-                continue;
+                entry.waiters == 0 && entry.holds == 0
             }
-            if let Some(entry) = watches.get(&wd) {
-                entry.events.send_modify(|n| *n = n.wrapping_add(1));
+            None => false,
+        };
+        if last {
+            watches.remove(&wd);
+            // EINVAL: the kernel removed it already. Either way it is gone.
+            let _ = inotify::remove_watch(self.fd.as_fd(), wd);
+        }
+    }
+
+    fn dispatch(&self, events: &[(i32, ReadFlags)]) {
+        {
+            let mut watches = lock(&self.watches);
+            for &(wd, flags) in events {
+                if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                    // Events were lost: wake everyone.
+                    for entry in watches.values() {
+                        wake(entry);
+                    }
+                    continue;
+                }
+                if let Some(entry) = watches.get(&wd) {
+                    wake(entry);
+                }
+                if flags.contains(ReadFlags::IGNORED) {
+                    // The kernel removed the watch (the inode is gone or its file system unmounted):
+                    // dropping the sender tells the subscribers.
+                    watches.remove(&wd);
+                }
             }
-            if flags.contains(ReadFlags::IGNORED) {
-                // The kernel removed the watch (the inode is gone or its file system unmounted):
-                // dropping the sender tells the subscribers.
-                watches.remove(&wd);
-            }
+        }
+        if let Some(notifier) = self.notifier.upgrade() {
+            notifier.held_events(self.generation, events);
         }
     }
 
@@ -188,12 +644,23 @@ impl Shared {
         self.alive.store(false, Ordering::Release);
         // Dropping the senders wakes every subscriber with "gone".
         lock(&self.watches).clear();
+        // Held files are watched by nobody now: the keeper watches them again.
+        if let Some(notifier) = self.notifier.upgrade() {
+            notifier.ensure_keeper();
+        }
+    }
+}
+
+fn wake(entry: &Entry) {
+    if let Some(events) = &entry.events {
+        events.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
 /// One subscriber's view of one watched file. Dropping it removes the watch when it was the last.
 pub(crate) struct Subscription {
-    shared: Arc<Shared>,
+    /// `None` once the subscription became a hold's ([`Notifier::watch_held`]).
+    shared: Option<Arc<Shared>>,
     wd: i32,
     events: watch::Receiver<u64>,
 }
@@ -219,18 +686,8 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut watches = lock(&self.shared.watches);
-        let last = match watches.get_mut(&self.wd) {
-            Some(entry) => {
-                entry.refs = entry.refs.saturating_sub(1);
-                entry.refs == 0
-            }
-            None => false,
-        };
-        if last {
-            watches.remove(&self.wd);
-            // EINVAL: the kernel removed it already. Either way it is gone.
-            let _ = inotify::remove_watch(self.shared.fd.as_fd(), self.wd);
+        if let Some(shared) = self.shared.take() {
+            shared.unref(self.wd, true);
         }
     }
 }
