@@ -249,6 +249,18 @@ impl fmt::Debug for Locks {
 
 impl LocksInner {
     /// The runtime of the latest acquire. It may have been dropped since: [`spawn`] copes with that.
+    /// Whether a release of (name, owner) passed the local gate on before its reply and that reply
+    /// has not come (its `releasing` mutex is held; see [`LockShared::releasing`]). Read by a holder of
+    /// the name's gate, which no other hold of the name can release meanwhile, so the answer stays
+    /// true or turns false, never turns true, until that holder passes the gate on.
+    pub(crate) fn releasing_in_flight(&self, name: &Arc<str>, owner: &Arc<str>) -> bool {
+        let releasing = lock(&self.releasing)
+            .by_key
+            .get(&(name.clone(), owner.clone()))
+            .and_then(Weak::upgrade);
+        releasing.is_some_and(|mutex| mutex.try_lock().is_err())
+    }
+
     pub(crate) fn runtime(&self) -> Option<Handle> {
         lock(&self.runtime).clone()
     }
