@@ -966,6 +966,30 @@ mod tests {
         assert!(std::sync::Arc::ptr_eq(owner, &lock.shared.owner));
     }
 
+    /// A handoff is not made to an owner whose own release passed the gate on early and has not
+    /// answered (the handed grant would skip that owner's wait for it): `releasing_in_flight` is true
+    /// exactly while that owner's `releasing` mutex is held, whichever `Lock` of the owner id holds it.
+    #[tokio::test]
+    async fn an_owners_release_in_flight_is_seen_by_name_and_owner() {
+        let locks = Locks::new(MemoryBackend::new());
+        let lock = locks.lock_as("in-flight", "owner-1").expect("lock");
+        let other = locks.lock_as("in-flight", "owner-2").expect("lock");
+        let (name, owner) = (lock.shared.name.clone(), lock.shared.owner.clone());
+        assert!(!locks.inner.releasing_in_flight(&name, &owner));
+        let releasing = lock
+            .shared
+            .releasing
+            .clone()
+            .try_lock_owned()
+            .expect("free");
+        assert!(locks.inner.releasing_in_flight(&name, &owner));
+        assert!(!locks.inner.releasing_in_flight(&name, &other.shared.owner));
+        drop(releasing);
+        assert!(!locks.inner.releasing_in_flight(&name, &owner));
+        let unknown: std::sync::Arc<str> = "owner-3".into();
+        assert!(!locks.inner.releasing_in_flight(&name, &unknown));
+    }
+
     // --- adversarial review (issue 9 memory work) ---------------------------------------------------
 
     /// REVIEW (fails on hmem 7139fae): a `Lock` made after an earlier `Lock` of the same name and owner
