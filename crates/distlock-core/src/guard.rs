@@ -563,15 +563,23 @@ impl Holding {
     /// request ([`Backend::hand_off`](crate::raw::Backend::hand_off)), and passes the gate on with the
     /// grant. `None` when it is not tried: the backend cannot, nobody waits, or the next waiter is this
     /// same owner (to the engine one owner; its acquire must not overtake this release, see
-    /// [`LockShared::releasing`]). Not with a backend that passes the gate on early, whose `releasing`
-    /// rule a handed grant would skip.
+    /// [`LockShared::releasing`]), or the next owner's own earlier release, passed on early, has not
+    /// answered yet (a handed grant skips the `releasing` wait an acquire of its would make, and that
+    /// release, resent late, would delete the grant). Where a backend also passes the gate on early
+    /// (`release_orders_next_acquire`), the handoff is tried first: one request instead of a release
+    /// and an acquire behind it (issue 9).
     async fn hand_off(&self) -> Option<Result<Released>> {
         let backend = self.shared.locks.backend.clone();
-        if !backend.supports_hand_off() || backend.release_orders_next_acquire() {
+        if !backend.supports_hand_off() {
             return None;
         }
         let next = lock(&self.gate).as_ref()?.next_waiter()?;
-        if next.owner == self.shared.owner {
+        if next.owner == self.shared.owner
+            || self
+                .shared
+                .locks
+                .releasing_in_flight(&self.shared.name, &next.owner)
+        {
             return None;
         }
         let request = AcquireRequest::new(

@@ -249,6 +249,18 @@ impl fmt::Debug for Locks {
 
 impl LocksInner {
     /// The runtime of the latest acquire. It may have been dropped since: [`spawn`] copes with that.
+    /// Whether a release of (name, owner) passed the local gate on before its reply and that reply
+    /// has not come (its `releasing` mutex is held; see [`LockShared::releasing`]). Read by a holder of
+    /// the name's gate, which no other hold of the name can release meanwhile, so the answer stays
+    /// true or turns false, never turns true, until that holder passes the gate on.
+    pub(crate) fn releasing_in_flight(&self, name: &Arc<str>, owner: &Arc<str>) -> bool {
+        let releasing = lock(&self.releasing)
+            .by_key
+            .get(&(name.clone(), owner.clone()))
+            .and_then(Weak::upgrade);
+        releasing.is_some_and(|mutex| mutex.try_lock().is_err())
+    }
+
     pub(crate) fn runtime(&self) -> Option<Handle> {
         lock(&self.runtime).clone()
     }
@@ -952,6 +964,30 @@ mod tests {
         let ((name, owner), _) = releasing.by_key.iter().next().expect("a releasing entry");
         assert!(std::sync::Arc::ptr_eq(name, &lock.shared.name));
         assert!(std::sync::Arc::ptr_eq(owner, &lock.shared.owner));
+    }
+
+    /// A handoff is not made to an owner whose own release passed the gate on early and has not
+    /// answered (the handed grant would skip that owner's wait for it): `releasing_in_flight` is true
+    /// exactly while that owner's `releasing` mutex is held, whichever `Lock` of the owner id holds it.
+    #[tokio::test]
+    async fn an_owners_release_in_flight_is_seen_by_name_and_owner() {
+        let locks = Locks::new(MemoryBackend::new());
+        let lock = locks.lock_as("in-flight", "owner-1").expect("lock");
+        let other = locks.lock_as("in-flight", "owner-2").expect("lock");
+        let (name, owner) = (lock.shared.name.clone(), lock.shared.owner.clone());
+        assert!(!locks.inner.releasing_in_flight(&name, &owner));
+        let releasing = lock
+            .shared
+            .releasing
+            .clone()
+            .try_lock_owned()
+            .expect("free");
+        assert!(locks.inner.releasing_in_flight(&name, &owner));
+        assert!(!locks.inner.releasing_in_flight(&name, &other.shared.owner));
+        drop(releasing);
+        assert!(!locks.inner.releasing_in_flight(&name, &owner));
+        let unknown: std::sync::Arc<str> = "owner-3".into();
+        assert!(!locks.inner.releasing_in_flight(&name, &unknown));
     }
 
     // --- adversarial review (issue 9 memory work) ---------------------------------------------------

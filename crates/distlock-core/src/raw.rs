@@ -500,7 +500,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Whether [`hand_off`](Self::hand_off) can pass a lock on in one request. The core then calls it,
     /// instead of [`release`](Self::release), when a hold ends with another owner of the same
-    /// [`Locks`](crate::Locks) first in the name's local queue. Default `false`.
+    /// [`Locks`](crate::Locks) first in the name's local queue, also where
+    /// [`release_orders_next_acquire`](Self::release_orders_next_acquire) holds (the early pass is then
+    /// used only when no handoff is tried). Default `false`.
     fn supports_hand_off(&self) -> bool {
         false
     }

@@ -51,13 +51,13 @@ impl fmt::Debug for RedisAcquisition {
     }
 }
 
-/// The acquire script's reply.
-enum Outcome {
+/// The acquire script's reply (and the handoff script's, which has its shape).
+pub(crate) enum Outcome {
     Granted { token: u64, pttl: Option<Duration> },
     Busy { pttl: Option<Duration> },
 }
 
-fn parse_acquire(v: &Value) -> std::result::Result<Outcome, RedisError> {
+pub(crate) fn parse_acquire(v: &Value) -> std::result::Result<Outcome, RedisError> {
     let bad = || RedisError::Reply {
         what: "the acquire script",
         detail: format!("{v:?}"),

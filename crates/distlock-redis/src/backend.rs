@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Attempt, Backend, HandOff, LockInfo, Released, Renewal, RenewalId, Renewed,
 };
 use distlock_core::url::LockUrl;
 use distlock_core::{Capabilities, Error, ErrorKind, Fencing, Result};
@@ -248,6 +248,27 @@ impl Backend for RedisBackend {
     /// own) nor with `wait_replicas` (acquires go on the durable connection).
     fn release_orders_next_acquire(&self) -> bool {
         self.inner.release_link.is_none() && self.inner.durable.is_none()
+    }
+
+    /// Where `release_orders_next_acquire` holds (standalone and Sentinel without `wait_replicas`): the
+    /// handoff script goes on the connection acquires and releases go on. Not in Cluster (releases
+    /// there go on a link without redis-rs's resends, which a handoff would need too) nor with
+    /// `wait_replicas` (a grant must be confirmed by `WAIT` on the durable connection, and the release
+    /// part would not be ordered with it): there a release and the next owner's acquire run as before.
+    fn supports_hand_off(&self) -> bool {
+        self.release_orders_next_acquire()
+    }
+
+    /// See the `handoff` module: one script releases this owner's hold and grants `next`, with nothing
+    /// published; nothing is granted if this owner's hold is gone.
+    async fn hand_off(
+        &self,
+        lease: &RedisLease,
+        name: &str,
+        owner: &str,
+        next: &AcquireRequest,
+    ) -> Result<HandOff<RedisLease>> {
+        self.hand_off_held(lease, name, owner, next).await
     }
 
     /// Holder (the hash's field), remaining lease (`PTTL`), last token (`GET` of the token key) and,

@@ -94,6 +94,17 @@ impl RedisError {
         }
     }
 
+    /// The server answered with an error of its own (a script error, `WRONGTYPE`, `NOPERM`, …): it
+    /// ran nothing of the request past the failing call.
+    pub(crate) fn is_refusal(&self) -> bool {
+        match self {
+            RedisError::Request { source, .. } => {
+                matches!(source.kind(), redis::ErrorKind::Server(_)) && !self.is_redirect()
+            }
+            _ => false,
+        }
+    }
+
     /// A Cluster `MOVED` or `ASK`: the node refused the request without running it.
     pub(crate) fn is_redirect(&self) -> bool {
         match self {

@@ -209,6 +209,27 @@ redis.call(ARGV[2], KEYS[2], ARGV[3]);
 return 1;
 ";
 
+/// Handoff (issue 9): release one owner's hold and grant the lock to the next owner, in one script.
+/// `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the releasing owner, `ARGV[2]` the next
+/// owner's lease in ms, `ARGV[3]` the next owner. Returns `{1, token, lease}` on a handoff, as
+/// [`ACQUIRE`] does on a grant, and `{0, 0, 0}` when the releasing owner's field is not there (expired,
+/// taken over): then nothing is written, and the next owner acquires as usual.
+///
+/// The grant is [`ACQUIRE`]'s, byte for byte on the server: the token `INCR`ed first (a bad counter
+/// fails the script before any write, the old hold still there), then the hash with the next owner's
+/// field at 1 and its lease. Nothing is published: the lock stays held, so a remote waiter woken here
+/// would only find it busy again (DESIGN §9, Redis backend).
+pub const HAND_OFF: &str = r"
+if (redis.call('hexists', KEYS[1], ARGV[1]) == 0) then
+    return {0, 0, 0};
+end;
+local token = redis.call('incr', KEYS[2]);
+redis.call('del', KEYS[1]);
+redis.call('hset', KEYS[1], ARGV[3], 1);
+redis.call('pexpire', KEYS[1], ARGV[2]);
+return {1, token, tonumber(ARGV[2])};
+";
+
 /// Renew. `KEYS[1]` the lock; `ARGV[1]` the ttl in ms, `ARGV[2]` the owner. 1 = extended; 0 = held by
 /// another owner; −1 = no such key (expired or deleted); −2 = the key holds another type.
 pub const RENEW: &str = r"
@@ -226,12 +247,13 @@ end;
 return 0;
 ";
 
-/// The three scripts, compiled once (redis-rs sends `EVALSHA` and falls back to `EVAL` on `NOSCRIPT`).
+/// The scripts, compiled once (redis-rs sends `EVALSHA` and falls back to `EVAL` on `NOSCRIPT`).
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
     pub(crate) renew: Script,
+    pub(crate) hand_off: Script,
 }
 
 impl Scripts {
@@ -240,6 +262,7 @@ impl Scripts {
             acquire: Script::new(ACQUIRE),
             release: Script::new(RELEASE),
             renew: Script::new(RENEW),
+            hand_off: Script::new(HAND_OFF),
         }
     }
 }

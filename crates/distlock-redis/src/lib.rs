@@ -35,6 +35,7 @@ mod backend;
 mod config;
 mod conn;
 mod error;
+mod handoff;
 mod inspect;
 pub mod layout;
 mod pubsub;

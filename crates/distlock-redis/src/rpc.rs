@@ -115,7 +115,12 @@ impl RedisBackend {
             "SCRIPT LOAD",
             self.request_timeout(),
             |mut c: Conn| async move {
-                for script in [&scripts.acquire, &scripts.release, &scripts.renew] {
+                for script in [
+                    &scripts.acquire,
+                    &scripts.release,
+                    &scripts.renew,
+                    &scripts.hand_off,
+                ] {
                     script.load_async(&mut c).await?;
                 }
                 Ok(())

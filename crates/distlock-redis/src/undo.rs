@@ -116,6 +116,17 @@ impl PendingUndos {
         }
     }
 
+    /// Whether something is pending for (name, owner) now. Without any pending entry, neither locks
+    /// nor allocates.
+    pub(crate) fn is_pending(&self, name: &str, owner: &str) -> bool {
+        if self.entries.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        self.by_name()
+            .get(name)
+            .is_some_and(|list| list.iter().any(|p| p.owner == owner))
+    }
+
     /// Waits until nothing is pending for (name, owner), at most `within`: `false` if something still
     /// is. Without any pending entry, neither locks nor allocates.
     pub(crate) async fn settled(&self, name: &str, owner: &str, within: Duration) -> bool {

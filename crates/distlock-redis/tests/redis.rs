@@ -541,6 +541,25 @@ fn calls(server: &RedisServer, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// `calls` less `failed_calls` of a command: the calls that ran (an `EVALSHA` answered `NOSCRIPT`, sent
+/// again after the load, counts among `calls` too).
+fn calls_run(server: &RedisServer, command: &str) -> u64 {
+    let info = server.command(&["INFO", "commandstats"]).unwrap();
+    let info = info.as_str().unwrap_or_default().to_string();
+    let prefix = format!("cmdstat_{command}:");
+    let field = |line: &str, name: &str| -> u64 {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |line| {
+            field(line, "calls=") - field(line, "failed_calls=")
+        })
+}
+
 /// A grant runs no `PTTL`: the acquire script answers the lease it has just set (one nested call fewer
 /// per acquire, issue 9). The lease is on the key all the same, and the guard's validity is bounded by
 /// it; a busy try still reads the holder's `PTTL`, which its waiter sleeps on at most.
@@ -581,70 +600,291 @@ async fn a_grant_reads_no_pttl() {
     guard.release().await.unwrap();
 }
 
-/// Whether a client is blocked by `CLIENT PAUSE` in an `EVALSHA` with more bytes queued behind it.
-fn request_queued_behind_a_paused_script(server: &RedisServer) -> bool {
-    let list = server.command(&["CLIENT", "LIST"]).unwrap();
-    let list = list.as_str().unwrap_or_default().to_string();
-    list.lines().any(|client| {
-        let field = |name: &str| {
-            client
-                .split(' ')
-                .find_map(|f| f.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
-                .unwrap_or_default()
-        };
-        field("flags").contains('b')
-            && field("cmd") == "evalsha"
-            && field("qbuf").parse::<u64>().unwrap_or(0) > 0
-    })
+/// `HGETALL` of the lock as (field, value) pairs.
+fn hash_of(server: &RedisServer, name: &str) -> Vec<(String, String)> {
+    let reply = server.command(&["HGETALL", name]).unwrap();
+    let RespValue::Array(values) = reply else {
+        panic!("HGETALL: {reply}");
+    };
+    let items: Vec<String> = values
+        .iter()
+        .map(|v| v.as_str().unwrap_or_default().to_string())
+        .collect();
+    items
+        .chunks(2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect()
 }
 
-/// A handoff to a waiter of the same `Locks` sends its acquire right behind the release, on the same
-/// connection, without waiting for the release's reply (one round trip instead of two): with the
-/// server paused, the waiter's acquire arrives queued behind the blocked release. Once the server
-/// resumes, the waiter is granted on that one try (no busy reply, no pub/sub), with a greater token.
+/// Waits (at most 5 s) until a `Lock`'s acquire has queued on the local gate: it sends nothing to the
+/// server while another `Lock` of its `Locks` holds the name.
+async fn queued_on_the_gate() {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// Issue 9: a hold ending with another owner of the same `Locks` waiting hands the lock on in one
+/// request (the handoff script): the waiter holds it with a greater token, and the server saw one
+/// `EVALSHA` for the release and the grant together, nothing published (the lock stays held) and no
+/// `SUBSCRIBE`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_local_waiters_acquire_goes_right_behind_the_release() {
+async fn a_handoff_grants_the_next_local_waiter_in_one_request() {
     let server = RedisServer::start_or_panic();
     let name = unique("handoff");
     let locks = locks(&server.url()).await;
     let (a, b) = (locks.lock(&name).unwrap(), locks.lock(&name).unwrap());
-    // Loads the scripts: a release answered `NOSCRIPT` is sent again after the load, and an acquire
-    // queued behind its first attempt finds the lock still held (and waits for it on pub/sub).
+    // Loads the acquire and release scripts.
     a.acquire().await.unwrap().release().await.unwrap();
     let held = a.acquire().await.unwrap();
     let first = held.token().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
     let waiter = tokio::spawn(async move {
         let guard = b.acquire().await.unwrap();
-        let token = guard.token().unwrap();
-        guard.release().await.unwrap();
-        token
+        tx.send(guard.token().unwrap()).unwrap();
+        guard
     });
-    let (evalsha, subscribe) = (calls(&server, "evalsha"), calls(&server, "subscribe"));
+    queued_on_the_gate().await;
+    let (evalsha, eval, publish, subscribe) = (
+        calls_run(&server, "evalsha"),
+        calls_run(&server, "eval"),
+        calls(&server, "publish"),
+        calls(&server, "subscribe"),
+    );
+    held.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .expect("the waiter was granted")
+        .unwrap();
+    assert!(second > first, "{second:?} > {first:?}");
+    // One script for the release and the grant.
+    assert_eq!(
+        calls_run(&server, "evalsha") + calls_run(&server, "eval") - evalsha - eval,
+        1,
+        "release and grant were not one request"
+    );
+    assert_eq!(calls(&server, "publish"), publish, "a handoff published");
+    assert_eq!(calls(&server, "subscribe"), subscribe);
+    let guard = waiter.await.unwrap();
+    assert_eq!(
+        hash_of(&server, &name),
+        vec![(guard.owner().to_string(), "1".into())]
+    );
+    guard.release().await.unwrap();
+    assert_eq!(
+        server.command(&["EXISTS", &name]).unwrap().as_int(),
+        Some(0)
+    );
+}
+
+/// The hold after a handoff is what the next owner's own acquire would have left: Redisson's hash
+/// (field = owner id, value 1), its lease as `PEXPIRE`, the token in `redisson_lock_token:{NAME}`;
+/// Redisson's acquire sees it held, and it renews and releases as any hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_hold_has_the_layout_of_an_acquire() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("handoff_layout");
+    let locks = locks(&server.url()).await;
+    let (a, b) = (locks.lock(&name).unwrap(), locks.lock(&name).unwrap());
+    let lease = Duration::from_secs(30);
+    // What b's own acquire leaves, for comparison.
+    let own = b.options().lease(lease).acquire().await.unwrap();
+    let acquired = hash_of(&server, &name);
+    let acquired_pttl = server.command(&["PTTL", &name]).unwrap().as_int().unwrap();
+    own.release().await.unwrap();
+
+    let held = a
+        .options()
+        .lease(Duration::from_secs(90))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move { b.options().lease(lease).acquire().await.unwrap() });
+    queued_on_the_gate().await;
+    let evalsha = calls_run(&server, "evalsha");
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap();
+    assert_eq!(calls_run(&server, "evalsha") - evalsha, 1, "no handoff");
+    assert_eq!(hash_of(&server, &name), acquired);
+    let pttl = server.command(&["PTTL", &name]).unwrap().as_int().unwrap();
+    assert!(
+        pttl > acquired_pttl - 5_000 && pttl <= 30_000,
+        "pttl {pttl}, an acquire's {acquired_pttl}"
+    );
+    let token = server
+        .command(&["GET", &layout::token_key(&name)])
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .parse::<u64>()
+        .unwrap();
+    assert_eq!(guard.token().map(|t| t.get()), Some(token));
+    let mut conn = driver(&server).await;
+    let busy = redisson_acquire(&mut conn, &name, 10_000).await;
+    assert!(busy.is_some_and(|pttl| pttl > 0), "{busy:?}");
+    assert_eq!(guard.state(), LockState::Held);
+    guard.release().await.unwrap();
+    assert_eq!(
+        server.command(&["EXISTS", &name]).unwrap().as_int(),
+        Some(0)
+    );
+}
+
+/// Owner-only: a handoff whose hold is gone (deleted by hand, then taken by a Redisson client) grants
+/// nothing. The releaser is told `NotHeld`; Redisson's hold is untouched; the waiter acquires as usual
+/// once Redisson releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_of_a_hold_that_is_gone_grants_nothing() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("handoff_gone");
+    let locks = locks(&server.url()).await;
+    let (a, b) = (locks.lock(&name).unwrap(), locks.lock(&name).unwrap());
+    let held = a.acquire().await.unwrap();
+    let waiter = tokio::spawn(async move { b.acquire().await.unwrap() });
+    queued_on_the_gate().await;
+    server.command(&["DEL", &name]).unwrap();
+    let mut conn = driver(&server).await;
+    assert_eq!(redisson_acquire(&mut conn, &name, 30_000).await, None);
+    let redissons = hash_of(&server, &name);
+
+    let err = held.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert_eq!(
+        hash_of(&server, &name),
+        redissons,
+        "Redisson's hold was touched"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "the waiter holds Redisson's lock");
+    let released: Option<i64> = redis::Script::new(REDISSON_UNLOCK)
+        .key(&name)
+        .key(layout::channel(&name))
+        .key(format!("redisson_unlock_latch:{{{name}}}:test"))
+        .arg(0)
+        .arg(30_000)
+        .arg(REDISSON_OWNER)
+        .arg("publish")
+        .arg(5_000)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(released, Some(1));
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter acquired after Redisson's release")
+        .unwrap();
+    assert_eq!(
+        hash_of(&server, &name),
+        vec![(guard.owner().to_string(), "1".into())]
+    );
+    guard.release().await.unwrap();
+}
+
+/// A waiter that gives up (its wait limit) while the handoff to it is blocked on the server: once the
+/// server runs the handoff, the grant made for it is released and the name is free, for another
+/// process as for this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_during_the_handoff_leaves_the_name_free() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("handoff_gives_up");
+    let locks = locks(&server.url()).await;
+    let elsewhere = self::locks(&server.url()).await;
+    let (a, b) = (locks.lock(&name).unwrap(), locks.lock(&name).unwrap());
+    a.acquire().await.unwrap().release().await.unwrap();
+    let held = a.acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        b.options()
+            .wait(Duration::from_millis(800))
+            .acquire()
+            .await
+            .map(|_| ())
+    });
+    queued_on_the_gate().await;
     let pause = server
         .command(&["CLIENT", "PAUSE", "20000", "WRITE"])
         .unwrap();
     assert!(!pause.is_error(), "{pause}");
     let release = tokio::spawn(held.release());
     let bound = Instant::now() + Duration::from_secs(10);
-    let mut queued = false;
-    while !queued && Instant::now() < bound {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        queued = request_queued_behind_a_paused_script(&server);
+    while !script_paused(&server) && Instant::now() < bound {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    server.command(&["CLIENT", "UNPAUSE"]).unwrap();
-    assert!(
-        queued,
-        "the waiter's acquire was not sent while the release was blocked on the server"
-    );
-    release.await.unwrap().unwrap();
-    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+    let gave_up = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
-        .expect("the waiter was granted")
+        .expect("the waiter gave up")
         .unwrap();
-    assert!(second > first, "{second:?} > {first:?}");
-    // The release, the waiter's one acquire, and its release.
-    assert_eq!(calls(&server, "evalsha") - evalsha, 3);
-    assert_eq!(calls(&server, "subscribe"), subscribe);
+    server.command(&["CLIENT", "UNPAUSE"]).unwrap();
+    assert_eq!(gave_up.unwrap_err().kind(), ErrorKind::Timeout);
+    release.await.unwrap().unwrap();
+    let bound = Instant::now() + Duration::from_secs(10);
+    while server.command(&["EXISTS", &name]).unwrap().as_int() != Some(0) {
+        assert!(
+            Instant::now() < bound,
+            "the name stayed held: {:?}",
+            hash_of(&server, &name)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let guard = elsewhere.lock(&name).unwrap().try_acquire().await.unwrap();
+    assert!(guard.is_some(), "the name is not free");
+}
+
+/// A handoff future dropped while its script is blocked on the server (the core gives up on it): the
+/// grant the script then makes for the next owner is undone, on the connection the script went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_handoff_undoes_its_grant() {
+    use distlock_core::raw::{AcquireRequest, Attempt, Backend};
+    let server = RedisServer::start_or_panic();
+    let name = unique("handoff_dropped");
+    let backend = RedisBackend::connect(&LockUrl::parse(&server.url()).unwrap())
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(30);
+    let first = AcquireRequest::new(name.clone(), "owner-a:1", lease);
+    let next = AcquireRequest::new(name.clone(), "owner-b:1", lease);
+    let mut acquisition = backend.begin(&first).unwrap();
+    let Attempt::Acquired(grant) = backend.try_acquire(&mut acquisition, &first).await.unwrap()
+    else {
+        panic!("not granted");
+    };
+    assert!(backend.supports_hand_off());
+    // Loads the handoff script: a blocked `EVALSHA` must not come back `NOSCRIPT`.
+    let _ = backend
+        .hand_off(&grant.lease, "handoff/other", "nobody", &next)
+        .await
+        .unwrap();
+    let pause = server
+        .command(&["CLIENT", "PAUSE", "20000", "WRITE"])
+        .unwrap();
+    assert!(!pause.is_error(), "{pause}");
+    let handing = {
+        let (backend, name, next) = (backend.clone(), name.clone(), next.clone());
+        tokio::spawn(async move {
+            let lease = grant.lease;
+            let _ = backend.hand_off(&lease, &name, "owner-a:1", &next).await;
+        })
+    };
+    let bound = Instant::now() + Duration::from_secs(10);
+    while !script_paused(&server) && Instant::now() < bound {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        script_paused(&server),
+        "the handoff never reached the server"
+    );
+    handing.abort();
+    let _ = handing.await;
+    server.command(&["CLIENT", "UNPAUSE"]).unwrap();
+    let bound = Instant::now() + Duration::from_secs(10);
+    while server.command(&["EXISTS", &name]).unwrap().as_int() != Some(0) {
+        assert!(
+            Instant::now() < bound,
+            "the grant of a dropped handoff stayed: {:?}",
+            hash_of(&server, &name)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Whether a client is blocked by `CLIENT PAUSE` in an `EVALSHA`.
