@@ -38,8 +38,13 @@ impl Drop for UndoHandedGrant<'_> {
         if !self.armed || self.sent.conn.is_none() {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(lock = %self.next.name, "a handoff was dropped outside a runtime; a grant it may have made expires with its lease");
+        // On distlock's background runtime, not the current one: a handoff is also dropped when its
+        // runtime shuts down, and an undo spawned there would be dropped before it ran, leaving the
+        // next owner's grant to block the name for its whole lease (review).
+        let Some(runtime) = distlock_core::raw::background_runtime()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+        else {
+            tracing::warn!(lock = %self.next.name, "a handoff was dropped with no runtime to undo it on; a grant it may have made expires with its lease");
             return;
         };
         let backend = self.backend.clone();
