@@ -59,7 +59,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Default)]
 pub(crate) struct Notifier {
     current: Mutex<Option<Arc<Shared>>>,
-    /// Set when the runtime cannot drive inotify at all; then waiters poll, and no retry is made.
+    /// Set when inotify is off (configured so, or the runtime cannot drive it at all); then waiters
+    /// poll, held files are checked every second by the keeper, and no retry is made.
     pub(crate) disabled: AtomicBool,
     /// Numbers the instances, so a hold's record names the instance that watches it.
     generations: AtomicU64,
@@ -200,7 +201,11 @@ impl Notifier {
         if let Some(shared) = current.as_ref().filter(|s| s.alive.load(Ordering::Acquire)) {
             return Some(shared.clone());
         }
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        // The reader runs on distlock's background runtime, not the caller's: a caller's runtime may
+        // lack the I/O driver, be kept idle between `block_on`s, or be dropped, and every hold and
+        // waiter of the backend shares this reader. The caller's runtime only if there is no other.
+        let runtime = distlock_core::raw::background_runtime()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())?;
         let fd = match inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK) {
             Ok(fd) => Arc::new(fd),
             Err(e) => {
@@ -220,6 +225,7 @@ impl Notifier {
         // The AsyncFd is registered with the reactor here, inside the runtime. tokio panics instead of
         // failing when the runtime was built without I/O; that must not take the acquire down with it.
         let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _runtime = runtime.enter();
             // SAFETY: `SharedFd` owns an `Arc` of the descriptor, so it stays open, and the same, for
             // as long as the `AsyncFd` lives.
             unsafe { AsyncFd::register_with_interest(SharedFd(fd), Interest::READABLE) }
@@ -268,13 +274,15 @@ impl Notifier {
     /// record lasts as long as the returned [`HeldWatch`], or until the loss is reported.
     pub(crate) fn watch_held(
         self: &Arc<Self>,
-        mut watch: Subscription,
+        mut watch: Option<Subscription>,
         path: Arc<Path>,
         (dev, ino): (u64, u64),
         report: LossReport,
     ) -> HeldWatch {
-        let wd = watch.wd;
-        let shared = watch.shared.take();
+        // No subscription (inotify off or unavailable, or the watch failed): the record is made all
+        // the same, and the keeper watches the file, or checks it every second.
+        let wd = watch.as_ref().map_or(-1, |w| w.wd);
+        let shared = watch.as_mut().and_then(|w| w.shared.take());
         // The hold's reference on the watch first, so a loss reported as soon as the record exists
         // drops a reference that is there.
         let kept = shared.as_ref().filter(|shared| {
@@ -313,7 +321,9 @@ impl Notifier {
         let missed = match kept {
             Some(shared) => {
                 let mut watches = lock(&shared.watches);
-                let missed = watch.events.has_changed().unwrap_or(true);
+                let missed = watch
+                    .as_ref()
+                    .is_none_or(|w| w.events.has_changed().unwrap_or(true));
                 if let Some(entry) = watches.get_mut(&wd) {
                     entry.waiters = entry.waiters.saturating_sub(1);
                     if entry.waiters == 0 {
