@@ -1379,3 +1379,25 @@ fn the_url_comes_from_the_environment_else_the_per_user_directory() {
     finish(&mut command, SOON).expect_code(Code::Busy.as_i32());
     holder.finish();
 }
+
+// --- review (file loss signal) -------------------------------------------------------------------
+
+/// The lock directory renamed away while `distlock run` holds (no waiter anywhere): a second
+/// `distlock run` of the name recreates the directory, locks a new file and runs its command while
+/// the first command still runs. The first must be stopped (the lock was lost); it runs on, since
+/// nothing happens to the held inode and the loss signal looks only on its events.
+#[test]
+fn a_renamed_lock_directory_stops_the_holders_command() {
+    let sandbox = Sandbox::new();
+    let mut holder = sandbox.hold("x");
+    fs::rename(sandbox.path("locks"), sandbox.path("locks.old")).unwrap();
+    finish(sandbox.run(&["x", "--", "touch", "second-ran"]), SOON).expect_code(0);
+    assert!(sandbox.path("second-ran").exists());
+    // Two commands held "x" at once; the first one's distlock must have been told.
+    let status = holder.child.wait(Duration::from_secs(10));
+    assert_eq!(
+        status.code(),
+        Some(Code::Lost.as_i32()),
+        "holder exit: {status:?}"
+    );
+}

@@ -110,6 +110,8 @@ impl TryJob<'_> {
                 self.watch = Some(watch);
                 true
             }
+            // The file was unlinked since the try opened it: the try reopens it and watches again.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(e) => {
                 tracing::warn!(path = %self.path.display(), error = %e, "cannot watch the lock file; waiting by polling only");
                 self.watch_failed = true;
@@ -230,18 +232,16 @@ fn grant(
     // The locked descriptor itself, not a `dup` of it: whoever inherits it keeps the lock held (it
     // is close-on-exec, so only a deliberate hand-over passes it on). See `OpenFile::fd`.
     let descriptor = held.file.fd.clone();
-    let loss = watch.map(|watch| {
-        let report = LossReport::new();
-        let inode = (held.file.dev, held.file.ino);
-        held.watching = Some(notifier.watch_held(watch, held.path.clone(), inode, report.clone()));
-        report.signal()
-    });
+    // Every grant gets a loss signal, watched or not: without a watch the notifier's keeper watches
+    // the file later or checks it every second.
+    let report = LossReport::new();
+    let inode = (held.file.dev, held.file.ino);
+    held.watching = Some(notifier.watch_held(watch, held.path.clone(), inode, report.clone()));
+    let loss = report.signal();
     tracing::debug!(lock = %request.name, token, "file lock acquired");
     let mut grant = Grant::new(FileLease::new(held)).with_token(FencingToken::new(token));
     grant.descriptor = Some(descriptor);
-    if let Some(loss) = loss {
-        grant = grant.with_loss(loss);
-    }
+    grant = grant.with_loss(loss);
     Ok(grant)
 }
 
@@ -258,16 +258,10 @@ mod tests {
             .unwrap()
     }
 
-    /// A watch made on a runtime that is then dropped, the reader having run (`yield_now`) or not.
-    fn orphaned_watch(notifier: &Arc<Notifier>, path: &Path, reader_ran: bool) -> Subscription {
+    /// A watch made on a runtime that is then dropped.
+    fn watch_from_a_dropped_runtime(notifier: &Arc<Notifier>, path: &Path) -> Subscription {
         let first = runtime();
-        let watch = first.block_on(async {
-            let watch = notifier.instance().unwrap().subscribe(path).unwrap();
-            if reader_ran {
-                tokio::task::yield_now().await;
-            }
-            watch
-        });
+        let watch = first.block_on(async { notifier.instance().unwrap().subscribe(path).unwrap() });
         drop(first);
         watch
     }
@@ -325,7 +319,16 @@ mod tests {
         std::fs::write(&path, b"").unwrap();
         let notifier = Arc::new(Notifier::default());
         let mut acquisition = FileAcquisition::new(path.clone(), &config);
-        acquisition.watch = Some(orphaned_watch(&notifier, &path, true));
+        // The file deleted: the kernel drops the watch, and the watch ends.
+        let mut watch = notifier.instance().unwrap().subscribe(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        runtime().block_on(async {
+            let ended = async { while watch.changed().await {} };
+            tokio::time::timeout(Duration::from_secs(2), ended)
+                .await
+                .expect("the deleted file's watch did not end");
+        });
+        acquisition.watch = Some(watch);
         runtime()
             .block_on(async {
                 tokio::time::timeout(Duration::from_millis(10), acquisition.wait()).await
@@ -335,28 +338,27 @@ mod tests {
         assert_eq!(acquisition.backoff.nominal(), config.poll_initial);
     }
 
-    /// The runtime that ran the inotify reader is dropped before the reader was ever polled (a
-    /// `block_on` that acquired without yielding): the watches it served must end, and the next
-    /// runtime must get a live instance, or waiters are woken by the poll only and a held file's
-    /// deletion is never reported.
+    /// The runtime that first asked for the inotify instance is dropped (here before its reader
+    /// could ever have run on it): the instance's reader runs on distlock's background runtime, so
+    /// a watch made then still gets events, and the next runtime shares the instance.
     #[test]
-    fn watches_end_when_the_runtime_goes_before_the_reader_ran() {
+    fn the_instance_outlives_the_runtime_that_started_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.lock");
         std::fs::write(&path, b"").unwrap();
         let notifier = Arc::new(Notifier::default());
-        let mut orphan = orphaned_watch(&notifier, &path, false);
+        let mut early = watch_from_a_dropped_runtime(&notifier, &path);
         runtime().block_on(async {
-            let ended = tokio::time::timeout(Duration::from_millis(200), orphan.changed()).await;
-            assert_eq!(ended, Ok(false), "the orphaned watch did not end");
             let mut fresh = notifier.instance().unwrap().subscribe(&path).unwrap();
             drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
-            let woken = tokio::time::timeout(Duration::from_secs(2), fresh.changed()).await;
-            assert_eq!(
-                woken,
-                Ok(true),
-                "a close on the next runtime raised no event"
-            );
+            for (name, watch) in [("early", &mut early), ("fresh", &mut fresh)] {
+                let woken = tokio::time::timeout(Duration::from_secs(2), watch.changed()).await;
+                assert_eq!(
+                    woken,
+                    Ok(true),
+                    "a close raised no event on the {name} watch"
+                );
+            }
         });
     }
 }

@@ -123,9 +123,14 @@ impl FileBackend {
         config.validate()?;
         let mut config = config;
         config.dir = prepare_dir(&config.dir).map_err(|e| e.into_core(None))?;
+        let notifier = Notifier::default();
+        // Inotify off: held files are checked by the keeper's poll, not watched.
+        notifier
+            .disabled
+            .store(!config.notify, std::sync::atomic::Ordering::Relaxed);
         Ok(Self {
             config: Arc::new(config),
-            notifier: Arc::new(Notifier::default()),
+            notifier: Arc::new(notifier),
         })
     }
 
@@ -474,8 +479,8 @@ mod tests {
         assert_eq!(backend.notifier.held_count(), 8);
     }
 
-    /// Without inotify (here: disabled after the grants, the reader's runtime dropped), held files
-    /// are checked every second by one task for all of them, not one per hold.
+    /// Without inotify (here: disabled before the grants), held files are checked every second by
+    /// one task for all of them, not one per hold.
     #[test]
     fn without_inotify_one_task_checks_every_held_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -483,6 +488,10 @@ mod tests {
         let locks = distlock_core::Locks::new(backend.clone());
         let background = distlock_core::raw::background_runtime().unwrap();
         let before = background.metrics().num_alive_tasks();
+        backend
+            .notifier
+            .disabled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let first = current_thread();
         let guards: Vec<_> = first.block_on(async {
             let mut guards = Vec::new();
@@ -491,10 +500,6 @@ mod tests {
             }
             guards
         });
-        backend
-            .notifier
-            .disabled
-            .store(true, std::sync::atomic::Ordering::Relaxed);
         drop(first);
 
         current_thread().block_on(async {

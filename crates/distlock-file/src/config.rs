@@ -43,7 +43,8 @@ pub struct FileConfig {
     pub sync: bool,
     /// Wake waiters with inotify when the lock file is closed (default `true`). Off, waiters only poll
     /// with the backoff below; that is also what happens, in effect, where inotify sees nothing (network
-    /// file systems, which are not supported anyway).
+    /// file systems, which are not supported anyway). Off, held lock files are not watched either:
+    /// their deletion is noticed by a check of every held file once a second.
     pub notify: bool,
     /// First delay of the fallback poll a waiter runs alongside inotify (in case an event is missed), and
     /// the delay it returns to after every event.

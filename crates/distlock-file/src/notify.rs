@@ -2,15 +2,18 @@
 //!
 //! Why shared: Linux allows a user only 128 inotify instances by default
 //! (`fs.inotify.max_user_instances`), while watches are plentiful; one instance per waiter would run out
-//! with a few hundred concurrent acquires. A reader task on the runtime reads the events and bumps a
-//! counter per watched file; subscribers wait for the counter to change.
+//! with a few hundred concurrent acquires. A reader task on distlock's background runtime (not the
+//! caller's, which may lack I/O, sit idle between `block_on`s, or be dropped) reads the events and
+//! bumps a counter per watched file; subscribers wait for the counter to change.
 //!
 //! Held lock files are watched here too, with no task per hold: the notifier keeps a record of each
-//! (path, inode, the hold's [`LossReport`]), the reader checks the records of a file it has an event
-//! for and reports the hold lost if the path no longer names its inode. When the reader stops (its
-//! runtime was dropped) while files are held, one keeper task on distlock's background runtime watches
-//! them all again on a live instance and checks each file once (a deletion in between raised no event
-//! anyone read); while no instance can be had, it checks them every second.
+//! grant (path, inode, the hold's [`LossReport`]), watched or not; the reader checks the records of a
+//! file it has an event for and reports the hold lost if the path no longer names its inode. One
+//! keeper task on the background runtime, running while anything is held, watches the holds no live
+//! instance watches (a grant whose watch failed, an instance that stopped) and checks each once (a
+//! deletion in between raised no event anyone read); every second it checks every held file, since
+//! a rename of the lock directory raises no event on the file, and without inotify that sweep is the
+//! only check.
 //!
 //! Every subscriber uses the same mask ([`MASK`]), because a second `inotify_add_watch` of one inode
 //! replaces the first one's mask. Events are wake-ups, not facts: a woken waiter tries the lock, a woken
@@ -59,11 +62,14 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Default)]
 pub(crate) struct Notifier {
     current: Mutex<Option<Arc<Shared>>>,
-    /// Set when the runtime cannot drive inotify at all; then waiters poll, and no retry is made.
+    /// Set when inotify is off (configured so, or the runtime cannot drive it at all); then waiters
+    /// poll, held files are checked every second by the keeper, and no retry is made.
     pub(crate) disabled: AtomicBool,
     /// Numbers the instances, so a hold's record names the instance that watches it.
     generations: AtomicU64,
     held: Mutex<HeldFiles>,
+    /// Wakes the running keeper when a hold needs watching.
+    keeper_wake: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for Notifier {
@@ -200,7 +206,11 @@ impl Notifier {
         if let Some(shared) = current.as_ref().filter(|s| s.alive.load(Ordering::Acquire)) {
             return Some(shared.clone());
         }
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        // The reader runs on distlock's background runtime, not the caller's: a caller's runtime may
+        // lack the I/O driver, be kept idle between `block_on`s, or be dropped, and every hold and
+        // waiter of the backend shares this reader. The caller's runtime only if there is no other.
+        let runtime = distlock_core::raw::background_runtime()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())?;
         let fd = match inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK) {
             Ok(fd) => Arc::new(fd),
             Err(e) => {
@@ -220,6 +230,7 @@ impl Notifier {
         // The AsyncFd is registered with the reactor here, inside the runtime. tokio panics instead of
         // failing when the runtime was built without I/O; that must not take the acquire down with it.
         let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _runtime = runtime.enter();
             // SAFETY: `SharedFd` owns an `Arc` of the descriptor, so it stays open, and the same, for
             // as long as the `AsyncFd` lives.
             unsafe { AsyncFd::register_with_interest(SharedFd(fd), Interest::READABLE) }
@@ -268,13 +279,15 @@ impl Notifier {
     /// record lasts as long as the returned [`HeldWatch`], or until the loss is reported.
     pub(crate) fn watch_held(
         self: &Arc<Self>,
-        mut watch: Subscription,
+        mut watch: Option<Subscription>,
         path: Arc<Path>,
         (dev, ino): (u64, u64),
         report: LossReport,
     ) -> HeldWatch {
-        let wd = watch.wd;
-        let shared = watch.shared.take();
+        // No subscription (inotify off or unavailable, or the watch failed): the record is made all
+        // the same, and the keeper watches the file, or checks it every second.
+        let wd = watch.as_ref().map_or(-1, |w| w.wd);
+        let shared = watch.as_mut().and_then(|w| w.shared.take());
         // The hold's reference on the watch first, so a loss reported as soon as the record exists
         // drops a reference that is there.
         let kept = shared.as_ref().filter(|shared| {
@@ -313,7 +326,9 @@ impl Notifier {
         let missed = match kept {
             Some(shared) => {
                 let mut watches = lock(&shared.watches);
-                let missed = watch.events.has_changed().unwrap_or(true);
+                let missed = watch
+                    .as_ref()
+                    .is_none_or(|w| w.events.has_changed().unwrap_or(true));
                 if let Some(entry) = watches.get_mut(&wd) {
                     entry.waiters = entry.waiters.saturating_sub(1);
                     if entry.waiters == 0 {
@@ -329,10 +344,10 @@ impl Notifier {
             let candidate = lock(&self.held).files.get(&id).map(|r| r.candidate(id));
             self.check(candidate);
         }
-        // A reader that stopped after the record was made may have found no record to hand the keeper.
-        if kept.is_none_or(|s| !s.alive.load(Ordering::Acquire)) {
-            self.ensure_keeper();
-        }
+        // Always: the keeper's sweep checks watched holds too (see `keep_watching`). Woken now only
+        // for a hold with no live watch (a reader that stopped after the record was made may have
+        // found no record to hand the keeper): a watched one waits for the sweep.
+        self.ensure_keeper(kept.is_none_or(|s| !s.alive.load(Ordering::Acquire)));
         hold
     }
 
@@ -438,15 +453,22 @@ impl Notifier {
             }
         }
         if unwatched {
-            self.ensure_keeper();
+            self.ensure_keeper(true);
         }
     }
 
-    /// Starts the keeper on distlock's background runtime unless it runs or nothing is held.
-    fn ensure_keeper(self: &Arc<Self>) {
+    /// Starts the keeper on distlock's background runtime unless it runs or nothing is held; `wake`:
+    /// a hold needs watching, so a running keeper looks now, not at its next sweep.
+    fn ensure_keeper(self: &Arc<Self>, wake: bool) {
         {
             let mut held = lock(&self.held);
-            if held.keeper || held.files.is_empty() {
+            if held.files.is_empty() {
+                return;
+            }
+            if held.keeper {
+                if wake {
+                    self.keeper_wake.notify_one();
+                }
                 return;
             }
             held.keeper = true;
@@ -465,9 +487,11 @@ impl Notifier {
     }
 }
 
-/// The keeper: watches every held file no live instance watches on one (started on this runtime if
-/// there is none), then checks each, since a deletion before the watch raised no event for it; while
-/// no instance can be had, checks them every second. Ends when every held file is watched.
+/// The keeper: watches every held file no live instance watches on one, then checks each, since a
+/// deletion before the watch raised no event for it (files that cannot be watched are left to the
+/// next sweep). Every second it also checks every held file, watched or not: a rename of the lock
+/// directory (or of a directory above it) raises no event on the held file, and while no instance
+/// can be had this is the only check. Ends when nothing is held.
 async fn keep_watching(notifier: Weak<Notifier>) {
     // Clears the flag if the task is dropped unfinished (a runtime does not end: defensive).
     struct Running(Weak<Notifier>, bool);
@@ -481,14 +505,21 @@ async fn keep_watching(notifier: Weak<Notifier>) {
         }
     }
     let mut running = Running(notifier.clone(), true);
+    let mut next_sweep = tokio::time::Instant::now();
     loop {
-        let Some(notifier) = notifier.upgrade() else {
+        let Some(strong) = notifier.upgrade() else {
             running.1 = false;
             return;
         };
-        let shared = notifier.instance();
-        let pending: Vec<Candidate> = {
-            let mut held = lock(&notifier.held);
+        let shared = strong.instance();
+        let sweep = tokio::time::Instant::now() >= next_sweep;
+        let (pending, all) = {
+            let mut held = lock(&strong.held);
+            if held.files.is_empty() {
+                held.keeper = false;
+                running.1 = false;
+                return;
+            }
             // Read under the lock: a reader that stops after this finds the flag still set only if
             // this round sees it stopped.
             let live = shared
@@ -501,18 +532,18 @@ async fn keep_watching(notifier: Weak<Notifier>) {
                 .filter(|(_, r)| live.is_none() || r.watch.map(|(g, _)| g) != live)
                 .map(|(&id, r)| r.candidate(id))
                 .collect();
-            if pending.is_empty() {
-                held.keeper = false;
-                running.1 = false;
-                return;
-            }
-            pending
+            let all: Vec<Candidate> = if sweep {
+                held.files.iter().map(|(&id, r)| r.candidate(id)).collect()
+            } else {
+                Vec::new()
+            };
+            (pending, all)
         };
         let mut unwatched = shared.is_none();
         if let Some(shared) = &shared {
             for candidate in &pending {
                 match shared.watch_file(&candidate.path) {
-                    Ok(wd) => notifier.rewatched(candidate.id, shared, wd),
+                    Ok(wd) => strong.rewatched(candidate.id, shared, wd),
                     Err(e) => {
                         tracing::debug!(path = %candidate.path.display(), error = %e, "cannot watch a held lock file again");
                         unwatched = true;
@@ -520,13 +551,28 @@ async fn keep_watching(notifier: Weak<Notifier>) {
                 }
             }
         }
-        notifier.check(pending);
-        drop((notifier, shared));
-        if unwatched {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+        let rewatched = !pending.is_empty() && !unwatched;
+        if sweep {
+            next_sweep = tokio::time::Instant::now() + SWEEP;
+            strong.check(all);
+        } else {
+            strong.check(pending);
+        }
+        let wake = strong.keeper_wake.clone();
+        drop((strong, shared));
+        // Rewatched: look again at once (a reader may have stopped meanwhile); else wait for the
+        // sweep, or for a hold that needs watching.
+        if !rewatched {
+            tokio::select! {
+                () = tokio::time::sleep_until(next_sweep) => {}
+                () = wake.notified() => {}
+            }
         }
     }
 }
+
+/// How often the keeper checks every held file.
+const SWEEP: Duration = Duration::from_secs(1);
 
 impl Notifier {
     /// The keeper watches hold `id` again with `wd` of `shared`.
@@ -646,7 +692,7 @@ impl Shared {
         lock(&self.watches).clear();
         // Held files are watched by nobody now: the keeper watches them again.
         if let Some(notifier) = self.notifier.upgrade() {
-            notifier.ensure_keeper();
+            notifier.ensure_keeper(true);
         }
     }
 }
