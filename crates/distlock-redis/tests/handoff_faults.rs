@@ -407,101 +407,28 @@ async fn fault_same_owner_twice_then_handoff() {
     assert!(!exists(&server, &name));
 }
 
-/// Sound variant (passes): with the server paused, the dropped connection frees the blocked script unrun.
-/// A runtime shuts down (an app's, or a `#[tokio::test]`'s end) while a hold of it is being handed to
-/// a waiter of the same runtime: the handoff script is on its way (blocked on the server here), the
-/// waiter's task goes with the runtime. The handed grant must be undone (as an abandoned acquire's
-/// would be, on distlock's background runtime), not left to block every other process for the lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_runtime_shutdown_during_handoff_leaves_no_grant() {
-    let server = RedisServer::start_or_panic();
-    let name = unique("shutdown");
-    let local = locks(&server.url()).await;
-    let remote = locks(&server.url()).await;
-    // Loads the scripts and opens the connection on this runtime.
-    {
-        let (x, y) = (
-            local.lock("handoff/load4").unwrap(),
-            local.lock("handoff/load4").unwrap(),
-        );
-        let g = x.acquire().await.unwrap();
-        let w = tokio::spawn(async move { y.acquire().await.unwrap().release().await.unwrap() });
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        g.release().await.unwrap();
-        w.await.unwrap();
-    }
-    let (a, b) = (local.lock(&name).unwrap(), local.lock(&name).unwrap());
-    let (to_main, from_thread) = std::sync::mpsc::channel::<()>();
-    let (to_thread, from_main) = std::sync::mpsc::channel::<()>();
-    let pause = server
-        .command(&["CLIENT", "PAUSE", "2000", "WRITE"])
-        .unwrap();
-    let _ = pause;
-    server.command(&["CLIENT", "UNPAUSE"]).unwrap();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let held = a
-                .options()
-                .lease(Duration::from_secs(30))
-                .acquire()
-                .await
-                .unwrap();
-            let _waiter = tokio::spawn(async move {
-                let g = b.options().lease(Duration::from_secs(30)).acquire().await;
-                std::future::pending::<()>().await;
-                drop(g);
-            });
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            to_main.send(()).unwrap();
-            // Main pauses the server now.
-            let _ = tokio::task::spawn_blocking(move || from_main.recv()).await;
-            drop(held);
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        });
-        drop(rt);
-    });
-    from_thread.recv().unwrap();
-    let pause = server
-        .command(&["CLIENT", "PAUSE", "2000", "WRITE"])
-        .unwrap();
-    assert!(!pause.is_error(), "{pause}");
-    to_thread.send(()).unwrap();
-    thread.join().unwrap();
-    eprintln!("runtime gone; handoff blocked: {}", script_paused(&server));
-    server.command(&["CLIENT", "UNPAUSE"]).unwrap();
-    let bound = Instant::now() + Duration::from_secs(8);
-    loop {
-        let got = remote.lock(&name).unwrap().try_acquire().await.unwrap();
-        if let Some(g) = got {
-            g.release().await.unwrap();
-            break;
-        }
-        assert!(
-            Instant::now() < bound,
-            "the name stays blocked for the 30 s lease: {} pttl {:?}",
-            fields(&server, &name),
-            server.command(&["PTTL", &name]).unwrap().as_int()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// How the handoff script is held up while its runtime shuts down.
+enum HeldUp<'a> {
+    /// The server is paused for writes: the connection dropped with the runtime frees the blocked
+    /// script unrun.
+    ServerPaused(&'a RedisServer),
+    /// The script sits in a proxy for a second and reaches the server after the runtime is gone: it
+    /// runs, and grants the waiter that went with the runtime (the review's finding: the undo was
+    /// spawned on the dying runtime and never ran, so the name was blocked for the 30 s lease).
+    Delayed(&'a distlock_testkit::proxy::Proxy),
 }
 
-/// REVIEW FINDING (fails on a568d68, passes with 614f8b4 sources): the script delayed in the proxy runs.
 /// A runtime shuts down (an app's, or a `#[tokio::test]`'s end) while a hold of it is being handed to
-/// a waiter of the same runtime: the handoff script is on its way (blocked on the server here), the
-/// waiter's task goes with the runtime. The handed grant must be undone (as an abandoned acquire's
-/// would be, on distlock's background runtime), not left to block every other process for the lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_runtime_shutdown_during_delayed_handoff_leaves_no_grant() {
-    let server = RedisServer::start_or_panic();
-    let proxy = distlock_testkit::proxy::Proxy::start_or_panic(server.addr());
-    let name = unique("shutdown-delayed");
-    let local = locks(&format!("redis://{}", proxy.addr())).await;
-    let remote = locks(&server.url()).await;
+/// a waiter of the same runtime, the handoff script held up as `held_up` says; the waiter's task goes
+/// with the runtime. The handed grant must be undone (on distlock's background runtime), not left to
+/// block every other process for the lease: `remote` takes the name well before the lease ends.
+async fn runtime_shutdown_during_handoff(
+    server: &RedisServer,
+    local: Locks,
+    remote: Locks,
+    name: &str,
+    held_up: HeldUp<'_>,
+) {
     // Loads the scripts and opens the connection on this runtime.
     {
         let (x, y) = (
@@ -514,14 +441,9 @@ async fn fault_runtime_shutdown_during_delayed_handoff_leaves_no_grant() {
         g.release().await.unwrap();
         w.await.unwrap();
     }
-    let (a, b) = (local.lock(&name).unwrap(), local.lock(&name).unwrap());
+    let (a, b) = (local.lock(name).unwrap(), local.lock(name).unwrap());
     let (to_main, from_thread) = std::sync::mpsc::channel::<()>();
     let (to_thread, from_main) = std::sync::mpsc::channel::<()>();
-    let pause = server
-        .command(&["CLIENT", "PAUSE", "2000", "WRITE"])
-        .unwrap();
-    let _ = pause;
-    server.command(&["CLIENT", "UNPAUSE"]).unwrap();
     let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -541,7 +463,7 @@ async fn fault_runtime_shutdown_during_delayed_handoff_leaves_no_grant() {
             });
             tokio::time::sleep(Duration::from_millis(200)).await;
             to_main.send(()).unwrap();
-            // Main pauses the server now.
+            // Main holds the script up now.
             let _ = tokio::task::spawn_blocking(move || from_main.recv()).await;
             drop(held);
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -549,20 +471,31 @@ async fn fault_runtime_shutdown_during_delayed_handoff_leaves_no_grant() {
         drop(rt);
     });
     from_thread.recv().unwrap();
-    proxy.delay(Duration::from_millis(1000)).unwrap();
+    match &held_up {
+        HeldUp::ServerPaused(server) => {
+            let pause = server
+                .command(&["CLIENT", "PAUSE", "2000", "WRITE"])
+                .unwrap();
+            assert!(!pause.is_error(), "{pause}");
+        }
+        HeldUp::Delayed(proxy) => proxy.delay(Duration::from_millis(1000)).unwrap(),
+    }
     to_thread.send(()).unwrap();
     thread.join().unwrap();
-    eprintln!("runtime gone: {}", fields(&server, &name));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    proxy.pass().unwrap();
-    eprintln!(
-        "after the delay: {} pttl {:?}",
-        fields(&server, &name),
-        server.command(&["PTTL", &name]).unwrap().as_int()
-    );
+    match &held_up {
+        HeldUp::ServerPaused(server) => {
+            eprintln!("runtime gone; handoff blocked: {}", script_paused(server));
+            server.command(&["CLIENT", "UNPAUSE"]).unwrap();
+        }
+        HeldUp::Delayed(proxy) => {
+            eprintln!("runtime gone: {}", fields(server, name));
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            proxy.pass().unwrap();
+        }
+    }
     let bound = Instant::now() + Duration::from_secs(8);
     loop {
-        let got = remote.lock(&name).unwrap().try_acquire().await.unwrap();
+        let got = remote.lock(name).unwrap().try_acquire().await.unwrap();
         if let Some(g) = got {
             g.release().await.unwrap();
             break;
@@ -570,9 +503,29 @@ async fn fault_runtime_shutdown_during_delayed_handoff_leaves_no_grant() {
         assert!(
             Instant::now() < bound,
             "the name stays blocked for the 30 s lease: {} pttl {:?}",
-            fields(&server, &name),
-            server.command(&["PTTL", &name]).unwrap().as_int()
+            fields(server, name),
+            server.command(&["PTTL", name]).unwrap().as_int()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_runtime_shutdown_during_handoff_leaves_no_grant() {
+    let server = RedisServer::start_or_panic();
+    let local = locks(&server.url()).await;
+    let remote = locks(&server.url()).await;
+    let name = unique("shutdown");
+    runtime_shutdown_during_handoff(&server, local, remote, &name, HeldUp::ServerPaused(&server))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_runtime_shutdown_during_delayed_handoff_leaves_no_grant() {
+    let server = RedisServer::start_or_panic();
+    let proxy = distlock_testkit::proxy::Proxy::start_or_panic(server.addr());
+    let local = locks(&format!("redis://{}", proxy.addr())).await;
+    let remote = locks(&server.url()).await;
+    let name = unique("shutdown-delayed");
+    runtime_shutdown_during_handoff(&server, local, remote, &name, HeldUp::Delayed(&proxy)).await;
 }
