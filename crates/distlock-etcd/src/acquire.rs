@@ -25,7 +25,7 @@ use crate::session::Session;
 #[derive(Debug, Default)]
 pub struct EtcdAcquisition {
     session: Option<Arc<Session>>,
-    key: Option<String>,
+    key: Option<Arc<str>>,
     rev: Option<i64>,
     /// The predecessor to watch and the revision to watch from.
     watch: Option<(String, i64)>,
@@ -94,7 +94,7 @@ impl Drop for EtcdAcquisition {
 /// Where an acquisition stands after a try's reads.
 pub(crate) struct Position {
     pub(crate) session: Arc<Session>,
-    pub(crate) key: String,
+    pub(crate) key: Arc<str>,
     /// The own key's create_revision.
     pub(crate) rev: i64,
     /// The oldest key under the prefix.
@@ -161,7 +161,7 @@ impl EtcdBackend {
     async fn check(
         &self,
         session: &Arc<Session>,
-        key: &str,
+        key: &Arc<str>,
         rev: i64,
         prefix: &str,
     ) -> std::result::Result<Position, EtcdError> {
@@ -181,7 +181,7 @@ impl EtcdBackend {
         let read_rev = header_rev(&resp)?;
         Ok(Position {
             session: session.clone(),
-            key: key.to_string(),
+            key: key.clone(),
             rev,
             holder: get_of(ops.first())?.kvs.first().cloned(),
             predecessor: get_of(ops.get(1))?.kvs.first().cloned(),

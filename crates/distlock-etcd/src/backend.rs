@@ -101,7 +101,7 @@ pub(crate) struct Inner {
     /// that contender: queued, held, or left behind by a delete that failed and is being retried. All
     /// locks of a session share its lease, so without claims two owners of one name would compute the
     /// same key and the second would adopt the first one's key and token.
-    pub(crate) claims: Mutex<HashMap<String, u64>>,
+    pub(crate) claims: Mutex<HashMap<Arc<str>, u64>>,
     pub(crate) next_claim: AtomicU64,
     /// Keys whose delete failed, retried by one background task.
     pub(crate) doomed: Mutex<Retry>,

@@ -22,14 +22,14 @@ pub(crate) const FOREIGN: u64 = 0;
 /// Keys whose delete failed, and the task retrying them.
 #[derive(Default)]
 pub(crate) struct Retry {
-    keys: HashMap<String, Doomed>,
+    keys: HashMap<Arc<str>, Doomed>,
     task: Option<Task>,
 }
 
 /// A key of ours to delete, with what the delete compares and the claim to pass on after it.
 #[derive(Clone)]
 pub(crate) struct Doomed {
-    pub(crate) key: String,
+    pub(crate) key: Arc<str>,
     pub(crate) rev: Option<i64>,
     pub(crate) owner: String,
     pub(crate) session: Arc<Session>,
@@ -41,7 +41,7 @@ pub(crate) struct Doomed {
 impl EtcdBackend {
     /// Claims the first key of `name` on session `lease` that no local contender uses: slot 0 is Go's
     /// `NAME/<lease hex>`, later slots exist only while several owners of one name share the session.
-    pub(crate) fn claim_key(&self, name: &str, lease: i64) -> (String, u64) {
+    pub(crate) fn claim_key(&self, name: &str, lease: i64) -> (Arc<str>, u64) {
         let claim = self.inner.next_claim.fetch_add(1, Ordering::Relaxed);
         let mut claims = match self.inner.claims.lock() {
             Ok(c) => c,
@@ -49,7 +49,9 @@ impl EtcdBackend {
         };
         let mut slot = 0;
         loop {
-            let key = layout::slot_key(name, lease, slot);
+            // One allocation of the key for the hold's life: the claim, the acquisition, the lease,
+            // the held-key watch and the deadline share it (issue 9's memory per held lock).
+            let key: Arc<str> = layout::slot_key(name, lease, slot).into();
             if let std::collections::hash_map::Entry::Vacant(v) = claims.entry(key.clone()) {
                 v.insert(claim);
                 return (key, claim);
@@ -71,8 +73,8 @@ impl EtcdBackend {
     /// contender uses it again while its session lives.
     pub(crate) fn disown(&self, key: &str, claim: u64) {
         if let Ok(mut claims) = self.inner.claims.lock() {
-            if claims.get(key) == Some(&claim) {
-                claims.insert(key.to_string(), FOREIGN);
+            if let Some(owner) = claims.get_mut(key).filter(|owner| **owner == claim) {
+                *owner = FOREIGN;
             }
         }
     }

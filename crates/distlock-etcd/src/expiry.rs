@@ -24,7 +24,7 @@ use crate::tasks::Task;
 /// A held lock's expiry: what the task needs to report its loss and delete its key.
 #[derive(Debug)]
 struct Expiring {
-    key: String,
+    key: Arc<str>,
     rev: i64,
     lost: LossReport,
     session: Arc<Session>,
@@ -79,7 +79,7 @@ impl Expiries {
     pub(crate) fn insert(
         &self,
         deadline: Instant,
-        key: String,
+        key: Arc<str>,
         rev: i64,
         lost: LossReport,
         session: Arc<Session>,
@@ -363,7 +363,9 @@ mod tests {
         let _slots: Vec<ExpirySlot> = on_gone
             .iter()
             .enumerate()
-            .map(|(i, lost)| expiries.insert(far, format!("k/{i}"), 1, lost.clone(), gone.clone()))
+            .map(|(i, lost)| {
+                expiries.insert(far, format!("k/{i}").into(), 1, lost.clone(), gone.clone())
+            })
             .chain([expiries.insert(far, "k/live".into(), 1, on_live.clone(), live.clone())])
             .collect();
         let _ = gone.mark_gone("the session lease expired or was revoked on the server");

@@ -53,7 +53,7 @@ const MAX_LINGERING: usize = 64;
 
 #[derive(Clone)]
 struct Entry {
-    key: String,
+    key: Arc<str>,
     /// The revision the current hold of the key began at (its create_revision). A delete at an
     /// earlier revision is a former hold's (this watch outlives its holds, see [`LINGER`]).
     rev: i64,
@@ -104,7 +104,7 @@ struct State {
     confirmations: HashMap<i64, oneshot::Sender<i64>>,
     /// The watches kept after their key's release ([`HeldKeys::linger`]), by key: watch id and
     /// when it was released.
-    lingering: HashMap<String, (i64, tokio::time::Instant)>,
+    lingering: HashMap<Arc<str>, (i64, tokio::time::Instant)>,
 }
 
 /// The held keys of one backend and the task that watches them.
@@ -159,7 +159,7 @@ impl HeldKeys {
     /// leaves that to the watch task ([`recheck`]).
     pub(crate) fn watch(
         &self,
-        key: String,
+        key: Arc<str>,
         rev: i64,
         from: i64,
         lost: LossReport,
@@ -306,7 +306,7 @@ impl HeldKeys {
         let mut state = self.state.lock().ok()?;
         let (id, _) = state.lingering.remove(key)?;
         let entry = state.entries.get_mut(&id)?;
-        if entry.held || entry.key != key {
+        if entry.held || &*entry.key != key {
             return None;
         }
         if entry.deleted_while_kept > rev {

@@ -25,7 +25,7 @@ use crate::session::{KeepAlive, Session};
 /// A held lock: its key, create_revision (the token) and session, and the client-side expiry of the
 /// lock's own lease.
 pub struct EtcdLease {
-    pub(crate) key: String,
+    pub(crate) key: Arc<str>,
     pub(crate) rev: i64,
     pub(crate) session: Arc<Session>,
     /// Its deadline in the backend's expiries (see `expiry.rs`); none once released.
