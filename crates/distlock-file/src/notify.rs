@@ -206,23 +206,11 @@ impl Notifier {
         if let Some(shared) = current.as_ref().filter(|s| s.alive.load(Ordering::Acquire)) {
             return Some(shared.clone());
         }
-        // The reader runs on the caller's runtime if it is a multi-thread one (its workers run the
-        // reader whenever an event comes, with no hop to another thread for waiters on it: the
-        // background runtime cost the uncontended cycle ~8 % more CPU), otherwise on distlock's
-        // background runtime: a current-thread runtime may be kept idle between `block_on`s, and
-        // every hold and waiter of the backend shares this reader (review). A runtime without the
-        // I/O driver is passed over. One dropped later stops the reader; the keeper re-watches the
-        // held files on the next instance.
-        let caller = tokio::runtime::Handle::try_current().ok();
-        let candidates = [
-            caller
-                .clone()
-                .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread),
-            distlock_core::raw::background_runtime(),
-            caller,
-        ];
-        let mut candidates = candidates.into_iter().flatten().peekable();
-        candidates.peek()?;
+        // The reader runs on distlock's background runtime, not the caller's: a caller's runtime may
+        // lack the I/O driver, be kept idle between `block_on`s, or be dropped, and every hold and
+        // waiter of the backend shares this reader. The caller's runtime only if there is no other.
+        let runtime = distlock_core::raw::background_runtime()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())?;
         let fd = match inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK) {
             Ok(fd) => Arc::new(fd),
             Err(e) => {
@@ -241,30 +229,25 @@ impl Notifier {
         });
         // The AsyncFd is registered with the reactor here, inside the runtime. tokio panics instead of
         // failing when the runtime was built without I/O; that must not take the acquire down with it.
-        let (afd, runtime) = loop {
-            let Some(runtime) = candidates.next() else {
+        let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _runtime = runtime.enter();
+            // SAFETY: `SharedFd` owns an `Arc` of the descriptor, so it stays open, and the same, for
+            // as long as the `AsyncFd` lives.
+            unsafe { AsyncFd::register_with_interest(SharedFd(fd), Interest::READABLE) }
+        }));
+        let afd = match registered {
+            Ok(Ok(afd)) => afd,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot register inotify with the runtime; waiters will poll");
+                self.disabled.store(true, Ordering::Relaxed);
+                return None;
+            }
+            Err(_) => {
                 tracing::warn!(
-                    "no tokio runtime with an I/O driver (enable_io) can read inotify; file lock waiters will poll"
+                    "the tokio runtime has no I/O driver (enable_io); file lock waiters will poll"
                 );
                 self.disabled.store(true, Ordering::Relaxed);
                 return None;
-            };
-            let fd = fd.clone();
-            let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let _runtime = runtime.enter();
-                // SAFETY: `SharedFd` owns an `Arc` of the descriptor, so it stays open, and the same,
-                // for as long as the `AsyncFd` lives.
-                unsafe { AsyncFd::register_with_interest(SharedFd(fd), Interest::READABLE) }
-            }));
-            match registered {
-                Ok(Ok(afd)) => break (afd, runtime),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "cannot register inotify with the runtime; waiters will poll");
-                    self.disabled.store(true, Ordering::Relaxed);
-                    return None;
-                }
-                // No I/O driver on this runtime: the next candidate.
-                Err(_) => continue,
             }
         };
         // The reader's future owns the `OnExit`, so the instance is marked stopped even if the runtime
