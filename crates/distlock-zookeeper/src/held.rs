@@ -242,6 +242,19 @@ pub(crate) async fn run(watcher: Watcher, mut stop: tokio::sync::oneshot::Receiv
     let mut watches = FuturesUnordered::new();
     let mut deletes = FuturesUnordered::new();
     loop {
+        // Also seen here: a state the watcher was made after (the session ended before this task ran).
+        let state = client.state();
+        if state_is_terminal(state) {
+            held.end(&format!("the ZooKeeper {describe} ended ({state:?})"));
+        }
+        if held_ended(held) {
+            // Nothing more to watch or delete: the nodes went with the session.
+            drop(watches);
+            drop(deletes);
+            held.watching.store(0, Ordering::Relaxed);
+            let _ = stop.await;
+            return;
+        }
         let work = held.take_work(Instant::now());
         for (id, node, czxid) in work.watch {
             watches.push(watch_node(&client, held, &describe, id, node, czxid));
@@ -274,14 +287,6 @@ pub(crate) async fn run(watcher: Watcher, mut stop: tokio::sync::oneshot::Receiv
                 }
             }
             () = tokio::time::sleep_until(until) => {}
-        }
-        if held_ended(held) {
-            // Nothing more to watch or delete: the nodes went with the session.
-            drop(watches);
-            drop(deletes);
-            held.watching.store(0, Ordering::Relaxed);
-            let _ = stop.await;
-            return;
         }
     }
 }
@@ -349,5 +354,48 @@ async fn expire(config: &ZkConfig, session: Arc<Session>, node: Arc<str>) {
     tracing::debug!(%node, "lease ran out unrenewed; deleting the lock node");
     if let Err(e) = delete_node(config, &session, &node).await {
         tracing::warn!(%node, error = %e, "could not delete an expired lock node; it goes with its session");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A watch outliving its hold (released, then the same path granted again on the session: a reaped
+    /// lock path re-created restarts its sequence) reports nothing into the new hold: records are keyed
+    /// by hold, not by path.
+    #[test]
+    fn a_former_holds_report_never_reaches_the_next_hold_of_the_same_path() {
+        let held = HeldNodes::default();
+        let at = Instant::now() + Duration::from_secs(60);
+        let node: Arc<str> = "/a/_c_x-lock-0000000000".into();
+        let (first, second) = (LossReport::new(), LossReport::new());
+        let old = held.register(node.clone(), 10, at, &first);
+        held.forget(old);
+        let new = held.register(node, 20, at, &second);
+        held.report(old, "the lock node was deleted".into());
+        assert_eq!(second.reason(), None);
+        assert_eq!(first.reason(), None, "a released hold is reported nothing");
+        assert_eq!(held.records(), 1);
+        held.report(new, "the lock node was deleted".into());
+        assert!(second.reason().is_some());
+        assert_eq!(held.records(), 0);
+    }
+
+    /// A session that ended reports every hold on it, and a hold registered afterwards at once.
+    #[test]
+    fn an_ended_session_reports_every_hold_and_each_later_one() {
+        let held = HeldNodes::default();
+        let at = Instant::now() + Duration::from_secs(60);
+        let reports: Vec<LossReport> = (0..3).map(|_| LossReport::new()).collect();
+        for (i, lost) in reports.iter().enumerate() {
+            held.register(format!("/n{i}").into(), 1, at, lost);
+        }
+        held.end("the ZooKeeper session 0x1 ended (Expired)");
+        assert!(reports.iter().all(|r| r.reason().is_some()));
+        let late = LossReport::new();
+        held.register("/late".into(), 2, at, &late);
+        assert!(late.reason().is_some());
+        assert_eq!(held.records(), 0);
     }
 }
