@@ -199,11 +199,13 @@ impl HeldNodes {
     }
 
     /// Holds recorded (a test hook).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn records(&self) -> usize {
         lock(&self.state).records.len()
     }
 
     /// Watches in flight (a test hook).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn watching(&self) -> usize {
         self.watching.load(Ordering::Relaxed)
     }
