@@ -130,6 +130,12 @@ pub struct HoldMemory {
     /// Growth of what the allocator took from the system / locks (in use + kept free): of the RSS
     /// growth, the rest is memory outside malloc (thread stacks, the binary's pages).
     pub allocator_system_per_lock_bytes: Option<f64>,
+    /// Tokio tasks alive on the bench's runtime before the acquires and at the end of the hold
+    /// (`RuntimeMetrics::num_alive_tasks`): the core's, the backend's and the bench's own.
+    pub tasks_before: usize,
+    pub tasks_holding: usize,
+    /// (holding − before) / locks: tasks a held lock costs (a task per hold shows as ≥ 1).
+    pub tasks_per_lock: Option<f64>,
 }
 
 /// Batches, renewals and pipelines, as [`Counts::read`] gives them.
@@ -382,6 +388,8 @@ impl Run<'_> {
         let heap = HeapWindow::open();
         let rss_before = rss_kib();
         let allocator_before = allocator_reading();
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let tasks_before = metrics.num_alive_tasks();
         runner.step(&format!("hold: acquiring {n} locks"));
         let names: Vec<String> = (0..n)
             .map(|i| format!("distlock-bench/{}/hold/{i}", self.config.run))
@@ -426,6 +434,7 @@ impl Run<'_> {
         };
         let rss_holding = rss_kib();
         let allocator_holding = allocator_reading();
+        let tasks_holding = metrics.num_alive_tasks();
         let heap_holding = heap.as_ref().map(HeapWindow::read);
         drop(heap);
         let mut not_held = 0;
@@ -478,6 +487,7 @@ impl Run<'_> {
                 (rss_before, rss_holding),
                 heap_holding,
                 allocator_before.zip(allocator_holding),
+                (tasks_before, tasks_holding),
             ),
             not_held,
             lost,
@@ -553,6 +563,7 @@ fn hold_memory(
     (rss_before, rss_holding): (Option<u64>, Option<u64>),
     heap: Option<HeapReading>,
     allocator: Option<(AllocatorReading, AllocatorReading)>,
+    (tasks_before, tasks_holding): (usize, usize),
 ) -> HoldMemory {
     let per_lock = |total: f64| (n > 0).then(|| round2(total / n as f64));
     let per_lock_bytes = match (rss_before, rss_holding) {
@@ -583,6 +594,9 @@ fn hold_memory(
         allocator_system_per_lock_bytes: allocator.and_then(|(before, holding)| {
             per_lock(holding.system_bytes as f64 - before.system_bytes as f64)
         }),
+        tasks_before,
+        tasks_holding,
+        tasks_per_lock: per_lock(tasks_holding as f64 - tasks_before as f64),
     }
 }
 

@@ -447,6 +447,13 @@ fn render_hold(o: &mut String, h: &crate::hold::HoldSection) {
     );
     let _ = writeln!(
         o,
+        "  tokio tasks: {} before, {} holding = {} per held lock",
+        m.tasks_before,
+        m.tasks_holding,
+        opt(m.tasks_per_lock)
+    );
+    let _ = writeln!(
+        o,
         "  not Held at the end: {} (lost {}){}",
         h.not_held,
         h.lost,

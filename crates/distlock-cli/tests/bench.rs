@@ -985,6 +985,9 @@ fn hold_memory_fields(v: &Value, at: &str) {
             ("allocator_in_use_per_lock_bytes", OptNum),
             ("allocator_free_per_lock_bytes", OptNum),
             ("allocator_system_per_lock_bytes", OptNum),
+            ("tasks_before", Num),
+            ("tasks_holding", Num),
+            ("tasks_per_lock", OptNum),
         ],
     );
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::raw::{AcquireRequest, Attempt, Grant};
+use distlock_core::raw::{AcquireRequest, Attempt, Grant, LossReport};
 use distlock_core::FencingToken;
 use zookeeper_client as zk;
 
@@ -146,9 +146,10 @@ impl ZkBackend {
         let ttl = session
             .leader_ttl(request.lease.min(session.timeout), started)
             .ok_or_else(|| lease::unproven_touch(session))?;
-        let held = ZkLease::new(session.clone(), node.clone(), acq.czxid, ttl);
-        held.arm_expiry(self.sessions().config().clone());
-        let loss = lease::loss_signal(session.clone(), node, acq.czxid);
+        // The session's task watches the node from now on and reports a loss here (`held.rs`).
+        let lost = LossReport::new();
+        let held = ZkLease::new(session.clone(), node.into(), acq.czxid, ttl, &lost);
+        let loss = lost.signal();
         // czxid is positive (zxids start above 0); a negative one would be a server bug.
         let token = FencingToken::new(u64::try_from(acq.czxid).unwrap_or(0));
         Ok(Grant::new(held)

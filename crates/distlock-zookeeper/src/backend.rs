@@ -82,6 +82,22 @@ impl ZkBackend {
         LockOptions::default().with_lease(self.default_lease())
     }
 
+    /// Over the backend's live sessions: the holds recorded for their sessions' tasks, and the
+    /// node watches those tasks have in flight. A test hook.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn held_nodes(&self) -> (usize, usize) {
+        self.sessions.held_counts()
+    }
+
+    /// The id and password of the live session whose negotiated timeout is `timeout`. A test hook (a
+    /// test takes the session over and closes it).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn session_info(&self, timeout: Duration) -> Option<zk::SessionInfo> {
+        self.sessions.session_info(timeout)
+    }
+
     async fn inspect_zk(&self, name: &str) -> std::result::Result<LockInfo, ZkError> {
         let path = layout::lock_path(name).map_err(ZkError::Config)?;
         let session = self.sessions.any().await?;

@@ -1,87 +1,71 @@
 //! Held locks: the lease record, renewals (per session: one `sync`, which the leader answers, and an
-//! `exists` of each own node, pipelined in one round trip), the loss signal (a watch on the own node and
-//! the session's state), the client-side expiry of a lock whose renewals stopped (`max_hold`), and
-//! release (delete of the own node only, idempotent).
+//! `exists` of each own node, pipelined in one round trip), the record of each hold on its session
+//! (whose task watches the own node and the session's state, and runs the client-side expiry of a lock
+//! whose renewals stopped, `max_hold`: `held.rs`), and release (delete of the own node only,
+//! idempotent).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_core::raw::{LossSignal, Released, Renewal, RenewalId, Renewed};
+use distlock_core::raw::{LossReport, Released, Renewal, RenewalId, Renewed};
 use zookeeper_client as zk;
 
 use crate::cleanup::{self, Leftover};
 use crate::config::ZkConfig;
 use crate::error::{session_gone, ZkError, BACKEND};
 use crate::request::retried;
-use crate::session::{lock, state_is_terminal, Session};
+use crate::session::Session;
 
-/// A held lock: its node, czxid (the token) and session, and when its lease runs out unrenewed.
+/// A held lock: its node, czxid (the token) and session, and its record among the session's held
+/// nodes (`held.rs`: the watch that reports its loss, the `max_hold` timer that deletes the node once
+/// its lease runs out unrenewed).
 #[derive(Debug)]
 pub struct ZkLease {
     pub(crate) session: Arc<Session>,
-    /// The own node's full path.
-    pub(crate) node: String,
+    /// The own node's full path (shared with its record).
+    pub(crate) node: Arc<str>,
     pub(crate) czxid: i64,
-    /// When the lease runs out unless renewed (the expiry timer deletes the node then).
-    expires: Arc<Mutex<Instant>>,
-    timer: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Its record's id in `session.held`.
+    record: u64,
 }
 
 impl ZkLease {
-    pub(crate) fn new(session: Arc<Session>, node: String, czxid: i64, ttl: Duration) -> Self {
+    /// A granted hold, recorded on its session: its node is watched from now on (losses go to `lost`)
+    /// and deleted if its lease runs out unrenewed (`ttl` from now, pushed on by renewals): the
+    /// watchdog stops renewing at `max_hold`, but the session keeps itself alive with pings, so
+    /// without it the node would outlive the hold.
+    pub(crate) fn new(
+        session: Arc<Session>,
+        node: Arc<str>,
+        czxid: i64,
+        ttl: Duration,
+        lost: &LossReport,
+    ) -> Self {
+        let record = session
+            .held
+            .register(node.clone(), czxid, Instant::now() + ttl, lost);
         Self {
             session,
             node,
             czxid,
-            expires: Arc::new(Mutex::new(Instant::now() + ttl)),
-            timer: Mutex::new(None),
+            record,
         }
     }
 
-    /// Starts the timer that deletes the node once the lease runs out unrenewed: the watchdog stops
-    /// renewing at `max_hold`, but the session keeps itself alive with pings, so without it the node
-    /// would outlive the hold.
-    pub(crate) fn arm_expiry(&self, config: ZkConfig) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let expires = self.expires.clone();
-        let session = self.session.clone();
-        let node = self.node.clone();
-        let task = runtime.spawn(async move {
-            loop {
-                let at = *lock(&expires);
-                tokio::time::sleep_until(at.into()).await;
-                if Instant::now() >= *lock(&expires) {
-                    break;
-                }
-            }
-            tracing::debug!(%node, "lease ran out unrenewed; deleting the lock node");
-            if let Err(e) = delete_node(&config, &session, &node).await {
-                tracing::warn!(%node, error = %e, "could not delete an expired lock node; it goes with its session");
-            }
-        });
-        *lock(&self.timer) = Some(task.abort_handle());
-    }
-
-    fn stop_expiry(&self) {
-        if let Some(timer) = lock(&self.timer).take() {
-            timer.abort();
-        }
+    /// Forgets the record: nothing is reported for this hold any more, its timer is gone.
+    fn forget(&self) {
+        self.session.held.forget(self.record);
     }
 
     fn extend_to(&self, at: Instant) {
-        let mut expires = lock(&self.expires);
-        if at > *expires {
-            *expires = at;
-        }
+        self.session.held.extend(self.record, at);
     }
 }
 
 impl Drop for ZkLease {
     fn drop(&mut self) {
-        self.stop_expiry();
+        self.forget();
     }
 }
 
@@ -120,10 +104,10 @@ pub(crate) async fn delete_node(
 }
 
 /// Releases a held lock: deletes the own node (its path is unique to this acquire).
+/// The hold is forgotten first (its watch would see the release's own delete).
 pub(crate) async fn release(config: &ZkConfig, held: &ZkLease) -> Result<Released, ZkError> {
-    let released = delete_node(config, &held.session, &held.node).await?;
-    held.stop_expiry();
-    Ok(released)
+    held.forget();
+    delete_node(config, &held.session, &held.node).await
 }
 
 /// Renews a batch: per session, a `sync` (served through the leader, so a follower cut off from the
@@ -282,40 +266,4 @@ fn unconfirmed(
             (e.id, Err(err))
         })
         .collect()
-}
-
-/// Resolves when the own node is deleted or replaced, or the session ends for good. Stays pending
-/// while the client merely reconnects (the core's deadline covers a session that may have expired).
-pub(crate) fn loss_signal(session: Arc<Session>, node: String, czxid: i64) -> LossSignal {
-    // The watch is set at once: an operator's delete right after the grant must be Lost before the
-    // next waiter can be granted (a delayed watch saved a request per short hold but left that window).
-    LossSignal::from_future(async move {
-        let mut backoff =
-            distlock_core::retry::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-        loop {
-            match session.client.check_and_watch_stat(&node).await {
-                Ok((None, _)) => return format!("the lock node {node} was deleted"),
-                Ok((Some(stat), _)) if stat.czxid != czxid => {
-                    return format!("the lock node {node} was replaced by another")
-                }
-                Ok((Some(_), watcher)) => {
-                    backoff.reset();
-                    let event = watcher.changed().await;
-                    match event.event_type {
-                        zk::EventType::NodeDeleted => {
-                            return format!("the lock node {node} was deleted (by an operator, or with its session)")
-                        }
-                        zk::EventType::Session if state_is_terminal(event.session_state) => {
-                            return format!("the ZooKeeper {} ended ({:?})", session.describe(), event.session_state)
-                        }
-                        _ => {}
-                    }
-                }
-                Err(e) if session_gone(&e) => {
-                    return format!("the ZooKeeper {} ended ({e})", session.describe())
-                }
-                Err(_) => tokio::time::sleep(backoff.next_delay()).await,
-            }
-        }
-    })
 }

@@ -25,6 +25,7 @@ mod backend;
 mod cleanup;
 mod config;
 mod error;
+mod held;
 pub mod layout;
 mod lease;
 mod request;

@@ -22,6 +22,7 @@ use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
 use crate::error::ZkError;
+use crate::held::{self, HeldNodes};
 
 /// One ZooKeeper session.
 #[derive(Debug)]
@@ -31,8 +32,11 @@ pub(crate) struct Session {
     /// there and died with it, so the session answers nothing any more (its nodes go when the server
     /// expires it).
     runtime_alive: Arc<AtomicBool>,
-    /// Dropped with the session: ends the sentinel task.
+    /// Dropped with the session: ends its task (the runtime sentinel, which also watches the held
+    /// nodes: `held.rs`).
     _sentinel: tokio::sync::oneshot::Sender<()>,
+    /// The session's held nodes, watched by its task.
+    pub(crate) held: Arc<HeldNodes>,
     /// The timeout the server negotiated.
     pub(crate) timeout: Duration,
     /// Deletes that got no answer, finished once the session is connected again (`cleanup`).
@@ -234,6 +238,26 @@ impl Sessions {
         &self.config
     }
 
+    /// Over the live sessions: holds recorded, and their task's watches in flight (a test hook).
+    #[cfg(feature = "testing")]
+    pub(crate) fn held_counts(&self) -> (usize, usize) {
+        lock(&self.live)
+            .iter()
+            .fold((0, 0), |(records, watching), s| {
+                (records + s.held.records(), watching + s.held.watching())
+            })
+    }
+
+    /// The id and password of the live session with `timeout` (a test hook: a test takes the session
+    /// over and closes it, as the server expiring it would end it).
+    #[cfg(feature = "testing")]
+    pub(crate) fn session_info(&self, timeout: Duration) -> Option<zk::SessionInfo> {
+        lock(&self.live)
+            .iter()
+            .find(|s| s.timeout == timeout && !s.is_gone())
+            .map(|s| s.client.session().clone())
+    }
+
     /// The negotiated timeout of the default session.
     pub(crate) fn default_timeout(&self) -> Duration {
         *lock(&self.default_timeout)
@@ -342,7 +366,10 @@ impl Sessions {
             Some(chroot) => self.enter_chroot(client, chroot).await?,
         };
         let timeout_negotiated = client.session_timeout();
-        let (runtime_alive, sentinel) = runtime_sentinel();
+        let (runtime_alive, guard) = runtime_flag();
+        let (sentinel, stopped) = tokio::sync::oneshot::channel::<()>();
+        let held = Arc::new(HeldNodes::default());
+        let watch_client = client.clone();
         tracing::debug!(
             session = client.session_id().0,
             asked = ?timeout,
@@ -356,10 +383,23 @@ impl Sessions {
             client,
             runtime_alive,
             _sentinel: sentinel,
+            held: held.clone(),
             timeout: timeout_negotiated,
             cleanup: Mutex::default(),
             leader_touch: Mutex::new(LeaderTouch::new(sent_at)),
             touch_report_lag: touch_report_lag(tick_time),
+        });
+        let watcher = held::Watcher {
+            held,
+            client: watch_client,
+            session: Arc::downgrade(&session),
+            config: self.config.clone(),
+            describe: session.describe(),
+        };
+        tokio::spawn(async move {
+            // Cleared when the runtime drops this task.
+            let _guard = guard;
+            held::run(watcher, stopped).await;
         });
         spawn_touch_keeper(Arc::downgrade(&session), &self.config);
         Ok(session)
@@ -435,24 +475,22 @@ pub(crate) fn keeper_period(timeout: Duration) -> Duration {
     (timeout / 6).max(Duration::from_millis(10))
 }
 
-/// A flag that turns false when the current tokio runtime is dropped: a task on it holds a guard that
-/// clears the flag when the runtime drops the task. The task ends when the returned sender is dropped
-/// (with its session).
-fn runtime_sentinel() -> (Arc<AtomicBool>, tokio::sync::oneshot::Sender<()>) {
-    struct ClearOnDrop(Arc<AtomicBool>);
-    impl Drop for ClearOnDrop {
-        fn drop(&mut self) {
-            self.0.store(false, Ordering::Release);
-        }
-    }
+/// A flag that turns false when the current tokio runtime is dropped: the session's task holds the
+/// guard, which clears the flag when the runtime drops the task. The task ends when the session's
+/// sender is dropped (with the session).
+fn runtime_flag() -> (Arc<AtomicBool>, ClearOnDrop) {
     let flag = Arc::new(AtomicBool::new(true));
     let guard = ClearOnDrop(flag.clone());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _guard = guard;
-        let _ = stopped.await;
-    });
-    (flag, stop)
+    (flag, guard)
+}
+
+/// Clears its flag when dropped.
+struct ClearOnDrop(Arc<AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// ZooKeeper session timeouts are whole milliseconds.
