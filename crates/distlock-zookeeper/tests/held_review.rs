@@ -17,6 +17,11 @@ use distlock_testkit::zookeeper::ZkServer;
 /// set its watch, no sleep in between), while another client waits behind it: the holder must be
 /// `Lost` by the time the next holder is granted. All three clients' sessions share one current-thread
 /// runtime with the test, so the session tasks compete with the test for the thread.
+///
+/// Review finding (low; an older gap): fails on h-zk and on main alike, in a few percent of rounds
+/// (h-zk 10/120, main 4/120 in one sample): A is still `Held` when B's task sees its grant, and turns
+/// `Lost` some microseconds later (its report was queued behind B's task on the runtime). Across two
+/// sessions ZooKeeper orders nothing, so this is a scheduling race, not a missed report.
 #[tokio::test(flavor = "current_thread")]
 async fn review_operator_delete_right_after_grant_is_lost_before_the_next_grant() {
     let server = ZkServer::start_or_panic();
@@ -28,7 +33,7 @@ async fn review_operator_delete_right_after_grant_is_lost_before_the_next_grant(
         locks_at(&server.url()).await,
     );
     let mut held_at_next_grant = Vec::new();
-    for round in 0..20 {
+    for round in 0..50 {
         let lock_name = name("delete_after_grant");
         let first = locks_c.lock(&lock_name).unwrap().acquire().await.unwrap();
         let a_node: Arc<Mutex<Option<String>>> = Arc::default();
@@ -73,7 +78,7 @@ async fn review_operator_delete_right_after_grant_is_lost_before_the_next_grant(
     }
     assert!(
         held_at_next_grant.is_empty(),
-        "A's node deleted right after A's grant: A not yet Lost when B was granted in {} of 20 rounds: {held_at_next_grant:?}",
+        "A's node deleted right after A's grant: A not yet Lost when B was granted in {} of 50 rounds: {held_at_next_grant:?}",
         held_at_next_grant.len()
     );
 }
@@ -128,6 +133,9 @@ async fn review_max_hold_deletes_every_node_of_many_holds() {
 /// current-thread runtime) on a session that lives on another, long-lived runtime: once the acquiring
 /// runtime is dropped, the nodes must still be deleted at `max_hold` (the session keeps pinging, so
 /// the node would outlive the hold and block every other client while the guard lives).
+///
+/// Passes on h-zk (the session's task runs the timers); fails on main (the `max_hold` timer task was
+/// spawned on the acquiring runtime and died with it: 5 nodes still there 3 s after `max_hold`).
 #[test]
 fn review_max_hold_enforced_after_the_acquiring_runtime_is_dropped() {
     let server = ZkServer::start_or_panic();
@@ -211,6 +219,12 @@ fn review_max_hold_enforced_after_the_acquiring_runtime_is_dropped() {
 /// Holds whose session lived on a runtime that was then dropped (a `Locks` used from several
 /// runtimes): the session's I/O and its task are gone, the lock cannot be renewed any more; the guard
 /// must turn `Lost` promptly (by the next renewal at the latest), with no panic.
+///
+/// Passes on h-zk. Fails on main: the core's LossWatch, moved to the background runtime when the
+/// runtime dropped, polls the ZooKeeper loss future, whose one-shot watch receiver panics (its sender
+/// died with the client's I/O task, zookeeper-client's `receiver.await.unwrap()`); the restarted
+/// watch re-polls the panicked future and panics again, in a loop: tens of thousands of panics a
+/// second for as long as the hold is watched.
 #[test]
 fn review_holds_of_a_session_whose_runtime_was_dropped_turn_lost() {
     // Panics on distlock's background runtime (a loss watch moved there polling a dead client).
@@ -301,4 +315,103 @@ async fn review_fault_delete_while_reconnecting_is_lost_on_reconnect() {
     eprintln!("lost {:?} after the reconnect: {:?}", restored.elapsed(), guard.loss_reason());
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_ne!(other.state(), LockState::Lost, "{:?}", other.loss_reason());
+}
+
+/// This process's CPU time (user + system), from /proc/self/stat.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// Idle holds cost no CPU: with many holds on two sessions, some of them past their `max_hold` (node
+/// deleted, guard alive and Lost), the process does not spin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_idle_holds_do_not_spin() {
+    let server = ZkServer::start_or_panic();
+    let locks = locks_at(&server.url()).await;
+    let base = name("idle");
+    let mut guards = Vec::new();
+    for i in 0..30 {
+        guards.push(locks.lock(&format!("{base}/d{i}")).unwrap().acquire().await.unwrap());
+    }
+    for i in 0..5 {
+        guards.push(
+            locks
+                .lock(&format!("{base}/m{i}"))
+                .unwrap()
+                .options()
+                .lease(Duration::from_secs(2))
+                .max_hold(Duration::from_secs(2))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = cpu_time();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let used = cpu_time() - before;
+    assert!(used < Duration::from_millis(300), "{used:?} of CPU in 3 s idle");
+    for g in &guards[..30] {
+        assert_eq!(g.state(), LockState::Held);
+    }
+    for g in &guards[30..] {
+        assert_eq!(g.state(), LockState::Lost);
+    }
+}
+
+/// Many holds granted at once on a session made by the first of them (its task not yet run when the
+/// first holds register), every node deleted right after the grants: each hold is `Lost` within a
+/// bound, none stays `Held`, and no record is left.
+#[tokio::test(flavor = "current_thread")]
+async fn review_burst_of_holds_on_a_new_session_all_deleted_all_lost() {
+    let server = ZkServer::start_or_panic();
+    let raw = raw_client(&server.addr().to_string()).await;
+    let url = distlock_core::url::LockUrl::parse(&server.url()).unwrap();
+    let backend = distlock_zookeeper::ZkBackend::connect(&url).await.unwrap();
+    let locks = Arc::new(Locks::with_defaults(backend.clone(), backend.default_options()));
+    let base = name("burst");
+    let names: Vec<String> = (0..40).map(|i| format!("{base}/{i}")).collect();
+    let tasks: Vec<_> = names
+        .iter()
+        .map(|n| {
+            let (locks, n) = (locks.clone(), n.clone());
+            tokio::spawn(async move {
+                locks
+                    .lock(&n)
+                    .unwrap()
+                    .options()
+                    .lease(Duration::from_secs(7))
+                    .acquire()
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for t in tasks {
+        guards.push(t.await.unwrap());
+    }
+    let deletes: Vec<_> = names
+        .iter()
+        .map(|n| {
+            let (raw, n) = (raw.clone(), n.clone());
+            tokio::spawn(async move {
+                let node = children(&raw, &n).await.remove(0);
+                raw.delete(&format!("/{n}/{node}"), None).await.unwrap();
+            })
+        })
+        .collect();
+    for d in deletes {
+        d.await.unwrap();
+    }
+    let deleted = Instant::now();
+    for (n, g) in names.iter().zip(&guards) {
+        tokio::time::timeout(Duration::from_secs(2).saturating_sub(deleted.elapsed()), g.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{n}: still {:?} {:?} after the delete", g.state(), deleted.elapsed()));
+    }
+    assert_eq!(backend.held_nodes().0, 0, "records left");
 }
