@@ -5,7 +5,7 @@
 //! its reply may still arrive and be taken for the next request's. So a connection whose request timed
 //! out or failed with an I/O error is dropped, and the next request makes a new one.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -314,32 +314,15 @@ impl Target {
 /// runtime holds the receiving end, and is dropped with its runtime. A connection from a runtime that
 /// is gone cannot send anything (its driver is gone with it), so it is replaced before use rather than
 /// found broken by a request (which would then count as sent and be retried).
-///
-/// The same task keeps the link's [`Anchor`] timer armed on that runtime while requests go out.
 struct RuntimeProbe(tokio::sync::oneshot::Sender<()>);
 
 impl RuntimeProbe {
-    /// A probe on the current runtime, whose task anchors `anchor` there.
-    fn here(anchor: Arc<Anchor>) -> Self {
-        let (alive, mut watched) = tokio::sync::oneshot::channel::<()>();
+    /// A probe on the current runtime.
+    fn here() -> Self {
+        let (alive, watched) = tokio::sync::oneshot::channel::<()>();
         // Ends when the probe is dropped (the sender goes), or with its runtime.
         tokio::spawn(async move {
-            anchor.idle.store(false, Ordering::SeqCst);
-            loop {
-                tokio::select! {
-                    _ = &mut watched => return,
-                    () = tokio::time::sleep(anchor.period) => {}
-                }
-                if anchor.used.swap(false, Ordering::SeqCst) {
-                    continue;
-                }
-                // No request for a whole period: stop ticking until the next one.
-                anchor.idle.store(true, Ordering::SeqCst);
-                tokio::select! {
-                    _ = &mut watched => return,
-                    () = anchor.resume.notified() => {}
-                }
-            }
+            let _ = watched.await;
         });
         Self(alive)
     }
@@ -348,48 +331,6 @@ impl RuntimeProbe {
         self.0.is_closed()
     }
 }
-
-/// A timer kept armed on the connection's runtime while requests go out, due sooner than any request's
-/// bound (half the request timeout), re-armed each time it fires, and stopped after a period with no
-/// request. Why (issue 9, the handoff's profile): every request is bounded by a tokio timer
-/// ([`Link::run`]), and tokio's time driver is woken (an eventfd write, and a parked worker woken for
-/// nothing) whenever a timer is registered that is due before every timer it knew of when it parked.
-/// After an idle spell (the contended workload's holds: every handoff) the request's bound was that
-/// timer, so each request woke a parked worker, on the handoff's critical path. With an earlier timer
-/// always in the wheel, registering the request's bound wakes nobody. The cost: one timer expiry per
-/// half request timeout (2.5 s by default) while the link is in use; after a period with no request
-/// the next one wakes the task once.
-pub(crate) struct Anchor {
-    period: Duration,
-    /// A request went out since the timer last fired.
-    used: AtomicBool,
-    /// The task waits for [`resume`](Self::resume) instead of ticking.
-    idle: AtomicBool,
-    resume: tokio::sync::Notify,
-}
-
-impl Anchor {
-    fn new(request_timeout: Duration) -> Self {
-        Self {
-            period: (request_timeout / 2).max(ANCHOR_MIN_PERIOD),
-            used: AtomicBool::new(false),
-            idle: AtomicBool::new(false),
-            resume: tokio::sync::Notify::new(),
-        }
-    }
-
-    /// A request goes out: keep ticking, or start again. (A request racing with the task going idle
-    /// may not resume it; the next one does.)
-    fn touch(&self) {
-        self.used.store(true, Ordering::SeqCst);
-        if self.idle.load(Ordering::SeqCst) && self.idle.swap(false, Ordering::SeqCst) {
-            self.resume.notify_one();
-        }
-    }
-}
-
-/// The anchor does not tick faster than this (tests with very short request timeouts).
-const ANCHOR_MIN_PERIOD: Duration = Duration::from_millis(100);
 
 /// How often [`Link::run`] follows a Cluster redirect on a link whose client does not (`MOVED`,
 /// `ASK`): after 5–10 ms (the client refreshes its slot map meanwhile), at most 3 times, whatever
@@ -419,8 +360,6 @@ pub(crate) struct Link {
     /// a request whose node connection failed, out of [`Link::run`]'s sight: a release resent
     /// that way cannot be told from one that found nothing (`Sent::resent` stays false).
     resends: bool,
-    /// Made with the first connection (it needs the request timeout).
-    anchor: std::sync::OnceLock<Arc<Anchor>>,
 }
 
 impl Link {
@@ -430,7 +369,6 @@ impl Link {
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
             resends: true,
-            anchor: std::sync::OnceLock::new(),
         }
     }
 
@@ -469,19 +407,12 @@ impl Link {
             return Ok(c);
         }
         let conn = target.connect(self.resends).await?;
-        let anchor = self
-            .anchor
-            .get_or_init(|| Arc::new(Anchor::new(target.config().connection.request_timeout)))
-            .clone();
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         *self
             .current
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((
-            generation,
-            conn.clone(),
-            Arc::new(RuntimeProbe::here(anchor)),
-        ));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((generation, conn.clone(), Arc::new(RuntimeProbe::here())));
         Ok((generation, conn))
     }
 
@@ -564,9 +495,6 @@ impl Link {
         Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
     {
         let (generation, conn) = self.get(target).await?;
-        if let Some(anchor) = self.anchor.get() {
-            anchor.touch();
-        }
         sent.conn = Some(conn.clone());
         let mut in_flight = InFlight {
             link: self,
@@ -614,38 +542,5 @@ impl Drop for InFlight<'_> {
             );
             self.link.invalidate(generation);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Polls `idle` until it is set, for at most 5 s.
-    async fn goes_idle(anchor: &Anchor) -> bool {
-        for _ in 0..100 {
-            if anchor.idle.load(Ordering::SeqCst) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
-    }
-
-    /// The anchor stops ticking after a period with no request, and a request starts it again (it
-    /// ticks, so it goes idle again after another quiet period).
-    #[tokio::test]
-    async fn the_anchor_stops_when_idle_and_a_request_resumes_it() {
-        let anchor = Arc::new(Anchor::new(Duration::from_millis(200)));
-        let probe = RuntimeProbe::here(anchor.clone());
-        anchor.touch();
-        assert!(goes_idle(&anchor).await, "no request: the anchor stops");
-        anchor.touch();
-        assert!(!anchor.idle.load(Ordering::SeqCst));
-        assert!(
-            goes_idle(&anchor).await,
-            "the request resumed the anchor, which stops again after a quiet period"
-        );
-        drop(probe);
     }
 }
