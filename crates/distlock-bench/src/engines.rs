@@ -252,6 +252,36 @@ impl Cycler for RedisPing {
     }
 }
 
+/// The harness's own floor in (c) on Redis: an in-process FIFO lock (tokio's `Mutex`) whose release
+/// costs exactly one `PING` round trip on a shared redis-rs connection before it unlocks, waking the
+/// next task. The same harness, hold and thread hops as distlock's contended run, with one round trip
+/// per handoff and no lock logic: what distlock's handoff (one request) could at best cost here.
+#[derive(Debug)]
+pub struct RedisPingMutex {
+    pub conn: redis::aio::MultiplexedConnection,
+    pub lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Cycler for RedisPingMutex {
+    type Held = tokio::sync::OwnedMutexGuard<()>;
+
+    async fn acquire(&self, wait: Duration) -> Result<Option<Self::Held>, Error> {
+        Ok(tokio::time::timeout(wait, self.lock.clone().lock_owned())
+            .await
+            .ok())
+    }
+
+    async fn release(&self, held: Self::Held) -> Result<(), Error> {
+        let mut conn = self.conn.clone();
+        let _: String = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_failure)?;
+        drop(held);
+        Ok(())
+    }
+}
+
 /// The compare-and-delete of the bare loop: delete the key only if it still holds our token.
 const COMPARE_AND_DELETE: &str = r"
 if redis.call('get', KEYS[1]) == ARGV[1] then

@@ -275,7 +275,7 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
 fn count_steps(config: &Config, with_distlock: bool) -> usize {
     let d = usize::from(with_distlock);
     let (mut rtt, mut a, mut b, mut c) = match config.engine {
-        Engine::Redis(_) => (1, 3, 5, 1),
+        Engine::Redis(_) => (1, 3, 5, 2),
         Engine::Redlock(_) => (1, 1, 1, 1),
         Engine::Etcd { .. } => (2, 1, 1, 1),
         Engine::ZooKeeper { .. } => (3, 0, 0, 0),

@@ -9,7 +9,7 @@ use distlock_etcd::rpc::Client as EtcdClient;
 use crate::cpu::ServerCpu;
 use crate::engines::{
     etcd_connect, etcd_revoke, Distlock, Engine, EtcdLockRpc, EtcdPut, EtcdRange, FlockFloor,
-    RedisBare, RedisPing, RedisServer,
+    RedisBare, RedisPing, RedisPingMutex, RedisServer,
 };
 use crate::harness::{run_contended, run_cycles, Plan};
 use crate::redlock::{rslock_uris, RedlockPing, Rslock};
@@ -462,6 +462,22 @@ impl Run<'_> {
                 self.round_trip,
             ));
         }
+        if let Baseline::Redis { conn, .. } = self.baseline {
+            runner.step("(c) floor: in-process mutex, release = one PING, contended");
+            let lock = std::sync::Arc::new(tokio::sync::Mutex::new(()));
+            let clients = (0..n)
+                .map(|_| RedisPingMutex {
+                    conn: conn.clone(),
+                    lock: lock.clone(),
+                })
+                .collect();
+            let result = run_contended(clients, hold, d).await?;
+            baselines.push(ContendedFigures::new(
+                PING_MUTEX_FLOOR,
+                &result,
+                self.round_trip,
+            ));
+        }
         if let (Baseline::Redis { .. }, true) = (self.baseline, self.more_baselines()) {
             baselines.push(self.redis_rslock_contended(runner).await?);
         }
@@ -556,6 +572,12 @@ pub(crate) const RSLOCK_SINGLE: &str = "rslock (same server)";
 /// rslock in (b): every task on one `LockManager` (one multiplexed connection), the peer of one
 /// shared `Locks`.
 pub(crate) const RSLOCK_SHARED_MANAGER: &str = "rslock, one shared LockManager";
+/// The harness's floor in (c) on Redis ([`RedisPingMutex`]): the same tasks, hold and handoff
+/// measurement with an in-process FIFO lock whose release is one `PING` on the shared connection,
+/// then the unlock. distlock's handoff is one request too, so its (c) figures beside this row say how
+/// much of the handoff is the harness and the scheduler, and how much distlock's.
+pub(crate) const PING_MUTEX_FLOOR: &str =
+    "floor: in-process tokio Mutex, release = one PING then unlock, one shared connection";
 /// rslock in (c): one `LockManager` (so one connection) per task.
 pub(crate) const RSLOCK_CONTENDED: &str = "rslock, one LockManager per task";
 

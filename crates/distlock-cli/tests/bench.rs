@@ -687,7 +687,15 @@ fn redis_report_has_ratios_and_the_bare_loop() {
     assert!(labels("uncontended").iter().any(|l| l.contains("rslock")));
     assert_eq!(labels("many").len(), 5, "{:?}", labels("many"));
     assert!(labels("many").iter().any(|l| l == SAME_SCRIPTS_SHARED));
-    assert_eq!(labels("contended").len(), 1, "{:?}", labels("contended"));
+    // (c): the harness's floor (an in-process mutex whose release is one PING), then rslock.
+    assert_eq!(labels("contended").len(), 2, "{:?}", labels("contended"));
+    assert_eq!(labels("contended")[0], PING_MUTEX_FLOOR);
+    assert!(labels("contended")[1].contains("rslock"));
+    let floor = &r["contended"]["baselines"][0];
+    assert!(
+        num(&floor["in_round_trips"], "to_other_p50") > 0.0,
+        "{floor}"
+    );
     check_server_cpu(&r, "redis INFO cpu");
     check_target_rows(
         &r,
@@ -708,6 +716,10 @@ fn redis_report_has_ratios_and_the_bare_loop() {
         assert!(targets.iter().any(|t| t.contains(peer)), "{targets:?}");
     }
 }
+
+/// The label of the Redis (c) floor (`measure::PING_MUTEX_FLOOR`).
+const PING_MUTEX_FLOOR: &str =
+    "floor: in-process tokio Mutex, release = one PING then unlock, one shared connection";
 
 /// The label of the Redis same-scripts loop on one shared connection (`measure::SAME_SCRIPTS_SHARED`).
 const SAME_SCRIPTS_SHARED: &str = "same scripts as distlock (EVALSHA), one shared connection";
