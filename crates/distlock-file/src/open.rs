@@ -199,11 +199,23 @@ impl Identity {
     }
 }
 
+/// The first read's buffer: a whole record, usually.
+const FIRST_READ_BYTES: usize = 512;
+
 pub(crate) fn read_content(file: impl AsFd, path: &Path) -> Result<Vec<u8>, FileError> {
     // Read into spare capacity, not a zeroed buffer: zeroing 4 KiB twice a cycle (the acquire's read
-    // and the release's) was a fifth of the cycle's user-space instructions (issue 9).
-    let mut buf = Vec::with_capacity(MAX_RECORD_BYTES + 1);
-    while buf.len() < buf.capacity() {
+    // and the release's) was a fifth of the cycle's user-space instructions (issue 9). A small buffer
+    // first, grown to the limit only for a record that fills it: a 4 KiB block per acquire, hundreds in
+    // flight at once, left holes the allocator kept between held locks' blocks (issue 9's resident
+    // memory per held lock). A record is ~0.2 KiB, so it is still one `pread`.
+    let mut buf = Vec::with_capacity(FIRST_READ_BYTES.min(MAX_RECORD_BYTES + 1));
+    loop {
+        if buf.len() == buf.capacity() {
+            if buf.len() > MAX_RECORD_BYTES {
+                break;
+            }
+            buf.reserve_exact(MAX_RECORD_BYTES + 1 - buf.len());
+        }
         let offset = buf.len() as u64;
         match rustix::io::pread(&file, rustix::buffer::spare_capacity(&mut buf), offset) {
             Ok(0) => break,
