@@ -282,3 +282,37 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), FileError> {
         .and_then(|d| d.sync_all())
         .map_err(|e| FileError::io("sync the lock directory", dir, e))
 }
+
+#[cfg(test)]
+mod read_tests {
+    use super::*;
+
+    /// A record longer than the first read's buffer is read whole (the buffer grows), one at the limit
+    /// too, and one past the limit is refused as before.
+    #[test]
+    fn read_content_reads_past_the_first_buffer_up_to_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [
+            0,
+            1,
+            FIRST_READ_BYTES - 1,
+            FIRST_READ_BYTES,
+            FIRST_READ_BYTES + 1,
+            3 * FIRST_READ_BYTES,
+            MAX_RECORD_BYTES,
+        ] {
+            let path = dir.path().join(format!("r{len}"));
+            let content: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            std::fs::write(&path, &content).unwrap();
+            let file = File::open(&path).unwrap();
+            assert_eq!(read_content(&file, &path).unwrap(), content, "{len} bytes");
+        }
+        let path = dir.path().join("too-long");
+        std::fs::write(&path, vec![b'x'; MAX_RECORD_BYTES + 1]).unwrap();
+        let file = File::open(&path).unwrap();
+        assert!(matches!(
+            read_content(&file, &path),
+            Err(FileError::Corrupt { .. })
+        ));
+    }
+}
