@@ -96,12 +96,23 @@ pub(crate) struct Holding {
     /// The owner's `releasing` lock, taken when the gate is passed on before the release's reply (see
     /// [`pass_gate_on_early`](Self::pass_gate_on_early)), until that reply.
     releasing: Mutex<Option<OwnedMutexGuard<()>>>,
+    /// The wake-ups of the hold's waiters, made by the first waiter (an `extend` waiting for its turn,
+    /// `lost()`, `jeopardy()`): most holds have none, and two `Notify`s are 64 bytes (issue 9's memory
+    /// per held lock). Only `notify_waiters` is used on them, which stores no permit, so one not yet made
+    /// has no one to wake: a waiter arms its `notified()` before it reads the status, under the lock the
+    /// waker changed it under.
+    wakeups: std::sync::OnceLock<Box<Wakeups>>,
+    /// Set once at install when the backend has one (the file backend's `flock`ed descriptor).
+    pub(crate) descriptor: std::sync::OnceLock<Arc<std::os::fd::OwnedFd>>,
+}
+
+/// See [`Holding::wakeups`].
+#[derive(Default)]
+struct Wakeups {
     /// Woken when a renewal ends, for an `extend` waiting for its turn.
     renewal_done: Notify,
     /// Woken when the deadline moves, so `lost()` re-arms its timer.
     deadline_moved: Notify,
-    /// Set once at install when the backend has one (the file backend's `flock`ed descriptor).
-    pub(crate) descriptor: std::sync::OnceLock<Arc<std::os::fd::OwnedFd>>,
 }
 
 /// A hold whose renewal is due within this share of its period needs one now: the watchdog sends a
@@ -124,7 +135,8 @@ struct Status {
     /// A third of the last grant (at most of the lease): the renewal period.
     period: Duration,
     jeopardy: bool,
-    lost: Option<String>,
+    /// The reason, boxed to its length (a `String`'s capacity word less per hold).
+    lost: Option<Box<str>>,
     released: bool,
     next_renew_at: Option<Instant>,
     /// A renewal (the watchdog's or an `extend`) is in flight: at most one per hold.
@@ -172,10 +184,28 @@ impl Holding {
             state_tx: std::sync::OnceLock::new(),
             gate: Mutex::new(gate),
             releasing: Mutex::new(None),
-            renewal_done: Notify::new(),
-            deadline_moved: Notify::new(),
+            wakeups: std::sync::OnceLock::new(),
             descriptor: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The wake-ups, made now if no waiter has made them (for a waiter).
+    fn wakeups(&self) -> &Wakeups {
+        self.wakeups.get_or_init(Box::default)
+    }
+
+    /// Wakes an `extend` waiting for its turn, if a waiter made the wake-ups.
+    fn wake_renewal_done(&self) {
+        if let Some(wakeups) = self.wakeups.get() {
+            wakeups.renewal_done.notify_waiters();
+        }
+    }
+
+    /// Wakes the `lost()`s re-arming their timers, if a waiter made the wake-ups.
+    fn wake_deadline_moved(&self) {
+        if let Some(wakeups) = self.wakeups.get() {
+            wakeups.deadline_moved.notify_waiters();
+        }
     }
 
     /// The state now: reads the clock, so it is never late.
@@ -188,7 +218,7 @@ impl Holding {
     pub(crate) fn loss_reason(&self) -> Option<String> {
         let mut status = lock(&self.status);
         self.refresh(&mut status, clock::now());
-        status.lost.clone()
+        status.lost.as_deref().map(String::from)
     }
 
     /// Marks the hold Lost if a deadline has passed, and publishes any change.
@@ -227,7 +257,7 @@ impl Holding {
         let mut status = lock(&self.status);
         if status.lost.is_none() && !status.released {
             tracing::warn!(lock = %self.shared.name, %reason, "lock lost");
-            status.lost = Some(reason);
+            status.lost = Some(reason.into());
         }
         self.publish(&status);
     }
@@ -344,7 +374,7 @@ impl Holding {
             }
         };
         if moved {
-            self.deadline_moved.notify_waiters();
+            self.wake_deadline_moved();
             self.shared.locks.watchdog.poke();
         }
     }
@@ -353,7 +383,7 @@ impl Holding {
     /// for the next one, and the watchdog and a waiting `extend` are told.
     pub(crate) fn renewal_not_sent(&self) {
         lock(&self.status).renewing = false;
-        self.renewal_done.notify_waiters();
+        self.wake_renewal_done();
         self.shared.locks.watchdog.poke();
     }
 
@@ -412,7 +442,7 @@ impl Holding {
                 }
                 Ok(Renewed::Gone { reason }) => {
                     tracing::warn!(lock = %self.shared.name, %reason, "lock lost");
-                    status.lost = Some(reason);
+                    status.lost = Some(reason.into());
                 }
                 Err(error) => {
                     let unconfirmed = validity_deadline(sent_at, asked);
@@ -437,16 +467,16 @@ impl Holding {
         self.publish(&status);
         let moved = status.deadline != before;
         drop(status);
-        self.renewal_done.notify_waiters();
+        self.wake_renewal_done();
         if moved {
-            self.deadline_moved.notify_waiters();
+            self.wake_deadline_moved();
         }
     }
 
     /// Waits until no renewal of this hold is in flight, then marks one under way for the caller.
     async fn take_turn(&self) -> Result<RenewalTurn<'_>> {
         loop {
-            let done = self.renewal_done.notified();
+            let done = self.wakeups().renewal_done.notified();
             tokio::pin!(done);
             done.as_mut().enable();
             {
@@ -781,7 +811,7 @@ impl LockGuard {
         let mut changes = self.holding.subscribe();
         loop {
             // Armed before the deadline is read, so a move in between is not missed.
-            let moved = self.holding.deadline_moved.notified();
+            let moved = self.holding.wakeups().deadline_moved.notified();
             tokio::pin!(moved);
             moved.as_mut().enable();
             if reached(self.holding.state()) {

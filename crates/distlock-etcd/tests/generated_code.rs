@@ -31,6 +31,8 @@ fn checked_in_grpc_code_matches_the_vendored_protos() {
         .build_server(false)
         .build_transport(false)
         .emit_rerun_if_changed(false)
+        // prost's codec with smaller per-call buffers (`src/rpc/codec.rs`).
+        .codec_path("crate::rpc::codec::SmallCodec")
         .out_dir(out.path())
         .compile_fds(descriptors)
         .expect("generate the Rust code");

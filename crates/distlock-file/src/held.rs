@@ -10,7 +10,7 @@ use distlock_core::raw::Released;
 use distlock_core::FencingToken;
 
 use crate::error::FileError;
-use crate::layout::{fnv1a64, Record};
+use crate::layout::{fnv1a64, names_owner_at, owner_offset, Record};
 use crate::notify::HeldWatch;
 use crate::open::{read_content, sync_dir, write_record, OpenFile};
 
@@ -25,7 +25,10 @@ pub(crate) struct HeldFile {
     /// This process's id, as the record names it (read once per acquire; the sync thread's fork check
     /// reuses it).
     pub(crate) pid: u32,
-    owner: String,
+    /// Where this hold's owner id starts in the record it wrote: while the record is unchanged, the
+    /// release compares the owner there, not with a copy of it (issue 9's memory per held lock: one
+    /// block fewer per hold). `usize::MAX` if the record had no owner line (it always has).
+    owner_at: usize,
     /// The length of the record this hold wrote.
     len: usize,
     /// FNV-1a 64 of the content this hold wrote: the release finds it unchanged (a hash of ~170
@@ -67,12 +70,13 @@ impl HeldFile {
         record.since_ms = Some(now_ms());
         let written = write_record(&*file.fd, path, &record, content.len())?;
         let (len, written_hash) = (written.len(), fnv1a64(&written));
+        let owner_at = owner_offset(&written).unwrap_or(usize::MAX);
         let held = HeldFile {
             file,
             path: path.clone(),
             token,
             pid,
-            owner: owner.to_string(),
+            owner_at,
             len,
             written_hash,
             armed: true,
@@ -130,10 +134,13 @@ impl HeldFile {
             Err(e) => tracing::debug!(error = %e, "cannot stat the lock file at release"),
         }
         let content = read_content(&*self.file.fd, &self.path).ok();
-        let unchanged = content
-            .as_deref()
-            .is_some_and(|c| c.len() == self.len && fnv1a64(c) == self.written_hash);
-        if unchanged && owner == self.owner {
+        // What this hold wrote, naming `owner` where it wrote its own owner id.
+        let unchanged = content.as_deref().is_some_and(|c| {
+            c.len() == self.len
+                && fnv1a64(c) == self.written_hash
+                && names_owner_at(c, self.owner_at, owner)
+        });
+        if unchanged {
             // What this hold wrote: its owner and token.
             return Ok(());
         }
@@ -162,7 +169,7 @@ impl Drop for HeldFile {
             ) {
                 tracing::debug!(error = %e, "cannot clear the holder record of a dropped lock");
             }
-            tracing::debug!(path = %self.path.display(), owner = %self.owner, "unreleased lock file dropped; unlocking");
+            tracing::debug!(path = %self.path.display(), token = self.token, "unreleased lock file dropped; unlocking");
         }
     }
 }
@@ -276,6 +283,19 @@ mod tests {
         record.owner = Some("me".into());
         overwrite(&stale, &record);
         assert_eq!(stale.release("me"), Released::NotHeld);
+
+        // Unchanged, released by another owner id (a prefix of ours, ours with more, one escaped in
+        // the record): not theirs. The fast path compares the owner where this hold wrote it.
+        for other in ["m", "me2", "me\n", "%me"] {
+            let unchanged = held(dir.path());
+            assert_eq!(unchanged.release(other), Released::NotHeld, "{other:?}");
+        }
+        // An owner id that is escaped in the record is compared escaped.
+        let path: Arc<Path> = dir.path().join("x.lock").into();
+        let mut file = OpenFile::open(&path, dir.path()).unwrap();
+        assert!(file.try_lock(&path).unwrap());
+        let escaped = HeldFile::take(file, &path, "a%b\tc:1").unwrap().0;
+        assert_eq!(escaped.release("a%b\tc:1"), Released::Released);
 
         // Unreadable: it does not disprove the hold (we hold the `flock`), and the release repairs it.
         let garbled = held(dir.path());

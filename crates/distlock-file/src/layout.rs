@@ -288,6 +288,33 @@ fn push_escaped_value(out: &mut String, value: &str) {
     out.push_str(rest);
 }
 
+/// Where the owner id starts in a record `render` made (after `owner=`); `None` without one.
+pub(crate) fn owner_offset(record: &[u8]) -> Option<usize> {
+    const FIELD: &[u8] = b"\nowner=";
+    // The header and the token line before it hold no such line.
+    record
+        .windows(FIELD.len())
+        .position(|w| w == FIELD)
+        .map(|at| at + FIELD.len())
+}
+
+/// Whether `record` has the owner id `owner` at `at` (as [`owner_offset`] found it): its escaped form
+/// there, ending the line.
+pub(crate) fn names_owner_at(record: &[u8], at: usize, owner: &str) -> bool {
+    let Some(rest) = record.get(at..) else {
+        return false;
+    };
+    let mut escaped = String::new();
+    let expected = if owner.bytes().any(|b| b == b'%' || b < 0x20 || b == 0x7F) {
+        push_escaped_value(&mut escaped, owner);
+        escaped.as_bytes()
+    } else {
+        owner.as_bytes()
+    };
+    rest.strip_prefix(expected)
+        .is_some_and(|tail| tail.first() == Some(&b'\n'))
+}
+
 fn unescape_value(value: &str) -> String {
     distlock_core::url::percent_decode(value)
 }

@@ -15,6 +15,7 @@
 //! The raw [`Client`] does not retry: its caller decides.
 
 mod client;
+mod codec;
 #[allow(unreachable_pub)]
 mod generated;
 mod stream;

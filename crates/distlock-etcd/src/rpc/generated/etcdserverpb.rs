@@ -1439,7 +1439,7 @@ pub mod kv_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
             let mut req = request.into_request();
             req.extensions_mut().insert(GrpcMethod::new("etcdserverpb.KV", "Range"));
@@ -1465,7 +1465,7 @@ pub mod kv_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.KV/RangeStream",
             );
@@ -1489,7 +1489,7 @@ pub mod kv_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Put");
             let mut req = request.into_request();
             req.extensions_mut().insert(GrpcMethod::new("etcdserverpb.KV", "Put"));
@@ -1513,7 +1513,7 @@ pub mod kv_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.KV/DeleteRange",
             );
@@ -1538,7 +1538,7 @@ pub mod kv_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Txn");
             let mut req = request.into_request();
             req.extensions_mut().insert(GrpcMethod::new("etcdserverpb.KV", "Txn"));
@@ -1562,7 +1562,7 @@ pub mod kv_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Compact");
             let mut req = request.into_request();
             req.extensions_mut().insert(GrpcMethod::new("etcdserverpb.KV", "Compact"));
@@ -1670,7 +1670,7 @@ pub mod watch_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
             let mut req = request.into_streaming_request();
             req.extensions_mut().insert(GrpcMethod::new("etcdserverpb.Watch", "Watch"));
@@ -1776,7 +1776,7 @@ pub mod lease_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Lease/LeaseGrant",
             );
@@ -1801,7 +1801,7 @@ pub mod lease_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Lease/LeaseRevoke",
             );
@@ -1829,7 +1829,7 @@ pub mod lease_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Lease/LeaseKeepAlive",
             );
@@ -1854,7 +1854,7 @@ pub mod lease_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Lease/LeaseTimeToLive",
             );
@@ -1879,7 +1879,7 @@ pub mod lease_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Lease/LeaseLeases",
             );
@@ -1986,7 +1986,7 @@ pub mod cluster_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Cluster/MemberAdd",
             );
@@ -2011,7 +2011,7 @@ pub mod cluster_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Cluster/MemberRemove",
             );
@@ -2036,7 +2036,7 @@ pub mod cluster_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Cluster/MemberUpdate",
             );
@@ -2061,7 +2061,7 @@ pub mod cluster_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Cluster/MemberList",
             );
@@ -2086,7 +2086,7 @@ pub mod cluster_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Cluster/MemberPromote",
             );
@@ -2190,7 +2190,7 @@ pub mod maintenance_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Maintenance/Alarm",
             );
@@ -2212,7 +2212,7 @@ pub mod maintenance_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Maintenance/Status",
             );
@@ -2237,7 +2237,7 @@ pub mod maintenance_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Maintenance/Defragment",
             );
@@ -2264,7 +2264,7 @@ pub mod maintenance_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Maintenance/Hash",
             );
@@ -2287,7 +2287,7 @@ pub mod maintenance_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Maintenance/HashKV",
             );
@@ -2312,7 +2312,7 @@ pub mod maintenance_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Maintenance/Snapshot",
             );
@@ -2337,7 +2337,7 @@ pub mod maintenance_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Maintenance/MoveLeader",
             );
@@ -2364,7 +2364,7 @@ pub mod maintenance_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Maintenance/Downgrade",
             );
@@ -2471,7 +2471,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/AuthEnable",
             );
@@ -2496,7 +2496,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/AuthDisable",
             );
@@ -2521,7 +2521,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/AuthStatus",
             );
@@ -2546,7 +2546,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/Authenticate",
             );
@@ -2571,7 +2571,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/UserAdd",
             );
@@ -2595,7 +2595,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/UserGet",
             );
@@ -2619,7 +2619,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/UserList",
             );
@@ -2644,7 +2644,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/UserDelete",
             );
@@ -2669,7 +2669,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/UserChangePassword",
             );
@@ -2694,7 +2694,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/UserGrantRole",
             );
@@ -2719,7 +2719,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/UserRevokeRole",
             );
@@ -2744,7 +2744,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/RoleAdd",
             );
@@ -2768,7 +2768,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/RoleGet",
             );
@@ -2792,7 +2792,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/RoleList",
             );
@@ -2817,7 +2817,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/RoleDelete",
             );
@@ -2842,7 +2842,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/RoleGrantPermission",
             );
@@ -2867,7 +2867,7 @@ pub mod auth_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/etcdserverpb.Auth/RoleRevokePermission",
             );

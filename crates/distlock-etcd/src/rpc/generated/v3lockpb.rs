@@ -132,7 +132,7 @@ pub mod lock_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static("/v3lockpb.Lock/Lock");
             let mut req = request.into_request();
             req.extensions_mut().insert(GrpcMethod::new("v3lockpb.Lock", "Lock"));
@@ -153,7 +153,7 @@ pub mod lock_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::rpc::codec::SmallCodec::default();
             let path = http::uri::PathAndQuery::from_static("/v3lockpb.Lock/Unlock");
             let mut req = request.into_request();
             req.extensions_mut().insert(GrpcMethod::new("v3lockpb.Lock", "Unlock"));
