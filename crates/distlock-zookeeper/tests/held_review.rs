@@ -1,87 +1,21 @@
-//! Adversarial review of the per-session held-node task (branch h-zk): losses reported late or never,
-//! `max_hold` not enforced, runtimes dropped under the session's task.
+//! Adversarial review of the per-session held-node task: losses reported late or never, `max_hold`
+//! not enforced, runtimes dropped under the session's task. (A delete right after a grant is reported
+//! *with* the next client's grant, not before it: across two sessions ZooKeeper orders nothing, so a
+//! strict "before" fails in a few percent of rounds on a shared runtime, as it did before this change;
+//! `leftovers::fault_operator_delete_right_after_the_grant_is_lost_with_the_next_holders_grant` is the
+//! promise.)
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{children, locks_at, name, raw_client, wait_children};
+use common::{children, locks_at, name, raw_client};
 use distlock_core::{LockGuard, LockState, Locks};
 use distlock_testkit::proxy::{Mode, Proxy};
 use distlock_testkit::zookeeper::ZkServer;
-
-/// An operator deletes the holder's node right after its grant (before the session's task could have
-/// set its watch, no sleep in between), while another client waits behind it: the holder must be
-/// `Lost` by the time the next holder is granted. All three clients' sessions share one current-thread
-/// runtime with the test, so the session tasks compete with the test for the thread.
-///
-/// Review finding (low; an older gap): fails on h-zk and on main alike, in a few percent of rounds
-/// (h-zk 10/120, main 4/120 in one sample): A is still `Held` when B's task sees its grant, and turns
-/// `Lost` some microseconds later (its report was queued behind B's task on the runtime). Across two
-/// sessions ZooKeeper orders nothing, so this is a scheduling race, not a missed report.
-#[tokio::test(flavor = "current_thread")]
-async fn review_operator_delete_right_after_grant_is_lost_before_the_next_grant() {
-    let server = ZkServer::start_or_panic();
-    let addr = server.addr().to_string();
-    let raw = raw_client(&addr).await;
-    let (locks_a, locks_b, locks_c) = (
-        locks_at(&server.url()).await,
-        Arc::new(locks_at(&server.url()).await),
-        locks_at(&server.url()).await,
-    );
-    let mut held_at_next_grant = Vec::new();
-    for round in 0..50 {
-        let lock_name = name("delete_after_grant");
-        let first = locks_c.lock(&lock_name).unwrap().acquire().await.unwrap();
-        let a_node: Arc<Mutex<Option<String>>> = Arc::default();
-        let (a_state_tx, a_state_rx) =
-            tokio::sync::oneshot::channel::<tokio::sync::watch::Receiver<LockState>>();
-        // The helper: once A waits, B queues behind it, then the first holder releases.
-        let helper = {
-            let (raw, lock_name, a_node, locks_b) =
-                (raw.clone(), lock_name.clone(), a_node.clone(), locks_b.clone());
-            tokio::spawn(async move {
-                let c = wait_children(&raw, &lock_name, 2).await;
-                *a_node.lock().unwrap() = Some(c[1].clone());
-                let b = {
-                    let (lock_name, locks_b) = (lock_name.clone(), locks_b.clone());
-                    tokio::spawn(async move {
-                        let guard = locks_b.lock(&lock_name).unwrap().acquire().await.unwrap();
-                        // The moment B is granted: A's state.
-                        let a_state = *a_state_rx.await.unwrap().borrow();
-                        (guard, a_state, locks_b)
-                    })
-                };
-                wait_children(&raw, &lock_name, 3).await;
-                first.release().await.unwrap();
-                b.await.unwrap()
-            })
-        };
-        let a = locks_a.lock(&lock_name).unwrap().acquire().await.unwrap();
-        let node = a_node.lock().unwrap().clone().unwrap();
-        a_state_tx.send(a.state_changes()).unwrap();
-        raw.delete(&format!("/{lock_name}/{node}"), None)
-            .await
-            .expect("operator delete");
-        let (b, a_state_at_b_grant, _locks_b) = helper.await.unwrap();
-        if a_state_at_b_grant != LockState::Lost {
-            // How much later A turns Lost after all.
-            let since = Instant::now();
-            let late = tokio::time::timeout(Duration::from_secs(10), a.lost()).await;
-            held_at_next_grant.push((round, a_state_at_b_grant, late.map(|()| since.elapsed())));
-        }
-        b.release().await.unwrap();
-        drop(a);
-    }
-    assert!(
-        held_at_next_grant.is_empty(),
-        "A's node deleted right after A's grant: A not yet Lost when B was granted in {} of 50 rounds: {held_at_next_grant:?}",
-        held_at_next_grant.len()
-    );
-}
 
 /// Many holds with a `max_hold`: once it passes, the session's one task deletes every node (the
 /// session lives on with pings, so nothing else would), while the guards are still alive.
@@ -275,16 +209,27 @@ fn review_holds_of_a_session_whose_runtime_was_dropped_turn_lost() {
             tokio::time::timeout(Duration::from_secs(4), g.lost())
                 .await
                 .unwrap_or_else(|_| {
-                    panic!("still {:?} {:?} after its session's runtime was dropped", g.state(), dropped.elapsed())
+                    panic!(
+                        "still {:?} {:?} after its session's runtime was dropped",
+                        g.state(),
+                        dropped.elapsed()
+                    )
                 });
         }
-        eprintln!("lost {:?} after the drop: {:?}", dropped.elapsed(), guards[0].loss_reason());
+        eprintln!(
+            "lost {:?} after the drop: {:?}",
+            dropped.elapsed(),
+            guards[0].loss_reason()
+        );
         drop(guards);
         drop(locks);
         tokio::time::sleep(Duration::from_millis(300)).await;
     });
     let panics = BACKGROUND_PANICS.load(Ordering::Relaxed);
-    assert_eq!(panics, 0, "{panics} panics on distlock's background runtime");
+    assert_eq!(
+        panics, 0,
+        "{panics} panics on distlock's background runtime"
+    );
 }
 
 /// The holder's node deleted by an operator while the holder's client is reconnecting (its connection
@@ -298,21 +243,42 @@ async fn review_fault_delete_while_reconnecting_is_lost_on_reconnect() {
     let locks = locks_at(&format!("zk://{}", proxy.addr())).await;
     let lock_name = name("delete_reconnecting");
     let guard = locks.lock(&lock_name).unwrap().acquire().await.unwrap();
-    let other = locks.lock(&format!("{lock_name}-other")).unwrap().acquire().await.unwrap();
+    let other = locks
+        .lock(&format!("{lock_name}-other"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let node = children(&raw, &lock_name).await.remove(0);
     let p = proxy.clone();
-    tokio::task::spawn_blocking(move || p.set_mode(Mode::Refuse).unwrap()).await.unwrap();
+    tokio::task::spawn_blocking(move || p.set_mode(Mode::Refuse).unwrap())
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    raw.delete(&format!("/{lock_name}/{node}"), None).await.expect("operator delete");
+    raw.delete(&format!("/{lock_name}/{node}"), None)
+        .await
+        .expect("operator delete");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let p = proxy.clone();
-    tokio::task::spawn_blocking(move || p.set_mode(Mode::Pass).unwrap()).await.unwrap();
+    tokio::task::spawn_blocking(move || p.set_mode(Mode::Pass).unwrap())
+        .await
+        .unwrap();
     let restored = Instant::now();
     tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
-        .unwrap_or_else(|_| panic!("still {:?} {:?} after reconnecting", guard.state(), restored.elapsed()));
-    eprintln!("lost {:?} after the reconnect: {:?}", restored.elapsed(), guard.loss_reason());
+        .unwrap_or_else(|_| {
+            panic!(
+                "still {:?} {:?} after reconnecting",
+                guard.state(),
+                restored.elapsed()
+            )
+        });
+    eprintln!(
+        "lost {:?} after the reconnect: {:?}",
+        restored.elapsed(),
+        guard.loss_reason()
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_ne!(other.state(), LockState::Lost, "{:?}", other.loss_reason());
 }
@@ -334,7 +300,14 @@ async fn review_idle_holds_do_not_spin() {
     let base = name("idle");
     let mut guards = Vec::new();
     for i in 0..30 {
-        guards.push(locks.lock(&format!("{base}/d{i}")).unwrap().acquire().await.unwrap());
+        guards.push(
+            locks
+                .lock(&format!("{base}/d{i}"))
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap(),
+        );
     }
     for i in 0..5 {
         guards.push(
@@ -353,7 +326,10 @@ async fn review_idle_holds_do_not_spin() {
     let before = cpu_time();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let used = cpu_time() - before;
-    assert!(used < Duration::from_millis(300), "{used:?} of CPU in 3 s idle");
+    assert!(
+        used < Duration::from_millis(300),
+        "{used:?} of CPU in 3 s idle"
+    );
     for g in &guards[..30] {
         assert_eq!(g.state(), LockState::Held);
     }
@@ -371,7 +347,10 @@ async fn review_burst_of_holds_on_a_new_session_all_deleted_all_lost() {
     let raw = raw_client(&server.addr().to_string()).await;
     let url = distlock_core::url::LockUrl::parse(&server.url()).unwrap();
     let backend = distlock_zookeeper::ZkBackend::connect(&url).await.unwrap();
-    let locks = Arc::new(Locks::with_defaults(backend.clone(), backend.default_options()));
+    let locks = Arc::new(Locks::with_defaults(
+        backend.clone(),
+        backend.default_options(),
+    ));
     let base = name("burst");
     let names: Vec<String> = (0..40).map(|i| format!("{base}/{i}")).collect();
     let tasks: Vec<_> = names
@@ -409,9 +388,18 @@ async fn review_burst_of_holds_on_a_new_session_all_deleted_all_lost() {
     }
     let deleted = Instant::now();
     for (n, g) in names.iter().zip(&guards) {
-        tokio::time::timeout(Duration::from_secs(2).saturating_sub(deleted.elapsed()), g.lost())
-            .await
-            .unwrap_or_else(|_| panic!("{n}: still {:?} {:?} after the delete", g.state(), deleted.elapsed()));
+        tokio::time::timeout(
+            Duration::from_secs(2).saturating_sub(deleted.elapsed()),
+            g.lost(),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{n}: still {:?} {:?} after the delete",
+                g.state(),
+                deleted.elapsed()
+            )
+        });
     }
     assert_eq!(backend.held_nodes().0, 0, "records left");
 }
