@@ -108,17 +108,28 @@ struct Member {
     election: PortLease,
     /// `syncLimit`, in ticks: how long a follower serves without hearing from the leader.
     sync_limit: u32,
+    /// `tickTime`, ms; any other than [`TICK_MS`] runs with ZooKeeper's default session timeout bounds
+    /// (2 to 20 ticks), as a server started with its defaults does.
+    tick_ms: u32,
 }
 
 fn config(member: &Member, data_dir: &Path, servers: &str) -> String {
+    let session_bounds = if member.tick_ms == TICK_MS {
+        format!(
+            "minSessionTimeout={}\nmaxSessionTimeout=60000\n",
+            MIN_SESSION_TIMEOUT.as_millis()
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "tickTime={TICK_MS}\ninitLimit=10\nsyncLimit={}\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
-         admin.enableServer=false\n4lw.commands.whitelist=*\nminSessionTimeout={}\nmaxSessionTimeout=60000\n\
+        "tickTime={}\ninitLimit=10\nsyncLimit={}\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
+         admin.enableServer=false\n4lw.commands.whitelist=*\n{session_bounds}\
          preAllocSize=1024\nforceSync=no\n{servers}",
+        member.tick_ms,
         member.sync_limit,
         data_dir.display(),
         member.client.port(),
-        MIN_SESSION_TIMEOUT.as_millis(),
     )
 }
 
@@ -176,12 +187,21 @@ pub struct ZkServer {
 impl ZkServer {
     /// Starts a standalone server and waits until it serves.
     pub fn start() -> Result<ZkServer> {
+        Self::start_with_tick(Duration::from_millis(u64::from(TICK_MS)))
+    }
+
+    /// Starts a standalone server with `tickTime` = `tick` (whole milliseconds) and waits until it
+    /// serves. Any tick other than [`TICK_MS`] keeps ZooKeeper's default session timeout bounds, 2 to
+    /// 20 ticks: `start_with_tick(2 s)` is a server started with ZooKeeper's defaults (sessions of
+    /// 4 to 40 s).
+    pub fn start_with_tick(tick: Duration) -> Result<ZkServer> {
         let member = Member {
             id: 1,
             client: ports::reserve()?,
             quorum: ports::reserve()?,
             election: ports::reserve()?,
             sync_limit: SYNC_LIMIT,
+            tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX).max(1),
         };
         let process = spawn_member(&member, "", true)?;
         Ok(ZkServer { member, process })
@@ -252,6 +272,7 @@ impl ZkEnsemble {
                 } else {
                     SYNC_LIMIT
                 },
+                tick_ms: TICK_MS,
             });
         }
         let line = |m: &Member, quorum: u16| {

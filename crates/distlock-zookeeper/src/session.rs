@@ -141,7 +141,11 @@ pub(crate) struct LeaderTouch {
     unproven: VecDeque<(Instant, Instant)>,
 }
 
-/// Unproven confirmations kept per session; the oldest go first (the floor then moves less).
+/// Unproven confirmations kept per session. Past it the list is thinned (every other entry dropped,
+/// the oldest and the newest kept), never cut at its old end: the oldest entries are the ones the next
+/// confirmations prove. Dropping them instead (as before) stalled the floor for as long as more than
+/// this many confirmations came per lag (a burst of grants: 2000 acquires in ~2.7 s, one `create`
+/// each), so every hold's TTL shrank to nothing and all were reported Lost while held.
 const MAX_UNPROVEN: usize = 64;
 
 impl LeaderTouch {
@@ -182,7 +186,15 @@ impl LeaderTouch {
                 .insert(at, (sent_at, answered_at.max(sent_at)));
         }
         if self.unproven.len() > MAX_UNPROVEN {
-            self.unproven.pop_front();
+            // Dropping an entry only proves less (the floor moves less), so any choice is safe; this
+            // one keeps the span: the oldest (proven first) and the newest stay, the density halves.
+            let last = self.unproven.len() - 1;
+            let mut i = 0;
+            self.unproven.retain(|_| {
+                let keep = i % 2 == 0 || i == last;
+                i += 1;
+                keep
+            });
         }
     }
 
@@ -576,6 +588,30 @@ mod tests {
             .all(|(a, b)| a < b));
         touch.confirmed(t0 + lag + 200 * MS, t0 + lag + 200 * MS, lag);
         assert_eq!(touch.floor(), t0 + 200 * MS);
+    }
+
+    /// A burst of confirmations (one `create` per grant: 2000 acquires in ~2.7 s), far more than
+    /// `MAX_UNPROVEN` per lag: the floor keeps up (within about two lags of the newest), as it did
+    /// not when the oldest unproven entries were dropped first (the floor stayed at the session's
+    /// establishment and every hold's TTL shrank to nothing: all Lost while held).
+    #[test]
+    fn a_burst_of_confirmations_keeps_the_floor_moving() {
+        let t0 = clock::now();
+        for lag in [200 * MS, touch_report_lag(Duration::from_millis(1500))] {
+            let mut touch = LeaderTouch::new(t0);
+            for i in 0..3000u32 {
+                let sent = t0 + i * MS;
+                touch.confirmed(sent, sent + 5 * MS, lag);
+                assert!(touch.unproven.len() <= MAX_UNPROVEN);
+                if sent > t0 + lag * 3 {
+                    let behind = sent.saturating_duration_since(touch.floor());
+                    assert!(
+                        behind <= lag * 2 + 20 * MS,
+                        "lag {lag:?}: the floor is {behind:?} behind after {i} ms"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
