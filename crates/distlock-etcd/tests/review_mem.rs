@@ -174,3 +174,52 @@ async fn review_mem_concurrent_extends_never_hang_and_loss_is_prompt() {
     }
     assert!(revoked_at.elapsed() < lease, "only noticed at the deadline");
 }
+
+fn signal(server: &EtcdServer, sig: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(server.pid() as i32).unwrap();
+    rustix::process::kill_process(pid, sig).unwrap();
+}
+
+/// `lost()` armed for a 30 s lease, then an `extend(2 s)` moves the deadline nearer (the lazily made
+/// `deadline_moved` wakes it to re-arm), then the only member is paused: Lost at the new deadline, not
+/// the old one. A second guard's `lost()` first called after its move (its wake-ups made then) too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_mem_lost_rearms_when_an_extend_moves_the_deadline_nearer() {
+    let server = EtcdServer::start_or_panic();
+    let locks = Locks::new(common::backend(&format!("{}?request_timeout=10s", server.url())).await);
+    let mut guards = Vec::new();
+    for i in 0..2 {
+        let g = locks
+            .lock(&common::name(&format!("rearm-{i}")))
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        guards.push(Arc::new(g));
+    }
+    let early = guards[0].clone();
+    let early_lost = tokio::spawn(async move { early.lost().await });
+    let early2 = guards[0].clone();
+    let early_jeopardy = tokio::spawn(async move { early2.jeopardy().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    guards[0].extend(Duration::from_secs(2)).await.unwrap();
+    guards[1].extend(Duration::from_secs(2)).await.unwrap();
+    let moved_at = Instant::now();
+    let late = guards[1].clone();
+    let late_lost = tokio::spawn(async move { late.lost().await });
+    signal(&server, rustix::process::Signal::STOP);
+    let bound = Duration::from_secs(2) + Duration::from_millis(1500);
+    let res = tokio::time::timeout(bound, async {
+        early_lost.await.unwrap();
+        late_lost.await.unwrap();
+        early_jeopardy.await.unwrap();
+    })
+    .await;
+    let elapsed = moved_at.elapsed();
+    signal(&server, rustix::process::Signal::CONT);
+    res.unwrap_or_else(|_| panic!("lost() not resolved {elapsed:?} after the deadline moved to 2 s"));
+    assert_eq!(guards[0].state(), LockState::Lost);
+    assert_eq!(guards[1].state(), LockState::Lost);
+}
