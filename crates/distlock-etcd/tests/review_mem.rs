@@ -223,3 +223,38 @@ async fn review_mem_lost_rearms_when_an_extend_moves_the_deadline_nearer() {
     assert_eq!(guards[0].state(), LockState::Lost);
     assert_eq!(guards[1].state(), LockState::Lost);
 }
+
+/// One session holding 60 locks with long names; its lease revoked: one watch reply carries every
+/// delete (far past 512 bytes), and every guard is Lost promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_mem_a_revoked_session_with_many_holds_loses_them_all_promptly() {
+    let server = EtcdServer::start_or_panic();
+    let backend = common::backend(&server.url()).await;
+    let locks = Locks::new(backend.clone());
+    let lease = Duration::from_secs(6);
+    let mut guards = Vec::new();
+    for i in 0..60 {
+        let g = locks
+            .lock(&format!("{}/{}", common::name(&format!("many-{i}")), "k".repeat(150)))
+            .unwrap()
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        guards.push(Arc::new(g));
+    }
+    let leases = backend.session_leases().await;
+    let revoked_at = Instant::now();
+    for (_, id) in &leases {
+        server
+            .etcdctl(&["lease", "revoke", &format!("{id:x}")])
+            .unwrap();
+    }
+    for g in &guards {
+        tokio::time::timeout(Duration::from_secs(3), g.lost())
+            .await
+            .expect("Lost promptly");
+    }
+    assert!(revoked_at.elapsed() < lease - Duration::from_secs(2), "{:?}", revoked_at.elapsed());
+}
