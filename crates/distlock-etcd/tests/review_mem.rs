@@ -219,7 +219,9 @@ async fn review_mem_lost_rearms_when_an_extend_moves_the_deadline_nearer() {
     .await;
     let elapsed = moved_at.elapsed();
     signal(&server, rustix::process::Signal::CONT);
-    res.unwrap_or_else(|_| panic!("lost() not resolved {elapsed:?} after the deadline moved to 2 s"));
+    res.unwrap_or_else(|_| {
+        panic!("lost() not resolved {elapsed:?} after the deadline moved to 2 s")
+    });
     assert_eq!(guards[0].state(), LockState::Lost);
     assert_eq!(guards[1].state(), LockState::Lost);
 }
@@ -235,7 +237,11 @@ async fn review_mem_a_revoked_session_with_many_holds_loses_them_all_promptly() 
     let mut guards = Vec::new();
     for i in 0..60 {
         let g = locks
-            .lock(&format!("{}/{}", common::name(&format!("many-{i}")), "k".repeat(150)))
+            .lock(&format!(
+                "{}/{}",
+                common::name(&format!("many-{i}")),
+                "k".repeat(150)
+            ))
             .unwrap()
             .options()
             .lease(lease)
@@ -256,5 +262,66 @@ async fn review_mem_a_revoked_session_with_many_holds_loses_them_all_promptly() 
             .await
             .expect("Lost promptly");
     }
-    assert!(revoked_at.elapsed() < lease - Duration::from_secs(2), "{:?}", revoked_at.elapsed());
+    assert!(
+        revoked_at.elapsed() < lease - Duration::from_secs(2),
+        "{:?}",
+        revoked_at.elapsed()
+    );
+}
+
+/// An `extend` cancelled at every stage (waiting for its turn, its request in flight) while another
+/// waits for its turn: the waiter is always woken (the cancelled one's renewal ends as not sent or
+/// abandoned), and the hold stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_mem_cancelled_extends_wake_the_waiting_one() {
+    let server = EtcdServer::start_or_panic();
+    let locks = Locks::new(common::backend(&server.url()).await);
+    let g = Arc::new(
+        locks
+            .lock(&common::name("cancel-extend"))
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(6))
+            .acquire()
+            .await
+            .unwrap(),
+    );
+    let until = Instant::now() + Duration::from_secs(3);
+    let canceller = {
+        let g = g.clone();
+        tokio::spawn(async move {
+            let mut k = 0u64;
+            while Instant::now() < until {
+                let _ = tokio::time::timeout(
+                    Duration::from_micros(100 * (k % 40)),
+                    g.extend(Duration::from_secs(4)),
+                )
+                .await;
+                k += 1;
+                tokio::task::yield_now().await;
+            }
+            k
+        })
+    };
+    let waiter = {
+        let g = g.clone();
+        tokio::spawn(async move {
+            let mut ok = 0u32;
+            while Instant::now() < until {
+                match tokio::time::timeout(Duration::from_secs(4), g.extend(Duration::from_secs(5)))
+                    .await
+                    .expect("an extend waiting for its turn hung")
+                {
+                    Ok(()) => ok += 1,
+                    Err(e) if e.kind() == distlock_core::ErrorKind::Unavailable => {}
+                    Err(e) => panic!("extend: {e}"),
+                }
+            }
+            ok
+        })
+    };
+    assert!(canceller.await.unwrap() > 10);
+    assert!(waiter.await.unwrap() > 0);
+    g.extend(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(g.state(), LockState::Held);
 }

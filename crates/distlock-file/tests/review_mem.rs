@@ -21,7 +21,12 @@ async fn review_mem_file_escaped_owner_past_512_bytes_is_released_as_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let locks = Locks::new(FileBackend::new(dir.path()).unwrap());
     let owner = "%\u{1}".repeat(128);
-    let g = locks.lock_as("big", owner.clone()).unwrap().acquire().await.unwrap();
+    let g = locks
+        .lock_as("big", owner.clone())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     let path = FileBackend::new(dir.path()).unwrap().lock_file("big");
     let len = std::fs::metadata(&path).unwrap().len();
     assert!(len > 768, "{len}");
@@ -42,7 +47,10 @@ async fn review_mem_file_records_at_the_buffer_edges() {
     let dir = tempfile::tempdir().unwrap();
     let locks = Locks::new(FileBackend::new(dir.path()).unwrap());
     let backend = FileBackend::new(dir.path()).unwrap();
-    for (i, size) in [511usize, 512, 513, 1024, 4095, 4096].into_iter().enumerate() {
+    for (i, size) in [511usize, 512, 513, 1024, 4095, 4096]
+        .into_iter()
+        .enumerate()
+    {
         let name = format!("edge{i}");
         let g = locks.lock(&name).unwrap().acquire().await.unwrap();
         let t = token(&g);
@@ -67,7 +75,12 @@ async fn review_mem_file_records_at_the_buffer_edges() {
     let mut content = std::fs::read(&path).unwrap();
     content.resize(4097, b'\n');
     std::fs::write(&path, &content).unwrap();
-    let err = locks.lock(name).unwrap().acquire().await.expect_err("too long");
+    let err = locks
+        .lock(name)
+        .unwrap()
+        .acquire()
+        .await
+        .expect_err("too long");
     assert!(err.to_string().contains("larger"), "{err}");
 }
 
@@ -77,7 +90,12 @@ async fn review_mem_file_records_at_the_buffer_edges() {
 async fn review_mem_file_same_length_other_owner_is_not_released() {
     let dir = tempfile::tempdir().unwrap();
     let locks = Locks::new(FileBackend::new(dir.path()).unwrap());
-    let g = locks.lock_as("x", "ownerA1").unwrap().acquire().await.unwrap();
+    let g = locks
+        .lock_as("x", "ownerA1")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     let path = FileBackend::new(dir.path()).unwrap().lock_file("x");
     let before = std::fs::read(&path).unwrap();
     let text = String::from_utf8(before.clone()).unwrap();
@@ -87,6 +105,9 @@ async fn review_mem_file_same_length_other_owner_is_not_released() {
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.write_all_at(after.as_bytes(), 0).unwrap();
     drop(f);
-    assert!(g.release().await.is_err(), "released another owner's record");
+    assert!(
+        g.release().await.is_err(),
+        "released another owner's record"
+    );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), after);
 }
