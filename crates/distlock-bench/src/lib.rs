@@ -414,6 +414,30 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
                     );
                 }
             }
+            // The same target for the harness's own floor (an in-process lock whose release is one
+            // PING): what any one-request handoff costs in this harness, beside distlock's row.
+            let floor = report.contended.as_ref().and_then(|c| {
+                c.baselines
+                    .iter()
+                    .find(|b| b.label == measure::PING_MUTEX_FLOOR)
+            });
+            if let (Some(floor), Some(rtt)) = (floor, rtt) {
+                if rtt.mean_us > 0.0 && floor.handoff_to_other.n > 0 {
+                    out.push(
+                        Target::at_most(
+                            "Redis (c) the harness floor's handoff p50 (in-process lock, release = one PING), in PING round trips",
+                            floor.handoff_to_other.p50_us / rtt.mean_us,
+                            2.5,
+                        )
+                        .with_cpu(
+                            "the floor's CPU per contended acquisition, in PINGs' CPU",
+                            floor.cpu.total_us_per_cycle,
+                            rtt_cpu,
+                            2.5,
+                        ),
+                    );
+                }
+            }
             redis_peer_targets(report, &mut out);
         }
         Engine::Redlock(_) => redlock_targets(report, &mut out),

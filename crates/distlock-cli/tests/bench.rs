@@ -704,6 +704,7 @@ fn redis_report_has_ratios_and_the_bare_loop() {
             "Redis (b) one Locks per task",
             "Redis (c)",
             "Redis (b) one shared Locks",
+            "Redis (c) the harness floor's handoff p50",
         ],
     );
     let targets: Vec<&str> = r["targets"]

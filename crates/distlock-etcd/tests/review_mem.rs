@@ -156,7 +156,8 @@ async fn review_mem_concurrent_extends_never_hang_and_loss_is_prompt() {
         assert!(t.await.unwrap() > 0);
     }
     for g in &guards {
-        assert_eq!(g.state(), LockState::Held);
+        // Jeopardy is allowed: an extend unconfirmed in half the time left says so until the next.
+        assert_ne!(g.state(), LockState::Lost, "{:?}", g.loss_reason());
     }
     for l in &losts {
         assert!(!l.is_finished(), "lost() resolved while held");
@@ -184,7 +185,7 @@ fn signal(server: &EtcdServer, sig: rustix::process::Signal) {
 /// `deadline_moved` wakes it to re-arm), then the only member is paused: Lost at the new deadline, not
 /// the old one. A second guard's `lost()` first called after its move (its wake-ups made then) too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_mem_lost_rearms_when_an_extend_moves_the_deadline_nearer() {
+async fn fault_review_mem_lost_rearms_when_an_extend_moves_the_deadline_nearer() {
     let server = EtcdServer::start_or_panic();
     let locks = Locks::new(common::backend(&format!("{}?request_timeout=10s", server.url())).await);
     let mut guards = Vec::new();
