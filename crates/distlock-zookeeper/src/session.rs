@@ -743,4 +743,304 @@ mod tests {
             "{settled:?}"
         );
     }
+
+    // ---- Review r-zkl: thinning the unproven list must never move the floor later than a real proof.
+
+    /// A tiny deterministic PRNG (xorshift64*), so the property tests need no dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+    }
+
+    /// `LeaderTouch::confirmed` without the cap (the list as it would be with unbounded memory):
+    /// the reference the thinned list is compared with.
+    struct Unbounded {
+        floor: Instant,
+        unproven: Vec<(Instant, Instant)>,
+    }
+    impl Unbounded {
+        fn confirmed(&mut self, sent_at: Instant, answered_at: Instant, lag: Duration) {
+            let proven_until = sent_at.saturating_sub(lag);
+            if let Some(p) = self
+                .unproven
+                .iter()
+                .filter(|(_, a)| *a <= proven_until)
+                .map(|(s, _)| *s)
+                .max()
+            {
+                self.floor = self.floor.max(p);
+            }
+            let floor = self.floor;
+            self.unproven
+                .retain(|(s, a)| *s > floor && *a > proven_until);
+            if sent_at <= self.floor {
+                return;
+            }
+            let at = self.unproven.partition_point(|(p, _)| *p <= sent_at);
+            if self.unproven.get(at.wrapping_sub(1)).map(|(p, _)| *p) != Some(sent_at) {
+                self.unproven.insert(at, (sent_at, answered_at.max(sent_at)));
+            }
+        }
+    }
+
+    /// The safe bound itself, from every confirmation ever reported (no list, no cap, no dedup):
+    /// the leader touched the session at or after `s_i` once a confirmation `i` (sent `s_i`,
+    /// answered `a_i`) was followed by a reported confirmation sent at `≥ max(a_i, s_i) + lag`.
+    struct Oracle {
+        init: Instant,
+        seen: Vec<(Instant, Instant)>,
+        safe: Instant,
+    }
+    impl Oracle {
+        fn confirmed(&mut self, sent_at: Instant, answered_at: Instant, lag: Duration) {
+            let proven_until = sent_at.saturating_sub(lag);
+            for &(s, a) in &self.seen {
+                if a <= proven_until {
+                    self.safe = self.safe.max(s);
+                }
+            }
+            self.seen.push((sent_at, answered_at.max(sent_at)));
+            self.safe = self.safe.max(self.init);
+        }
+    }
+
+    /// The list's own invariants: bounded, strictly sorted by send time, every entry a confirmation
+    /// really reported (send, `max(reply, send)`) and after the floor.
+    fn check_list(
+        touch: &LeaderTouch,
+        seen: &std::collections::HashSet<(Instant, Instant)>,
+        ctx: &str,
+    ) {
+        assert!(touch.unproven.len() <= MAX_UNPROVEN, "{ctx}: list over the cap");
+        assert!(
+            touch
+                .unproven
+                .iter()
+                .zip(touch.unproven.iter().skip(1))
+                .all(|(a, b)| a.0 < b.0),
+            "{ctx}: list not strictly sorted by send time"
+        );
+        for e in &touch.unproven {
+            assert!(e.0 > touch.floor(), "{ctx}: an entry at or before the floor");
+            assert!(seen.contains(e), "{ctx}: an entry {e:?} never reported as such");
+        }
+    }
+
+    /// Random sequences (bursts far over `MAX_UNPROVEN` per lag, slow replies, replies out of send
+    /// order, equal send times, sends before the establishment, replies before sends, calls in and out
+    /// of reply order): the thinned floor never passes the floor the proof rule allows over every
+    /// confirmation reported so far, and never passes the unbounded list's floor when send times are
+    /// distinct. Also `newest_unproven` is the unbounded list's newest entry whenever the floors agree.
+    fn thinned_vs_reference(seed: u64, steps: usize, distinct_sends: bool) -> (usize, usize) {
+        let mut rng = Rng(seed | 1);
+        // Far from the process's clock origin, so `saturating_sub` saturates only where asked to.
+        let t0 = clock::now() + Duration::from_secs(3600);
+        let lag = [MS, 7 * MS, 50 * MS, 100 * MS, 275 * MS][rng.below(5) as usize];
+        let mut touch = LeaderTouch::new(t0);
+        let mut unbounded = Unbounded { floor: t0, unproven: Vec::new() };
+        let mut oracle = Oracle { init: t0, seen: Vec::new(), safe: t0 };
+        let density = 1 + rng.below(4); // mean spacing in units of 1/8 ms... up to 4 sends per ms
+        let in_reply_order = rng.below(3) != 0;
+        let mut cursor = t0;
+        let mut now = t0;
+        let mut used = std::collections::HashSet::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut thinned = 0;
+        let mut moved = 0;
+        for step in 0..steps {
+            cursor = cursor + Duration::from_micros(rng.below(density * 250));
+            let mut sent = match rng.below(10) {
+                // Out of order: sent up to 2 lags before the newest send (a slow pipeline).
+                0 | 1 => cursor.saturating_sub(Duration::from_nanos(rng.below(2 * lag.as_nanos() as u64 + 1))),
+                // Before the establishment (ignored by the rule).
+                2 if step < 5 => t0.saturating_sub(Duration::from_micros(rng.below(1000))),
+                // The same send time as an earlier one (a coarse clock, pipelined requests).
+                3 if !distinct_sends && !oracle.seen.is_empty() => {
+                    oracle.seen[rng.below(oracle.seen.len() as u64) as usize].0
+                }
+                _ => cursor,
+            };
+            if distinct_sends {
+                while !used.insert(sent) {
+                    sent = sent + Duration::from_nanos(1);
+                }
+            }
+            let rtt = match rng.below(8) {
+                0 => Duration::ZERO,
+                1 => Duration::from_nanos(rng.below(3 * lag.as_nanos() as u64 + 1)), // slow
+                2 if !in_reply_order => Duration::ZERO, // the reply stamped before the send (max)
+                _ => Duration::from_micros(rng.below(2000)),
+            };
+            let mut answered = sent + rtt;
+            if in_reply_order {
+                // Real calls stamp `clock::now()` at the call: replies are reported in reply order.
+                answered = answered.max(now);
+                now = answered;
+            } else if rng.below(10) == 0 {
+                answered = sent.saturating_sub(MS); // a reply stamp before its send
+            }
+            let before = touch.unproven.len();
+            let floor_before = touch.floor();
+            touch.confirmed(sent, answered, lag);
+            unbounded.confirmed(sent, answered, lag);
+            oracle.confirmed(sent, answered, lag);
+            seen.insert((sent, answered.max(sent)));
+            if before == MAX_UNPROVEN && touch.unproven.len() < before {
+                thinned += 1;
+            }
+            if touch.floor() > floor_before {
+                moved += 1;
+            }
+            let safe = touch.floor() >= floor_before
+                && touch.floor() <= oracle.safe
+                && (!distinct_sends || touch.floor() <= unbounded.floor);
+            if safe && step % 16 != 0 {
+                // The full checks below (with their message) on every 16th step, or on a failure.
+                continue;
+            }
+            let ctx = format!(
+                "seed {seed}, step {step}, lag {lag:?}, sent +{:?}, answered +{:?}",
+                sent.saturating_duration_since(t0),
+                answered.saturating_duration_since(t0)
+            );
+            assert!(touch.floor() >= floor_before, "{ctx}: the floor moved back");
+            assert!(
+                touch.floor() <= oracle.safe,
+                "{ctx}: the floor +{:?} passes the proven bound +{:?}",
+                touch.floor().saturating_duration_since(t0),
+                oracle.safe.saturating_duration_since(t0)
+            );
+            if distinct_sends {
+                assert!(
+                    touch.floor() <= unbounded.floor,
+                    "{ctx}: the thinned floor +{:?} passes the unbounded floor +{:?}",
+                    touch.floor().saturating_duration_since(t0),
+                    unbounded.floor.saturating_duration_since(t0)
+                );
+                if touch.floor() == unbounded.floor {
+                    assert_eq!(
+                        touch.newest_unproven(),
+                        unbounded.unproven.last().map(|e| e.0),
+                        "{ctx}: newest_unproven differs from the unbounded list's"
+                    );
+                }
+            }
+            check_list(&touch, &seen, &ctx);
+        }
+        (thinned, moved)
+    }
+
+    #[test]
+    fn review_thinned_floor_never_passes_the_unbounded_floor_or_the_proof() {
+        let (mut thinned, mut moved) = (0, 0);
+        for seed in 0..300u64 {
+            let (t, m) = thinned_vs_reference(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5, 600, true);
+            thinned += t;
+            moved += m;
+        }
+        // The property is only worth something if thinning really happened, often.
+        assert!(thinned > 1000, "thinning happened only {thinned} times");
+        assert!(moved > 1000, "the floor moved only {moved} times");
+    }
+
+    #[test]
+    fn review_thinned_floor_never_passes_the_proof_with_equal_send_times() {
+        let (mut thinned, mut moved) = (0, 0);
+        for seed in 0..300u64 {
+            let (t, m) = thinned_vs_reference(seed.wrapping_mul(0xBF58_476D_1CE4_E5B9) ^ 0x94D0, 600, false);
+            thinned += t;
+            moved += m;
+        }
+        assert!(thinned > 1000, "thinning happened only {thinned} times");
+        assert!(moved > 1000, "the floor moved only {moved} times");
+    }
+
+    /// Exactly at the cap nothing is dropped; one more thins to 33 (oldest, every other, newest);
+    /// the dropped entries cannot be proven any more, the kept ones are proven exactly as before.
+    #[test]
+    fn review_thinning_at_64_and_65_keeps_genuine_entries_and_the_rule() {
+        let t0 = clock::now() + Duration::from_secs(3600);
+        let lag = 100 * MS;
+        let mut touch = LeaderTouch::new(t0);
+        for i in 1..=64u32 {
+            touch.confirmed(t0 + i * MS, t0 + i * MS, lag);
+        }
+        assert_eq!(touch.unproven.len(), 64);
+        touch.confirmed(t0 + 65 * MS, t0 + 65 * MS, lag);
+        assert_eq!(touch.unproven.len(), 33); // indices 0, 2, .., 64 (the newest is even)
+        assert_eq!(touch.unproven.front().unwrap().0, t0 + MS);
+        assert_eq!(touch.newest_unproven(), Some(t0 + 65 * MS));
+        assert!(touch.unproven.iter().all(|(s, a)| s == a));
+        // A confirmation sent at 2 ms + lag proves the entry at 2 ms in the unbounded list; here 2 ms
+        // was dropped: the floor may only reach 1 ms (never more than the rule allows).
+        touch.confirmed(t0 + lag + 2 * MS, t0 + lag + 2 * MS, lag);
+        assert_eq!(touch.floor(), t0 + MS);
+        // Exactly a lag after 3 ms (kept): proven, floor 3 ms, not 4 ms (dropped, not yet provable).
+        touch.confirmed(t0 + lag + 3 * MS, t0 + lag + 3 * MS, lag);
+        assert_eq!(touch.floor(), t0 + 3 * MS);
+        // One nanosecond short of a lag after 5 ms: not proven.
+        touch.confirmed(t0 + lag + 5 * MS - Duration::from_nanos(1), t0 + lag + 6 * MS, lag);
+        assert_eq!(touch.floor(), t0 + 3 * MS);
+    }
+
+    /// A slow-reply entry next to fast younger ones: thinning drops some, keeps others; the kept slow
+    /// one is still proven only a lag after its reply, never by a request a lag after its send.
+    #[test]
+    fn review_a_kept_slow_reply_is_still_proven_only_a_lag_after_it_arrived() {
+        let t0 = clock::now() + Duration::from_secs(3600);
+        let lag = 1000 * MS;
+        let mut touch = LeaderTouch::new(t0);
+        // The slow one first (index 0: kept by every thinning), answered 1.5 s after its send.
+        touch.confirmed(t0 + MS, t0 + 1501 * MS, lag);
+        // 399 fast younger ones (sent 2..=400 ms, answered 1 ms later), repeated thinning.
+        for i in 2..=400u32 {
+            touch.confirmed(t0 + i * MS, t0 + (i + 1) * MS, lag);
+            assert!(touch.unproven.len() <= MAX_UNPROVEN);
+        }
+        assert_eq!(touch.unproven.front().copied(), Some((t0 + MS, t0 + 1501 * MS)));
+        // Sent a lag after some fast one's reply, before the slow one's reply + lag: the floor moves
+        // to a fast kept entry, and the slow one (sent earlier) is dropped as behind the floor —
+        // harmless: the floor is a proven fast entry, later than the slow one's send.
+        touch.confirmed(t0 + lag + 10 * MS, t0 + lag + 10 * MS, lag);
+        let f = touch.floor();
+        assert!(f <= t0 + 9 * MS, "floor +{:?}", f.saturating_duration_since(t0));
+        assert!(touch.unproven.iter().all(|(s, _)| *s > f));
+    }
+
+    /// A slow reply anywhere in the list, every younger one slow too (so nothing younger can be
+    /// proven first and hide it): whether thinning keeps or drops it, the floor reaches its send only
+    /// a lag after its reply, and never passes the newest entry proven by the rule.
+    #[test]
+    fn review_a_slow_reply_in_the_middle_is_proven_only_a_lag_after_its_reply() {
+        let t0 = clock::now() + Duration::from_secs(3600);
+        let lag = 100 * MS;
+        for slow_at in [1u32, 2, 3, 32, 33, 63, 64, 65] {
+            let mut touch = LeaderTouch::new(t0);
+            for i in 1..=65u32 {
+                let answered = if i >= slow_at { t0 + (900 + i) * MS } else { t0 + i * MS };
+                touch.confirmed(t0 + i * MS, answered, lag);
+            }
+            assert!(touch.unproven.len() <= MAX_UNPROVEN);
+            // A lag after every fast reply: only the fast (older) ones are proven.
+            // (The probes answer late themselves, so no probe is proven by a later probe.)
+            let late = t0 + Duration::from_secs(5);
+            touch.confirmed(t0 + 165 * MS, late, lag);
+            assert!(touch.floor() < t0 + slow_at * MS, "slow_at {slow_at}: {:?}", touch.floor().saturating_duration_since(t0));
+            // A nanosecond short of a lag after the slow reply: still not proven.
+            let short = t0 + (1000 + slow_at) * MS - Duration::from_nanos(1);
+            touch.confirmed(short, late, lag);
+            assert!(touch.floor() < t0 + slow_at * MS, "slow_at {slow_at}: proven too early");
+            // Exactly a lag after it: the floor may reach its send, never past it.
+            touch.confirmed(t0 + (1000 + slow_at) * MS, late, lag);
+            assert!(touch.floor() <= t0 + slow_at * MS, "slow_at {slow_at}: past the slow entry");
+        }
+    }
 }
