@@ -786,7 +786,8 @@ mod tests {
             }
             let at = self.unproven.partition_point(|(p, _)| *p <= sent_at);
             if self.unproven.get(at.wrapping_sub(1)).map(|(p, _)| *p) != Some(sent_at) {
-                self.unproven.insert(at, (sent_at, answered_at.max(sent_at)));
+                self.unproven
+                    .insert(at, (sent_at, answered_at.max(sent_at)));
             }
         }
     }
@@ -819,7 +820,10 @@ mod tests {
         seen: &std::collections::HashSet<(Instant, Instant)>,
         ctx: &str,
     ) {
-        assert!(touch.unproven.len() <= MAX_UNPROVEN, "{ctx}: list over the cap");
+        assert!(
+            touch.unproven.len() <= MAX_UNPROVEN,
+            "{ctx}: list over the cap"
+        );
         assert!(
             touch
                 .unproven
@@ -829,8 +833,14 @@ mod tests {
             "{ctx}: list not strictly sorted by send time"
         );
         for e in &touch.unproven {
-            assert!(e.0 > touch.floor(), "{ctx}: an entry at or before the floor");
-            assert!(seen.contains(e), "{ctx}: an entry {e:?} never reported as such");
+            assert!(
+                e.0 > touch.floor(),
+                "{ctx}: an entry at or before the floor"
+            );
+            assert!(
+                seen.contains(e),
+                "{ctx}: an entry {e:?} never reported as such"
+            );
         }
     }
 
@@ -845,8 +855,15 @@ mod tests {
         let t0 = clock::now() + Duration::from_secs(3600);
         let lag = [MS, 7 * MS, 50 * MS, 100 * MS, 275 * MS][rng.below(5) as usize];
         let mut touch = LeaderTouch::new(t0);
-        let mut unbounded = Unbounded { floor: t0, unproven: Vec::new() };
-        let mut oracle = Oracle { init: t0, seen: Vec::new(), safe: t0 };
+        let mut unbounded = Unbounded {
+            floor: t0,
+            unproven: Vec::new(),
+        };
+        let mut oracle = Oracle {
+            init: t0,
+            seen: Vec::new(),
+            safe: t0,
+        };
         let density = 1 + rng.below(4); // mean spacing in units of 1/8 ms... up to 4 sends per ms
         let in_reply_order = rng.below(3) != 0;
         let mut cursor = t0;
@@ -859,7 +876,9 @@ mod tests {
             cursor = cursor + Duration::from_micros(rng.below(density * 250));
             let mut sent = match rng.below(10) {
                 // Out of order: sent up to 2 lags before the newest send (a slow pipeline).
-                0 | 1 => cursor.saturating_sub(Duration::from_nanos(rng.below(2 * lag.as_nanos() as u64 + 1))),
+                0 | 1 => cursor.saturating_sub(Duration::from_nanos(
+                    rng.below(2 * lag.as_nanos() as u64 + 1),
+                )),
                 // Before the establishment (ignored by the rule).
                 2 if step < 5 => t0.saturating_sub(Duration::from_micros(rng.below(1000))),
                 // The same send time as an earlier one (a coarse clock, pipelined requests).
@@ -902,7 +921,17 @@ mod tests {
             let safe = touch.floor() >= floor_before
                 && touch.floor() <= oracle.safe
                 && (!distinct_sends || touch.floor() <= unbounded.floor);
-            if safe && step % 16 != 0 {
+            let list_ok = touch.unproven.len() <= MAX_UNPROVEN
+                && touch
+                    .unproven
+                    .iter()
+                    .zip(touch.unproven.iter().skip(1))
+                    .all(|(a, b)| a.0 < b.0)
+                && touch
+                    .unproven
+                    .iter()
+                    .all(|e| e.0 > touch.floor() && seen.contains(e));
+            if safe && list_ok && step % 16 != 0 {
                 // The full checks below (with their message) on every 16th step, or on a failure.
                 continue;
             }
@@ -942,7 +971,8 @@ mod tests {
     fn review_thinned_floor_never_passes_the_unbounded_floor_or_the_proof() {
         let (mut thinned, mut moved) = (0, 0);
         for seed in 0..300u64 {
-            let (t, m) = thinned_vs_reference(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5, 600, true);
+            let (t, m) =
+                thinned_vs_reference(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5, 600, true);
             thinned += t;
             moved += m;
         }
@@ -955,7 +985,11 @@ mod tests {
     fn review_thinned_floor_never_passes_the_proof_with_equal_send_times() {
         let (mut thinned, mut moved) = (0, 0);
         for seed in 0..300u64 {
-            let (t, m) = thinned_vs_reference(seed.wrapping_mul(0xBF58_476D_1CE4_E5B9) ^ 0x94D0, 600, false);
+            let (t, m) = thinned_vs_reference(
+                seed.wrapping_mul(0xBF58_476D_1CE4_E5B9) ^ 0x94D0,
+                600,
+                false,
+            );
             thinned += t;
             moved += m;
         }
@@ -987,7 +1021,11 @@ mod tests {
         touch.confirmed(t0 + lag + 3 * MS, t0 + lag + 3 * MS, lag);
         assert_eq!(touch.floor(), t0 + 3 * MS);
         // One nanosecond short of a lag after 5 ms: not proven.
-        touch.confirmed(t0 + lag + 5 * MS - Duration::from_nanos(1), t0 + lag + 6 * MS, lag);
+        touch.confirmed(
+            t0 + lag + 5 * MS - Duration::from_nanos(1),
+            t0 + lag + 6 * MS,
+            lag,
+        );
         assert_eq!(touch.floor(), t0 + 3 * MS);
     }
 
@@ -1005,13 +1043,20 @@ mod tests {
             touch.confirmed(t0 + i * MS, t0 + (i + 1) * MS, lag);
             assert!(touch.unproven.len() <= MAX_UNPROVEN);
         }
-        assert_eq!(touch.unproven.front().copied(), Some((t0 + MS, t0 + 1501 * MS)));
+        assert_eq!(
+            touch.unproven.front().copied(),
+            Some((t0 + MS, t0 + 1501 * MS))
+        );
         // Sent a lag after some fast one's reply, before the slow one's reply + lag: the floor moves
         // to a fast kept entry, and the slow one (sent earlier) is dropped as behind the floor —
         // harmless: the floor is a proven fast entry, later than the slow one's send.
         touch.confirmed(t0 + lag + 10 * MS, t0 + lag + 10 * MS, lag);
         let f = touch.floor();
-        assert!(f <= t0 + 9 * MS, "floor +{:?}", f.saturating_duration_since(t0));
+        assert!(
+            f <= t0 + 9 * MS,
+            "floor +{:?}",
+            f.saturating_duration_since(t0)
+        );
         assert!(touch.unproven.iter().all(|(s, _)| *s > f));
     }
 
@@ -1025,7 +1070,11 @@ mod tests {
         for slow_at in [1u32, 2, 3, 32, 33, 63, 64, 65] {
             let mut touch = LeaderTouch::new(t0);
             for i in 1..=65u32 {
-                let answered = if i >= slow_at { t0 + (900 + i) * MS } else { t0 + i * MS };
+                let answered = if i >= slow_at {
+                    t0 + (900 + i) * MS
+                } else {
+                    t0 + i * MS
+                };
                 touch.confirmed(t0 + i * MS, answered, lag);
             }
             assert!(touch.unproven.len() <= MAX_UNPROVEN);
@@ -1033,14 +1082,64 @@ mod tests {
             // (The probes answer late themselves, so no probe is proven by a later probe.)
             let late = t0 + Duration::from_secs(5);
             touch.confirmed(t0 + 165 * MS, late, lag);
-            assert!(touch.floor() < t0 + slow_at * MS, "slow_at {slow_at}: {:?}", touch.floor().saturating_duration_since(t0));
+            assert!(
+                touch.floor() < t0 + slow_at * MS,
+                "slow_at {slow_at}: {:?}",
+                touch.floor().saturating_duration_since(t0)
+            );
             // A nanosecond short of a lag after the slow reply: still not proven.
             let short = t0 + (1000 + slow_at) * MS - Duration::from_nanos(1);
             touch.confirmed(short, late, lag);
-            assert!(touch.floor() < t0 + slow_at * MS, "slow_at {slow_at}: proven too early");
+            assert!(
+                touch.floor() < t0 + slow_at * MS,
+                "slow_at {slow_at}: proven too early"
+            );
             // Exactly a lag after it: the floor may reach its send, never past it.
             touch.confirmed(t0 + (1000 + slow_at) * MS, late, lag);
-            assert!(touch.floor() <= t0 + slow_at * MS, "slow_at {slow_at}: past the slow entry");
+            assert!(
+                touch.floor() <= t0 + slow_at * MS,
+                "slow_at {slow_at}: past the slow entry"
+            );
         }
+    }
+
+    /// Equal send times (a coarse clock, pipelined requests): thinning drops `(2 ms, slow reply)`, a
+    /// second confirmation sent at the same instant with a faster reply is then kept where the
+    /// unbounded list's dedup would have kept the slow one. The thinned floor then passes the
+    /// unbounded list's (2 ms > 1 ms) — but only to a genuinely proven send (a request sent at 2 ms
+    /// answered at 66 ms, and one sent at 166 ms ≥ 66 ms + lag): within the proof rule, so safe; the
+    /// unbounded list is merely stricter than the rule there (it keeps the first-reported reply).
+    #[test]
+    fn review_equal_send_times_after_thinning_prove_only_genuinely() {
+        let t0 = clock::now() + Duration::from_secs(3600);
+        let lag = 100 * MS;
+        let mut touch = LeaderTouch::new(t0);
+        let mut unbounded = Unbounded {
+            floor: t0,
+            unproven: Vec::new(),
+        };
+        for i in 1..=65u32 {
+            let answered = if i == 1 { t0 + MS } else { t0 + (300 + i) * MS };
+            touch.confirmed(t0 + i * MS, answered, lag);
+            unbounded.confirmed(t0 + i * MS, answered, lag);
+        }
+        assert!(
+            !touch.unproven.iter().any(|(s, _)| *s == t0 + 2 * MS),
+            "2 ms thinned away"
+        );
+        touch.confirmed(t0 + 2 * MS, t0 + 66 * MS, lag);
+        unbounded.confirmed(t0 + 2 * MS, t0 + 66 * MS, lag);
+        let late = t0 + Duration::from_secs(5);
+        touch.confirmed(t0 + 166 * MS, late, lag);
+        unbounded.confirmed(t0 + 166 * MS, late, lag);
+        assert_eq!(unbounded.floor, t0 + MS);
+        assert_eq!(
+            touch.floor(),
+            t0 + 2 * MS,
+            "proven by (2 ms, 66 ms) then 166 ms"
+        );
+        // Nothing later than 2 ms is proven before a lag after its reply (≥ 303 ms).
+        touch.confirmed(t0 + 402 * MS, late, lag);
+        assert_eq!(touch.floor(), t0 + 2 * MS);
     }
 }
