@@ -16,6 +16,26 @@ use common::{children, locks_at, name, raw_client};
 use distlock_core::{LockGuard, LockState, Locks};
 use distlock_testkit::proxy::{Mode, Proxy};
 use distlock_testkit::zookeeper::ZkServer;
+use zookeeper_client as zk;
+
+/// Waits until no node is left under any of `names`, failing 3 s past `cap` (the holds' `max_hold`).
+async fn all_gone_after_max_hold(raw: &zk::Client, names: &[String], cap: Instant, what: &str) {
+    loop {
+        let mut left = 0;
+        for n in names {
+            left += children(raw, n).await.len();
+        }
+        if left == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < cap + Duration::from_secs(3),
+            "{left} nodes still there {:?} after max_hold{what}",
+            Instant::now().saturating_duration_since(cap)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 /// Many holds with a `max_hold`: once it passes, the session's one task deletes every node (the
 /// session lives on with pings, so nothing else would), while the guards are still alive.
@@ -41,22 +61,7 @@ async fn review_max_hold_deletes_every_node_of_many_holds() {
                 .unwrap(),
         );
     }
-    let cap = started + Duration::from_secs(3);
-    loop {
-        let mut left = 0;
-        for n in &names {
-            left += children(&raw, n).await.len();
-        }
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < cap + Duration::from_secs(3),
-            "{left} nodes still there {:?} after max_hold",
-            Instant::now().saturating_duration_since(cap)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    all_gone_after_max_hold(&raw, &names, started + Duration::from_secs(3), "").await;
     for g in &guards {
         assert_eq!(g.state(), LockState::Lost);
     }
@@ -126,24 +131,12 @@ fn review_max_hold_enforced_after_the_acquiring_runtime_is_dropped() {
         .join()
         .unwrap()
     });
-    main_rt.block_on(async {
-        let cap = started + Duration::from_secs(3);
-        loop {
-            let mut left = 0;
-            for n in &names {
-                left += children(&raw, n).await.len();
-            }
-            if left == 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < cap + Duration::from_secs(3),
-                "{left} nodes still there {:?} after max_hold (acquiring runtime dropped)",
-                Instant::now().saturating_duration_since(cap)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
+    main_rt.block_on(all_gone_after_max_hold(
+        &raw,
+        &names,
+        started + Duration::from_secs(3),
+        " (acquiring runtime dropped)",
+    ));
     main_rt.block_on(async move {
         drop(guards);
         drop(locks);
