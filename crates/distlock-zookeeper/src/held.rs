@@ -60,6 +60,17 @@ struct State {
     ended: Option<String>,
 }
 
+impl State {
+    /// Removes the hold `id`'s record and its deadline.
+    fn take(&mut self, id: u64) -> Option<Record> {
+        let record = self.records.remove(&id)?;
+        if let Some(at) = record.expires {
+            self.deadlines.remove(&(at, id));
+        }
+        Some(record)
+    }
+}
+
 #[derive(Debug)]
 struct Record {
     node: Arc<str>,
@@ -124,12 +135,7 @@ impl HeldNodes {
     /// Forgets a hold (released or dropped): nothing is reported for it any more and its deadline is
     /// gone.
     pub(crate) fn forget(&self, id: u64) {
-        let mut state = lock(&self.state);
-        if let Some(record) = state.records.remove(&id) {
-            if let Some(at) = record.expires {
-                state.deadlines.remove(&(at, id));
-            }
-        }
+        lock(&self.state).take(id);
     }
 
     /// Whether the hold `id` is still recorded.
@@ -139,14 +145,7 @@ impl HeldNodes {
 
     /// Reports the hold `id` lost (if it is still recorded) and forgets it.
     fn report(&self, id: u64, reason: String) {
-        let record = {
-            let mut state = lock(&self.state);
-            let record = state.records.remove(&id);
-            if let Some(at) = record.as_ref().and_then(|r| r.expires) {
-                state.deadlines.remove(&(at, id));
-            }
-            record
-        };
+        let record = lock(&self.state).take(id);
         if let Some(record) = record {
             record.lost.report(reason);
         }

@@ -18,6 +18,25 @@ use distlock_testkit::proxy::{Mode, Proxy};
 use distlock_testkit::zookeeper::ZkServer;
 use zookeeper_client as zk;
 
+/// One hold per name, each with a 2 s lease and a 3 s `max_hold`.
+async fn capped_holds(locks: &Locks, names: &[String]) -> Vec<LockGuard> {
+    let mut guards = Vec::new();
+    for n in names {
+        guards.push(
+            locks
+                .lock(n)
+                .unwrap()
+                .options()
+                .lease(Duration::from_secs(2))
+                .max_hold(Duration::from_secs(3))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    guards
+}
+
 /// Waits until no node is left under any of `names`, failing 3 s past `cap` (the holds' `max_hold`).
 async fn all_gone_after_max_hold(raw: &zk::Client, names: &[String], cap: Instant, what: &str) {
     loop {
@@ -47,20 +66,7 @@ async fn review_max_hold_deletes_every_node_of_many_holds() {
     let base = name("max_hold_many");
     let names: Vec<String> = (0..25).map(|i| format!("{base}/{i}")).collect();
     let started = Instant::now();
-    let mut guards = Vec::new();
-    for n in &names {
-        guards.push(
-            locks
-                .lock(n)
-                .unwrap()
-                .options()
-                .lease(Duration::from_secs(2))
-                .max_hold(Duration::from_secs(3))
-                .acquire()
-                .await
-                .unwrap(),
-        );
-    }
+    let guards = capped_holds(&locks, &names).await;
     all_gone_after_max_hold(&raw, &names, started + Duration::from_secs(3), "").await;
     for g in &guards {
         assert_eq!(g.state(), LockState::Lost);
@@ -108,23 +114,7 @@ fn review_max_hold_enforced_after_the_acquiring_runtime_is_dropped() {
                 .enable_all()
                 .build()
                 .unwrap();
-            let guards = short.block_on(async {
-                let mut guards = Vec::new();
-                for n in &names {
-                    guards.push(
-                        locks
-                            .lock(n)
-                            .unwrap()
-                            .options()
-                            .lease(Duration::from_secs(2))
-                            .max_hold(Duration::from_secs(3))
-                            .acquire()
-                            .await
-                            .unwrap(),
-                    );
-                }
-                guards
-            });
+            let guards = short.block_on(capped_holds(&locks, &names));
             drop(short);
             guards
         })
