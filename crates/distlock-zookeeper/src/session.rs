@@ -139,6 +139,9 @@ pub(crate) struct LeaderTouch {
     /// Send and reply times of requests answered through the leader whose touch is not yet proven,
     /// by send time, oldest first.
     unproven: VecDeque<(Instant, Instant)>,
+    /// How long `unproven` may grow before it is thinned ([`MAX_UNPROVEN`]; unbounded in a test's
+    /// reference).
+    max_unproven: usize,
 }
 
 /// Unproven confirmations kept per session. Past it the list is thinned (every other entry dropped,
@@ -155,6 +158,17 @@ impl LeaderTouch {
         Self {
             floor: sent_at,
             unproven: VecDeque::new(),
+            max_unproven: MAX_UNPROVEN,
+        }
+    }
+
+    /// The same rule with no cap on the unproven list: the reference a test compares the thinned list
+    /// with.
+    #[cfg(test)]
+    fn unbounded(sent_at: Instant) -> Self {
+        Self {
+            max_unproven: usize::MAX,
+            ..Self::new(sent_at)
         }
     }
 
@@ -185,7 +199,7 @@ impl LeaderTouch {
             self.unproven
                 .insert(at, (sent_at, answered_at.max(sent_at)));
         }
-        if self.unproven.len() > MAX_UNPROVEN {
+        if self.unproven.len() > self.max_unproven {
             // Dropping an entry only proves less (the floor moves less), so any choice is safe; this
             // one keeps the span: the oldest (proven first) and the newest stay, the density halves.
             let last = self.unproven.len() - 1;
@@ -760,38 +774,6 @@ mod tests {
         }
     }
 
-    /// `LeaderTouch::confirmed` without the cap (the list as it would be with unbounded memory):
-    /// the reference the thinned list is compared with.
-    struct Unbounded {
-        floor: Instant,
-        unproven: Vec<(Instant, Instant)>,
-    }
-    impl Unbounded {
-        fn confirmed(&mut self, sent_at: Instant, answered_at: Instant, lag: Duration) {
-            let proven_until = sent_at.saturating_sub(lag);
-            if let Some(p) = self
-                .unproven
-                .iter()
-                .filter(|(_, a)| *a <= proven_until)
-                .map(|(s, _)| *s)
-                .max()
-            {
-                self.floor = self.floor.max(p);
-            }
-            let floor = self.floor;
-            self.unproven
-                .retain(|(s, a)| *s > floor && *a > proven_until);
-            if sent_at <= self.floor {
-                return;
-            }
-            let at = self.unproven.partition_point(|(p, _)| *p <= sent_at);
-            if self.unproven.get(at.wrapping_sub(1)).map(|(p, _)| *p) != Some(sent_at) {
-                self.unproven
-                    .insert(at, (sent_at, answered_at.max(sent_at)));
-            }
-        }
-    }
-
     /// The safe bound itself, from every confirmation ever reported (no list, no cap, no dedup):
     /// the leader touched the session at or after `s_i` once a confirmation `i` (sent `s_i`,
     /// answered `a_i`) was followed by a reported confirmation sent at `≥ max(a_i, s_i) + lag`.
@@ -855,10 +837,7 @@ mod tests {
         let t0 = clock::now() + Duration::from_secs(3600);
         let lag = [MS, 7 * MS, 50 * MS, 100 * MS, 275 * MS][rng.below(5) as usize];
         let mut touch = LeaderTouch::new(t0);
-        let mut unbounded = Unbounded {
-            floor: t0,
-            unproven: Vec::new(),
-        };
+        let mut unbounded = LeaderTouch::unbounded(t0);
         let mut oracle = Oracle {
             init: t0,
             seen: Vec::new(),
@@ -920,7 +899,7 @@ mod tests {
             }
             let safe = touch.floor() >= floor_before
                 && touch.floor() <= oracle.safe
-                && (!distinct_sends || touch.floor() <= unbounded.floor);
+                && (!distinct_sends || touch.floor() <= unbounded.floor());
             let list_ok = touch.unproven.len() <= MAX_UNPROVEN
                 && touch
                     .unproven
@@ -949,15 +928,15 @@ mod tests {
             );
             if distinct_sends {
                 assert!(
-                    touch.floor() <= unbounded.floor,
+                    touch.floor() <= unbounded.floor(),
                     "{ctx}: the thinned floor +{:?} passes the unbounded floor +{:?}",
                     touch.floor().saturating_duration_since(t0),
-                    unbounded.floor.saturating_duration_since(t0)
+                    unbounded.floor().saturating_duration_since(t0)
                 );
-                if touch.floor() == unbounded.floor {
+                if touch.floor() == unbounded.floor() {
                     assert_eq!(
                         touch.newest_unproven(),
-                        unbounded.unproven.last().map(|e| e.0),
+                        unbounded.unproven.back().map(|e| e.0),
                         "{ctx}: newest_unproven differs from the unbounded list's"
                     );
                 }
@@ -1114,10 +1093,7 @@ mod tests {
         let t0 = clock::now() + Duration::from_secs(3600);
         let lag = 100 * MS;
         let mut touch = LeaderTouch::new(t0);
-        let mut unbounded = Unbounded {
-            floor: t0,
-            unproven: Vec::new(),
-        };
+        let mut unbounded = LeaderTouch::unbounded(t0);
         for i in 1..=65u32 {
             let answered = if i == 1 { t0 + MS } else { t0 + (300 + i) * MS };
             touch.confirmed(t0 + i * MS, answered, lag);
@@ -1132,7 +1108,7 @@ mod tests {
         let late = t0 + Duration::from_secs(5);
         touch.confirmed(t0 + 166 * MS, late, lag);
         unbounded.confirmed(t0 + 166 * MS, late, lag);
-        assert_eq!(unbounded.floor, t0 + MS);
+        assert_eq!(unbounded.floor(), t0 + MS);
         assert_eq!(
             touch.floor(),
             t0 + 2 * MS,
