@@ -304,14 +304,10 @@ pub(crate) fn names_owner_at(record: &[u8], at: usize, owner: &str) -> bool {
     let Some(rest) = record.get(at..) else {
         return false;
     };
-    let mut escaped = String::new();
-    let expected = if owner.bytes().any(|b| b == b'%' || b < 0x20 || b == 0x7F) {
-        push_escaped_value(&mut escaped, owner);
-        escaped.as_bytes()
-    } else {
-        owner.as_bytes()
-    };
-    rest.strip_prefix(expected)
+    // Escaped by the one rule `render` used (an owner id needing none is copied as it is).
+    let mut expected = String::with_capacity(owner.len());
+    push_escaped_value(&mut expected, owner);
+    rest.strip_prefix(expected.as_bytes())
         .is_some_and(|tail| tail.first() == Some(&b'\n'))
 }
 
