@@ -262,9 +262,9 @@ impl Watchdog {
                 // Built before the spawn: a task dropped before its first poll (its runtime shut down
                 // in between) still frees its holds for the next renewal.
                 let unanswered = Unanswered {
+                    answered: vec![false; due.len()],
                     due,
                     sent_at: None,
-                    answered: false,
                 };
                 tokio::spawn(renew_batch(backend.clone(), unanswered, self.clone()));
             }
@@ -303,25 +303,31 @@ async fn renew_batch(
     watchdog: Arc<Watchdog>,
 ) {
     let sent_at = clock::now();
-    // If this task is dropped before the replies are in (its runtime was dropped), the holds are free
-    // for the next renewal.
+    let started = tokio::time::Instant::now();
+    // If this task is dropped before the replies are in (its runtime was dropped), the holds still
+    // waiting are free for the next renewal.
     unanswered.sent_at = Some(sent_at);
-    let due = &unanswered.due;
+    let Unanswered { due, answered, .. } = &mut unanswered;
+    let due: &[(Arc<Holding>, Duration)] = due;
     for (holding, ttl) in due {
         holding.renewal_sent(sent_at, *ttl);
     }
     // A hold is renewed by nothing else while its renewal is in flight: a reply that stalls must not use
-    // up the time left, so after half of the shortest time left before a deadline of the batch the
-    // requests count as unconfirmed and are retried before the deadline.
-    let limit = due
+    // up the time left, so after half of its time left before its deadline a hold's renewal counts as
+    // unconfirmed (Jeopardy) and the hold is free for a retry before the deadline. Per hold, not per
+    // batch: with the batch's shortest time left as everyone's limit, one hold granted with little time
+    // left (a ZooKeeper grant cut to the proven leader touch) put every hold riding along in Jeopardy
+    // whenever the reply took longer than that, and their retries rode along with it again.
+    let limits: Vec<Duration> = due
         .iter()
         .map(|(holding, ttl)| {
             holding.deadline().map_or(*ttl, |deadline| {
                 deadline.saturating_duration_since(sent_at) / 2
             })
         })
-        .min()
-        .unwrap_or(Duration::from_secs(1));
+        .collect();
+    let mut by_limit: Vec<usize> = (0..due.len()).collect();
+    by_limit.sort_by_key(|&i| limits[i]);
     let batch: Vec<Renewal<'_, _>> = due
         .iter()
         .enumerate()
@@ -333,10 +339,30 @@ async fn renew_batch(
             ttl: *ttl,
         })
         .collect();
-    // On timeout every entry gets "no reply in time" below.
-    let outcomes = tokio::time::timeout(limit, backend.renew(&batch))
-        .await
-        .unwrap_or_default();
+    let mut renew = backend.renew(&batch);
+    let mut timed_out = 0;
+    let outcomes = loop {
+        let Some(&next) = by_limit.get(timed_out) else {
+            // Every hold's limit passed: the requests are dropped.
+            break Vec::new();
+        };
+        tokio::select! {
+            biased;
+            outcomes = &mut renew => break outcomes,
+            () = tokio::time::sleep_until(started + limits[next]) => {
+                let elapsed = started.elapsed();
+                while let Some(&i) = by_limit.get(timed_out).filter(|&&i| limits[i] <= elapsed) {
+                    answered[i] = true;
+                    let (holding, ttl) = &due[i];
+                    holding.apply_renewal(sent_at, *ttl, Err(no_reply_in_time()));
+                    timed_out += 1;
+                }
+                // Those holds are due for a retry, which the task schedules when it looks again.
+                watchdog.poke();
+            }
+        }
+    };
+    drop(renew);
     drop(batch);
     let mut by_entry: Vec<Option<crate::Result<Renewed>>> = due.iter().map(|_| None).collect();
     for (RenewalId(i), outcome) in outcomes {
@@ -345,17 +371,27 @@ async fn renew_batch(
             *slot = Some(outcome);
         }
     }
-    for ((holding, ttl), outcome) in due.iter().zip(by_entry) {
-        let outcome = outcome.unwrap_or_else(|| {
-            Err(Error::new(
-                ErrorKind::Unavailable,
-                "the renewal got no reply in time",
-            ))
-        });
-        holding.apply_renewal(sent_at, *ttl, outcome);
+    for (((holding, ttl), outcome), answered) in due.iter().zip(by_entry).zip(answered.iter_mut()) {
+        if *answered {
+            // Counted as unconfirmed at its limit, and maybe retried since: only a loss still counts
+            // (it is final, whichever request it answers), so that it is not reported later than needed.
+            if let Some(Ok(gone @ Renewed::Gone { .. })) = outcome {
+                holding.apply_renewal(sent_at, *ttl, Ok(gone));
+            }
+            continue;
+        }
+        *answered = true;
+        holding.apply_renewal(
+            sent_at,
+            *ttl,
+            outcome.unwrap_or_else(|| Err(no_reply_in_time())),
+        );
     }
-    unanswered.answered = true;
     watchdog.poke();
+}
+
+fn no_reply_in_time() -> Error {
+    Error::new(ErrorKind::Unavailable, "the renewal got no reply in time")
 }
 
 /// The holds of a batch whose replies are not in yet.
@@ -363,15 +399,16 @@ struct Unanswered {
     due: Vec<(Arc<Holding>, Duration)>,
     /// `None` until the batch goes out.
     sent_at: Option<Instant>,
-    answered: bool,
+    /// Per hold of `due`: its outcome was applied (a reply, or no reply by its limit).
+    answered: Vec<bool>,
 }
 
 impl Drop for Unanswered {
     fn drop(&mut self) {
-        if self.answered {
-            return;
-        }
-        for (holding, ttl) in &self.due {
+        for ((holding, ttl), answered) in self.due.iter().zip(&self.answered) {
+            if *answered {
+                continue;
+            }
             match self.sent_at {
                 Some(sent_at) => holding.renewal_abandoned(sent_at, *ttl),
                 None => holding.renewal_not_sent(),

@@ -57,19 +57,37 @@ async fn burst_of_grants(
     guards
 }
 
-fn assert_all_held(guards: &[LockGuard], what: &str) {
-    let not_held: Vec<_> = guards
-        .iter()
-        .filter(|g| g.state() != LockState::Held)
-        .collect();
-    assert!(
-        not_held.is_empty(),
-        "{what}: {} of {} holds not Held, e.g. {:?} ({:?})",
-        not_held.len(),
-        guards.len(),
-        not_held[0].state(),
-        not_held[0].loss_reason()
-    );
+/// Every hold `Held` within `within` (a renewal that got no reply in time on a loaded machine is
+/// `Jeopardy` until its retry is answered, which is honest), and none ever `Lost` meanwhile: the burst
+/// bug reported every hold `Lost` while its node was there.
+async fn all_held_within(guards: &[LockGuard], what: &str, within: Duration) {
+    let started = Instant::now();
+    loop {
+        let lost: Vec<_> = guards
+            .iter()
+            .filter(|g| g.state() == LockState::Lost)
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{what}: {} of {} holds Lost, e.g. {:?}",
+            lost.len(),
+            guards.len(),
+            lost[0].loss_reason()
+        );
+        let not_held = guards
+            .iter()
+            .filter(|g| g.state() != LockState::Held)
+            .count();
+        if not_held == 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{what}: {not_held} of {} holds still not Held after {within:?}",
+            guards.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// `tick`: the server's tickTime, told to the backend (`?tick_time=`): without it the backend assumes
@@ -88,10 +106,10 @@ async fn a_burst_stays_held(server: &ZkServer, tick: Duration, lease: Duration, 
         "only {} grants in the burst: too few to test it",
         guards.len()
     );
-    assert_all_held(&guards, "at the end of the burst");
+    all_held_within(&guards, "at the end of the burst", lease / 3).await;
     // A few renewal rounds after the burst, on the touch proven during it.
     tokio::time::sleep(lease / 2).await;
-    assert_all_held(&guards, "after the burst");
+    all_held_within(&guards, "after the burst", lease / 3).await;
     for guard in guards {
         guard.release().await.expect("release");
     }
