@@ -39,7 +39,8 @@ pub(crate) enum RedisError {
     /// A release was sent twice (the connection broke under the first attempt, its reply lost) and
     /// the second found nothing of this owner's: the first may have deleted the lock, or it had expired.
     ReleaseOutcomeUnknown { target: String },
-    /// The undo of this owner's earlier, abandoned acquire is still queued behind it.
+    /// The undo of this owner's earlier, abandoned acquire of the lock, or its earlier release, may still
+    /// be on its way.
     UndoPending { target: String, after: Duration },
 }
 
@@ -262,7 +263,7 @@ impl fmt::Display for RedisError {
             ),
             RedisError::UndoPending { target, after } => write!(
                 f,
-                "acquire on {target}: the undo of this owner's earlier, abandoned acquire is not confirmed after {}: it is queued behind that acquire on a slow connection, and would delete a grant made now; try again",
+                "acquire on {target}: this owner's earlier release of the lock, or the undo of its earlier abandoned acquire, is not confirmed after {}: it may still be queued on a slow connection, and would delete a grant made now; try again",
                 distlock_core::duration::format(*after)
             ),
             RedisError::ReleaseOutcomeUnknown { target } => write!(
