@@ -350,13 +350,8 @@ async fn renew_batch(
             biased;
             outcomes = &mut renew => break outcomes,
             () = tokio::time::sleep_until(started + limits[next]) => {
-                // Holds whose limits lie within an eighth of the time waited go too (a little early,
-                // which only counts them unconfirmed sooner): a batch of many holds with distinct
-                // limits wakes this task, and the watchdog's scan of every hold, a few dozen times at
-                // most while a reply is slow, not once per hold.
                 let elapsed = started.elapsed();
-                let cutoff = elapsed + elapsed / 8;
-                while let Some(&i) = by_limit.get(timed_out).filter(|&&i| limits[i] <= cutoff) {
+                while let Some(&i) = by_limit.get(timed_out).filter(|&&i| limits[i] <= elapsed) {
                     answered[i] = true;
                     let (holding, ttl) = &due[i];
                     holding.apply_renewal(sent_at, *ttl, Err(no_reply_in_time()));
