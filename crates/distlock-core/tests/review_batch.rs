@@ -113,6 +113,72 @@ async fn review_a_late_reply_after_a_timed_out_hold_extends_is_ignored() {
     drop(y);
 }
 
+/// Attack: x times out in a batch whose call goes on (for y); x's retry is granted only 400 ms (the
+/// store applies it after the batch's 3 s). The batch's late reply (3 s) must not outlive the retry's
+/// deadline in the guard: after a cut, the guard is not `Held` once the store dropped x.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_late_reply_does_not_override_a_shorter_retry() {
+    let (a_backend, a, b) = two_clients();
+    let (x, y) = x_and_y(&a, "shorter-retry").await;
+    a_backend.delay_renewals([Duration::from_millis(1_500)]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+    until_not_held(&x, Duration::from_secs(3)).await;
+    a_backend.cap_ttl(Some(Duration::from_millis(400)));
+    tokio::time::timeout(Duration::from_millis(400), async {
+        while x.state() != LockState::Held {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("x's retry was not answered");
+    a_backend.freeze();
+    assert!(
+        never_held_after_the_server_dropped_the_key(&x, &b, Duration::from_secs(3)).await,
+        "the store never dropped x"
+    );
+    drop(y);
+}
+
+/// Attack: x times out in a batch whose call goes on (for y); x's owner calls `extend(1s)`, whose reply
+/// is slow (the store applied it: x's key now lives 1 s from the extend). The batch's late reply (3 s)
+/// arrives while the extend is in flight. The documented invariant (`renewal_sent`): while a request
+/// is in flight the deadline is at most the one it would set, here the extend's 1 s. Only the rule
+/// that a reply after its hold's limit counts only if it is `Gone` keeps it: the ordering by `sent_at`
+/// does not (nothing after the batch is confirmed), and applying the late reply would also clear
+/// `renewing` under the extend, letting a second renewal of x go out (checked by mutating that rule:
+/// this test then fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_late_reply_during_an_unconfirmed_extend_is_ignored() {
+    let (a_backend, a, _b) = two_clients();
+    let (x, y) = x_and_y(&a, "during-extend").await;
+    // The batch's reply 1.3 s late (x's limit is ~1.05 s); the extend's 3 s late.
+    a_backend.delay_renewals([Duration::from_millis(1_300), Duration::from_secs(3)]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+    let sent = Instant::now();
+    until_not_held(&x, Duration::from_secs(3)).await;
+    let extend_sent = std::time::Instant::now();
+    let watch = async {
+        // Until the extend gives up (half the 1 s left), past the batch's late reply (~1.3 s).
+        while std::time::Instant::now() < extend_sent + Duration::from_millis(480) {
+            let deadline = x.validity_deadline().unwrap();
+            assert!(
+                deadline <= extend_sent + Duration::from_secs(1),
+                "x trusts {:?} past the extend's 1 s ({:?} after the batch went out)",
+                deadline - (extend_sent + Duration::from_secs(1)),
+                sent.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    let (extended, ()) = tokio::join!(x.extend(Duration::from_secs(1)), watch);
+    assert!(extended.is_err(), "the extend's reply was meant to be slow");
+    assert!(
+        sent.elapsed() > Duration::from_millis(1_350),
+        "the batch's reply did not come during the extend"
+    );
+    drop(y);
+}
+
 /// Attack: y's key is deleted on the store before the batch goes out (an operator's delete: the same
 /// owner id on another client, then a release), the batch's reply is late past y's own limit, and the
 /// retries' replies are later still. The batch's late `Gone` must still make y Lost at once, not at
@@ -273,9 +339,29 @@ fn review_a_runtime_dropped_after_some_holds_timed_out_leaves_every_hold_renewed
     second.block_on(async {
         until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
         until_not_held(&x, Duration::from_secs(3)).await;
+        // x's retry is answered at once: x is Held again, y still waits for the batch.
+        tokio::time::timeout(Duration::from_secs(1), async {
+            while x.state() != LockState::Held {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .expect("x's retry was not answered");
         assert_eq!(y.state(), LockState::Held, "{:?}", y.loss_reason());
     });
+    let x_deadline = x.validity_deadline();
     drop(first);
+    // The batch was dropped: y's renewal is abandoned (Jeopardy until its retry), x's answered one is
+    // left alone (its state and deadline are its retry's).
+    assert_eq!(x.state(), LockState::Held, "{:?}", x.loss_reason());
+    // (Read through the boot clock's conversion: equal within a few µs.)
+    let moved = x_deadline
+        .unwrap()
+        .saturating_duration_since(x.validity_deadline().unwrap());
+    assert!(
+        moved < Duration::from_millis(1),
+        "the dropped batch moved x's deadline {moved:?} earlier"
+    );
     second.block_on(async {
         // x's deadline (from its grant, ~3 s) and y's (~5.9 s) pass meanwhile: renewed in time, both
         // are held on the store and end Held.
