@@ -350,8 +350,13 @@ async fn renew_batch(
             biased;
             outcomes = &mut renew => break outcomes,
             () = tokio::time::sleep_until(started + limits[next]) => {
+                // Limits up to an eighth past this one time out with it: a little early is safe (Jeopardy
+                // and a retry sooner), and holds whose limits are spread (granted apart, riding along)
+                // cost a few wake-ups, not one per distinct limit, each with a poke that makes the
+                // watchdog scan every hold.
                 let elapsed = started.elapsed();
-                while let Some(&i) = by_limit.get(timed_out).filter(|&&i| limits[i] <= elapsed) {
+                let until = elapsed.saturating_add(elapsed / COALESCED_LIMITS);
+                while let Some(&i) = by_limit.get(timed_out).filter(|&&i| limits[i] <= until) {
                     answered[i] = true;
                     let (holding, ttl) = &due[i];
                     holding.apply_renewal(sent_at, *ttl, Err(no_reply_in_time()));
@@ -389,6 +394,9 @@ async fn renew_batch(
     }
     watchdog.poke();
 }
+
+/// A hold's renewal times out with an earlier one's if its limit is at most this share past it.
+const COALESCED_LIMITS: u32 = 8;
 
 fn no_reply_in_time() -> Error {
     Error::new(ErrorKind::Unavailable, "the renewal got no reply in time")

@@ -1,0 +1,494 @@
+//! Review of 5c8ed21 (a renewal batch's time limit is each hold's own). Attacks on the memory backend:
+//! `delay_renewals` holds replies back (the store applied the renewal at once), `cap_ttl` grants short,
+//! `freeze` cuts the client off, `another_client` is a second client on the same store.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock_core::MemoryBackend;
+use distlock_core::{LockGuard, LockState, Locks};
+use tokio::time::Instant;
+
+fn two_clients() -> (MemoryBackend, Locks, Locks) {
+    let a = MemoryBackend::new();
+    let b = a.another_client();
+    (a.clone(), Locks::new(a), Locks::new(b))
+}
+
+async fn until_renewal_requests(backend: &MemoryBackend, count: u64, within: Duration) {
+    tokio::time::timeout(within, async {
+        while backend.renewal_requests() < count {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("the renewal was not sent");
+}
+
+async fn until_not_held(guard: &LockGuard, within: Duration) {
+    tokio::time::timeout(within, async {
+        while guard.state() == LockState::Held {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("the guard never left Held");
+}
+
+/// The oracle of `renewals.rs`: whenever `b` can take the lock, `guard` must not say `Held`.
+async fn never_held_after_the_server_dropped_the_key(
+    guard: &LockGuard,
+    b: &Locks,
+    watch: Duration,
+) -> bool {
+    let lock = b.lock(guard.name()).unwrap();
+    let end = Instant::now() + watch;
+    while Instant::now() < end {
+        if let Some(taken) = lock.try_acquire().await.unwrap() {
+            let state = guard.state();
+            assert_ne!(
+                state,
+                LockState::Held,
+                "another client holds {} while the guard says Held (deadline {:?} from now)",
+                guard.name(),
+                guard
+                    .validity_deadline()
+                    .map(|d| d.saturating_duration_since(std::time::Instant::now()))
+            );
+            drop(taken);
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
+/// A hold `x` (lease 3 s) and a hold `y` (lease 6 s, granted 0.5 s before) share the first renewal
+/// batch (`y` rides along), with limits of about 1.05 s and 2.3 s: `x` times out first while the
+/// call goes on for `y`.
+async fn x_and_y(a: &Locks, tag: &str) -> (LockGuard, LockGuard) {
+    let y = a.lock(&format!("{tag}-y")).unwrap();
+    let y = y
+        .options()
+        .lease(Duration::from_secs(6))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let x = a.lock(&format!("{tag}-x")).unwrap();
+    let x = x
+        .options()
+        .lease(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    (x, y)
+}
+
+/// Attack: a hold times out in a batch whose call goes on (for `y`); its owner then calls
+/// `extend(1s)` (answered at once) and the client is cut off. The batch's late reply (granting 3 s,
+/// sent before the extend) must not make the guard trust more than the 1 s the store applied last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_late_reply_after_a_timed_out_hold_extends_is_ignored() {
+    let (a_backend, a, b) = two_clients();
+    let (x, y) = x_and_y(&a, "late-reply").await;
+    // The batch's reply comes 1.5 s late: after x's limit (~1.05 s), before y's (~2.3 s).
+    a_backend.delay_renewals([Duration::from_millis(1_500)]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+    let sent = Instant::now();
+    until_not_held(&x, Duration::from_secs(3)).await;
+    assert!(
+        sent.elapsed() < Duration::from_millis(1_400),
+        "x timed out at the reply, not its limit"
+    );
+    x.extend(Duration::from_secs(1)).await.unwrap();
+    a_backend.freeze();
+    // The late reply arrives about 0.5 s later; the store drops x about 1 s after the extend.
+    assert!(
+        never_held_after_the_server_dropped_the_key(&x, &b, Duration::from_secs(3)).await,
+        "the store never dropped x"
+    );
+    drop(y);
+}
+
+/// Attack: x times out in a batch whose call goes on (for y); x's retry is granted only 400 ms (the
+/// store applies it after the batch's 3 s). The batch's late reply (3 s) must not outlive the retry's
+/// deadline in the guard: after a cut, the guard is not `Held` once the store dropped x.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_late_reply_does_not_override_a_shorter_retry() {
+    let (a_backend, a, b) = two_clients();
+    let (x, y) = x_and_y(&a, "shorter-retry").await;
+    a_backend.delay_renewals([Duration::from_millis(1_500)]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+    until_not_held(&x, Duration::from_secs(3)).await;
+    a_backend.cap_ttl(Some(Duration::from_millis(400)));
+    tokio::time::timeout(Duration::from_millis(400), async {
+        while x.state() != LockState::Held {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("x's retry was not answered");
+    a_backend.freeze();
+    assert!(
+        never_held_after_the_server_dropped_the_key(&x, &b, Duration::from_secs(3)).await,
+        "the store never dropped x"
+    );
+    drop(y);
+}
+
+/// Attack: x times out in a batch whose call goes on (for y); x's owner calls `extend(1s)`, whose reply
+/// is slow (the store applied it: x's key now lives 1 s from the extend). The batch's late reply (3 s)
+/// arrives while the extend is in flight. The documented invariant (`renewal_sent`): while a request
+/// is in flight the deadline is at most the one it would set, here the extend's 1 s. Only the rule
+/// that a reply after its hold's limit counts only if it is `Gone` keeps it: the ordering by `sent_at`
+/// does not (nothing after the batch is confirmed), and applying the late reply would also clear
+/// `renewing` under the extend, letting a second renewal of x go out (checked by mutating that rule:
+/// this test then fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_late_reply_during_an_unconfirmed_extend_is_ignored() {
+    let (a_backend, a, _b) = two_clients();
+    let (x, y) = x_and_y(&a, "during-extend").await;
+    // The batch's reply 1.3 s late (x's limit is ~1.05 s); the extend's 3 s late.
+    a_backend.delay_renewals([Duration::from_millis(1_300), Duration::from_secs(3)]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+    let sent = Instant::now();
+    until_not_held(&x, Duration::from_secs(3)).await;
+    let extend_sent = std::time::Instant::now();
+    let watch = async {
+        // Until the extend gives up (half the 1 s left), past the batch's late reply (~1.3 s).
+        while std::time::Instant::now() < extend_sent + Duration::from_millis(480) {
+            let deadline = x.validity_deadline().unwrap();
+            assert!(
+                deadline <= extend_sent + Duration::from_secs(1),
+                "x trusts {:?} past the extend's 1 s ({:?} after the batch went out)",
+                deadline - (extend_sent + Duration::from_secs(1)),
+                sent.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    let (extended, ()) = tokio::join!(x.extend(Duration::from_secs(1)), watch);
+    assert!(extended.is_err(), "the extend's reply was meant to be slow");
+    assert!(
+        sent.elapsed() > Duration::from_millis(1_350),
+        "the batch's reply did not come during the extend"
+    );
+    drop(y);
+}
+
+/// Attack: y's key is deleted on the store before the batch goes out (an operator's delete: the same
+/// owner id on another client, then a release), the batch's reply is late past y's own limit, and the
+/// retries' replies are later still. The batch's late `Gone` must still make y Lost at once, not at
+/// its deadline (the loss must not be reported later than the reply that proves it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_late_gone_after_a_holds_limit_reports_the_loss_at_once() {
+    let (a_backend, a, b) = two_clients();
+    // x (limit ~1.05 s, deadline ~2.1 s after the batch goes out) is the one whose key goes.
+    let (x, y) = x_and_y(&a, "late-gone").await;
+    let taken = b
+        .lock_as(x.name(), x.owner())
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("same owner: refreshed");
+    taken.release().await.unwrap();
+    // The batch's reply 1.6 s late (after x's limit, ~0.5 s before x's deadline); its retries 10 s.
+    a_backend.delay_renewals([
+        Duration::from_millis(1_600),
+        Duration::from_secs(10),
+        Duration::from_secs(10),
+        Duration::from_secs(10),
+    ]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+    let sent = Instant::now();
+    let deadline = x.validity_deadline().unwrap();
+    tokio::time::timeout(Duration::from_secs(4), x.lost())
+        .await
+        .expect("x never Lost");
+    let lost_at = std::time::Instant::now();
+    assert!(
+        lost_at + Duration::from_millis(200) < deadline,
+        "x Lost {:?} after the batch went out, at its deadline: the late Gone was not applied ({:?})",
+        sent.elapsed(),
+        x.loss_reason()
+    );
+    assert_eq!(y.state(), LockState::Held, "{:?}", y.loss_reason());
+}
+
+/// Attack: a late `Gone` (for x's old hold: its key deleted before the batch went out) arrives after
+/// x timed out, was released, and the same `Lock` acquired the name again. It must not touch the new
+/// hold (the same name and owner id, another `Holding`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_late_gone_does_not_reach_the_next_hold_of_the_same_lock() {
+    let (a_backend, a, b) = two_clients();
+    let y = a.lock("regone-y").unwrap();
+    let y = y
+        .options()
+        .lease(Duration::from_secs(6))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let x_lock = a.lock("regone-x").unwrap();
+    let x = x_lock
+        .options()
+        .lease(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let taken = b
+        .lock_as(x.name(), x.owner())
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("same owner: refreshed");
+    taken.release().await.unwrap();
+    // The batch's reply (x: Gone) comes 1.6 s late: after x's limit (~1.05 s), before y's (~2.3 s).
+    a_backend.delay_renewals([Duration::from_millis(1_600)]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+    let sent = Instant::now();
+    until_not_held(&x, Duration::from_secs(3)).await;
+    // The retry (answered at once) may find the key gone first: either way the old hold ends here.
+    let _ = x.release().await;
+    let again = x_lock
+        .options()
+        .lease(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        sent.elapsed() < Duration::from_millis(1_500),
+        "too slow to test the case"
+    );
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(again.state(), LockState::Held, "{:?}", again.loss_reason());
+    assert_eq!(y.state(), LockState::Held, "{:?}", y.loss_reason());
+}
+
+/// Attack: the batch's reply stalls far past every limit, and the client is cut off right after the
+/// batch went out, so every retry fails: neither hold may be `Held` once the store dropped its key, and
+/// each goes `Lost` by its own deadline (`lost()` fires on time although the batch task still waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_stalled_batch_and_a_cut_never_leave_a_hold_held() {
+    let (a_backend, a, b) = two_clients();
+    let (x, y) = x_and_y(&a, "stalled-cut").await;
+    a_backend.delay_renewals([Duration::from_secs(60)]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+    a_backend.freeze();
+    let (x_dropped, y_dropped, (), ()) = tokio::join!(
+        never_held_after_the_server_dropped_the_key(&x, &b, Duration::from_secs(8)),
+        never_held_after_the_server_dropped_the_key(&y, &b, Duration::from_secs(8)),
+        lost_on_time(&x),
+        lost_on_time(&y),
+    );
+    assert!(
+        x_dropped && y_dropped,
+        "the store kept a key of a frozen client"
+    );
+}
+
+/// `lost()` fires by the deadline (it can only move earlier here: the client is cut off).
+async fn lost_on_time(guard: &LockGuard) {
+    let deadline = guard.validity_deadline().unwrap();
+    tokio::time::timeout(Duration::from_secs(8), guard.lost())
+        .await
+        .expect("lost() did not fire");
+    let late = std::time::Instant::now().saturating_duration_since(deadline);
+    assert!(
+        late < Duration::from_millis(100),
+        "{}: lost() {late:?} after the deadline",
+        guard.name()
+    );
+}
+
+/// Probe of `Unanswered::drop`: the runtime that runs the watchdog (and so the batch) is dropped after
+/// x's renewal timed out (and was maybe retried) but while y's is still waiting. y's must count as
+/// abandoned, so the watchdog restarted on the other runtime renews it; x's must not be touched twice.
+/// Both stay held on the store and end `Held`.
+#[test]
+fn review_a_runtime_dropped_after_some_holds_timed_out_leaves_every_hold_renewed() {
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (a_backend, a, b) = two_clients();
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The watchdog starts on `first` with this hold's acquire.
+    let starter = first.block_on(async {
+        a.lock("rt-starter")
+            .unwrap()
+            .options()
+            .lease(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    let (x, y) = second.block_on(x_and_y(&a, "rt"));
+    // The batch's reply far later than any deadline; the retries are answered at once.
+    a_backend.delay_renewals([Duration::from_secs(60)]);
+    second.block_on(async {
+        until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+        until_not_held(&x, Duration::from_secs(3)).await;
+        // x's retry is answered at once: x is Held again, y still waits for the batch.
+        tokio::time::timeout(Duration::from_secs(1), async {
+            while x.state() != LockState::Held {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .expect("x's retry was not answered");
+        assert_eq!(y.state(), LockState::Held, "{:?}", y.loss_reason());
+    });
+    let x_deadline = x.validity_deadline();
+    drop(first);
+    // The batch was dropped: y's renewal is abandoned (Jeopardy until its retry), x's answered one is
+    // left alone (its state and deadline are its retry's).
+    assert_eq!(x.state(), LockState::Held, "{:?}", x.loss_reason());
+    // (Read through the boot clock's conversion: equal within a few µs.)
+    let moved = x_deadline
+        .unwrap()
+        .saturating_duration_since(x.validity_deadline().unwrap());
+    assert!(
+        moved < Duration::from_millis(1),
+        "the dropped batch moved x's deadline {moved:?} earlier"
+    );
+    second.block_on(async {
+        // x's deadline (from its grant, ~3 s) and y's (~5.9 s) pass meanwhile: renewed in time, both
+        // are held on the store and end Held.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        for guard in [&x, &y] {
+            assert_eq!(
+                guard.state(),
+                LockState::Held,
+                "{}: {:?}",
+                guard.name(),
+                guard.loss_reason()
+            );
+            assert!(
+                b.lock(guard.name())
+                    .unwrap()
+                    .try_acquire()
+                    .await
+                    .unwrap()
+                    .is_none(),
+                "{}: the store dropped the key",
+                guard.name()
+            );
+        }
+        drop((x, y));
+    });
+    drop(starter);
+}
+
+/// CPU cost: holds granted 10 ms apart share one batch (riding along), so their limits are 5 ms apart.
+/// With a reply slower than every limit, the batch task wakes once per distinct limit, and each wake
+/// pokes the watchdog, which scans every hold of the `Locks`: O(holds × distinct limits) per stalled
+/// batch (10,000 holds granted over 0.4 s: up to ~200 wakes, each a full scan), where the batch-wide
+/// limit woke once. Timing a hold out a little early is safe (Jeopardy and a retry sooner), so the
+/// limits can be coalesced (say every limit within an eighth past the one that fired), which bounds the
+/// wake-ups by a logarithm of the spread. Mechanism: the distinct moments at which holds left `Held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_timed_out_holds_of_one_batch_leave_held_in_few_wake_ups() {
+    let (a_backend, a, _b) = two_clients();
+    let lease = Duration::from_secs(3);
+    let mut guards = Vec::new();
+    for i in 0..25 {
+        let lock = a.lock(&format!("spread-{i}")).unwrap();
+        guards.push(lock.options().lease(lease).acquire().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a_backend.delay_renewals([Duration::from_secs(10)]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+    assert_eq!(
+        a_backend.renewal_requests(),
+        1,
+        "the holds did not share one batch"
+    );
+    let moments: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let guards = Arc::new(guards);
+    let waiters: Vec<_> = (0..guards.len())
+        .map(|i| {
+            let (guards, moments) = (guards.clone(), moments.clone());
+            tokio::spawn(async move {
+                guards[i].jeopardy().await;
+                moments.lock().unwrap().push(Instant::now());
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for waiter in &waiters {
+        waiter.abort();
+    }
+    let mut moments = moments.lock().unwrap().clone();
+    assert!(
+        moments.len() * 2 > guards.len(),
+        "only {} of {} holds timed out",
+        moments.len(),
+        guards.len()
+    );
+    moments.sort();
+    let wake_ups = 1 + moments
+        .windows(2)
+        .filter(|w| w[1] - w[0] > Duration::from_millis(2))
+        .count();
+    assert!(
+        wake_ups <= 8,
+        "the {} holds that timed out in one batch left Held at {wake_ups} distinct moments over \
+         {:?}: one batch-task wake-up (and one full watchdog scan) per hold",
+        moments.len(),
+        moments[moments.len() - 1] - moments[0]
+    );
+}
+
+/// CPU seconds (user + system) of this process so far, from `/proc/self/stat`.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// A measurement, not a check (run with `--run-ignored only`): 10,000 holds granted over ~0.3 s, one
+/// stalled batch; the CPU the process spends while their renewals time out, and how many distinct
+/// moments they leave `Held` at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; prints figures"]
+async fn review_measure_cpu_of_a_stalled_batch_of_10000_spread_holds() {
+    let (a_backend, a, _b) = two_clients();
+    let lease = Duration::from_secs(3);
+    let mut guards = Vec::new();
+    let started = Instant::now();
+    for i in 0..10_000 {
+        let lock = a.lock(&format!("many-{i}")).unwrap();
+        guards.push(lock.options().lease(lease).acquire().await.unwrap());
+        if i % 1000 == 999 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let spread = started.elapsed();
+    a_backend.delay_renewals([Duration::from_secs(30)]);
+    until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
+    let cpu_before = cpu_seconds();
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    let cpu = cpu_seconds() - cpu_before;
+    println!(
+        "granted over {spread:?}; batches {}; CPU {cpu:.2} s over the 1.8 s after the batch; {} not Held at the end",
+        a_backend.renewal_requests(),
+        guards.iter().filter(|g| g.state() != LockState::Held).count()
+    );
+}
