@@ -481,6 +481,16 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Renews every lease in `batch`, one round trip per group, and returns one outcome per entry in
     /// the same order.
+    ///
+    /// # Cancel safety
+    /// Each entry has its own time limit (half the time left before its hold's deadline). The core
+    /// keeps polling this future after some entries' limits passed: those count as unconfirmed, their
+    /// holds may be renewed again (another call, or an `extend`) while this one is still in flight, and
+    /// their outcomes in this call's result are ignored unless they are [`Renewed::Gone`]. The future is
+    /// dropped when the last entry's limit passes. So the same lease may be in two calls at once, and
+    /// whatever a late reply updates inside the backend must not let it trust a lease longer than the
+    /// newest confirmed renewal proves (an older send time only proves less; ZooKeeper's `extend_to`
+    /// counts from its request's send time, etcd's expiry is capped by the session's TTL).
     async fn renew(&self, batch: &[Renewal<'_, Self::Lease>]) -> Vec<(RenewalId, Result<Renewed>)>;
 
     /// Releases a held lock if, and only if, it is still this owner's. Safe to retry.
