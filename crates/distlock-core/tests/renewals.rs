@@ -5,28 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
-use distlock_core::MemoryBackend;
+use common::{b_takes_it_only_when_not_held, two_clients, until_renewal_requests};
 use distlock_core::{LockGuard, LockState, Locks};
 use tokio::time::Instant;
-
-/// A client `a` (with its backend handle, for the test facilities) and a second client `b`.
-fn two_clients() -> (MemoryBackend, Locks, Locks) {
-    let a = MemoryBackend::new();
-    let b = a.another_client();
-    (a.clone(), Locks::new(a), Locks::new(b))
-}
-
-async fn until_renewal_requests(backend: &MemoryBackend, count: u64, within: Duration) {
-    tokio::time::timeout(within, async {
-        while backend.renewal_requests() < count {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the renewal was not sent");
-}
 
 /// For `watch`: whenever `b` can take the lock (the key is gone from the store), `guard` must not say
 /// `Held`. If `b` never gets it, the guard must still be `Held` at the end (it was renewed in time).
@@ -35,26 +20,9 @@ async fn never_held_after_the_server_dropped_the_key(
     b: &Locks,
     watch: Duration,
 ) {
-    let name = guard.name().to_string();
-    let lock = b.lock(&name).unwrap();
-    let end = Instant::now() + watch;
-    while Instant::now() < end {
-        if let Some(taken) = lock.try_acquire().await.unwrap() {
-            let state = guard.state();
-            assert_ne!(
-                state,
-                LockState::Held,
-                "another client holds the lock while the guard says Held (deadline {:?} from now)",
-                guard
-                    .validity_deadline()
-                    .map(|d| d.saturating_duration_since(std::time::Instant::now()))
-            );
-            drop(taken);
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if !b_takes_it_only_when_not_held(guard, b, watch).await {
+        assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
     }
-    assert_eq!(guard.state(), LockState::Held, "{:?}", guard.loss_reason());
 }
 
 /// The trace: a watchdog renewal (30 s) is in flight with a slow reply when the user calls

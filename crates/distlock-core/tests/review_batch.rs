@@ -4,28 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::MemoryBackend;
+use common::{b_takes_it_only_when_not_held, two_clients, until_renewal_requests};
 use distlock_core::{LockGuard, LockState, Locks};
 use tokio::time::Instant;
-
-fn two_clients() -> (MemoryBackend, Locks, Locks) {
-    let a = MemoryBackend::new();
-    let b = a.another_client();
-    (a.clone(), Locks::new(a), Locks::new(b))
-}
-
-async fn until_renewal_requests(backend: &MemoryBackend, count: u64, within: Duration) {
-    tokio::time::timeout(within, async {
-        while backend.renewal_requests() < count {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-    .expect("the renewal was not sent");
-}
 
 async fn until_not_held(guard: &LockGuard, within: Duration) {
     tokio::time::timeout(within, async {
@@ -35,34 +21,6 @@ async fn until_not_held(guard: &LockGuard, within: Duration) {
     })
     .await
     .expect("the guard never left Held");
-}
-
-/// The oracle of `renewals.rs`: whenever `b` can take the lock, `guard` must not say `Held`.
-async fn never_held_after_the_server_dropped_the_key(
-    guard: &LockGuard,
-    b: &Locks,
-    watch: Duration,
-) -> bool {
-    let lock = b.lock(guard.name()).unwrap();
-    let end = Instant::now() + watch;
-    while Instant::now() < end {
-        if let Some(taken) = lock.try_acquire().await.unwrap() {
-            let state = guard.state();
-            assert_ne!(
-                state,
-                LockState::Held,
-                "another client holds {} while the guard says Held (deadline {:?} from now)",
-                guard.name(),
-                guard
-                    .validity_deadline()
-                    .map(|d| d.saturating_duration_since(std::time::Instant::now()))
-            );
-            drop(taken);
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    false
 }
 
 /// A hold `x` (lease 3 s) and a hold `y` (lease 6 s, granted 0.5 s before) share the first renewal
@@ -107,7 +65,7 @@ async fn review_a_late_reply_after_a_timed_out_hold_extends_is_ignored() {
     a_backend.freeze();
     // The late reply arrives about 0.5 s later; the store drops x about 1 s after the extend.
     assert!(
-        never_held_after_the_server_dropped_the_key(&x, &b, Duration::from_secs(3)).await,
+        b_takes_it_only_when_not_held(&x, &b, Duration::from_secs(3)).await,
         "the store never dropped x"
     );
     drop(y);
@@ -133,7 +91,7 @@ async fn review_a_late_reply_does_not_override_a_shorter_retry() {
     .expect("x's retry was not answered");
     a_backend.freeze();
     assert!(
-        never_held_after_the_server_dropped_the_key(&x, &b, Duration::from_secs(3)).await,
+        b_takes_it_only_when_not_held(&x, &b, Duration::from_secs(3)).await,
         "the store never dropped x"
     );
     drop(y);
@@ -281,8 +239,8 @@ async fn review_a_stalled_batch_and_a_cut_never_leave_a_hold_held() {
     until_renewal_requests(&a_backend, 1, Duration::from_secs(3)).await;
     a_backend.freeze();
     let (x_dropped, y_dropped, (), ()) = tokio::join!(
-        never_held_after_the_server_dropped_the_key(&x, &b, Duration::from_secs(8)),
-        never_held_after_the_server_dropped_the_key(&y, &b, Duration::from_secs(8)),
+        b_takes_it_only_when_not_held(&x, &b, Duration::from_secs(8)),
+        b_takes_it_only_when_not_held(&y, &b, Duration::from_secs(8)),
         lost_on_time(&x),
         lost_on_time(&y),
     );
