@@ -31,6 +31,10 @@ pub(crate) struct Gate {
 #[derive(Default)]
 struct GateState {
     held: bool,
+    /// Releases of this name (any owner) that passed the gate on before their reply and have not had
+    /// it (see [`LocksInner::releasing`](crate::locks::LocksInner)): while none, an acquire need not
+    /// look for its owner's. In the padding after `held`, so the gate is no larger (issue 9).
+    releases_in_flight: u32,
     next_id: u64,
     waiters: VecDeque<Waiter>,
 }
@@ -95,6 +99,23 @@ impl Drop for HandedGrant {
 }
 
 impl Gate {
+    /// Counts a release of this name passed on early (see [`GateState::releases_in_flight`]).
+    pub(crate) fn release_in_flight_started(&self) {
+        let mut state = lock(&self.state);
+        state.releases_in_flight = state.releases_in_flight.saturating_add(1);
+    }
+
+    /// Its reply came (or it was given up).
+    pub(crate) fn release_in_flight_ended(&self) {
+        let mut state = lock(&self.state);
+        state.releases_in_flight = state.releases_in_flight.saturating_sub(1);
+    }
+
+    /// Whether any release of this name passed on early is waiting for its reply.
+    pub(crate) fn has_releases_in_flight(&self) -> bool {
+        lock(&self.state).releases_in_flight > 0
+    }
+
     /// Takes the gate if it is free (nobody holds it, so nobody queues either); otherwise queues
     /// `owner` (asking for `lease`) and returns the wait. No allocation when the gate is free.
     pub(crate) fn take_or_queue(

@@ -5,13 +5,13 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify, OwnedMutexGuard};
+use tokio::sync::{watch, Notify};
 
 use crate::gate::{GateGuard, HandedGrant};
 
 use crate::clock::{self, Instant};
 use crate::error::{Error, ErrorKind, Result};
-use crate::locks::{tag, LockShared};
+use crate::locks::{tag, LockShared, LocksInner, ReleaseInFlight};
 use crate::options::LockOptions;
 use crate::raw::{AcquireRequest, ErasedLease, HandOff, Released, Renewal, RenewalId, Renewed};
 
@@ -93,9 +93,9 @@ pub(crate) struct Holding {
     state_tx: std::sync::OnceLock<watch::Sender<LockState>>,
     /// The local gate of this name, passed to the next waiter of this process after the release.
     gate: Mutex<Option<GateGuard>>,
-    /// The owner's `releasing` lock, taken when the gate is passed on before the release's reply (see
+    /// The release in flight, marked when the gate is passed on before the release's reply (see
     /// [`pass_gate_on_early`](Self::pass_gate_on_early)), until that reply.
-    releasing: Mutex<Option<OwnedMutexGuard<()>>>,
+    releasing: Mutex<Option<ReleaseInFlight>>,
     /// The wake-ups of the hold's waiters, made by the first waiter (an `extend` waiting for its turn,
     /// `lost()`, `jeopardy()`): most holds have none, and two `Notify`s are 64 bytes (issue 9's memory
     /// per held lock). Only `notify_waiters` is used on them, which stores no permit, so one not yet made
@@ -576,14 +576,15 @@ impl Holding {
 
     /// The release is on its way, ahead of every acquire sent after it: the next waiter of this process
     /// may go. This owner's own next acquire still waits for the reply, on `releasing`; if that cannot be
-    /// taken (a restarted release holds it already, or it is in use), the gate stays until the reply.
+    /// marked (a restarted release marked it already, or another is marked), the gate stays until the
+    /// reply.
     fn pass_gate_on_early(&self) {
         let mut releasing = lock(&self.releasing);
         if releasing.is_some() {
             return;
         }
-        if let Ok(guard) = self.shared.releasing.clone().try_lock_owned() {
-            *releasing = Some(guard);
+        if let Some(in_flight) = LocksInner::start_release_in_flight(&self.shared) {
+            *releasing = Some(in_flight);
             drop(releasing);
             drop(lock(&self.gate).take());
         }
@@ -593,7 +594,7 @@ impl Holding {
     /// request ([`Backend::hand_off`](crate::raw::Backend::hand_off)), and passes the gate on with the
     /// grant. `None` when it is not tried: the backend cannot, nobody waits, or the next waiter is this
     /// same owner (to the engine one owner; its acquire must not overtake this release, see
-    /// [`LockShared::releasing`]), or the next owner's own earlier release, passed on early, has not
+    /// [`LocksInner::releasing`]), or the next owner's own earlier release, passed on early, has not
     /// answered yet (a handed grant skips the `releasing` wait an acquire of its would make, and that
     /// release, resent late, would delete the grant). Where a backend also passes the gate on early
     /// (`release_orders_next_acquire`), the handoff is tried first: one request instead of a release
@@ -608,7 +609,8 @@ impl Holding {
             || self
                 .shared
                 .locks
-                .releasing_in_flight(&self.shared.name, &next.owner)
+                .release_in_flight(&self.shared.gate, &self.shared.name, &next.owner)
+                .is_some()
         {
             return None;
         }
