@@ -50,22 +50,28 @@ pub(crate) struct LocksInner {
     /// Same-name waiters of this `Locks` queue here (FIFO, see [`Gate`]), so only the head contends
     /// with the engine.
     gates: Mutex<Shared<Arc<str>, Gate>>,
-    /// The `releasing` mutex of each (name, owner) with a live `Lock` (see [`LockShared::releasing`]):
-    /// shared by every `Lock` of one name and owner id (`lock_as` may give two the same), since to the
-    /// engine they are one owner. Keyed by the `Lock`'s own name and owner id (`Arc<str>`s shared with
-    /// it, not copies: issue 9's memory per held lock).
-    releasing: Mutex<Shared<NameAndOwner, ReleasingMutex>>,
+    /// The releases that passed the local gate on before their reply (see
+    /// [`Backend::release_orders_next_acquire`](crate::raw::Backend::release_orders_next_acquire)), by
+    /// name and owner id, until that reply: each held by its release ([`ReleaseInFlight`]). This
+    /// owner's next acquire waits for it, since a release that reaches the engine after it (resent on a
+    /// fresh connection, or delayed) would delete this owner's next grant. By name and owner, so every
+    /// `Lock` of this `Locks` with that name and owner id waits (`lock_as` may give two the same): to
+    /// the engine they are one owner. Other owners' acquires need not wait (the release is
+    /// owner-guarded). An entry lives only while its release is in flight, so a held lock has none
+    /// (issue 9's memory per held lock), and an acquire looks here only while its gate counts one of
+    /// its name ([`Gate::has_releases_in_flight`]). Lock order: this map, then a gate's state.
+    releasing: Mutex<HashMap<NameAndOwner, Arc<ReleasingMutex>>>,
     pub(crate) watchdog: Arc<Watchdog>,
     background: Arc<Background>,
 }
 
-/// The `releasing` mutex of one (name, owner), and its key.
+/// The mutex of a release in flight of one (name, owner) (see [`LocksInner::releasing`]), and its key.
 type ReleasingMutex = tokio::sync::Mutex<()>;
 type NameAndOwner = (Arc<str>, Arc<str>);
 
-/// Shared mutexes by key, each alive while a [`Lock`] holds it: the local gates by name, and the
-/// `releasing` mutexes by name and owner. Each `Lock` keeps its own from its creation, so an acquire
-/// takes them without a look-up; the map only lets `Lock`s of one key find the same mutex.
+/// Shared values by key, each alive while a [`Lock`] holds it: the local gates by name. Each `Lock`
+/// keeps its own from its creation, so an acquire takes it without a look-up; the map only lets
+/// `Lock`s of one key find the same gate.
 struct Shared<K, T> {
     by_key: HashMap<K, Weak<T>>,
     /// Mutexes no `Lock` holds any more are dropped from the map when it grows past this (which then
@@ -175,7 +181,6 @@ impl Locks {
         }
         let name: Arc<str> = Arc::from(name);
         let owner: Arc<str> = Arc::from(owner);
-        let releasing = lock(&self.inner.releasing).get((name.clone(), owner.clone()));
         let gate = lock(&self.inner.gates).get(name.clone());
         Ok(Lock {
             shared: Arc::new(LockShared {
@@ -184,7 +189,6 @@ impl Locks {
                 owner,
                 acquiring: tokio::sync::Mutex::new(()),
                 gate,
-                releasing,
                 held: Mutex::new(None),
             }),
         })
@@ -248,19 +252,44 @@ impl fmt::Debug for Locks {
 }
 
 impl LocksInner {
-    /// The runtime of the latest acquire. It may have been dropped since: [`spawn`] copes with that.
-    /// Whether a release of (name, owner) passed the local gate on before its reply and that reply
-    /// has not come (its `releasing` mutex is held; see [`LockShared::releasing`]). Read by a holder of
-    /// the name's gate, which no other hold of the name can release meanwhile, so the answer stays
-    /// true or turns false, never turns true, until that holder passes the gate on.
-    pub(crate) fn releasing_in_flight(&self, name: &Arc<str>, owner: &Arc<str>) -> bool {
-        let releasing = lock(&self.releasing)
-            .by_key
+    /// The mutex of a release of (name, owner) that passed the local gate `gate` (of `name`) on before
+    /// its reply and has not had it (see [`LocksInner::releasing`]); `None` if there is none. Read by a
+    /// holder of the name's gate, which no other hold of the name can release meanwhile, so the answer
+    /// stays `Some` or turns `None`, never turns `Some`, until that holder passes the gate on.
+    pub(crate) fn release_in_flight(
+        &self,
+        gate: &Gate,
+        name: &Arc<str>,
+        owner: &Arc<str>,
+    ) -> Option<Arc<ReleasingMutex>> {
+        if !gate.has_releases_in_flight() {
+            return None;
+        }
+        lock(&self.releasing)
             .get(&(name.clone(), owner.clone()))
-            .and_then(Weak::upgrade);
-        releasing.is_some_and(|mutex| mutex.try_lock().is_err())
+            .cloned()
     }
 
+    /// Marks a release of the `Lock`'s name and owner as passed on early, until the mark is dropped
+    /// (its reply came); `None` if one is marked already (a restarted release, or another `Lock` of
+    /// the same owner id), and then the gate must stay until the reply.
+    pub(crate) fn start_release_in_flight(shared: &Arc<LockShared>) -> Option<ReleaseInFlight> {
+        let mut releasing = lock(&shared.locks.releasing);
+        let key = (shared.name.clone(), shared.owner.clone());
+        if releasing.contains_key(&key) {
+            return None;
+        }
+        // A new mutex, so free.
+        let held = Arc::new(ReleasingMutex::new(())).try_lock_owned().ok()?;
+        releasing.insert(key, tokio::sync::OwnedMutexGuard::mutex(&held).clone());
+        shared.gate.release_in_flight_started();
+        Some(ReleaseInFlight {
+            shared: shared.clone(),
+            _held: held,
+        })
+    }
+
+    /// The runtime of the latest acquire. It may have been dropped since: [`spawn`] copes with that.
     pub(crate) fn runtime(&self) -> Option<Handle> {
         lock(&self.runtime).clone()
     }
@@ -328,6 +357,32 @@ impl LocksInner {
             *runtime = Some(handle);
         }
         Ok(())
+    }
+}
+
+/// A release of one `Lock`'s name and owner in flight after it passed the gate on early (see
+/// [`LocksInner::releasing`]): dropped when its reply came, it leaves the map and wakes the acquires
+/// of that owner waiting for it.
+pub(crate) struct ReleaseInFlight {
+    shared: Arc<LockShared>,
+    /// Dropped after the entry left the map (fields drop after `drop`), so an acquire that finds the
+    /// entry waits on a mutex still held.
+    _held: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for ReleaseInFlight {
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        {
+            let mut releasing = lock(&shared.locks.releasing);
+            releasing.remove(&(shared.name.clone(), shared.owner.clone()));
+            // After a burst of releases, the table is not kept at its largest.
+            if releasing.capacity() > 4 * releasing.len() + 64 {
+                let len = releasing.len();
+                releasing.shrink_to(2 * len);
+            }
+        }
+        shared.gate.release_in_flight_ended();
     }
 }
 
@@ -466,22 +521,15 @@ pub struct Lock {
 
 pub(crate) struct LockShared {
     pub(crate) locks: Arc<LocksInner>,
-    /// The name and owner id, shared with the `gates` and `releasing` maps' keys.
+    /// The name and owner id, shared with the `gates` map's key and the `releasing` map's while a
+    /// release is in flight.
     pub(crate) name: Arc<str>,
     pub(crate) owner: Arc<str>,
     /// Serialises acquires of this `Lock`, so a second task's acquire sees the first one's hold and
     /// joins it instead of racing it to the engine.
     acquiring: tokio::sync::Mutex<()>,
     /// The local gate of this name in this `Locks` (see [`LocksInner::gates`]).
-    gate: Arc<Gate>,
-    /// Held by a hold whose release passed the local gate on before its reply (see
-    /// [`Backend::release_orders_next_acquire`](crate::raw::Backend::release_orders_next_acquire)), until
-    /// that reply: this owner's next acquire waits for it, since a release that reaches the engine
-    /// after it (resent on a fresh connection, or delayed) would delete this owner's next grant. Shared
-    /// by every `Lock` of this `Locks` with this name and owner id (see [`LocksInner::releasing`]): to
-    /// the engine they are one owner. Other owners' acquires need not wait (the release is
-    /// owner-guarded).
-    pub(crate) releasing: Arc<tokio::sync::Mutex<()>>,
+    pub(crate) gate: Arc<Gate>,
     /// The current hold and how many guards share it.
     pub(crate) held: Mutex<Option<(Arc<Holding>, usize)>>,
 }
@@ -591,11 +639,12 @@ impl Lock {
                 None => return Ok(None),
             },
         };
-        // This owner's own release may still be on its way (see `LockShared::releasing`).
-        if shared.releasing.try_lock().is_err()
-            && within(deadline, shared.releasing.lock()).await.is_none()
+        // This owner's own release may still be on its way (see `LocksInner::releasing`).
+        if let Some(releasing) = locks.release_in_flight(&shared.gate, &shared.name, &shared.owner)
         {
-            return Ok(None);
+            if within(deadline, releasing.lock()).await.is_none() {
+                return Ok(None);
+            }
         }
 
         let request = AcquireRequest {
@@ -948,54 +997,72 @@ mod tests {
         let _ = guard.release().await;
     }
 
-    /// The `gates` and `releasing` maps are keyed by the `Lock`'s own name and owner id, not copies of
-    /// them (issue 9: memory per held lock).
+    /// The `gates` map is keyed by the `Lock`'s own name, not a copy of it, and a `Lock` has no
+    /// `releasing` entry until a release of its passes the gate on early (issue 9: memory per held
+    /// lock); that entry is keyed by the `Lock`'s own name and owner id.
     #[test]
     fn the_shared_maps_keys_are_the_locks_own_name_and_owner() {
         let locks = Locks::new(MemoryBackend::new());
         let lock = locks.lock("keyed").expect("lock");
-        let gates = crate::sync::lock(&locks.inner.gates);
-        let (name, _) = gates
-            .by_key
-            .get_key_value("keyed")
-            .expect("a gate for the name");
-        assert!(std::sync::Arc::ptr_eq(name, &lock.shared.name));
-        let releasing = crate::sync::lock(&locks.inner.releasing);
-        let ((name, owner), _) = releasing.by_key.iter().next().expect("a releasing entry");
-        assert!(std::sync::Arc::ptr_eq(name, &lock.shared.name));
-        assert!(std::sync::Arc::ptr_eq(owner, &lock.shared.owner));
+        {
+            let gates = crate::sync::lock(&locks.inner.gates);
+            let (name, _) = gates
+                .by_key
+                .get_key_value("keyed")
+                .expect("a gate for the name");
+            assert!(std::sync::Arc::ptr_eq(name, &lock.shared.name));
+        }
+        assert!(crate::sync::lock(&locks.inner.releasing).is_empty());
+        let in_flight = super::LocksInner::start_release_in_flight(&lock.shared).expect("marked");
+        {
+            let releasing = crate::sync::lock(&locks.inner.releasing);
+            let ((name, owner), _) = releasing.iter().next().expect("a releasing entry");
+            assert!(std::sync::Arc::ptr_eq(name, &lock.shared.name));
+            assert!(std::sync::Arc::ptr_eq(owner, &lock.shared.owner));
+        }
+        drop(in_flight);
+        assert!(crate::sync::lock(&locks.inner.releasing).is_empty());
+        assert!(!lock.shared.gate.has_releases_in_flight());
     }
 
     /// A handoff is not made to an owner whose own release passed the gate on early and has not
-    /// answered (the handed grant would skip that owner's wait for it): `releasing_in_flight` is true
-    /// exactly while that owner's `releasing` mutex is held, whichever `Lock` of the owner id holds it.
+    /// answered (the handed grant would skip that owner's wait for it): `release_in_flight` is `Some`
+    /// exactly while that owner's release is marked, whichever `Lock` of the owner id marked it; a
+    /// second mark of the same name and owner is refused meanwhile, and the mutex it gives is held
+    /// until the mark is dropped.
     #[tokio::test]
     async fn an_owners_release_in_flight_is_seen_by_name_and_owner() {
         let locks = Locks::new(MemoryBackend::new());
         let lock = locks.lock_as("in-flight", "owner-1").expect("lock");
+        let same = locks.lock_as("in-flight", "owner-1").expect("lock");
         let other = locks.lock_as("in-flight", "owner-2").expect("lock");
+        let gate = &lock.shared.gate;
         let (name, owner) = (lock.shared.name.clone(), lock.shared.owner.clone());
-        assert!(!locks.inner.releasing_in_flight(&name, &owner));
-        let releasing = lock
-            .shared
-            .releasing
-            .clone()
-            .try_lock_owned()
-            .expect("free");
-        assert!(locks.inner.releasing_in_flight(&name, &owner));
-        assert!(!locks.inner.releasing_in_flight(&name, &other.shared.owner));
-        drop(releasing);
-        assert!(!locks.inner.releasing_in_flight(&name, &owner));
+        let in_flight = |owner| locks.inner.release_in_flight(gate, &name, owner);
+        assert!(in_flight(&owner).is_none());
+        let marked = super::LocksInner::start_release_in_flight(&lock.shared).expect("marked");
+        assert!(super::LocksInner::start_release_in_flight(&same.shared).is_none());
+        let mutex = in_flight(&same.shared.owner).expect("in flight, for the same owner id");
+        assert!(mutex.try_lock().is_err(), "held while in flight");
+        assert!(in_flight(&other.shared.owner).is_none());
+        let other_marked =
+            super::LocksInner::start_release_in_flight(&other.shared).expect("another owner");
+        drop(marked);
+        assert!(in_flight(&owner).is_none());
+        assert!(mutex.try_lock().is_ok(), "free once the reply came");
+        assert!(gate.has_releases_in_flight(), "the other owner's still is");
+        drop(other_marked);
+        assert!(!gate.has_releases_in_flight());
         let unknown: std::sync::Arc<str> = "owner-3".into();
-        assert!(!locks.inner.releasing_in_flight(&name, &unknown));
+        assert!(in_flight(&unknown).is_none());
     }
 
     // --- adversarial review (issue 9 memory work) ---------------------------------------------------
 
-    /// REVIEW (fails on hmem 7139fae): a `Lock` made after an earlier `Lock` of the same name and owner
-    /// was dropped finds the dead entry in `gates` / `releasing` and inserts over it; `HashMap::insert`
-    /// keeps the existing key, so the maps stay keyed by the dropped `Lock`'s name and owner `Arc`s (kept
-    /// alive by the map until the next prune), not by the new `Lock`'s own ones as
+    /// REVIEW (fails on hmem 7139fae): a `Lock` made after an earlier `Lock` of the same name was
+    /// dropped finds the dead entry in `gates` and inserts over it; `HashMap::insert` keeps the existing
+    /// key, so the map stayed keyed by the dropped `Lock`'s name `Arc` (kept alive by the map until the
+    /// next prune), not by the new `Lock`'s own one as
     /// `the_shared_maps_keys_are_the_locks_own_name_and_owner` and DESIGN claim.
     #[test]
     fn a_recreated_locks_map_keys_are_its_own_not_a_dropped_locks() {
@@ -1007,16 +1074,9 @@ mod tests {
             .by_key
             .get_key_value("rekeyed")
             .expect("a gate for the name");
-        let releasing = crate::sync::lock(&locks.inner.releasing);
-        let ((r_name, r_owner), _) = releasing.by_key.iter().next().expect("a releasing entry");
         assert!(
             std::sync::Arc::ptr_eq(name, &lock.shared.name),
             "the gates map is keyed by the dropped Lock's name"
-        );
-        assert!(
-            std::sync::Arc::ptr_eq(r_name, &lock.shared.name)
-                && std::sync::Arc::ptr_eq(r_owner, &lock.shared.owner),
-            "the releasing map is keyed by the dropped Lock's name and owner"
         );
     }
 
