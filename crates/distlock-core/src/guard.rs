@@ -416,7 +416,8 @@ impl Holding {
     /// flight.
     ///
     /// - `Extended`: replaces the deadline only if its request was sent after the one behind the current
-    ///   deadline (with one renewal in flight per hold that is always so; the check keeps it so). The
+    ///   deadline (with one renewal per hold whose reply counts, that is always so; the check keeps it
+    ///   so). The
     ///   deadline is that request's `sent_at + granted·0.99 − 2 ms`, earlier or later than before, and
     ///   the next renewal is due at `sent_at + min(lease, granted)/3`.
     /// - `Gone`: Lost, whichever request it answers: within one hold the key is this owner's, and no
@@ -871,8 +872,9 @@ impl LockGuard {
     /// renewing with the lock's lease afterwards, the first time a third of `min(lease, granted)` after
     /// this request).
     ///
-    /// A hold has at most one renewal in flight: if the watchdog's is under way, `extend` waits for its
-    /// reply and then sends its own, so the later request defines the validity deadline, earlier or
+    /// A hold has at most one renewal in flight whose reply counts (one with no reply by its limit may
+    /// still be on its way, but only a `Gone` from it counts): if the watchdog's is under way, `extend`
+    /// waits for its reply and then sends its own, so the later request defines the validity deadline, earlier or
     /// later than before. While it is in flight the watchdog leaves the hold alone, so `extend` waits for
     /// its reply at most half the time left before the validity deadline; then the request counts as
     /// unconfirmed (Jeopardy, [`ErrorKind::Unavailable`]) and the watchdog retries in time.
