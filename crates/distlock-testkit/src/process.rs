@@ -384,12 +384,24 @@ impl ServerProcess {
         self.child.as_ref().map(Pid::from_child)
     }
 
-    /// SIGKILLs the group, drops the pid record (while the zombie still pins the pid), then reaps.
+    /// SIGKILLs the group and every child that left it, drops the pid record (while the zombie still
+    /// pins the pid), reaps, then waits for those children to be gone.
     fn kill_and_reap(&mut self) {
+        let mut escaped = Vec::new();
         if let Some(pid) = self.child_pid() {
+            // Children that left the group (PostgreSQL's backends `setsid`) would outlive the kill and
+            // keep the server's shared memory attached, so a restart on the same data dir is refused.
+            escaped = sweep::descendants(self.pid);
             if let Err(e) = rustix::process::kill_process_group(pid, Signal::KILL) {
                 if e != rustix::io::Errno::SRCH {
                     tracing::warn!(pid = self.pid, error = %e, "SIGKILL of the process group failed");
+                }
+            }
+            for &(child, started) in &escaped {
+                if sweep::start_time(child) == Some(started) {
+                    if let Some(child) = Pid::from_raw(child as i32) {
+                        let _ = rustix::process::kill_process(child, Signal::KILL);
+                    }
                 }
             }
         }
@@ -397,6 +409,11 @@ impl ServerProcess {
         if let Some(mut child) = self.child.take() {
             if let Err(e) = child.wait() {
                 tracing::warn!(pid = self.pid, error = %e, "waiting for the killed server failed");
+            }
+        }
+        for (child, _) in escaped {
+            if !sweep::gone_within(child, STOP_TIMEOUT) {
+                tracing::warn!(pid = child, "a killed server's child is still running");
             }
         }
         self.state = RunState::Down;

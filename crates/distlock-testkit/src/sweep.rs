@@ -41,6 +41,8 @@ pub fn start_time(pid: u32) -> Option<u64> {
 const STAT_STARTTIME: usize = 22 - 3;
 /// Index of field 3 (state).
 const STAT_STATE: usize = 0;
+/// Index of field 4 (ppid) among the same fields.
+const STAT_PPID: usize = 4 - 3;
 /// Index of field 5 (pgrp) among the same fields.
 const STAT_PGRP: usize = 5 - 3;
 
@@ -68,6 +70,46 @@ pub fn gone_within(pid: u32, within: std::time::Duration) -> bool {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     true
+}
+
+/// Every live process below `pid` (children, their children, ...), each with its start time, so a later
+/// signal can check that the pid still names the same process. A server's children may have left its
+/// process group (PostgreSQL's backends call `setsid`), so a group kill alone does not reach them.
+pub(crate) fn descendants(pid: u32) -> Vec<(u32, u64)> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut parent_of = Vec::new();
+    for entry in entries.flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Some(fields) = stat_fields(child) else {
+            continue;
+        };
+        let parent = fields.get(STAT_PPID).and_then(|f| f.parse::<u32>().ok());
+        let started = fields
+            .get(STAT_STARTTIME)
+            .and_then(|f| f.parse::<u64>().ok());
+        if let (Some(parent), Some(started)) = (parent, started) {
+            parent_of.push((child, parent, started));
+        }
+    }
+    let mut found: Vec<(u32, u64)> = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for &(child, _, started) in parent_of.iter().filter(|(_, p, _)| *p == parent) {
+            if !found.iter().any(|(f, _)| *f == child) {
+                found.push((child, started));
+                frontier.push(child);
+            }
+        }
+    }
+    found
 }
 
 /// A zombie has exited already and only waits for its (new) parent to reap it: nothing to kill.

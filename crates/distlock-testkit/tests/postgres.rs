@@ -1,0 +1,51 @@
+//! The PostgreSQL server handle's kill -9 and restart. PostgreSQL's backends leave the postmaster's
+//! process group (`setsid`), so a group kill alone leaves them running with the old shared memory
+//! attached, and the restarted postmaster refuses to start on the same data dir.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use distlock_testkit::postgres::PostgresServer;
+use distlock_testkit::sweep;
+
+#[test]
+fn restart_after_kill9_ends_the_backends_that_left_the_group() {
+    let mut server = PostgresServer::start_or_panic();
+    let mut session = server
+        .psql_command("SELECT pg_sleep(60)")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let backend: u32 = loop {
+        let found = server
+            .psql("SELECT pid FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'")
+            .unwrap();
+        if let Ok(pid) = found.parse() {
+            break pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sleeping session never showed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // A stopped backend cannot notice its postmaster's death: only a kill of it frees the old shared
+    // memory, whatever the timing.
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &backend.to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+
+    server.process_mut().restart().unwrap();
+    assert!(
+        !sweep::is_alive(backend),
+        "the old backend {backend} outlived the restart"
+    );
+    assert_eq!(server.psql("SELECT 1").unwrap(), "1");
+    let _ = session.kill();
+    let _ = session.wait();
+}
