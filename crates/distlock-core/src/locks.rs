@@ -49,7 +49,7 @@ pub(crate) struct LocksInner {
     defaults: LockOptions,
     /// Same-name waiters of this `Locks` queue here (FIFO, see [`Gate`]), so only the head contends
     /// with the engine.
-    gates: Mutex<Shared<Arc<str>, Gate>>,
+    gates: Mutex<Gates>,
     /// The releases that passed the local gate on before their reply (see
     /// [`Backend::release_orders_next_acquire`](crate::raw::Backend::release_orders_next_acquire)), by
     /// name and owner id, until that reply: each held by its release ([`ReleaseInFlight`]). This
@@ -69,39 +69,31 @@ pub(crate) struct LocksInner {
 type ReleasingMutex = tokio::sync::Mutex<()>;
 type NameAndOwner = (Arc<str>, Arc<str>);
 
-/// Shared values by key, each alive while a [`Lock`] holds it: the local gates by name. Each `Lock`
-/// keeps its own from its creation, so an acquire takes it without a look-up; the map only lets
-/// `Lock`s of one key find the same gate.
-struct Shared<K, T> {
-    by_key: HashMap<K, Weak<T>>,
-    /// Mutexes no `Lock` holds any more are dropped from the map when it grows past this (which then
+/// The local gates by name, each alive while a [`Lock`] holds it. Each `Lock` keeps its own from its
+/// creation, so an acquire takes it without a look-up; the map only lets `Lock`s of one name find the
+/// same gate.
+#[derive(Default)]
+struct Gates {
+    by_name: HashMap<Arc<str>, Weak<Gate>>,
+    /// Gates no `Lock` holds any more are dropped from the map when it grows past this (which then
     /// doubles the live count, so pruning stays amortised O(1) however many `Lock`s live).
     prune_at: usize,
 }
 
-impl<K, T> Default for Shared<K, T> {
-    fn default() -> Self {
-        Self {
-            by_key: HashMap::new(),
-            prune_at: 0,
+impl Gates {
+    fn get(&mut self, name: Arc<str>) -> Arc<Gate> {
+        if let Some(gate) = self.by_name.get(&name).and_then(Weak::upgrade) {
+            return gate;
         }
-    }
-}
-
-impl<K: std::hash::Hash + Eq, T: Default> Shared<K, T> {
-    fn get(&mut self, key: K) -> Arc<T> {
-        if let Some(mutex) = self.by_key.get(&key).and_then(Weak::upgrade) {
-            return mutex;
+        if self.by_name.len() >= self.prune_at {
+            self.by_name.retain(|_, gate| gate.strong_count() > 0);
+            self.prune_at = (self.by_name.len() * 2).max(64);
         }
-        if self.by_key.len() >= self.prune_at {
-            self.by_key.retain(|_, mutex| mutex.strong_count() > 0);
-            self.prune_at = (self.by_key.len() * 2).max(64);
-        }
-        let mutex = Arc::new(T::default());
+        let gate = Arc::new(Gate::default());
         // Removed first: `insert` keeps an existing (dead) entry's key, a dropped `Lock`'s copy.
-        self.by_key.remove(&key);
-        self.by_key.insert(key, Arc::downgrade(&mutex));
-        mutex
+        self.by_name.remove(&name);
+        self.by_name.insert(name, Arc::downgrade(&gate));
+        gate
     }
 }
 
@@ -1007,7 +999,7 @@ mod tests {
         {
             let gates = crate::sync::lock(&locks.inner.gates);
             let (name, _) = gates
-                .by_key
+                .by_name
                 .get_key_value("keyed")
                 .expect("a gate for the name");
             assert!(std::sync::Arc::ptr_eq(name, &lock.shared.name));
@@ -1071,7 +1063,7 @@ mod tests {
         let lock = locks.lock_as("rekeyed", "owner-1").expect("lock");
         let gates = crate::sync::lock(&locks.inner.gates);
         let (name, _) = gates
-            .by_key
+            .by_name
             .get_key_value("rekeyed")
             .expect("a gate for the name");
         assert!(

@@ -141,10 +141,15 @@ pub(crate) fn push_file_name(out: &mut Vec<u8>, name: &str) {
 }
 
 fn push_escape(out: &mut String, b: u8) {
+    for c in escaped(b) {
+        out.push(c as char);
+    }
+}
+
+/// `b` as `%XX` (upper-case hex).
+fn escaped(b: u8) -> [u8; 3] {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    out.push('%');
-    out.push(HEX[(b >> 4) as usize] as char);
-    out.push(HEX[(b & 0xF) as usize] as char);
+    [b'%', HEX[(b >> 4) as usize], HEX[(b & 0xF) as usize]]
 }
 
 #[non_exhaustive]
@@ -277,15 +282,17 @@ fn released_token(content: &[u8]) -> Option<u64> {
 /// Appends `value` with `%`, and bytes below 0x20 or 0x7F, written as `%XX`; the rest as is, in runs.
 fn push_escaped_value(out: &mut String, value: &str) {
     let mut rest = value;
-    while let Some(at) = rest
-        .bytes()
-        .position(|b| b == b'%' || b < 0x20 || b == 0x7F)
-    {
+    while let Some(at) = rest.bytes().position(value_byte_needs_escape) {
         out.push_str(&rest[..at]);
         push_escape(out, rest.as_bytes()[at]);
         rest = &rest[at + 1..];
     }
     out.push_str(rest);
+}
+
+/// The rule of [`push_escaped_value`]: `%` and the control bytes.
+fn value_byte_needs_escape(b: u8) -> bool {
+    b == b'%' || b < 0x20 || b == 0x7F
 }
 
 /// Where the owner id starts in a record `render` made (after `owner=`); `None` without one.
@@ -301,14 +308,22 @@ pub(crate) fn owner_offset(record: &[u8]) -> Option<usize> {
 /// Whether `record` has the owner id `owner` at `at` (as [`owner_offset`] found it): its escaped form
 /// there, ending the line.
 pub(crate) fn names_owner_at(record: &[u8], at: usize, owner: &str) -> bool {
-    let Some(rest) = record.get(at..) else {
+    let Some(mut rest) = record.get(at..) else {
         return false;
     };
-    // Escaped by the one rule `render` used (an owner id needing none is copied as it is).
-    let mut expected = String::with_capacity(owner.len());
-    push_escaped_value(&mut expected, owner);
-    rest.strip_prefix(expected.as_bytes())
-        .is_some_and(|tail| tail.first() == Some(&b'\n'))
+    // Escaped on the fly by the one rule `render` used, so a release allocates nothing here.
+    for b in owner.bytes() {
+        let next = if value_byte_needs_escape(b) {
+            rest.strip_prefix(&escaped(b)[..])
+        } else {
+            rest.strip_prefix(&[b][..])
+        };
+        match next {
+            Some(tail) => rest = tail,
+            None => return false,
+        }
+    }
+    rest.first() == Some(&b'\n')
 }
 
 fn unescape_value(value: &str) -> String {
@@ -318,6 +333,41 @@ fn unescape_value(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_owner_at_matches_the_rendered_owner_only() {
+        let owners = [
+            "plain:1",
+            "a%b",
+            "tab\there",
+            "nl\nx",
+            "del\u{7f}",
+            "ü:%0A",
+            "",
+        ];
+        for owner in owners {
+            let record = Record {
+                token: 7,
+                owner: Some(owner.to_string()),
+                pid: Some(1),
+                ..Record::default()
+            }
+            .render();
+            let at = owner_offset(record.as_bytes()).expect("an owner line");
+            assert!(names_owner_at(record.as_bytes(), at, owner), "{owner:?}");
+            for other in owners.iter().filter(|o| **o != owner) {
+                assert!(
+                    !names_owner_at(record.as_bytes(), at, other),
+                    "{owner:?} read as {other:?}"
+                );
+            }
+            // A prefix, or the owner with more after it, is another owner.
+            assert!(!names_owner_at(record.as_bytes(), at, &format!("{owner}x")));
+            if let Some((shorter, _)) = owner.char_indices().last().map(|(i, c)| (&owner[..i], c)) {
+                assert!(!names_owner_at(record.as_bytes(), at, shorter), "{owner:?}");
+            }
+        }
+    }
 
     #[test]
     fn escape_is_one_to_one_on_tricky_names() {

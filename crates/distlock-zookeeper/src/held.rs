@@ -1,9 +1,10 @@
-//! The held nodes of one session and the one task that watches them (issue 9: no task and no future
-//! of the core's per held lock). Each hold is a record here, made at its grant: its node, czxid, loss
-//! report and the deadline of its `max_hold` timer. The session's task (also its runtime sentinel,
-//! see `session.rs`) sets an `exists` watch on each new record's node as soon as it is woken by the
-//! grant (the watch is set at once: an operator's delete right after the grant reaches the holder from
-//! the same delete event as the next waiter, so it is `Lost` with that waiter's grant), keeps the one-shot watches of every held node in one
+//! The held nodes of one session and the one task that watches them (issue 9: no task and no
+//! future of the core's per held lock). Each hold is a record here, made at its grant: its node,
+//! czxid, loss report and the deadline of its `max_hold` timer. The session's task (also its runtime
+//! sentinel, see `session.rs`) sets an `exists` watch on each new record's node as soon as it is
+//! woken by the grant (the watch is set at once: an operator's delete right after the grant reaches
+//! the holder from the same delete event as the next waiter, so it is `Lost` with that waiter's
+//! grant), keeps the one-shot watches of every held node in one
 //! `FuturesUnordered`, and reports into the hold's `LossReport`:
 //!
 //! * the node missing or deleted → "the lock node X was deleted …"; found with another czxid →
