@@ -391,19 +391,15 @@ impl ServerProcess {
         if let Some(pid) = self.child_pid() {
             // Children that left the group (PostgreSQL's backends `setsid`) would outlive the kill and
             // keep the server's shared memory attached, so a restart on the same data dir is refused.
-            escaped = sweep::descendants(self.pid);
+            // The group first: a server whose child dies first may fork a new one (PostgreSQL's
+            // crash recovery) before it dies itself.
+            escaped = self.escaped_children();
             if let Err(e) = rustix::process::kill_process_group(pid, Signal::KILL) {
                 if e != rustix::io::Errno::SRCH {
                     tracing::warn!(pid = self.pid, error = %e, "SIGKILL of the process group failed");
                 }
             }
-            for &(child, started) in &escaped {
-                if sweep::start_time(child) == Some(started) {
-                    if let Some(child) = Pid::from_raw(child as i32) {
-                        let _ = rustix::process::kill_process(child, Signal::KILL);
-                    }
-                }
-            }
+            signal_each(&escaped, Signal::KILL);
         }
         self.record = None;
         if let Some(mut child) = self.child.take() {
@@ -497,18 +493,33 @@ impl ServerProcess {
         Ok(())
     }
 
-    /// SIGSTOP to the process group: the server keeps its sockets but answers nothing.
+    /// SIGSTOP to the process group and every child that left it (PostgreSQL's backends): the server
+    /// keeps its sockets but answers nothing.
     pub fn pause(&mut self) -> Result<()> {
+        let escaped = self.escaped_children();
         self.signal_group(Signal::STOP, "pause")?;
+        signal_each(&escaped, Signal::STOP);
         self.state = RunState::Paused;
         Ok(())
     }
 
-    /// SIGCONT to the process group.
+    /// SIGCONT to the process group and every child that left it.
     pub fn resume(&mut self) -> Result<()> {
+        let escaped = self.escaped_children();
         self.signal_group(Signal::CONT, "resume")?;
+        signal_each(&escaped, Signal::CONT);
         self.state = RunState::Running;
         Ok(())
+    }
+
+    /// The server's descendants that are not in its process group (a group signal misses them), with
+    /// their start times. Read while the server lives: once it is gone they belong to init.
+    fn escaped_children(&self) -> Vec<(u32, u64)> {
+        let group = self.pid;
+        sweep::descendants(self.pid)
+            .into_iter()
+            .filter(|&(child, _)| sweep::process_group_of(child) != Some(group))
+            .collect()
     }
 
     /// Graceful stop: SIGTERM (and SIGCONT, in case it is paused) to the group, then SIGKILL if it has
@@ -558,6 +569,18 @@ impl ServerProcess {
             let _ = dir.keep();
         }
         &self.dir_path
+    }
+}
+
+/// `sig` to each of `processes` that still is the process it was (same pid and start time).
+fn signal_each(processes: &[(u32, u64)], sig: Signal) {
+    for &(pid, started) in processes {
+        if sweep::start_time(pid) != Some(started) {
+            continue;
+        }
+        if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+            let _ = rustix::process::kill_process(pid, sig);
+        }
     }
 }
 

@@ -117,7 +117,7 @@ fn is_zombie(pid: u32) -> bool {
     stat_fields(pid).is_some_and(|f| f.get(STAT_STATE).is_some_and(|s| s == "Z"))
 }
 
-fn process_group_of(pid: u32) -> Option<u32> {
+pub(crate) fn process_group_of(pid: u32) -> Option<u32> {
     stat_fields(pid)?
         .get(STAT_PGRP)
         .and_then(|f| f.parse().ok())

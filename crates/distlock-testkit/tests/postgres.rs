@@ -9,29 +9,71 @@ use std::time::{Duration, Instant};
 use distlock_testkit::postgres::PostgresServer;
 use distlock_testkit::sweep;
 
-#[test]
-fn restart_after_kill9_ends_the_backends_that_left_the_group() {
-    let mut server = PostgresServer::start_or_panic();
-    let mut session = server
+/// A session sleeping in a backend of its own, and that backend's pid.
+fn sleeping_session(server: &PostgresServer) -> (std::process::Child, u32) {
+    let session = server
         .psql_command("SELECT pg_sleep(60)")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    let backend: u32 = loop {
+    loop {
         let found = server
             .psql("SELECT pid FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'")
             .unwrap();
         if let Ok(pid) = found.parse() {
-            break pid;
+            return (session, pid);
         }
         assert!(
             Instant::now() < deadline,
             "the sleeping session never showed"
         );
         std::thread::sleep(Duration::from_millis(20));
-    };
+    }
+}
+
+/// Whether `pid` is stopped (`T` in `/proc/<pid>/stat`) or not, as wanted, within 5 s, polling (a
+/// signal is taken when the process next runs).
+fn stopped_within(pid: u32, want: bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_comm = &stat[stat.rfind(')').unwrap() + 1..];
+        let stopped = after_comm.split_whitespace().next() == Some("T");
+        if stopped == want {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn pause_and_resume_reach_the_backends_that_left_the_group() {
+    let mut server = PostgresServer::start_or_panic();
+    let (mut session, backend) = sleeping_session(&server);
+    server.process_mut().pause().unwrap();
+    assert!(
+        stopped_within(backend, true),
+        "a paused server's backend still runs"
+    );
+    server.process_mut().resume().unwrap();
+    assert!(
+        stopped_within(backend, false),
+        "a resumed server's backend stays stopped"
+    );
+    assert_eq!(server.psql("SELECT 1").unwrap(), "1");
+    let _ = session.kill();
+    let _ = session.wait();
+}
+
+#[test]
+fn restart_after_kill9_ends_the_backends_that_left_the_group() {
+    let mut server = PostgresServer::start_or_panic();
+    let (mut session, backend) = sleeping_session(&server);
     // A stopped backend cannot notice its postmaster's death: only a kill of it frees the old shared
     // memory, whatever the timing.
     let stopped = std::process::Command::new("kill")
