@@ -9,14 +9,26 @@ use std::time::{Duration, Instant};
 use distlock_testkit::postgres::PostgresServer;
 use distlock_testkit::sweep;
 
+/// A `psql` session, ended (and reaped) when dropped, also when the test panics.
+struct Session(std::process::Child);
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A session sleeping in a backend of its own, and that backend's pid.
-fn sleeping_session(server: &PostgresServer) -> (std::process::Child, u32) {
-    let session = server
-        .psql_command("SELECT pg_sleep(60)")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+fn sleeping_session(server: &PostgresServer) -> (Session, u32) {
+    let session = Session(
+        server
+            .psql_command("SELECT pg_sleep(60)")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let found = server
@@ -54,7 +66,7 @@ fn stopped_within(pid: u32, want: bool) -> bool {
 #[test]
 fn pause_and_resume_reach_the_backends_that_left_the_group() {
     let mut server = PostgresServer::start_or_panic();
-    let (mut session, backend) = sleeping_session(&server);
+    let (session, backend) = sleeping_session(&server);
     server.process_mut().pause().unwrap();
     assert!(
         stopped_within(backend, true),
@@ -66,14 +78,13 @@ fn pause_and_resume_reach_the_backends_that_left_the_group() {
         "a resumed server's backend stays stopped"
     );
     assert_eq!(server.psql("SELECT 1").unwrap(), "1");
-    let _ = session.kill();
-    let _ = session.wait();
+    drop(session);
 }
 
 #[test]
 fn restart_after_kill9_ends_the_backends_that_left_the_group() {
     let mut server = PostgresServer::start_or_panic();
-    let (mut session, backend) = sleeping_session(&server);
+    let (session, backend) = sleeping_session(&server);
     // A stopped backend cannot notice its postmaster's death: only a kill of it frees the old shared
     // memory, whatever the timing.
     let stopped = std::process::Command::new("kill")
@@ -88,6 +99,5 @@ fn restart_after_kill9_ends_the_backends_that_left_the_group() {
         "the old backend {backend} outlived the restart"
     );
     assert_eq!(server.psql("SELECT 1").unwrap(), "1");
-    let _ = session.kill();
-    let _ = session.wait();
+    drop(session);
 }
