@@ -39,19 +39,27 @@ async fn review_mem_replies_past_the_codec_buffer() {
             let t = g.token();
             (i, g, t)
         }));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let info = clients[0].inspect(&name).await.unwrap();
-        if info.waiters == Some(12) {
-            let holder = info.holder.unwrap();
-            assert_eq!(holder.owner.as_deref(), Some(owner(0).as_str()));
-            assert_eq!(holder.token, first.token());
-            break;
+        // Queued (its key written) before the next is spawned, so the queue order is the spawn
+        // order the hand-on below checks. A fixed pause was not enough under load: a new client's
+        // first acquire (session lease, then its key) could take longer, two waiters swapped
+        // places, and awaiting the one behind (whose turn never came while the one ahead held its
+        // guard in its task's output) timed out.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = clients[0].inspect(&name).await.unwrap();
+            if info.waiters == Some(i) {
+                let holder = info.holder.unwrap();
+                assert_eq!(holder.owner.as_deref(), Some(owner(0).as_str()));
+                assert_eq!(holder.token, first.token());
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waiter {i} not queued: waiters {:?}",
+                info.waiters
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(Instant::now() < deadline, "waiters {:?}", info.waiters);
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // A raw range over many large values.
     let raw = Client::connect(&EtcdConfig::new([server.endpoints()]))

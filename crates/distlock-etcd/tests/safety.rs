@@ -1724,7 +1724,9 @@ fn a_hold_granted_on_a_second_runtime_expires_after_the_first_is_dropped() {
 async fn fault_expiry_delete_failing_at_the_deadline_is_not_abandoned() {
     let fx = Proxied::start(1);
     let (server, proxy) = (&fx.server, fx.proxy());
-    let (backend, locks) = fx.connect(false, "request_timeout=300ms").await;
+    // 2 s, not 300 ms: the acquire below must succeed on a loaded machine (etcd alone took 250 ms
+    // to apply a put under load). The refused connects fail at once whatever the timeout.
+    let (backend, locks) = fx.connect(false, "request_timeout=2s").await;
     let name = common::name("expiry_delete_fails");
     let eps = server.endpoints();
     let cap = Duration::from_secs(4);
@@ -1738,8 +1740,8 @@ async fn fault_expiry_delete_failing_at_the_deadline_is_not_abandoned() {
         .acquire()
         .await
         .unwrap();
-    // Down from just before the deadline for 2 s: longer than the delete's three attempts (300 ms
-    // each, 50/100 ms backoff), shorter than the 4 s session TTL.
+    // Down (refused: every attempt fails at once) from just before the deadline for 2 s: longer
+    // than three attempts with 50/100 ms backoff, shorter than the 4 s session TTL.
     tokio::time::sleep_until((start + cap - Duration::from_millis(200)).into()).await;
     tokio::task::block_in_place(|| proxy.refuse().unwrap());
     tokio::time::sleep(Duration::from_millis(2000)).await;
@@ -1776,7 +1778,11 @@ fn fault_an_expiry_taken_by_a_short_lived_runtime_still_deletes_the_key() {
     let cap = Duration::from_secs(3);
     let rt_b = runtime();
     let (backend, locks) = rt_b.block_on(async {
-        let backend = backend(&format!("etcd://{}?request_timeout=300ms", proxy.addr())).await;
+        // A request timeout far past a loaded machine's round trip: the acquires and the release
+        // below must succeed. (At 300 ms one failed under CI load with no answer in time.) Nothing
+        // here needs requests to give up early: C is dropped while its delete is still in flight or
+        // between retries however long the timeout, and the refused connects fail at once.
+        let backend = backend(&format!("etcd://{}?request_timeout=3s", proxy.addr())).await;
         let locks = locks_on(&backend);
         (backend, locks)
     });

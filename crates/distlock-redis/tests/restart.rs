@@ -20,6 +20,19 @@ async fn locks(url: &str) -> Locks {
     )
 }
 
+/// Waits (up to [`PROMPT`]) for a waiter's acquire, a task of its own, to connect the backend's
+/// pub/sub hub. A fixed pause was not enough under load: the spawned acquire had not run yet.
+async fn until_pubsub_connected(backend: &RedisBackend, what: &str) {
+    let deadline = std::time::Instant::now() + PROMPT;
+    while !backend.pubsub_connected() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} within {PROMPT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn unique(case: &str) -> String {
     format!("restart/{case}/{}", uuid::Uuid::new_v4().simple())
 }
@@ -154,11 +167,7 @@ async fn idle_pubsub_stays_disconnected_after_a_restart_fault() {
     let held = holder.lock(&name).unwrap().acquire().await.unwrap();
     let lock = waiter.lock(&name).unwrap();
     let waiting = tokio::spawn(async move { (lock.acquire().await, lock) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        backend.pubsub_connected(),
-        "a waiter did not connect the hub"
-    );
+    until_pubsub_connected(&backend, "a waiter did not connect the hub").await;
     held.release().await.unwrap();
     let (got, lock) = tokio::time::timeout(PROMPT, waiting)
         .await
@@ -178,7 +187,11 @@ async fn idle_pubsub_stays_disconnected_after_a_restart_fault() {
     // Waiting again reconnects the hub, and a release still wakes the waiter.
     let held = holder.lock(&name).unwrap().acquire().await.unwrap();
     let waiting = tokio::spawn(async move { lock.acquire().await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_pubsub_connected(
+        &backend,
+        "a waiter after the restart did not reconnect the hub",
+    )
+    .await;
     held.release().await.unwrap();
     let got = tokio::time::timeout(PROMPT, waiting)
         .await
