@@ -160,8 +160,15 @@ fn proxy_to_a_dead_upstream_resets_the_client() {
     let mut redis = RedisServer::start_or_panic();
     let proxy = Proxy::start_or_panic(redis.addr());
     redis.kill9().unwrap();
-    let mut conn = RespConn::connect(proxy.addr(), LONG).unwrap();
-    assert_reset_or_eof(&ping(&mut conn).unwrap_err());
+    match RespConn::connect(proxy.addr(), LONG) {
+        Ok(mut conn) => assert_reset_or_eof(&ping(&mut conn).unwrap_err()),
+        // The same reset, seen by the connect: the proxy accepts, finds the upstream dead and
+        // resets the client, which on a loaded machine can all happen before the client's
+        // connect (a non-blocking connect and a poll) has looked at its socket. A refused connect
+        // (a closed listener) is not that.
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("expected the connect to succeed or be reset, got {e}"),
+    }
     redis.restart().unwrap();
     let mut conn = RespConn::connect(proxy.addr(), LONG).unwrap();
     assert_eq!(ping(&mut conn).unwrap(), pong());
