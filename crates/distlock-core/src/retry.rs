@@ -281,37 +281,11 @@ mod tests {
         assert_eq!((r, calls), (Err("denied"), 1));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn no_retry_sleeps_past_the_deadline() {
-        let policy = RetryPolicy::new(100, Duration::from_millis(40), Duration::from_millis(40));
+    /// Retries an always failing call under `policy` until `after` from now; asserts that no wait
+    /// ended at or past that deadline and returns the number of attempts.
+    async fn attempts_until(policy: RetryPolicy, after: Duration) -> u32 {
         let start = Instant::now();
-        let deadline = start + Duration::from_millis(100);
-        let mut calls = 0;
-        let r: Result<(), ()> = retry(
-            &policy,
-            Some(deadline),
-            |_| {
-                calls += 1;
-                async { Err(()) }
-            },
-            |_| true,
-        )
-        .await;
-        assert!(r.is_err());
-        assert!(Instant::now() < deadline, "slept past the deadline");
-        // Delays of 20–40 ms fit two to five times into 100 ms.
-        assert!((2..=6).contains(&calls), "{calls} attempts");
-    }
-
-    /// The same promise without jitter's luck: 1 ns delays (not jittered), which tokio's timer rounds
-    /// up to its next whole millisecond, and a deadline between two. Checking only that the delay
-    /// ends before the deadline, the last wait began under a millisecond before it and ended past it;
-    /// the jittered test above failed that way about once in thirty runs.
-    #[tokio::test(start_paused = true)]
-    async fn no_retry_sleeps_past_the_deadline_at_the_timers_granularity() {
-        let policy = RetryPolicy::new(100, Duration::from_nanos(1), Duration::from_nanos(1));
-        let start = Instant::now();
-        let deadline = start + Duration::from_micros(5_500);
+        let deadline = start + after;
         let mut calls = 0;
         let r: Result<(), ()> = retry(
             &policy,
@@ -326,10 +300,28 @@ mod tests {
         assert!(r.is_err());
         assert!(
             Instant::now() < deadline,
-            "slept past the deadline: {:?} after the start, {:?} allowed",
-            Instant::now() - start,
-            deadline - start
+            "slept past the deadline: {:?} after the start, {after:?} allowed",
+            Instant::now() - start
         );
+        calls
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_retry_sleeps_past_the_deadline() {
+        let policy = RetryPolicy::new(100, Duration::from_millis(40), Duration::from_millis(40));
+        let calls = attempts_until(policy, Duration::from_millis(100)).await;
+        // Delays of 20–40 ms fit two to five times into 100 ms.
+        assert!((2..=6).contains(&calls), "{calls} attempts");
+    }
+
+    /// The same promise without jitter's luck: 1 ns delays (not jittered), which tokio's timer rounds
+    /// up to its next whole millisecond, and a deadline between two. Checking only that the delay
+    /// ends before the deadline, the last wait began under a millisecond before it and ended past it;
+    /// the jittered test above failed that way about once in thirty runs.
+    #[tokio::test(start_paused = true)]
+    async fn no_retry_sleeps_past_the_deadline_at_the_timers_granularity() {
+        let policy = RetryPolicy::new(100, Duration::from_nanos(1), Duration::from_nanos(1));
+        let calls = attempts_until(policy, Duration::from_micros(5_500)).await;
         // One attempt at the start, then one per millisecond tick while a whole tick fits.
         assert!((4..=7).contains(&calls), "{calls} attempts");
     }
