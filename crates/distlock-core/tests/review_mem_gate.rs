@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
-use distlock_core::{LockGuard, LockState, Locks, MemoryBackend};
+use distlock_core::{ErrorKind, LockGuard, LockState, Locks, MemoryBackend};
 
 /// A small deterministic generator (no dev-dependency for randomness).
 struct Rng(u64);
@@ -335,7 +335,12 @@ async fn gate_stress(hand_off: bool, seed: u64) {
                 let attempt = async {
                     match kind {
                         0 => lock.try_acquire().await.unwrap(),
-                        1 => lock.options().wait(limit).try_acquire().await.unwrap(),
+                        // A bounded wait (`try_acquire` would ignore the limit).
+                        1 => match lock.options().wait(limit).acquire().await {
+                            Ok(guard) => Some(guard),
+                            Err(e) if e.kind() == ErrorKind::Timeout => None,
+                            Err(e) => panic!("{e}"),
+                        },
                         _ => Some(lock.acquire().await.unwrap()),
                     }
                 };
@@ -716,7 +721,9 @@ async fn review_a_wait_for_the_own_release_gives_up_and_passes_the_gate_on() {
         }
         // X takes the gate (passed on early) and waits for its release's reply; Z queues behind it.
         let x_started = tokio::time::Instant::now();
-        let mut x_wait = Box::pin(x.options().wait(x_gives_up_after).try_acquire());
+        // `acquire` with a wait limit: `try_acquire` ignores the limit (one attempt, zero wait), so X
+        // would give up at its first poll whenever that came a timer tick after it began (under load).
+        let mut x_wait = Box::pin(x.options().wait(x_gives_up_after).acquire());
         let _ = poll_once(&mut x_wait).await;
         tokio::time::sleep(Duration::from_millis(10)).await;
         let mut z_wait = Box::pin(z.acquire());
@@ -729,10 +736,13 @@ async fn review_a_wait_for_the_own_release_gives_up_and_passes_the_gate_on() {
         }
         rounds_that_showed += 1;
         if round % 2 == 0 {
-            let gave_up = x_wait.await.unwrap();
+            let gave_up = x_wait.await;
             assert!(
-                gave_up.is_none(),
-                "X was granted before its release's reply"
+                gave_up
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == ErrorKind::Timeout),
+                "X was granted before its release's reply: {:?}",
+                gave_up.map(|g| g.token())
             );
         } else {
             // Cancelled instead.
