@@ -523,10 +523,15 @@ impl ServerProcess {
     }
 
     /// Graceful stop: SIGTERM (and SIGCONT, in case it is paused) to the group, then SIGKILL if it has
-    /// not exited within [`STOP_TIMEOUT`]. Returns how the server exited.
+    /// not exited within [`STOP_TIMEOUT`]; children that left the group are resumed and killed with it.
+    /// Returns how the server exited.
     pub fn stop(&mut self) -> Result<ExitStatus> {
+        // Read before the server goes: once it has exited they belong to init. A paused server's
+        // stopped backends would otherwise outlive it, stopped, holding its shared memory.
+        let escaped = self.escaped_children();
         self.signal_group(Signal::TERM, "stop")?;
         let _ = self.signal_group(Signal::CONT, "continue");
+        signal_each(&escaped, Signal::CONT);
         let deadline = Instant::now() + STOP_TIMEOUT;
         while Instant::now() < deadline {
             if self.exited()?.is_some() {
@@ -541,6 +546,7 @@ impl ServerProcess {
         if let Some(pid) = self.child_pid() {
             let _ = rustix::process::kill_process_group(pid, Signal::KILL);
         }
+        signal_each(&escaped, Signal::KILL);
         self.record = None;
         let status = match self.child.take() {
             Some(mut child) => child
@@ -548,6 +554,11 @@ impl ServerProcess {
                 .map_err(|e| Error::io(format!("waiting for {}", self.spec.name), e))?,
             None => ExitStatus::from_raw(0),
         };
+        for (child, _) in escaped {
+            if !sweep::gone_within(child, STOP_TIMEOUT) {
+                tracing::warn!(pid = child, "a stopped server's child is still running");
+            }
+        }
         self.state = RunState::Down;
         Ok(status)
     }

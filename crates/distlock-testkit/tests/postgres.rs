@@ -1,4 +1,4 @@
-//! The PostgreSQL server handle's kill -9 and restart. PostgreSQL's backends leave the postmaster's
+//! The PostgreSQL server handle's kill -9, restart, pause and stop. PostgreSQL's backends leave the postmaster's
 //! process group (`setsid`), so a group kill alone leaves them running with the old shared memory
 //! attached, and the restarted postmaster refuses to start on the same data dir.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -99,5 +99,24 @@ fn restart_after_kill9_ends_the_backends_that_left_the_group() {
         "the old backend {backend} outlived the restart"
     );
     assert_eq!(server.psql("SELECT 1").unwrap(), "1");
+    drop(session);
+}
+
+#[test]
+fn stop_of_a_paused_server_ends_the_backends_that_left_the_group() {
+    let mut server = PostgresServer::start_or_panic();
+    let (session, backend) = sleeping_session(&server);
+    server.process_mut().pause().unwrap();
+    assert!(
+        stopped_within(backend, true),
+        "a paused server's backend still runs"
+    );
+    // SIGTERM is PostgreSQL's smart shutdown, which waits for the sleeping session: the stop ends in its
+    // SIGKILL, and that must reach the stopped backend too.
+    server.process_mut().stop().unwrap();
+    assert!(
+        !sweep::is_alive(backend),
+        "the paused server's backend {backend} outlived its stop"
+    );
     drop(session);
 }
