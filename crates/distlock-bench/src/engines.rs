@@ -427,6 +427,48 @@ impl Cycler for EtcdRange {
     }
 }
 
+/// The harness's own floor in (c) on etcd, the peer of [`RedisPingMutex`]: an in-process FIFO lock
+/// (tokio's `Mutex`) whose release costs one put and then one linearizable range on a shared raw gRPC
+/// client before it unlocks, waking the next task. It is the (c) target's `hold + put + range` run in
+/// the same harness (the same tasks, `block_in_place` holds and thread hops as distlock's contended
+/// run), so its CPU per acquisition is that target's floor in CPU, the harness's own cost included.
+#[derive(Debug)]
+pub struct EtcdPutRangeMutex {
+    pub client: EtcdClient,
+    pub key: String,
+    pub lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Cycler for EtcdPutRangeMutex {
+    type Held = tokio::sync::OwnedMutexGuard<()>;
+
+    async fn acquire(&self, wait: Duration) -> Result<Option<Self::Held>, Error> {
+        Ok(tokio::time::timeout(wait, self.lock.clone().lock_owned())
+            .await
+            .ok())
+    }
+
+    async fn release(&self, held: Self::Held) -> Result<(), Error> {
+        self.client
+            .put(PutRequest {
+                key: self.key.as_bytes().to_vec(),
+                value: b"x".to_vec(),
+                ..PutRequest::default()
+            })
+            .await
+            .map_err(etcd_failure)?;
+        self.client
+            .range(RangeRequest {
+                key: self.key.as_bytes().to_vec(),
+                ..RangeRequest::default()
+            })
+            .await
+            .map_err(etcd_failure)?;
+        drop(held);
+        Ok(())
+    }
+}
+
 /// The peer of baseline.md (measured there with `etcd-client`): etcd's server-side `Lock` / `Unlock`
 /// RPCs, on a lease granted up front.
 #[derive(Debug)]

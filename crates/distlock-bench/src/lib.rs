@@ -64,8 +64,9 @@ a put, and a range beside it; zk: a create, a getChildren and a create + delete;
 SELECT 1), and runs a baseline beside distlock (redis: a bare SET NX PX + EVALSHA \
 compare-and-delete loop, the same-scripts loop (distlock's own acquire and release scripts by EVALSHA, \
 nothing else: on one shared connection and on a connection per task in many) and rslock on the same \
-server; redlock: the rslock crate on the same nodes; etcd: etcd's Lock/Unlock \
-RPCs; postgres: a bare tokio-postgres pg_advisory_lock + pg_advisory_unlock pair; mysql: a bare \
+server, and in contended the harness's floor, an in-process mutex whose release is one PING; redlock: \
+the rslock crate on the same nodes; etcd: etcd's Lock/Unlock RPCs, and in contended the harness's \
+floor, an in-process mutex whose release is one put and one range; postgres: a bare tokio-postgres pg_advisory_lock + pg_advisory_unlock pair; mysql: a bare \
 mysql_async GET_LOCK + RELEASE_LOCK pair; both also with one counter commit after each lock, the peer \
 of distlock's advisory mode, which commits its fencing counter before a grant; file: a bare flock + unlock, the floor). memory:// and \
 file:// have no engine round trip: their figures are absolute.
@@ -544,6 +545,30 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
                         ),
                     );
                 }
+            }
+            // The same target against the harness's own floor (an in-process lock whose release is
+            // one put + one range): `hold + put + range` run in this harness, so the CPU ratio leaves
+            // out what the harness itself costs per acquisition (its `block_in_place` holds and task
+            // hand-overs), which the put and range probes above do not pay.
+            let floor = report.contended.as_ref().and_then(|c| {
+                c.baselines
+                    .iter()
+                    .find(|b| b.label == measure::PUT_RANGE_MUTEX_FLOOR)
+            });
+            if let (Some(c), Some(floor)) = (c, floor.filter(|f| f.acquisitions_per_s > 0.0)) {
+                out.push(
+                    Target::at_least(
+                        "etcd (c) distlock / the harness floor (in-process lock, release = put + range), acquisitions/s",
+                        c.acquisitions_per_s / floor.acquisitions_per_s,
+                        0.9,
+                    )
+                    .with_cpu(
+                        "CPU per acquisition: distlock / the harness floor",
+                        c_cpu,
+                        floor.cpu.total_us_per_cycle,
+                        1.0 / 0.9,
+                    ),
+                );
             }
         }
         Engine::File { .. } => {

@@ -8,8 +8,8 @@ use distlock_etcd::rpc::Client as EtcdClient;
 
 use crate::cpu::ServerCpu;
 use crate::engines::{
-    etcd_connect, etcd_revoke, Distlock, Engine, EtcdLockRpc, EtcdPut, EtcdRange, FlockFloor,
-    RedisBare, RedisPing, RedisPingMutex, RedisServer,
+    etcd_connect, etcd_revoke, Distlock, Engine, EtcdLockRpc, EtcdPut, EtcdPutRangeMutex,
+    EtcdRange, FlockFloor, RedisBare, RedisPing, RedisPingMutex, RedisServer,
 };
 use crate::harness::{run_contended, run_cycles, Plan};
 use crate::redlock::{rslock_uris, RedlockPing, Rslock};
@@ -451,6 +451,25 @@ impl Run<'_> {
                 self.round_trip,
             ));
         }
+        if let Baseline::Etcd { client, .. } = self.baseline {
+            runner.step("(c) floor: in-process mutex, release = one put + one range, contended");
+            let lock = std::sync::Arc::new(tokio::sync::Mutex::new(()));
+            // The round-trip probes' key: the bench leaves no other key behind.
+            let key = format!("distlock-bench-rtt/{}", self.config.run);
+            let clients = (0..n)
+                .map(|_| EtcdPutRangeMutex {
+                    client: (**client).clone(),
+                    key: key.clone(),
+                    lock: lock.clone(),
+                })
+                .collect();
+            let result = run_contended(clients, hold, d).await?;
+            baselines.push(ContendedFigures::new(
+                PUT_RANGE_MUTEX_FLOOR,
+                &result,
+                self.round_trip,
+            ));
+        }
         if let Baseline::Redlock { uris } = self.baseline {
             runner.step("(c) rslock, contended");
             let name = format!("distlock-bench-peer/{}/c", self.config.run);
@@ -578,6 +597,10 @@ pub(crate) const RSLOCK_SHARED_MANAGER: &str = "rslock, one shared LockManager";
 /// much of the handoff is the harness and the scheduler, and how much distlock's.
 pub(crate) const PING_MUTEX_FLOOR: &str =
     "floor: in-process tokio Mutex, release = one PING then unlock, one shared connection";
+/// The harness's floor in (c) on etcd ([`EtcdPutRangeMutex`]): an in-process FIFO lock whose release
+/// is one put and one range, then the unlock: the (c) target's `hold + put + range` in this harness.
+pub(crate) const PUT_RANGE_MUTEX_FLOOR: &str =
+    "floor: in-process tokio Mutex, release = one put + one range then unlock, one shared client";
 /// rslock in (c): one `LockManager` (so one connection) per task.
 pub(crate) const RSLOCK_CONTENDED: &str = "rslock, one LockManager per task";
 

@@ -751,13 +751,31 @@ fn etcd_report_has_put_and_range_and_the_peer_lock() {
     let r = bench_json(&server.url(), "200ms");
     check_report(&r, "etcd", true);
     assert_eq!(r["round_trip"]["others"].as_array().map(Vec::len), Some(1));
-    assert_eq!(
-        r["contended"]["baselines"].as_array().map(Vec::len),
-        Some(1)
-    );
+    // (c): the Lock RPC peer, then the harness's floor (an in-process mutex whose release is one put
+    // and one range).
+    let contended: Vec<&str> = r["contended"]["baselines"]
+        .as_array()
+        .expect("baselines")
+        .iter()
+        .map(|b| b["label"].as_str().expect("label"))
+        .collect();
+    assert_eq!(contended.len(), 2, "{contended:?}");
+    assert!(contended[0].contains("Lock RPC"), "{contended:?}");
+    assert_eq!(contended[1], PUT_RANGE_MUTEX_FLOOR);
     check_server_cpu(&r, "etcd process_cpu_seconds_total");
-    check_target_rows(&r, &["etcd (a)", "etcd (c)"]);
+    check_target_rows(
+        &r,
+        &[
+            "etcd (a)",
+            "etcd (c)",
+            "etcd (c) distlock / the harness floor",
+        ],
+    );
 }
+
+/// The label of the etcd (c) floor (`measure::PUT_RANGE_MUTEX_FLOOR`).
+const PUT_RANGE_MUTEX_FLOOR: &str =
+    "floor: in-process tokio Mutex, release = one put + one range then unlock, one shared client";
 
 /// `--sweep` runs (b) at 1, 2, 4, 8, 16 and 64 tasks (six points, distlock twice at each); `--plot`
 /// writes the SVG. Structure only, never a value.
