@@ -528,7 +528,7 @@ impl ServerProcess {
     pub fn stop(&mut self) -> Result<ExitStatus> {
         // Read before the server goes: once it has exited they belong to init. A paused server's
         // stopped backends would otherwise outlive it, stopped, holding its shared memory.
-        let escaped = self.escaped_children();
+        let mut escaped = self.escaped_children();
         self.signal_group(Signal::TERM, "stop")?;
         let _ = self.signal_group(Signal::CONT, "continue");
         signal_each(&escaped, Signal::CONT);
@@ -541,6 +541,12 @@ impl ServerProcess {
         }
         if self.exited()?.is_none() {
             tracing::warn!(name = %self.spec.name, pid = self.pid, "no exit after SIGTERM; SIGKILL");
+            // It may have forked more since (still alive, so its pid is still its own).
+            for child in self.escaped_children() {
+                if !escaped.contains(&child) {
+                    escaped.push(child);
+                }
+            }
         }
         // Kill the rest of the group (forked helpers) before reaping the leader.
         if let Some(pid) = self.child_pid() {
