@@ -252,6 +252,17 @@ impl Cycler for RedisPing {
     }
 }
 
+/// The in-process floors' acquire: `lock` within `wait` (FIFO, as tokio's `Mutex` is), `None` if it
+/// elapsed first.
+async fn lock_within(
+    lock: &Arc<tokio::sync::Mutex<()>>,
+    wait: Duration,
+) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+    tokio::time::timeout(wait, lock.clone().lock_owned())
+        .await
+        .ok()
+}
+
 /// The harness's own floor in (c) on Redis: an in-process FIFO lock (tokio's `Mutex`) whose release
 /// costs exactly one `PING` round trip on a shared redis-rs connection before it unlocks, waking the
 /// next task. The same harness, hold and thread hops as distlock's contended run, with one round trip
@@ -266,9 +277,7 @@ impl Cycler for RedisPingMutex {
     type Held = tokio::sync::OwnedMutexGuard<()>;
 
     async fn acquire(&self, wait: Duration) -> Result<Option<Self::Held>, Error> {
-        Ok(tokio::time::timeout(wait, self.lock.clone().lock_owned())
-            .await
-            .ok())
+        Ok(lock_within(&self.lock, wait).await)
     }
 
     async fn release(&self, held: Self::Held) -> Result<(), Error> {
@@ -374,6 +383,31 @@ pub async fn etcd_connect(config: &EtcdConfig) -> Result<EtcdClient, Error> {
     Ok(EtcdClient::connect(config).await?)
 }
 
+/// A put of a small value to `key`: one raft commit (fsync by default).
+async fn etcd_put(client: &EtcdClient, key: &str) -> Result<(), Error> {
+    client
+        .put(PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: b"x".to_vec(),
+            ..PutRequest::default()
+        })
+        .await
+        .map_err(etcd_failure)?;
+    Ok(())
+}
+
+/// A linearizable range (get) of `key`.
+async fn etcd_range(client: &EtcdClient, key: &str) -> Result<(), Error> {
+    client
+        .range(RangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..RangeRequest::default()
+        })
+        .await
+        .map_err(etcd_failure)?;
+    Ok(())
+}
+
 /// A put of a small value: etcd's write round trip (one raft commit, fsync by default).
 #[derive(Debug)]
 pub struct EtcdPut {
@@ -385,14 +419,7 @@ impl Cycler for EtcdPut {
     type Held = ();
 
     async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
-        self.client
-            .put(PutRequest {
-                key: self.key.as_bytes().to_vec(),
-                value: b"x".to_vec(),
-                ..PutRequest::default()
-            })
-            .await
-            .map_err(etcd_failure)?;
+        etcd_put(&self.client, &self.key).await?;
         Ok(Some(()))
     }
 
@@ -412,13 +439,7 @@ impl Cycler for EtcdRange {
     type Held = ();
 
     async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
-        self.client
-            .range(RangeRequest {
-                key: self.key.as_bytes().to_vec(),
-                ..RangeRequest::default()
-            })
-            .await
-            .map_err(etcd_failure)?;
+        etcd_range(&self.client, &self.key).await?;
         Ok(Some(()))
     }
 
@@ -443,27 +464,12 @@ impl Cycler for EtcdPutRangeMutex {
     type Held = tokio::sync::OwnedMutexGuard<()>;
 
     async fn acquire(&self, wait: Duration) -> Result<Option<Self::Held>, Error> {
-        Ok(tokio::time::timeout(wait, self.lock.clone().lock_owned())
-            .await
-            .ok())
+        Ok(lock_within(&self.lock, wait).await)
     }
 
     async fn release(&self, held: Self::Held) -> Result<(), Error> {
-        self.client
-            .put(PutRequest {
-                key: self.key.as_bytes().to_vec(),
-                value: b"x".to_vec(),
-                ..PutRequest::default()
-            })
-            .await
-            .map_err(etcd_failure)?;
-        self.client
-            .range(RangeRequest {
-                key: self.key.as_bytes().to_vec(),
-                ..RangeRequest::default()
-            })
-            .await
-            .map_err(etcd_failure)?;
+        etcd_put(&self.client, &self.key).await?;
+        etcd_range(&self.client, &self.key).await?;
         drop(held);
         Ok(())
     }

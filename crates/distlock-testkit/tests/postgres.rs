@@ -63,8 +63,8 @@ fn stopped_within(pid: u32, want: bool) -> bool {
     }
 }
 
-#[test]
-fn pause_and_resume_reach_the_backends_that_left_the_group() {
+/// A server with a sleeping session, paused, its backend seen stopped.
+fn paused_with_a_sleeping_session() -> (PostgresServer, Session, u32) {
     let mut server = PostgresServer::start_or_panic();
     let (session, backend) = sleeping_session(&server);
     server.process_mut().pause().unwrap();
@@ -72,6 +72,12 @@ fn pause_and_resume_reach_the_backends_that_left_the_group() {
         stopped_within(backend, true),
         "a paused server's backend still runs"
     );
+    (server, session, backend)
+}
+
+#[test]
+fn pause_and_resume_reach_the_backends_that_left_the_group() {
+    let (mut server, session, backend) = paused_with_a_sleeping_session();
     server.process_mut().resume().unwrap();
     assert!(
         stopped_within(backend, false),
@@ -104,13 +110,7 @@ fn restart_after_kill9_ends_the_backends_that_left_the_group() {
 
 #[test]
 fn stop_of_a_paused_server_ends_the_backends_that_left_the_group() {
-    let mut server = PostgresServer::start_or_panic();
-    let (session, backend) = sleeping_session(&server);
-    server.process_mut().pause().unwrap();
-    assert!(
-        stopped_within(backend, true),
-        "a paused server's backend still runs"
-    );
+    let (mut server, session, backend) = paused_with_a_sleeping_session();
     // SIGTERM is PostgreSQL's smart shutdown, which waits for the sleeping session: the stop ends in its
     // SIGKILL, and that must reach the stopped backend too.
     server.process_mut().stop().unwrap();
