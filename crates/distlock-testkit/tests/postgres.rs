@@ -1,6 +1,6 @@
-//! The PostgreSQL server handle's kill -9, restart, pause and stop. PostgreSQL's backends leave the postmaster's
-//! process group (`setsid`), so a group kill alone leaves them running with the old shared memory
-//! attached, and the restarted postmaster refuses to start on the same data dir.
+//! The PostgreSQL server handle's kill -9, restart, pause and stop. PostgreSQL's backends and helpers
+//! leave the postmaster's process group (`setsid`), so a group kill alone leaves them running with the
+//! old shared memory attached, and the restarted postmaster refuses to start on the same data dir.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::process::Stdio;
