@@ -1,5 +1,7 @@
 //! What a backend can promise.
 
+use crate::kinds::LockKind;
+
 /// How far a backend's fencing tokens can be trusted.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -14,7 +16,27 @@ pub enum Fencing {
     None,
 }
 
-/// The lock kinds a backend supports. Only `mutex` is built so far.
+/// How a backend's read-write lock orders readers and writers.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ReadWriteOrder {
+    /// Readers get in whenever no writer holds the lock, even with writers waiting: a steady stream
+    /// of readers can keep a writer out for ever (Redisson's `RReadWriteLock`, `flock`).
+    #[default]
+    ReadersFirst,
+    /// A waiting writer keeps new readers out, so a writer waits at most for the readers holding
+    /// when it came (not necessarily first come, first served among writers).
+    WritersFirst,
+    /// First come, first served across readers and writers (a queue on the server: ZooKeeper,
+    /// etcd, PostgreSQL's lock queue).
+    Fifo,
+}
+
+/// The lock kinds a backend supports.
+///
+/// How long a crashed holder of any kind (a reader, a permit holder) blocks others is the mutex's:
+/// until its process dies where [`Capabilities::frees_on_process_death`], else until its lease or
+/// session ends.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct LockKinds {
@@ -30,6 +52,11 @@ pub struct LockKinds {
     pub multi: bool,
     /// Leader election.
     pub leader_election: bool,
+    /// How readers and writers are ordered, where `read_write`.
+    pub read_write_order: ReadWriteOrder,
+    /// A write guard can become a read guard in one step, with no writer in between
+    /// ([`LockGuard::downgrade`](crate::LockGuard::downgrade)).
+    pub atomic_downgrade: bool,
 }
 
 impl LockKinds {
@@ -42,7 +69,50 @@ impl LockKinds {
             fair: false,
             multi: false,
             leader_election: false,
+            read_write_order: ReadWriteOrder::ReadersFirst,
+            atomic_downgrade: false,
         }
+    }
+
+    /// Adds the read-write lock, ordered as `order`.
+    pub const fn with_read_write(mut self, order: ReadWriteOrder) -> Self {
+        self.read_write = true;
+        self.read_write_order = order;
+        self
+    }
+
+    /// Adds the atomic downgrade of a write guard.
+    pub const fn with_atomic_downgrade(mut self) -> Self {
+        self.atomic_downgrade = true;
+        self
+    }
+
+    /// Adds the semaphore.
+    pub const fn with_semaphore(mut self) -> Self {
+        self.semaphore = true;
+        self
+    }
+
+    /// Whether `kind` is among these.
+    pub fn supports(&self, kind: LockKind) -> bool {
+        match kind {
+            LockKind::Mutex => self.mutex,
+            LockKind::Read | LockKind::Write => self.read_write,
+            LockKind::Permit { .. } => self.semaphore,
+        }
+    }
+
+    /// The kinds, for messages: `mutex, read-write lock, semaphore`.
+    pub fn describe(&self) -> String {
+        let kinds: Vec<&str> = [
+            (self.mutex, "mutex"),
+            (self.read_write, "read-write lock"),
+            (self.semaphore, "semaphore"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        kinds.join(", ")
     }
 }
 
@@ -115,6 +185,12 @@ impl Capabilities {
     /// Sets [`shared_across_processes`](Self::shared_across_processes).
     pub const fn with_shared_across_processes(mut self, on: bool) -> Self {
         self.shared_across_processes = on;
+        self
+    }
+
+    /// Sets [`kinds`](Self::kinds).
+    pub const fn with_kinds(mut self, kinds: LockKinds) -> Self {
+        self.kinds = kinds;
         self
     }
 }

@@ -34,6 +34,20 @@ pub enum ErrorKind {
     PermissionDenied,
     /// The server answered something unexpected (for example `WRONGTYPE`).
     Protocol,
+    /// The request would wait for the caller's own hold: a `write` on a
+    /// [`RwLock`](crate::RwLock) that holds a read (no upgrade), or a `read` while it holds the write
+    /// (use [`LockGuard::downgrade`](crate::LockGuard::downgrade)). Nothing was sent.
+    WouldDeadlock,
+    /// A semaphore was asked for with another number of permits than the one stored on the server.
+    LimitMismatch {
+        /// The limit on the server.
+        stored: u32,
+        /// The limit asked for.
+        requested: u32,
+    },
+    /// The name is in use as another kind of lock (a mutex asked for while it is a semaphore, say)
+    /// on an engine where the kinds are different server objects. The message names the kind in use.
+    KindConflict,
 }
 
 impl ErrorKind {
@@ -50,6 +64,9 @@ impl ErrorKind {
             ErrorKind::InvalidName => "invalid lock name",
             ErrorKind::PermissionDenied => "permission denied",
             ErrorKind::Protocol => "protocol error",
+            ErrorKind::WouldDeadlock => "would deadlock",
+            ErrorKind::LimitMismatch { .. } => "limit mismatch",
+            ErrorKind::KindConflict => "kind conflict",
         }
     }
 }

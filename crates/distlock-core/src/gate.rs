@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 
 use crate::clock::Instant;
 use crate::error::{Error, ErrorKind, Result};
+use crate::kinds::LockKind;
 use crate::locks::LocksInner;
 use crate::raw::{ErasedLease, Grant};
 use crate::sync::lock;
@@ -78,6 +79,7 @@ struct Waiter {
     id: u64,
     owner: Arc<str>,
     lease: Duration,
+    kind: LockKind,
     pass: oneshot::Sender<Pass>,
 }
 
@@ -86,6 +88,8 @@ pub(crate) struct NextWaiter {
     pub(crate) id: u64,
     pub(crate) owner: Arc<str>,
     pub(crate) lease: Duration,
+    /// A mutex or a write lock: they share the name's gate.
+    pub(crate) kind: LockKind,
 }
 
 /// What a waiter receives when the gate reaches it.
@@ -152,11 +156,12 @@ impl Gate {
     }
 
     /// Takes the gate if it is free (nobody holds it, so nobody queues either); otherwise queues
-    /// `owner` (asking for `lease`) and returns the wait. No allocation when the gate is free.
+    /// `owner` (asking for `lease` of `kind`) and returns the wait. No allocation when the gate is free.
     pub(crate) fn take_or_queue(
         self: &Arc<Self>,
         owner: &Arc<str>,
         lease: Duration,
+        kind: LockKind,
     ) -> std::result::Result<GateGuard, GateWait> {
         let mut state = lock(&self.state);
         if !state.held {
@@ -172,6 +177,7 @@ impl Gate {
             id,
             owner: owner.clone(),
             lease,
+            kind,
             pass,
         });
         Err(GateWait {
@@ -215,6 +221,7 @@ impl GateGuard {
             id: w.id,
             owner: w.owner.clone(),
             lease: w.lease,
+            kind: w.kind,
         })
     }
 
@@ -313,7 +320,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{Gate, GateGuard, GateWait, Pass};
+    use super::{Gate, GateGuard, GateWait, LockKind, Pass};
 
     fn owner(name: &str) -> Arc<str> {
         Arc::from(name)
@@ -323,11 +330,11 @@ mod tests {
     fn held_by_a_with_b_and_c_queued() -> (Arc<Gate>, GateGuard, GateWait, GateWait) {
         let gate = Arc::new(Gate::default());
         let held = gate
-            .take_or_queue(&owner("a"), Duration::ZERO)
+            .take_or_queue(&owner("a"), Duration::ZERO, LockKind::Mutex)
             .ok()
             .expect("free");
         let queued = |name| {
-            gate.take_or_queue(&owner(name), Duration::ZERO)
+            gate.take_or_queue(&owner(name), Duration::ZERO, LockKind::Mutex)
                 .err()
                 .expect("queued")
         };
@@ -356,7 +363,9 @@ mod tests {
             panic!("the second waiter gets the gate");
         };
         drop(second);
-        assert!(gate.take_or_queue(&owner("d"), Duration::ZERO).is_ok());
+        assert!(gate
+            .take_or_queue(&owner("d"), Duration::ZERO, LockKind::Mutex)
+            .is_ok());
     }
 
     /// A gate makes its queue for its first waiter and frees it when it is free again (issue 9: one
@@ -366,12 +375,12 @@ mod tests {
         let queue_made = |gate: &Gate| crate::sync::lock(&gate.state).waiters.0.is_some();
         let gate = Arc::new(Gate::default());
         let held = gate
-            .take_or_queue(&owner("a"), Duration::ZERO)
+            .take_or_queue(&owner("a"), Duration::ZERO, LockKind::Mutex)
             .ok()
             .expect("free");
         assert!(!queue_made(&gate));
         let waiting = gate
-            .take_or_queue(&owner("b"), Duration::ZERO)
+            .take_or_queue(&owner("b"), Duration::ZERO, LockKind::Mutex)
             .err()
             .expect("queued");
         assert!(queue_made(&gate));
@@ -413,6 +422,8 @@ mod tests {
             panic!("a plain pass");
         };
         drop(guard);
-        assert!(gate.take_or_queue(&owner("d"), Duration::ZERO).is_ok());
+        assert!(gate
+            .take_or_queue(&owner("d"), Duration::ZERO, LockKind::Mutex)
+            .is_ok());
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use crate::gate::{GateGuard, HandedGrant};
+use crate::kinds::LockKind;
 
 use crate::clock::{self, Instant};
 use crate::error::{Error, ErrorKind, Result};
@@ -103,6 +104,8 @@ pub(crate) struct Holding {
     wakeups: std::sync::OnceLock<Box<Wakeups>>,
     /// Set once at install when the backend has one (the file backend's `flock`ed descriptor).
     pub(crate) descriptor: std::sync::OnceLock<Arc<std::os::fd::OwnedFd>>,
+    /// Which permit a semaphore's hold is.
+    permit: Option<Box<str>>,
 }
 
 /// The hold's part in its name's local gate (see [`Holding::gate`]).
@@ -166,6 +169,8 @@ impl Status {
 }
 
 impl Holding {
+    // The grant's parts and the acquire's, each stored once: a struct of them would only be unpacked.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         shared: Arc<LockShared>,
         lease: ErasedLease,
@@ -174,6 +179,7 @@ impl Holding {
         sent_at: Instant,
         options: LockOptions,
         gate: Option<GateGuard>,
+        permit: Option<Box<str>>,
     ) -> Arc<Self> {
         let max_hold_end = options.max_hold.map(|cap| sent_at.saturating_add(cap));
         let mut status = Status::default();
@@ -195,6 +201,7 @@ impl Holding {
             gate: Mutex::new(gate.map_or(OnGate::Passed, OnGate::Held)),
             wakeups: std::sync::OnceLock::new(),
             descriptor: std::sync::OnceLock::new(),
+            permit,
         })
     }
 
@@ -260,6 +267,32 @@ impl Holding {
             *current = state;
             changed
         });
+    }
+
+    /// Ends a write hold that became a read hold ([`LockGuard::downgrade`]): no longer this `Lock`'s
+    /// hold, not renewed, and its gate passed on, with nothing to release on the server.
+    fn end_downgraded(&self) {
+        {
+            let mut held = lock(&self.shared.held);
+            if held
+                .as_ref()
+                .is_some_and(|(holding, _)| std::ptr::eq(Arc::as_ptr(holding), self))
+            {
+                held.take();
+            }
+        }
+        lock(&self.status).released = true;
+        let on_gate = std::mem::replace(&mut *lock(&self.gate), OnGate::Passed);
+        drop(on_gate);
+    }
+
+    /// Marks a hold that has ended (released or downgraded) `Lost`, for a guard still showing it.
+    fn mark_lost_after_release(&self, reason: &str) {
+        let mut status = lock(&self.status);
+        if status.lost.is_none() {
+            status.lost = Some(reason.into());
+        }
+        self.publish(&status);
     }
 
     pub(crate) fn mark_lost(&self, reason: String) {
@@ -532,7 +565,13 @@ impl Holding {
         let wait = lock(&self.status).deadline.map_or(ttl, |deadline| {
             deadline.saturating_duration_since(sent_at) / 2
         });
-        let outcome = match tokio::time::timeout(wait, backend.renew(&batch)).await {
+        // On the boot clock: after a suspend the half is over at the resume, not that much later.
+        let replied = tokio::select! {
+            biased;
+            outcomes = backend.renew(&batch) => Ok(outcomes),
+            () = clock::sleep_until(sent_at.saturating_add(wait)) => Err(()),
+        };
+        let outcome = match replied {
             Ok(outcomes) => outcomes
                 .into_iter()
                 .find_map(|(id, outcome)| (id == RenewalId(0)).then_some(outcome))
@@ -635,7 +674,10 @@ impl Holding {
             OnGate::Held(gate) => gate.next_waiter()?,
             OnGate::PassedEarly { .. } | OnGate::Passed => return None,
         };
+        // Only to a waiter of the same kind: a mutex and a write lock share the gate, and where they
+        // are different server objects one cannot be handed on as the other.
         if next.owner == self.shared.owner
+            || next.kind != self.shared.kind
             || self
                 .shared
                 .locks
@@ -648,7 +690,8 @@ impl Holding {
             self.shared.name.to_string(),
             next.owner.to_string(),
             next.lease,
-        );
+        )
+        .with_kind(next.kind);
         let sent_at = clock::now();
         let outcome = backend
             .hand_off(&self.lease, &self.shared.name, &self.shared.owner, &request)
@@ -780,8 +823,24 @@ impl LockGuard {
 
     /// The fencing token of this hold (the same for reentrant guards); `None` where the backend mints
     /// none. Pass it to the resource, which must reject tokens lower than the highest it has seen.
+    ///
+    /// A read guard's token is the last write grant's (a reader mints none), so a resource can refuse
+    /// writes from a writer older than what a reader saw. Each permit of a semaphore gets one of its
+    /// own, above every earlier grant of the name: a resource the permit holders share fences per
+    /// [`permit`](Self::permit).
     pub fn token(&self) -> Option<FencingToken> {
         self.holding.token
+    }
+
+    /// What this guard holds: a mutex, a side of a read-write lock, or a permit.
+    pub fn kind(&self) -> LockKind {
+        self.holding.shared.kind
+    }
+
+    /// Which permit this guard holds, as the engine names it (a slot number, a permit id, a lease
+    /// node); `None` for other kinds.
+    pub fn permit(&self) -> Option<&str> {
+        self.holding.permit.as_deref()
     }
 
     /// A descriptor whose inheritance keeps the lock held: while any process has it open, the kernel
@@ -859,7 +918,8 @@ impl LockGuard {
                 }
                 _ = async {
                     match deadline {
-                        Some(deadline) => tokio::time::sleep_until(deadline.to_tokio()).await,
+                        // On the boot clock: a tokio timer would fire late after a suspend.
+                        Some(deadline) => clock::sleep_until(deadline).await,
                         None => std::future::pending().await,
                     }
                 } => {}
@@ -924,6 +984,91 @@ impl LockGuard {
             .map_err(|e| tag(e, kind, &name))
     }
 
+    /// Turns this write guard into a read guard of the same [`RwLock`](crate::RwLock) in one step: no
+    /// writer can take the lock in between, and the read guard keeps this guard's fencing token, lease
+    /// and `max_hold`. Changes nothing and fails with [`ErrorKind::Unsupported`] where the backend
+    /// cannot do it atomically ([`LockKinds::atomic_downgrade`](crate::LockKinds::atomic_downgrade)),
+    /// for a guard that is not a write guard, or while reentrant guards share its hold.
+    ///
+    /// If the engine does not confirm it, the error is returned and this guard is `Lost` (the write
+    /// hold may be gone on the server); dropping it releases whatever is left.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> distlock_core::Result<()> {
+    /// use distlock_core::{LockKind, Locks, MemoryBackend};
+    ///
+    /// let locks = Locks::new(MemoryBackend::new());
+    /// let rw = locks.read_write("config")?;
+    /// let mut guard = rw.write().await?;
+    /// let token = guard.token();
+    /// guard.downgrade().await?;
+    /// assert_eq!((guard.kind(), guard.token()), (LockKind::Read, token));
+    /// let other = locks.read_write("config")?;
+    /// assert!(other.reader().try_acquire().await?.is_some()); // readers share it now
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the request runs in a task of its own. If this future is dropped, that task
+    /// finishes it: a read hold it got is released in the background, and this guard is `Lost`.
+    pub async fn downgrade(&mut self) -> Result<()> {
+        let writer = self.holding.shared.clone();
+        let locks = writer.locks.clone();
+        let backend_kind = locks.backend.kind();
+        let refuse =
+            |kind, message: String| Err(tag(Error::new(kind, message), backend_kind, &writer.name));
+        if writer.kind != LockKind::Write {
+            return refuse(
+                ErrorKind::Unsupported,
+                format!(
+                    "only a write guard can be downgraded, not a {}",
+                    writer.kind
+                ),
+            );
+        }
+        if !locks.backend.capabilities().kinds.atomic_downgrade {
+            return refuse(
+                ErrorKind::Unsupported,
+                format!("the {backend_kind} backend cannot turn a write lock into a read lock in one step"),
+            );
+        }
+        let crate::locks::OtherSide::Reader(reader) = &writer.other_side else {
+            return refuse(
+                ErrorKind::Protocol,
+                "internal error: a write lock without its read side".into(),
+            );
+        };
+        let reader = reader.clone();
+        let holding = self.holding.clone();
+        let (reply, replied) = tokio::sync::oneshot::channel();
+        // Everything from here on in the task, the read-write lock's acquires kept out until the end:
+        // if this future is dropped, no acquire of either side can join the write hold the task is
+        // ending or come between its end and the read hold's install.
+        locks.spawn_background(async move {
+            let result = downgrade_hold(&holding, &reader).await;
+            if let Err(Ok(unwanted)) = reply.send(result) {
+                // The caller gave up: its guard, still the write guard, no longer holds anything.
+                holding.mark_lost_after_release("the downgrade finished after its caller gave up");
+                drop(unwanted);
+            }
+        });
+        match replied.await {
+            Ok(Ok(read)) => {
+                let mut write = std::mem::replace(self, read);
+                // Its hold ended in the downgrade: nothing to release.
+                write.done = true;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(tag(e, backend_kind, &writer.name)),
+            Err(_) => refuse(
+                ErrorKind::Protocol,
+                "internal error: the downgrade's task ended without an outcome".into(),
+            ),
+        }
+    }
+
     /// Releases now. With reentrant guards alive, only this one ends and `Ok(())` is returned; the last
     /// guard releases the lock on the server, owner-guarded: [`ErrorKind::NotHeld`] if it was no longer
     /// this owner's.
@@ -958,6 +1103,94 @@ impl LockGuard {
                 None
             }
             _ => None,
+        }
+    }
+}
+
+/// The work of [`LockGuard::downgrade`], in its task: turns `holding` (the only guard's write hold)
+/// into a read hold of `reader` (its read side) and returns the read guard.
+async fn downgrade_hold(holding: &Arc<Holding>, reader: &Arc<LockShared>) -> Result<LockGuard> {
+    let writer = &holding.shared;
+    let locks = &writer.locks;
+    // No acquire of either side while the hold changes sides (one mutex for both sides).
+    let _serial = writer.serial().lock().await;
+    match lock(&writer.held).as_ref() {
+        Some((held, 1)) if Arc::ptr_eq(held, holding) => {}
+        Some((held, _)) if Arc::ptr_eq(held, holding) => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "other guards share this write hold (reentrant acquires): release them first",
+            ));
+        }
+        _ => {
+            return Err(Error::new(
+                ErrorKind::NotHeld,
+                "this guard no longer holds the write lock",
+            ))
+        }
+    }
+    if let Some(reason) = holding.loss_reason() {
+        return Err(Error::new(ErrorKind::LockLost, reason));
+    }
+    // The read side's own gate: held only by a read release of this `RwLock` still on its way.
+    let read_gate =
+        match reader
+            .gate
+            .take_or_queue(&reader.owner, holding.lease_ttl, LockKind::Read)
+        {
+            Ok(gate) => gate,
+            Err(wait) => match wait.await {
+                Ok(crate::gate::Pass::Plain(gate)) => gate,
+                Ok(crate::gate::Pass::Granted(_)) | Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::Protocol,
+                        "internal error: the read side's gate was handed on with a grant",
+                    ))
+                }
+            },
+        };
+    // A read release of this owner that passed the gate on early may reach the engine after the
+    // downgrade, where it would delete the read hold made now: its reply is waited for, as an
+    // acquire of the read side waits for it (see `LocksInner::releasing`).
+    if let Some(releasing) = locks.release_in_flight(&reader.gate, &reader.name, &reader.owner) {
+        drop(releasing.lock().await);
+    }
+    // The waits may have used up the rest of `max_hold` (or the lease).
+    if let Some(reason) = holding.loss_reason() {
+        return Err(Error::new(ErrorKind::LockLost, reason));
+    }
+    let sent_at = clock::now();
+    // The read hold ends where the write hold had to: `max_hold` counts from the write's grant.
+    let options = LockOptions::default()
+        .with_lease(holding.lease_ttl)
+        .with_max_hold(holding.max_hold_end.map(|end| {
+            end.saturating_duration_since(sent_at)
+                .max(Duration::from_millis(1))
+        }));
+    let request = AcquireRequest::new(
+        reader.name.to_string(),
+        reader.owner.to_string(),
+        options.first_ttl(),
+    )
+    .with_kind(LockKind::Read);
+    match locks.backend.downgrade(&holding.lease, &request).await {
+        Ok(mut grant) => {
+            grant.token = grant.token.or(holding.token);
+            holding.end_downgraded();
+            Ok(crate::locks::install(
+                reader,
+                grant,
+                sent_at,
+                options,
+                Some(read_gate),
+            ))
+        }
+        Err(error) => {
+            holding.mark_lost(format!(
+                "the downgrade to a read lock was not confirmed, so the write lock may be gone: {error}"
+            ));
+            drop(read_gate);
+            Err(error)
         }
     }
 }

@@ -19,7 +19,8 @@
 //!   `distlock` CLI and backends' messages.
 //!
 //! Cargo feature `testing` (off by default; the testkit turns it on): fault-injection hooks on
-//! [`MemoryBackend`] (`freeze`, `delay_renewals`, …) and `memory://…?freeze_after=`.
+//! [`MemoryBackend`] (`freeze`, `delay_renewals`, …), `memory://…?freeze_after=`, and a simulated
+//! suspend of the machine (`clock::testing::suspend`).
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
 mod capabilities;
@@ -29,6 +30,7 @@ pub mod duration;
 mod error;
 mod gate;
 mod guard;
+mod kinds;
 mod locks;
 mod memory;
 pub mod name;
@@ -41,9 +43,10 @@ mod token;
 pub mod url;
 mod watchdog;
 
-pub use capabilities::{Capabilities, Fencing, LockKinds};
+pub use capabilities::{Capabilities, Fencing, LockKinds, ReadWriteOrder};
 pub use error::{Error, ErrorKind, Result};
 pub use guard::LockGuard;
+pub use kinds::{LockKind, RwLock, Semaphore, MAX_PERMITS};
 pub use locks::{AcquireOptions, Lock, Locks};
 pub use memory::MemoryBackend;
 pub use options::{LockOptions, Wait};

@@ -13,6 +13,7 @@ use crate::clock;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gate::{Gate, GateGuard, HandedGrant, Pass};
 use crate::guard::{Holding, LockGuard};
+use crate::kinds::{LockKind, RwLock, Semaphore};
 use crate::options::{LockOptions, Wait};
 use crate::raw::{AcquireRequest, Attempt, Backend, DynBackend, ErasedAcquisition, LockInfo};
 use crate::sync::lock;
@@ -159,11 +160,85 @@ impl Locks {
     /// to interoperate with another client's id scheme).
     pub fn lock_as(&self, name: &str, owner: impl Into<String>) -> Result<Lock> {
         let owner = owner.into();
+        self.check(name, Some(&owner), LockKind::Mutex)?;
+        let name: Arc<str> = Arc::from(name);
+        Ok(Lock {
+            shared: Arc::new(self.shared(name, Arc::from(owner), LockKind::Mutex, OtherSide::None)),
+        })
+    }
+
+    /// A new owner of `name`'s read-write lock (one owner id for both sides). No I/O.
+    ///
+    /// Fails with [`ErrorKind::Unsupported`] where the backend has no read-write lock
+    /// ([`Capabilities::kinds`]), and as [`lock`](Self::lock) for a bad name.
+    pub fn read_write(&self, name: &str) -> Result<RwLock> {
+        self.read_write_as(name, next_owner_id())
+    }
+
+    /// [`read_write`](Self::read_write) with a caller-supplied owner id.
+    pub fn read_write_as(&self, name: &str, owner: impl Into<String>) -> Result<RwLock> {
+        let owner = owner.into();
+        self.check(name, Some(&owner), LockKind::Read)?;
+        let (name, owner): (Arc<str>, Arc<str>) = (Arc::from(name), Arc::from(owner));
+        let writer = Arc::new_cyclic(|writer: &Weak<LockShared>| {
+            let reader = Arc::new(self.shared(
+                name.clone(),
+                owner.clone(),
+                LockKind::Read,
+                OtherSide::Writer(writer.clone()),
+            ));
+            self.shared(name, owner, LockKind::Write, OtherSide::Reader(reader))
+        });
+        let OtherSide::Reader(reader) = &writer.other_side else {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                "internal error: a read-write lock without its read side",
+            ));
+        };
+        Ok(RwLock {
+            reader: Lock {
+                shared: reader.clone(),
+            },
+            writer: Lock { shared: writer },
+        })
+    }
+
+    /// `name`'s semaphore of `limit` permits: at most `limit` holders at once. No I/O: the limit is
+    /// checked against the one stored on the server at the first acquire.
+    ///
+    /// Fails with [`ErrorKind::Unsupported`] where the backend has no semaphore, with
+    /// [`ErrorKind::InvalidConfig`] for a limit of 0 or over [`MAX_PERMITS`](crate::MAX_PERMITS), and
+    /// as [`lock`](Self::lock) for a bad name.
+    pub fn semaphore(&self, name: &str, limit: u32) -> Result<Semaphore> {
+        crate::kinds::check_limit(limit)
+            .map_err(|e| e.with_backend(self.inner.backend.kind()).with_lock(name))?;
+        self.check(name, None, LockKind::Permit { limit })?;
+        Ok(Semaphore {
+            locks: self.clone(),
+            name: Arc::from(name),
+            limit,
+        })
+    }
+
+    /// A new owner of one permit of `name`'s semaphore (checked by [`semaphore`](Self::semaphore)).
+    pub(crate) fn permit_lock(&self, name: &Arc<str>, limit: u32) -> Lock {
+        Lock {
+            shared: Arc::new(self.shared(
+                name.clone(),
+                Arc::from(next_owner_id()),
+                LockKind::Permit { limit },
+                OtherSide::None,
+            )),
+        }
+    }
+
+    /// Checks a name, an owner id and that the backend supports `kind`.
+    fn check(&self, name: &str, owner: Option<&str>, kind: LockKind) -> Result<()> {
         let backend = self.inner.backend.kind();
         crate::name::validate(name)
             .and_then(|()| self.inner.backend.validate_name(name))
             .map_err(|e| e.with_backend(backend))?;
-        if owner.is_empty() || owner.len() > MAX_OWNER_BYTES {
+        if owner.is_some_and(|owner| owner.is_empty() || owner.len() > MAX_OWNER_BYTES) {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
                 format!("an owner id must be 1 to {MAX_OWNER_BYTES} bytes"),
@@ -171,19 +246,53 @@ impl Locks {
             .with_backend(backend)
             .with_lock(name));
         }
-        let name: Arc<str> = Arc::from(name);
-        let owner: Arc<str> = Arc::from(owner);
-        let gate = lock(&self.inner.gates).get(name.clone());
-        Ok(Lock {
-            shared: Arc::new(LockShared {
-                locks: self.inner.clone(),
-                name,
-                owner,
-                acquiring: tokio::sync::Mutex::new(()),
-                gate,
-                held: Mutex::new(None),
-            }),
-        })
+        let kinds = self.inner.backend.capabilities().kinds;
+        if !kinds.supports(kind) {
+            let asked = match kind {
+                LockKind::Mutex => "a mutex",
+                LockKind::Read | LockKind::Write => "a read-write lock",
+                LockKind::Permit { .. } => "a semaphore",
+            };
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "the {backend} backend has no {}; it supports: {}",
+                    asked.trim_start_matches("a "),
+                    kinds.describe()
+                ),
+            )
+            .with_backend(backend)
+            .with_lock(name));
+        }
+        Ok(())
+    }
+
+    /// The shared part of a new `Lock`. Exclusive kinds (mutex, write) queue in the name's gate, so
+    /// only one of this `Locks` contends with the engine at a time; a reader or a permit holder has a
+    /// gate of its own (it excludes nobody of its kind), which only orders its own acquire after its
+    /// own release.
+    fn shared(
+        &self,
+        name: Arc<str>,
+        owner: Arc<str>,
+        kind: LockKind,
+        other_side: OtherSide,
+    ) -> LockShared {
+        let gate = if kind.is_exclusive() {
+            lock(&self.inner.gates).get(name.clone())
+        } else {
+            Arc::new(Gate::default())
+        };
+        LockShared {
+            locks: self.inner.clone(),
+            name,
+            owner,
+            kind,
+            other_side,
+            acquiring: tokio::sync::Mutex::new(()),
+            gate,
+            held: Mutex::new(None),
+        }
     }
 
     /// What the backend promises.
@@ -517,8 +626,14 @@ pub(crate) struct LockShared {
     /// release is in flight.
     pub(crate) name: Arc<str>,
     pub(crate) owner: Arc<str>,
+    /// What this `Lock` acquires.
+    pub(crate) kind: LockKind,
+    /// The other side of a read-write lock, to refuse an upgrade (and find the read side of a
+    /// downgrade).
+    pub(crate) other_side: OtherSide,
     /// Serialises acquires of this `Lock`, so a second task's acquire sees the first one's hold and
-    /// joins it instead of racing it to the engine.
+    /// joins it instead of racing it to the engine. The write side of a read-write lock uses its read
+    /// side's (see [`serial`](Self::serial)).
     acquiring: tokio::sync::Mutex<()>,
     /// The local gate of this name in this `Locks` (see [`LocksInner::gates`]).
     pub(crate) gate: Arc<Gate>,
@@ -526,11 +641,51 @@ pub(crate) struct LockShared {
     pub(crate) held: Mutex<Option<(Arc<Holding>, usize)>>,
 }
 
+/// The other side of a read-write lock's `Lock` (see [`LockShared::other_side`]): the write side
+/// keeps the read side alive (a write guard may outlive its `RwLock` and still downgrade); the read
+/// side only looks at the write side.
+pub(crate) enum OtherSide {
+    /// Not a read-write lock.
+    None,
+    /// Of the write side.
+    Reader(Arc<LockShared>),
+    /// Of the read side.
+    Writer(Weak<LockShared>),
+}
+
+impl LockShared {
+    /// The mutex that serialises this `Lock`'s acquires: its own, or for either side of a read-write
+    /// lock the read side's, one for both. Each side's acquire then checks the other side and installs
+    /// its grant with no acquire of the other side in between: a side never waits in the engine for
+    /// the other's hold (a read granted while the same `RwLock`'s write waits, say), and the two sides
+    /// never hold at once. A downgrade holds it too, while the hold changes sides.
+    pub(crate) fn serial(&self) -> &tokio::sync::Mutex<()> {
+        match &self.other_side {
+            OtherSide::Reader(reader) => &reader.acquiring,
+            OtherSide::None | OtherSide::Writer(_) => &self.acquiring,
+        }
+    }
+}
+
+impl OtherSide {
+    /// Whether the other side holds the lock now.
+    fn is_held(&self) -> bool {
+        match self {
+            OtherSide::None => false,
+            OtherSide::Reader(reader) => lock(&reader.held).is_some(),
+            OtherSide::Writer(writer) => writer
+                .upgrade()
+                .is_some_and(|writer| lock(&writer.held).is_some()),
+        }
+    }
+}
+
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
             .field("name", &self.shared.name)
             .field("owner", &self.shared.owner)
+            .field("kind", &self.shared.kind)
             .field("backend", &self.shared.locks.backend.kind())
             .finish()
     }
@@ -545,6 +700,11 @@ impl Lock {
     /// This owner's id.
     pub fn owner(&self) -> &str {
         &self.shared.owner
+    }
+
+    /// What this `Lock` acquires: a mutex, a side of a read-write lock, or a permit.
+    pub fn kind(&self) -> LockKind {
+        self.shared.kind
     }
 
     /// Acquires the lock with the defaults of its [`Locks`] (by default waiting as long as it takes).
@@ -606,9 +766,9 @@ impl Lock {
 
         // Free locks are taken without a timer (`try_lock` fails while others queue, so the queue
         // stays FIFO): an uncontended acquire arms none (issue 9).
-        let _serial = match shared.acquiring.try_lock() {
+        let _serial = match shared.serial().try_lock() {
             Ok(serial) => serial,
-            Err(_) => match within(deadline, shared.acquiring.lock()).await {
+            Err(_) => match within(deadline, shared.serial().lock()).await {
                 Some(serial) => serial,
                 None => return Ok(None),
             },
@@ -618,9 +778,18 @@ impl Lock {
             locks.watchdog.ensure_running(locks);
             return Ok(Some(guard));
         }
+        if shared.other_side.is_held() {
+            return Err(Error::new(
+                ErrorKind::WouldDeadlock,
+                match shared.kind {
+                    LockKind::Write => "this read-write lock holds a read lock: a write would wait for it for ever (no upgrade); release the read guard first",
+                    _ => "this read-write lock holds the write lock: a read would wait for it; downgrade the write guard instead (LockGuard::downgrade)",
+                },
+            ));
+        }
         let gate = match shared
             .gate
-            .take_or_queue(&shared.owner, options.first_ttl())
+            .take_or_queue(&shared.owner, options.first_ttl(), shared.kind)
         {
             Ok(gate) => gate,
             Err(wait) => match within(deadline, wait).await {
@@ -643,6 +812,7 @@ impl Lock {
             name: shared.name.to_string(),
             owner: shared.owner.to_string(),
             lease: options.first_ttl(),
+            kind: shared.kind,
         };
         let acquisition = locks.backend.begin(&request)?;
         let mut pending = Pending {
@@ -761,30 +931,39 @@ impl Lock {
         options: LockOptions,
         gate: Option<GateGuard>,
     ) -> LockGuard {
-        let holding = Holding::new(
-            self.shared.clone(),
-            grant.lease,
-            grant.token,
-            grant.ttl,
-            sent_at,
-            options,
-            gate,
-        );
-        *lock(&self.shared.held) = Some((holding.clone(), 1));
-        if grant.ttl.is_some() || options.max_hold.is_some() {
-            self.shared
-                .locks
-                .watchdog
-                .register(&holding, &self.shared.locks);
-        }
-        if let Some(loss) = grant.loss {
-            loss.attach(&holding);
-        }
-        if let Some(descriptor) = grant.descriptor {
-            let _ = holding.descriptor.set(descriptor);
-        }
-        LockGuard::new(holding)
+        install(&self.shared, grant, sent_at, options, gate)
     }
+}
+
+/// Makes a grant `shared`'s hold: its guard, its watchdog entry and its loss signal.
+pub(crate) fn install(
+    shared: &Arc<LockShared>,
+    grant: crate::raw::Grant<crate::raw::ErasedLease>,
+    sent_at: clock::Instant,
+    options: LockOptions,
+    gate: Option<GateGuard>,
+) -> LockGuard {
+    let holding = Holding::new(
+        shared.clone(),
+        grant.lease,
+        grant.token,
+        grant.ttl,
+        sent_at,
+        options,
+        gate,
+        grant.permit.map(String::into_boxed_str),
+    );
+    *lock(&shared.held) = Some((holding.clone(), 1));
+    if grant.ttl.is_some() || options.max_hold.is_some() {
+        shared.locks.watchdog.register(&holding, &shared.locks);
+    }
+    if let Some(loss) = grant.loss {
+        loss.attach(&holding);
+    }
+    if let Some(descriptor) = grant.descriptor {
+        let _ = holding.descriptor.set(descriptor);
+    }
+    LockGuard::new(holding)
 }
 
 /// Runs `fut` until `deadline`; `None` if it elapsed first. The future is polled once even when the

@@ -8,9 +8,10 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::capabilities::{Capabilities, Fencing};
+use crate::capabilities::{Capabilities, Fencing, LockKinds, ReadWriteOrder};
 use crate::clock::{self, Instant};
 use crate::error::{Error, ErrorKind, Result};
+use crate::kinds::LockKind;
 use crate::raw::{
     AcquireRequest, Attempt, Backend, Grant, HandOff, HolderInfo, LockInfo, Released, Renewal,
     RenewalId, Renewed,
@@ -88,10 +89,27 @@ impl Link {
     }
 }
 
+/// One name in the store. Its mutex and the write side of its read-write lock are one lock
+/// (`holder`); readers share it while nobody holds that; a semaphore's permits are another kind of
+/// lock on the name, which excludes the other two ([`ErrorKind::KindConflict`]).
 #[derive(Default)]
 struct NameState {
+    /// The exclusive holder: a mutex or a writer.
     holder: Option<Holder>,
+    readers: Vec<Holder>,
+    /// A writer (or the name's mutex: the same lock) waiting for the readers to leave: new readers
+    /// wait behind it (writers first). It refreshes this on every try, and it ends when the writer
+    /// takes the lock or gives up, or after the writer's lease without a try.
+    writer_waiting: Option<(String, Instant)>,
+    /// The semaphore's permit holders, each in a slot below the limit.
+    permits: Vec<Holder>,
+    /// The semaphore's limit, stored with its first permit and kept.
+    limit: Option<u32>,
+    /// The last token minted for the name (write and mutex grants, and permits).
     last_token: u64,
+    /// The last write (or mutex) grant's token, which a reader carries: a permit minted since is no
+    /// write a reader has seen.
+    last_write_token: u64,
 }
 
 struct Holder {
@@ -99,11 +117,90 @@ struct Holder {
     token: u64,
     expires_at: Instant,
     since: SystemTime,
+    /// The slot of a permit.
+    slot: u32,
 }
 
 impl Holder {
+    fn new(owner: &str, token: u64, expires_at: Instant) -> Self {
+        Self {
+            owner: owner.to_string(),
+            token,
+            expires_at,
+            since: SystemTime::now(),
+            slot: 0,
+        }
+    }
+
     fn live(&self, now: Instant) -> bool {
         now < self.expires_at
+    }
+
+    fn info(&self, now: Instant) -> HolderInfo {
+        HolderInfo {
+            owner: Some(self.owner.clone()),
+            token: Some(FencingToken::new(self.token)),
+            remaining_lease: Some(self.expires_at.saturating_duration_since(now)),
+            pid: Some(std::process::id()),
+            since: Some(self.since),
+            ..HolderInfo::default()
+        }
+    }
+}
+
+impl NameState {
+    /// Forgets holders whose lease ran out, and a waiting writer's mark past its time.
+    fn expire(&mut self, now: Instant) {
+        if self.holder.as_ref().is_some_and(|h| !h.live(now)) {
+            self.holder = None;
+        }
+        self.readers.retain(|h| h.live(now));
+        self.permits.retain(|h| h.live(now));
+        if self
+            .writer_waiting
+            .as_ref()
+            .is_some_and(|(_, until)| now >= *until)
+        {
+            self.writer_waiting = None;
+        }
+    }
+
+    /// The hold of `owner` of `kind`, if it is live.
+    fn hold_mut(&mut self, owner: &str, kind: LockKind) -> Option<&mut Holder> {
+        match kind {
+            LockKind::Read => self.readers.iter_mut().find(|h| h.owner == owner),
+            LockKind::Permit { .. } => self.permits.iter_mut().find(|h| h.owner == owner),
+            _ => self.holder.as_mut().filter(|h| h.owner == owner),
+        }
+    }
+
+    /// Removes `owner`'s hold of `kind`; whether there was one.
+    fn remove(&mut self, owner: &str, kind: LockKind) -> bool {
+        let list = match kind {
+            LockKind::Read => &mut self.readers,
+            LockKind::Permit { .. } => &mut self.permits,
+            _ => {
+                let mine = self.holder.as_ref().is_some_and(|h| h.owner == owner);
+                if mine {
+                    self.holder = None;
+                }
+                return mine;
+            }
+        };
+        let before = list.len();
+        list.retain(|h| h.owner != owner);
+        list.len() < before
+    }
+
+    /// The earliest moment a hold that blocks a new one may end by itself.
+    fn soonest_expiry<'a>(
+        holds: impl IntoIterator<Item = &'a Holder>,
+        now: Instant,
+    ) -> Option<Duration> {
+        holds
+            .into_iter()
+            .map(|h| h.expires_at.saturating_duration_since(now))
+            .min()
     }
 }
 
@@ -281,9 +378,135 @@ pub struct MemoryAcquisition {
     releases: watch::Receiver<u64>,
 }
 
+/// A memory hold: what it is, so a release of a read hold leaves the same owner's write hold alone
+/// (the two sides of one `RwLock` share an owner id).
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryLease {
+    kind: LockKind,
+}
+
+impl MemoryBackend {
+    /// One try of `request` on its name's state.
+    fn try_on(
+        &self,
+        state: &mut NameState,
+        request: &AcquireRequest,
+        now: Instant,
+    ) -> Result<Attempt<MemoryLease>> {
+        let (owner, kind) = (request.owner.as_str(), request.kind);
+        let lease = MemoryLease { kind };
+        let ttl = self.link.grant(request.lease);
+        let expires_at = now.saturating_add(ttl);
+        let granted = |token: u64| {
+            Attempt::Acquired(
+                Grant::new(lease)
+                    .with_token(FencingToken::new(token))
+                    .with_ttl(ttl),
+            )
+        };
+        // Ours already (an earlier reply was lost): the same hold, refreshed.
+        if let Some(hold) = state.hold_mut(owner, kind) {
+            hold.expires_at = expires_at;
+            let (token, slot) = (hold.token, hold.slot);
+            let attempt = granted(token);
+            return Ok(match (attempt, kind) {
+                (Attempt::Acquired(grant), LockKind::Permit { .. }) => {
+                    Attempt::Acquired(grant.with_permit(slot.to_string()))
+                }
+                (attempt, _) => attempt,
+            });
+        }
+        if let LockKind::Permit { limit } = kind {
+            if state.holder.is_some() || !state.readers.is_empty() {
+                return Err(conflict(&request.name, "a mutex or read-write lock", kind));
+            }
+            if let Some(stored) = state.limit.filter(|stored| *stored != limit) {
+                return Err(Error::new(
+                    ErrorKind::LimitMismatch { stored, requested: limit },
+                    format!("the semaphore has {stored} permits on the server; this one asked for {limit} (every user must ask for the same)"),
+                ));
+            }
+            state.limit = Some(limit);
+            let free = (0..limit).find(|slot| !state.permits.iter().any(|h| h.slot == *slot));
+            let Some(slot) = free else {
+                return Ok(Attempt::Busy {
+                    retry_after: NameState::soonest_expiry(&state.permits, now),
+                });
+            };
+            state.last_token += 1;
+            let mut holder = Holder::new(owner, state.last_token, expires_at);
+            holder.slot = slot;
+            state.permits.push(holder);
+            return Ok(match granted(state.last_token) {
+                Attempt::Acquired(grant) => Attempt::Acquired(grant.with_permit(slot.to_string())),
+                busy => busy,
+            });
+        }
+        if !state.permits.is_empty() {
+            let limit = state.limit.unwrap_or_default();
+            return Err(conflict(
+                &request.name,
+                &format!("a semaphore of {limit} permits"),
+                kind,
+            ));
+        }
+        if let Some(holder) = &state.holder {
+            return Ok(Attempt::Busy {
+                retry_after: NameState::soonest_expiry([holder], now),
+            });
+        }
+        if kind == LockKind::Read {
+            if let Some((_, until)) = state
+                .writer_waiting
+                .as_ref()
+                .filter(|(writer, _)| writer != owner)
+            {
+                return Ok(Attempt::Busy {
+                    retry_after: Some(until.saturating_duration_since(now)),
+                });
+            }
+            state
+                .readers
+                .push(Holder::new(owner, state.last_write_token, expires_at));
+            return Ok(granted(state.last_write_token));
+        }
+        if !state.readers.is_empty() {
+            if kind.is_exclusive() {
+                // Writers first (the mutex is the write side itself): readers that come after this
+                // keep out until it is in, or gives up.
+                state.writer_waiting = Some((owner.to_string(), expires_at));
+            }
+            // Back before the mark runs out, so it is renewed while the readers stay.
+            let soonest = NameState::soonest_expiry(&state.readers, now).map(|d| d.min(ttl / 3));
+            return Ok(Attempt::Busy {
+                retry_after: soonest,
+            });
+        }
+        if state
+            .writer_waiting
+            .as_ref()
+            .is_some_and(|(writer, _)| writer == owner)
+        {
+            state.writer_waiting = None;
+        }
+        state.last_token += 1;
+        state.last_write_token = state.last_token;
+        state.holder = Some(Holder::new(owner, state.last_token, expires_at));
+        Ok(granted(state.last_token))
+    }
+}
+
+/// The error for a name in use as another kind of lock.
+fn conflict(name: &str, in_use: &str, asked: LockKind) -> Error {
+    Error::new(
+        ErrorKind::KindConflict,
+        format!("{name:?} is in use as {in_use}; it cannot be taken as a {asked} until that is released"),
+    )
+}
+
 #[async_trait]
 impl Backend for MemoryBackend {
-    type Lease = ();
+    type Lease = MemoryLease;
     type Acquisition = MemoryAcquisition;
 
     fn kind(&self) -> &'static str {
@@ -296,6 +519,12 @@ impl Backend for MemoryBackend {
             .with_fencing(Fencing::Strict)
             .with_notify_wait(true)
             .with_shared_across_processes(false)
+            .with_kinds(
+                LockKinds::mutex_only()
+                    .with_read_write(ReadWriteOrder::WritersFirst)
+                    .with_atomic_downgrade()
+                    .with_semaphore(),
+            )
     }
 
     fn begin(&self, _request: &AcquireRequest) -> Result<MemoryAcquisition> {
@@ -308,40 +537,14 @@ impl Backend for MemoryBackend {
         &self,
         acquisition: &mut MemoryAcquisition,
         request: &AcquireRequest,
-    ) -> Result<Attempt<()>> {
+    ) -> Result<Attempt<MemoryLease>> {
         self.link.check_reachable()?;
         acquisition.releases.borrow_and_update();
         let now = clock::now();
         let mut names = lock(&self.store.names);
         let state = names.entry(request.name.clone()).or_default();
-        if let Some(holder) = state.holder.as_mut().filter(|h| h.live(now)) {
-            if holder.owner != request.owner {
-                return Ok(Attempt::Busy {
-                    retry_after: Some(holder.expires_at.saturating_duration_since(now)),
-                });
-            }
-            // Ours already (an earlier reply was lost): the same hold, refreshed.
-            let ttl = self.link.grant(request.lease);
-            holder.expires_at = now.saturating_add(ttl);
-            return Ok(Attempt::Acquired(
-                Grant::new(())
-                    .with_token(FencingToken::new(holder.token))
-                    .with_ttl(ttl),
-            ));
-        }
-        let ttl = self.link.grant(request.lease);
-        state.last_token += 1;
-        state.holder = Some(Holder {
-            owner: request.owner.clone(),
-            token: state.last_token,
-            expires_at: now.saturating_add(ttl),
-            since: SystemTime::now(),
-        });
-        Ok(Attempt::Acquired(
-            Grant::new(())
-                .with_token(FencingToken::new(state.last_token))
-                .with_ttl(ttl),
-        ))
+        state.expire(now);
+        self.try_on(state, request, now)
     }
 
     async fn wait(
@@ -364,19 +567,24 @@ impl Backend for MemoryBackend {
         }
         let mut names = lock(&self.store.names);
         if let Some(state) = names.get_mut(&request.name) {
-            if state
-                .holder
-                .as_ref()
-                .is_some_and(|h| h.owner == request.owner)
-            {
-                state.holder = None;
+            // Only an exclusive request's: a read request of the same owner (the read side of the
+            // waiting writer's `RwLock`) leaves the writer's mark alone.
+            let waiting = request.kind.is_exclusive()
+                && state
+                    .writer_waiting
+                    .as_ref()
+                    .is_some_and(|(writer, _)| *writer == request.owner);
+            if waiting {
+                state.writer_waiting = None;
+            }
+            if state.remove(&request.owner, request.kind) || waiting {
                 drop(names);
                 self.store.released();
             }
         }
     }
 
-    async fn renew(&self, batch: &[Renewal<'_, ()>]) -> Vec<(RenewalId, Result<Renewed>)> {
+    async fn renew(&self, batch: &[Renewal<'_, MemoryLease>]) -> Vec<(RenewalId, Result<Renewed>)> {
         if let Err(e) = self.link.check_reachable() {
             return batch
                 .iter()
@@ -390,18 +598,21 @@ impl Backend for MemoryBackend {
             batch
                 .iter()
                 .map(|entry| {
-                    let holder = names.get_mut(entry.name).and_then(|s| s.holder.as_mut());
-                    let outcome = match holder {
-                        Some(h) if h.owner == entry.owner && h.live(now) => {
+                    let state = names.get_mut(entry.name);
+                    let hold = state.and_then(|state| {
+                        state.expire(now);
+                        state.hold_mut(entry.owner, entry.lease.kind)
+                    });
+                    let outcome = match hold {
+                        Some(h) => {
                             let ttl = self.link.grant(entry.ttl);
                             h.expires_at = now.saturating_add(ttl);
                             Renewed::Extended { ttl }
                         }
-                        Some(h) if h.live(now) => Renewed::Gone {
-                            reason: "another owner holds the lock".into(),
-                        },
-                        _ => Renewed::Gone {
-                            reason: "the lease expired on the server".into(),
+                        None => Renewed::Gone {
+                            reason:
+                                "the lease expired on the server (or another owner holds the lock)"
+                                    .into(),
                         },
                     };
                     (entry.id, Ok(outcome))
@@ -415,7 +626,7 @@ impl Backend for MemoryBackend {
         outcomes
     }
 
-    async fn release(&self, _lease: &(), name: &str, owner: &str) -> Result<Released> {
+    async fn release(&self, lease: &MemoryLease, name: &str, owner: &str) -> Result<Released> {
         let delay = lock(&self.link.release_delays).pop_front();
         if let Some(delay) = delay.filter(|d| !d.is_zero()) {
             tokio::time::sleep(delay).await;
@@ -425,16 +636,11 @@ impl Backend for MemoryBackend {
         let released = {
             let mut names = lock(&self.store.names);
             match names.get_mut(name) {
-                Some(state)
-                    if state
-                        .holder
-                        .as_ref()
-                        .is_some_and(|h| h.owner == owner && h.live(now)) =>
-                {
-                    state.holder = None;
-                    true
+                Some(state) => {
+                    state.expire(now);
+                    state.remove(owner, lease.kind)
                 }
-                _ => false,
+                None => false,
             }
         };
         let released = if released {
@@ -461,14 +667,14 @@ impl Backend for MemoryBackend {
     }
 
     /// The holder becomes `next` with a new token, in one step (the store has no queue of its own to
-    /// pass over).
+    /// pass over). The core hands on only between holds of one exclusive kind.
     async fn hand_off(
         &self,
-        _lease: &(),
+        lease: &MemoryLease,
         name: &str,
         owner: &str,
         next: &AcquireRequest,
-    ) -> Result<HandOff<()>> {
+    ) -> Result<HandOff<MemoryLease>> {
         let delay = lock(&self.link.release_delays).pop_front();
         if let Some(delay) = delay.filter(|d| !d.is_zero()) {
             tokio::time::sleep(delay).await;
@@ -485,15 +691,15 @@ impl Backend for MemoryBackend {
         };
         let ttl = self.link.grant(next.lease);
         state.last_token += 1;
-        state.holder = Some(Holder {
-            owner: next.owner.clone(),
-            token: state.last_token,
-            expires_at: now.saturating_add(ttl),
-            since: SystemTime::now(),
-        });
+        state.last_write_token = state.last_token;
+        state.holder = Some(Holder::new(
+            &next.owner,
+            state.last_token,
+            now.saturating_add(ttl),
+        ));
         self.link.hand_offs.fetch_add(1, Ordering::SeqCst);
         Ok(HandOff::Handed(
-            Grant::new(())
+            Grant::new(MemoryLease { kind: lease.kind })
                 .with_token(FencingToken::new(state.last_token))
                 .with_ttl(ttl),
         ))
@@ -502,22 +708,112 @@ impl Backend for MemoryBackend {
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
         self.link.check_reachable()?;
         let now = clock::now();
-        let names = lock(&self.store.names);
+        let mut names = lock(&self.store.names);
         let mut info = LockInfo::default();
-        if let Some(state) = names.get(name) {
+        if let Some(state) = names.get_mut(name) {
+            state.expire(now);
             info.last_token = (state.last_token > 0).then(|| FencingToken::new(state.last_token));
-            if let Some(h) = state.holder.as_ref().filter(|h| h.live(now)) {
-                let holder = HolderInfo {
-                    owner: Some(h.owner.clone()),
-                    token: Some(FencingToken::new(h.token)),
-                    remaining_lease: Some(h.expires_at.saturating_duration_since(now)),
-                    pid: Some(std::process::id()),
-                    since: Some(h.since),
-                    ..HolderInfo::default()
-                };
-                info.holder = Some(holder);
+            if let Some(h) = &state.holder {
+                info.kind = Some(LockKind::Mutex);
+                info.holder = Some(h.info(now));
+            } else if !state.readers.is_empty() {
+                info.kind = Some(LockKind::Read);
+                info.holders = state.readers.iter().map(|h| h.info(now)).collect();
+            } else if let Some(limit) = state.limit.filter(|_| !state.permits.is_empty()) {
+                info.kind = Some(LockKind::Permit { limit });
+                info.holders = state
+                    .permits
+                    .iter()
+                    .map(|h| HolderInfo {
+                        permit: Some(h.slot.to_string()),
+                        ..h.info(now)
+                    })
+                    .collect();
             }
         }
         Ok(info)
+    }
+
+    /// The writer becomes a reader with its token, in one step.
+    async fn downgrade(
+        &self,
+        _lease: &MemoryLease,
+        read: &AcquireRequest,
+    ) -> Result<Grant<MemoryLease>> {
+        self.link.check_reachable()?;
+        let now = clock::now();
+        let mut names = lock(&self.store.names);
+        let state = names.entry(read.name.clone()).or_default();
+        state.expire(now);
+        let Some(writer) = state.holder.take_if(|h| h.owner == read.owner) else {
+            return Err(Error::new(
+                ErrorKind::NotHeld,
+                "the write lock was no longer held",
+            ));
+        };
+        let ttl = self.link.grant(read.lease);
+        state.readers.push(Holder::new(
+            &read.owner,
+            writer.token,
+            now.saturating_add(ttl),
+        ));
+        drop(names);
+        // Other readers may come in now.
+        self.store.released();
+        Ok(Grant::new(MemoryLease {
+            kind: LockKind::Read,
+        })
+        .with_token(FencingToken::new(writer.token))
+        .with_ttl(ttl))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use super::MemoryBackend;
+    use crate::kinds::LockKind;
+    use crate::raw::{AcquireRequest, Attempt, Backend};
+
+    fn request(owner: &str, kind: LockKind) -> AcquireRequest {
+        AcquireRequest::new("marked", owner, Duration::from_secs(30)).with_kind(kind)
+    }
+
+    async fn try_once(backend: &MemoryBackend, request: &AcquireRequest) -> bool {
+        let mut acquisition = backend.begin(request).expect("begin");
+        matches!(
+            backend
+                .try_acquire(&mut acquisition, request)
+                .await
+                .expect("try"),
+            Attempt::Acquired(_)
+        )
+    }
+
+    /// REVIEW (failed on e2f01b7): the undo of a read request cleared the writers-first mark of a
+    /// write of the same owner (the two sides of one `RwLock` share it) still waiting, and let new
+    /// readers in ahead of it.
+    #[tokio::test]
+    async fn a_read_requests_undo_leaves_the_same_owners_write_mark() {
+        let backend = MemoryBackend::new();
+        assert!(try_once(&backend, &request("r", LockKind::Read)).await);
+        // x's write waits behind r: the mark.
+        assert!(!try_once(&backend, &request("x", LockKind::Write)).await);
+        // x's read acquire (of the same RwLock) is given up.
+        let read = request("x", LockKind::Read);
+        let acquisition = backend.begin(&read).expect("begin");
+        backend.abandon(acquisition, &read).await;
+        assert!(
+            !try_once(&backend, &request("y", LockKind::Read)).await,
+            "a new reader got in ahead of the waiting writer"
+        );
+        // x's own write giving up does end it.
+        let write = request("x", LockKind::Write);
+        let acquisition = backend.begin(&write).expect("begin");
+        backend.abandon(acquisition, &write).await;
+        assert!(try_once(&backend, &request("y", LockKind::Read)).await);
     }
 }

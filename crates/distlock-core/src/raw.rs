@@ -29,6 +29,7 @@ use async_trait::async_trait;
 
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
+use crate::kinds::LockKind;
 use crate::token::FencingToken;
 
 /// One acquire as the backend sees it.
@@ -41,16 +42,28 @@ pub struct AcquireRequest {
     pub owner: String,
     /// The lease to ask the server for (already capped by `max_hold`).
     pub lease: Duration,
+    /// What is asked for: a mutex, a side of a read-write lock, or a permit. The core asks only for
+    /// kinds the backend's [`Capabilities::kinds`] announce. The two sides of one
+    /// [`RwLock`](crate::RwLock) share one owner id, so a backend tells a read hold from a write hold of
+    /// one owner by the kind (keep it in the [`Backend::Lease`]).
+    pub kind: LockKind,
 }
 
 impl AcquireRequest {
-    /// A request, as the core makes them; for backends' own tests of their trait impl.
+    /// A mutex request, as the core makes them; for backends' own tests of their trait impl.
     pub fn new(name: impl Into<String>, owner: impl Into<String>, lease: Duration) -> Self {
         Self {
             name: name.into(),
             owner: owner.into(),
             lease,
+            kind: LockKind::Mutex,
         }
+    }
+
+    /// The same request for another kind.
+    pub fn with_kind(mut self, kind: LockKind) -> Self {
+        self.kind = kind;
+        self
     }
 }
 
@@ -248,6 +261,9 @@ pub struct Grant<L> {
     /// A descriptor whose inheritance keeps the lock held (a `flock`ed file); see
     /// [`LockGuard::inheritable_descriptor`](crate::LockGuard::inheritable_descriptor).
     pub descriptor: Option<Arc<std::os::fd::OwnedFd>>,
+    /// Which permit a [`LockKind::Permit`] grant holds, as the engine names it (a slot number, a
+    /// permit id, a lease node); see [`LockGuard::permit`](crate::LockGuard::permit).
+    pub permit: Option<String>,
 }
 
 impl<L> Grant<L> {
@@ -259,6 +275,7 @@ impl<L> Grant<L> {
             ttl: None,
             loss: None,
             descriptor: None,
+            permit: None,
         }
     }
 
@@ -280,6 +297,12 @@ impl<L> Grant<L> {
         self
     }
 
+    /// Sets which permit the grant holds.
+    pub fn with_permit(mut self, permit: impl Into<String>) -> Self {
+        self.permit = Some(permit.into());
+        self
+    }
+
     /// Sets the descriptor whose inheritance keeps the lock held: a duplicate of the descriptor the
     /// backend locked, sharing its open file description (so `flock(LOCK_UN)` through either unlocks).
     pub fn with_descriptor(mut self, descriptor: std::os::fd::OwnedFd) -> Self {
@@ -295,6 +318,7 @@ impl<L> std::fmt::Debug for Grant<L> {
             .field("ttl", &self.ttl)
             .field("loss", &self.loss.is_some())
             .field("descriptor", &self.descriptor)
+            .field("permit", &self.permit)
             .finish_non_exhaustive()
     }
 }
@@ -377,8 +401,15 @@ pub enum HandOff<L> {
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LockInfo {
-    /// The current holder, if the lock is held.
+    /// What the name is in use as, where the engine can tell: [`LockKind::Mutex`] (or
+    /// [`LockKind::Write`] where the engine tells a write lock from a mutex) with a `holder`,
+    /// [`LockKind::Read`] with `holders`, [`LockKind::Permit`] with its stored limit and `holders`.
+    /// `None` when nothing is held (or the backend cannot tell).
+    pub kind: Option<LockKind>,
+    /// The exclusive holder (mutex or writer), if the lock is held so.
     pub holder: Option<HolderInfo>,
+    /// The shared holders: readers, or permit holders (each with its permit).
+    pub holders: Vec<HolderInfo>,
     /// Processes or clients waiting, where the engine can tell.
     pub waiters: Option<usize>,
     /// The last fencing token minted for this name, where the engine keeps it.
@@ -427,6 +458,8 @@ pub struct HolderInfo {
     pub host: Option<String>,
     /// When the hold began.
     pub since: Option<SystemTime>,
+    /// The permit held, for a semaphore's holder.
+    pub permit: Option<String>,
 }
 
 /// The engine side of a lock service. See the [module docs](self) for the contract.
@@ -546,6 +579,30 @@ pub trait Backend: Send + Sync + 'static {
             "this backend cannot inspect locks",
         ))
     }
+
+    /// Turns `owner`'s write hold (`lease`, a [`LockKind::Write`] grant) into a read hold of the same
+    /// owner in one step, so that no writer can get in between: `read` is the read side's request
+    /// (same name and owner, [`LockKind::Read`], the lease to ask for). On success the write hold is
+    /// gone and the returned grant is the read hold, installed as a grant of
+    /// [`try_acquire`](Self::try_acquire) would be (its validity deadline counts from when this call
+    /// began); its token is the write grant's. Called only where
+    /// [`LockKinds::atomic_downgrade`](crate::LockKinds::atomic_downgrade) is announced.
+    ///
+    /// On an error, nothing of a read hold may be left on the server for `read.owner` (undo it as
+    /// [`abandon`](Self::abandon) would); the core then releases the write hold as usual.
+    ///
+    /// # Cancel safety
+    /// The core does not drop this future before it completes.
+    async fn downgrade(
+        &self,
+        _lease: &Self::Lease,
+        _read: &AcquireRequest,
+    ) -> Result<Grant<Self::Lease>> {
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this backend cannot turn a write lock into a read lock in one step",
+        ))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -584,6 +641,11 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         next: &AcquireRequest,
     ) -> Result<HandOff<ErasedLease>>;
     async fn inspect(&self, name: &str) -> Result<LockInfo>;
+    async fn downgrade(
+        &self,
+        lease: &ErasedLease,
+        read: &AcquireRequest,
+    ) -> Result<Grant<ErasedLease>>;
 }
 
 fn mismatch(what: &str) -> Error {
@@ -600,6 +662,7 @@ fn erase<L: Send + Sync + 'static>(grant: Grant<L>) -> Grant<ErasedLease> {
         ttl: grant.ttl,
         loss: grant.loss,
         descriptor: grant.descriptor,
+        permit: grant.permit,
     }
 }
 
@@ -711,5 +774,16 @@ impl<B: Backend> DynBackend for B {
 
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
         Backend::inspect(self, name).await
+    }
+
+    async fn downgrade(
+        &self,
+        lease: &ErasedLease,
+        read: &AcquireRequest,
+    ) -> Result<Grant<ErasedLease>> {
+        let lease = lease
+            .downcast_ref::<B::Lease>()
+            .ok_or_else(|| mismatch("a lease"))?;
+        Ok(erase(Backend::downgrade(self, lease, read).await?))
     }
 }

@@ -268,9 +268,11 @@ impl Watchdog {
                 };
                 tokio::spawn(renew_batch(backend.clone(), unanswered, self.clone()));
             }
-            let sleep = next_wake.map_or(Duration::from_secs(3600), Instant::remaining);
+            // On the boot clock, so a deadline that passed during a suspend is seen at the resume.
+            let wake_at =
+                next_wake.unwrap_or_else(|| now.saturating_add(Duration::from_secs(3600)));
             tokio::select! {
-                _ = tokio::time::sleep(sleep) => {}
+                () = clock::sleep_until(wake_at) => {}
                 _ = wake.notified() => {}
             }
         }
@@ -303,7 +305,6 @@ async fn renew_batch(
     watchdog: Arc<Watchdog>,
 ) {
     let sent_at = clock::now();
-    let started = tokio::time::Instant::now();
     // If this task is dropped before the replies are in (its runtime was dropped), the holds still
     // waiting are free for the next renewal.
     unanswered.sent_at = Some(sent_at);
@@ -349,12 +350,12 @@ async fn renew_batch(
         tokio::select! {
             biased;
             outcomes = &mut renew => break outcomes,
-            () = tokio::time::sleep_until(started + limits[next]) => {
+            () = clock::sleep_until(sent_at.saturating_add(limits[next])) => {
                 // Limits up to an eighth past this one time out with it: a little early is safe (Jeopardy
                 // and a retry sooner), and holds whose limits are spread (granted apart, riding along)
                 // cost a few wake-ups, not one per distinct limit, each with a poke that makes the
                 // watchdog scan every hold.
-                let elapsed = started.elapsed();
+                let elapsed = clock::now().saturating_duration_since(sent_at);
                 let until = elapsed.saturating_add(elapsed / COALESCED_LIMITS);
                 while let Some(&i) = by_limit.get(timed_out).filter(|&&i| limits[i] <= until) {
                     answered[i] = true;
