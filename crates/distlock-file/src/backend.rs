@@ -39,9 +39,14 @@
 //! The lock file itself is never unlinked: a waiter that had opened the old file would lock an inode
 //! nobody else looks at.
 //!
+//! The other kinds follow the same rules (non-blocking tries, inotify wake-ups, nothing left behind by
+//! a dropped acquire): a reader takes `LOCK_SH` on the same lock file, a writer is the mutex, and a
+//! permit `LOCK_EX` on a slot file; see `acquire.rs` and `semaphore.rs`.
+//!
 //! The jobs live in files of their own: [`open`](crate::open) (the directory, the open file, the
-//! record's I/O), [`acquire`](crate::acquire) (a try and the wait), [`held`](crate::held) (the token, the
-//! release), [`notify`](crate::notify) (inotify, and the watch of held files for loss),
+//! record's I/O), [`acquire`](crate::acquire) (a try of each kind and the wait), [`semaphore`](crate::semaphore)
+//! (the limit file, the slots, a permit's try), [`held`](crate::held) (the token, the release),
+//! [`notify`](crate::notify) (inotify, and the watch of held files for loss),
 //! [`inspect`](crate::inspect) (`status`).
 
 use std::ffi::OsString;
@@ -52,20 +57,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::raw::Grant;
 use distlock_core::raw::{
     AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
 };
 use distlock_core::url::LockUrl;
-use distlock_core::{Capabilities, Fencing, Result};
+use distlock_core::{
+    Capabilities, Error, ErrorKind, Fencing, LockKind, LockKinds, ReadWriteOrder, Result,
+};
 
-use crate::acquire::FileAcquisition;
+use crate::acquire::{downgraded_grant, FileAcquisition};
 use crate::config::FileConfig;
-use crate::error::BACKEND;
-use crate::held::FileLease;
-use crate::inspect::inspect_file;
+use crate::error::{FileError, BACKEND};
+use crate::held::{FileLease, Held};
+use crate::inspect::inspect_name;
 use crate::layout;
 use crate::notify::{Notifier, Shared};
-use crate::open::prepare_dir;
+use crate::open::{open_read_only, prepare_dir};
 
 /// The file backend: `flock(2)` locks on `<dir>/<escaped name>.lock`. Cheap to clone (clones share the
 /// inotify instance).
@@ -180,8 +188,18 @@ impl Backend for FileBackend {
     /// [`FileConfig::notify`]). Not FIFO: when a lock is released, every waiting process tries at once
     /// and the kernel lets one win, in no particular order (inside one `Locks`, the core still queues
     /// waiters in order).
+    ///
+    /// Lock kinds: the read-write lock (writers first: a writer waiting behind readers keeps new
+    /// readers out, through the turnstile; see `acquire.rs`), with an atomic downgrade, and the
+    /// semaphore (see `semaphore.rs`). A name's mutex is its write lock.
     fn capabilities(&self) -> Capabilities {
         Capabilities::mutex()
+            .with_kinds(
+                LockKinds::mutex_only()
+                    .with_read_write(ReadWriteOrder::WritersFirst)
+                    .with_atomic_downgrade()
+                    .with_semaphore(),
+            )
             .with_server_ttl(false)
             .with_fencing(if self.config.sync {
                 Fencing::Strict
@@ -193,7 +211,16 @@ impl Backend for FileBackend {
             .with_fifo(false)
     }
 
+    /// Refuses a semaphore of more than [`layout::MAX_SLOTS`] permits (`Unsupported`), before any
+    /// I/O.
     fn begin(&self, request: &AcquireRequest) -> Result<FileAcquisition> {
+        if let LockKind::Permit { limit } = request.kind {
+            if limit > layout::MAX_SLOTS {
+                return Err(
+                    FileError::TooManyPermits { requested: limit }.into_core(Some(&request.name))
+                );
+            }
+        }
         Ok(FileAcquisition::new(
             self.lock_file(&request.name),
             &self.config,
@@ -264,11 +291,50 @@ impl Backend for FileBackend {
         })
     }
 
-    /// Reads the record without locking (read-only, so it wakes no waiter) and tests the lock with a
-    /// non-blocking shared `flock` that is given back at once. A missing file is a free lock with no
-    /// token yet.
+    /// The lock file's holder (from its record, testing the lock without taking it), its readers
+    /// (from `/proc/locks`), or the semaphore's permit holders (from the slot files' records); see
+    /// `inspect.rs`. A missing file is a free lock with no token yet.
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
-        inspect_file(&self.lock_file(name)).map_err(|e| e.into_core(Some(name)))
+        inspect_name(&self.lock_file(name)).map_err(|e| e.into_core(Some(name)))
+    }
+
+    /// `flock(LOCK_SH)` on the write hold's own descriptor: on Linux the kernel swaps the lock in one
+    /// step (see `OpenFile::downgrade`), so no writer, distlock's or `flock -x`, gets in between.
+    /// The holder record is cleared first. Waiting readers are woken with a read-only open and close of
+    /// the lock file (the downgrade itself closes nothing).
+    ///
+    /// # Cancel safety
+    /// Completes without awaiting.
+    async fn downgrade(
+        &self,
+        lease: &FileLease,
+        read: &AcquireRequest,
+    ) -> Result<Grant<FileLease>> {
+        let core = |e: FileError| e.into_core(Some(&read.name));
+        let held = match lease.take() {
+            Some(Held::Exclusive(held)) => held,
+            Some(other) => {
+                lease.restore(other);
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    "only a write hold can be downgraded",
+                )
+                .with_backend(BACKEND)
+                .with_lock(&read.name));
+            }
+            None => {
+                return Err(
+                    Error::new(ErrorKind::NotHeld, "the write lock was no longer held")
+                        .with_backend(BACKEND)
+                        .with_lock(&read.name),
+                )
+            }
+        };
+        let path = held.path.clone();
+        let shared = held.downgrade().map_err(core)?;
+        // Readers waiting for this writer wake on the close (`CLOSE_NOWRITE`).
+        drop(open_read_only(&path, false));
+        Ok(downgraded_grant(shared, &self.notifier, read))
     }
 }
 

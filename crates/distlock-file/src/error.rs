@@ -29,6 +29,16 @@ pub(crate) enum FileError {
     Replaced { path: PathBuf },
     /// A blocking task did not finish (it panicked or its runtime shut down).
     Task(String),
+    /// A semaphore's limit file cannot be read as one.
+    CorruptLimit { path: PathBuf, detail: String },
+    /// A semaphore was asked for with another limit than the one stored in its limit file.
+    LimitMismatch {
+        path: PathBuf,
+        stored: u32,
+        requested: u32,
+    },
+    /// A semaphore of more permits than slot files can serve.
+    TooManyPermits { requested: u32 },
 }
 
 impl FileError {
@@ -128,6 +138,21 @@ impl fmt::Display for FileError {
                 path.display()
             ),
             FileError::Task(message) => write!(f, "a file operation did not finish: {message}"),
+            FileError::CorruptLimit { path, detail } => write!(
+                f,
+                "the semaphore limit file {} is corrupt ({detail}). Delete it while no permit is held; the next user stores its limit again",
+                path.display()
+            ),
+            FileError::LimitMismatch { path, stored, requested } => write!(
+                f,
+                "the semaphore has {stored} permits (stored in {}), not {requested}; every user must ask for the same number. To change it, delete that file while no permit is held",
+                path.display()
+            ),
+            FileError::TooManyPermits { requested } => write!(
+                f,
+                "a file semaphore has at most {} permits (one slot file each, all tried and watched by every waiter), not {requested}",
+                crate::layout::MAX_SLOTS
+            ),
         }
     }
 }
@@ -137,8 +162,17 @@ impl From<FileError> for Error {
         let kind = match &error {
             FileError::Config(_) => ErrorKind::InvalidConfig,
             FileError::Io { source, .. } => classify(source).0,
-            FileError::Corrupt { .. } | FileError::TokenOverflow { .. } => ErrorKind::Protocol,
+            FileError::Corrupt { .. }
+            | FileError::TokenOverflow { .. }
+            | FileError::CorruptLimit { .. } => ErrorKind::Protocol,
             FileError::Replaced { .. } | FileError::Task(_) => ErrorKind::Unavailable,
+            FileError::LimitMismatch {
+                stored, requested, ..
+            } => ErrorKind::LimitMismatch {
+                stored: *stored,
+                requested: *requested,
+            },
+            FileError::TooManyPermits { .. } => ErrorKind::Unsupported,
         };
         let message = error.to_string();
         let error = match error {

@@ -37,6 +37,8 @@ pub(crate) struct HeldFile {
     written_hash: u64,
     /// Whether `Drop` must still clear the record.
     armed: bool,
+    /// The lock file's `semaphore` mark, kept by every record this hold writes.
+    semaphore: bool,
     /// The notifier's record of this hold, watching the file for loss; dropped first at the release,
     /// so a released hold is never reported.
     pub(crate) watching: Option<HeldWatch>,
@@ -45,33 +47,68 @@ pub(crate) struct HeldFile {
 impl HeldFile {
     /// Mints the next token on a locked file: reads the last one and writes it + 1 with the holder
     /// record. Returns the held file and whether this was the file's first token. Not yet durable: see
-    /// [`sync`](Self::sync).
+    /// [`sync`](Self::sync). (The acquire reads the record itself first: [`take_after`](Self::take_after).)
+    #[cfg(test)]
     pub(crate) fn take(
         file: OpenFile,
         path: &Arc<Path>,
         owner: &str,
     ) -> Result<(Self, bool), FileError> {
-        let content = read_content(&*file.fd, path)?;
-        let last = Record::parse(&content).map_err(|detail| FileError::Corrupt {
-            path: path.to_path_buf(),
-            detail,
-        })?;
-        let token = last
-            .token
-            .checked_add(1)
-            .ok_or_else(|| FileError::TokenOverflow {
+        let (last, len) = read_last(&file, path)?;
+        let held = Self::take_after(file, path, owner, &last, len)?;
+        Ok((held, last.token == 0))
+    }
+
+    /// [`take`](Self::take) with the record already read ([`read_last`]): the caller looked at it
+    /// first (its `semaphore` mark).
+    pub(crate) fn take_after(
+        file: OpenFile,
+        path: &Arc<Path>,
+        owner: &str,
+        last: &Record,
+        len: usize,
+    ) -> Result<Self, FileError> {
+        if last.token == u64::MAX {
+            return Err(FileError::TokenOverflow {
                 path: path.to_path_buf(),
-            })?;
+            });
+        }
+        Self::write_holder(file, path, owner, last.token + 1, len, last.semaphore)
+    }
+
+    /// Holds slot file `file` (locked) for a permit whose token `token` was minted on the name's lock
+    /// file: writes the holder record with it. What the slot held before is only overwritten (a
+    /// slot's record feeds `status` alone).
+    pub(crate) fn take_slot(
+        file: OpenFile,
+        path: &Arc<Path>,
+        owner: &str,
+        token: u64,
+    ) -> Result<Self, FileError> {
+        // Only the length matters: the file never shrinks (see `write_record`).
+        let old_len = read_content(&*file.fd, path).map_or(0, |c| c.len());
+        Self::write_holder(file, path, owner, token, old_len, false)
+    }
+
+    fn write_holder(
+        file: OpenFile,
+        path: &Arc<Path>,
+        owner: &str,
+        token: u64,
+        old_len: usize,
+        semaphore: bool,
+    ) -> Result<Self, FileError> {
         let mut record = Record::released(token);
+        record.semaphore = semaphore;
         record.owner = Some(owner.to_string());
         let pid = std::process::id();
         record.pid = Some(pid);
         record.host = Some(host_name().to_string());
         record.since_ms = Some(now_ms());
-        let written = write_record(&*file.fd, path, &record, content.len())?;
+        let written = write_record(&*file.fd, path, &record, old_len)?;
         let (len, written_hash) = (written.len(), fnv1a64(&written));
         let owner_at = owner_offset(&written).unwrap_or(usize::MAX);
-        let held = HeldFile {
+        Ok(HeldFile {
             file,
             path: path.clone(),
             token,
@@ -80,9 +117,37 @@ impl HeldFile {
             len,
             written_hash,
             armed: true,
+            semaphore,
             watching: None,
-        };
-        Ok((held, last.token == 0))
+        })
+    }
+
+    /// What this hold leaves behind at its release: the counter (and the `semaphore` mark).
+    fn released(&self) -> Record {
+        let mut record = Record::released(self.token);
+        record.semaphore = self.semaphore;
+        record
+    }
+
+    /// Turns this write hold into a read hold of the same open file description in one step (see
+    /// [`OpenFile::downgrade`]): the holder record is cleared first (readers keep none), then the lock
+    /// becomes shared. On failure the hold is dropped, which unlocks whatever is left.
+    pub(crate) fn downgrade(mut self) -> Result<SharedFile, FileError> {
+        if let Err(e) = write_record(&*self.file.fd, &self.path, &self.released(), self.len) {
+            // The record only feeds `status`, which tests the lock itself.
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot clear the holder record");
+        }
+        self.armed = false;
+        self.file.downgrade(&self.path)?;
+        let file = self.file.shared_handle();
+        // The read hold owns the lock now: this one must not unlock it as it drops.
+        self.file.disown();
+        Ok(SharedFile {
+            file,
+            path: self.path.clone(),
+            token: self.token,
+            watching: None,
+        })
     }
 
     /// Makes the new token durable; the grant is reported only after this, so a token never repeats
@@ -106,12 +171,8 @@ impl HeldFile {
         drop(self.watching.take());
         match self.check(owner) {
             Ok(()) => {
-                if let Err(e) = write_record(
-                    &*self.file.fd,
-                    &self.path,
-                    &Record::released(self.token),
-                    self.len,
-                ) {
+                if let Err(e) = write_record(&*self.file.fd, &self.path, &self.released(), self.len)
+                {
                     // The record only feeds `status`, which tests the lock itself.
                     tracing::warn!(path = %self.path.display(), error = %e, "cannot clear the holder record");
                 }
@@ -161,12 +222,7 @@ impl Drop for HeldFile {
     fn drop(&mut self) {
         drop(self.watching.take());
         if self.armed {
-            if let Err(e) = write_record(
-                &*self.file.fd,
-                &self.path,
-                &Record::released(self.token),
-                self.len,
-            ) {
+            if let Err(e) = write_record(&*self.file.fd, &self.path, &self.released(), self.len) {
                 tracing::debug!(error = %e, "cannot clear the holder record of a dropped lock");
             }
             tracing::debug!(path = %self.path.display(), token = self.token, "unreleased lock file dropped; unlocking");
@@ -174,9 +230,118 @@ impl Drop for HeldFile {
     }
 }
 
+/// The lock file's record and its length, read under the caller's lock: the last token (0 for a
+/// fresh file) and the `semaphore` mark. Unreadable content fails with an error naming the file:
+/// its counter cannot be trusted.
+pub(crate) fn read_last(file: &OpenFile, path: &Path) -> Result<(Record, usize), FileError> {
+    let content = read_content(&*file.fd, path)?;
+    let record = Record::parse(&content).map_err(|detail| FileError::Corrupt {
+        path: path.to_path_buf(),
+        detail,
+    })?;
+    Ok((record, content.len()))
+}
+
+/// Mints a permit's token on the name's lock file, which the caller holds with `LOCK_EX` for this
+/// moment only: the counter + 1, written with no holder (no one holds the lock file for the permit)
+/// and with the `semaphore` mark, which makes every later mutex, writer and reader look for held
+/// slots. Returns the token and whether it is the file's first. Not yet durable: the caller syncs
+/// the file.
+pub(crate) fn mint_unheld(file: &OpenFile, path: &Path) -> Result<(u64, bool), FileError> {
+    let (last, len) = read_last(file, path)?;
+    let token = last
+        .token
+        .checked_add(1)
+        .ok_or_else(|| FileError::TokenOverflow {
+            path: path.to_path_buf(),
+        })?;
+    let mut record = Record::released(token);
+    record.semaphore = true;
+    write_record(&*file.fd, path, &record, len)?;
+    Ok((token, last.token == 0))
+}
+
+/// A reader's hold of a lock file: `LOCK_SH` on its own open file description, no record (readers
+/// share the file, so none can write a holder record; `status` lists them from `/proc/locks`).
+#[derive(Debug)]
+pub(crate) struct SharedFile {
+    pub(crate) file: OpenFile,
+    pub(crate) path: Arc<Path>,
+    pub(crate) token: u64,
+    pub(crate) watching: Option<HeldWatch>,
+}
+
+impl SharedFile {
+    /// Releases the read lock: `Released` if the path still names the locked file, `NotHeld` if it
+    /// was deleted or replaced. Unlocks either way (as the file drops).
+    pub(crate) fn release(mut self) -> Released {
+        drop(self.watching.take());
+        match self.file.is_current(&self.path) {
+            Ok(false) => {
+                tracing::warn!(path = %self.path.display(), "released a read lock whose file was deleted or replaced");
+                Released::NotHeld
+            }
+            Ok(true) => Released::Released,
+            Err(e) => {
+                // We hold the `flock`: an unreadable path does not disprove it.
+                tracing::debug!(error = %e, "cannot stat the lock file at release");
+                Released::Released
+            }
+        }
+    }
+}
+
+/// What a lease holds: a lock file exclusively (mutex, writer), shared (reader), or a slot file
+/// (permit).
+#[derive(Debug)]
+pub(crate) enum Held {
+    Exclusive(HeldFile),
+    Shared(SharedFile),
+    Permit { held: HeldFile, slot: u32 },
+}
+
+impl Held {
+    pub(crate) fn file(&self) -> &OpenFile {
+        match self {
+            Held::Exclusive(held) | Held::Permit { held, .. } => &held.file,
+            Held::Shared(shared) => &shared.file,
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Arc<Path> {
+        match self {
+            Held::Exclusive(held) | Held::Permit { held, .. } => &held.path,
+            Held::Shared(shared) => &shared.path,
+        }
+    }
+
+    pub(crate) fn token(&self) -> u64 {
+        match self {
+            Held::Exclusive(held) | Held::Permit { held, .. } => held.token,
+            Held::Shared(shared) => shared.token,
+        }
+    }
+
+    pub(crate) fn set_watching(&mut self, watching: HeldWatch) {
+        let slot = match self {
+            Held::Exclusive(held) | Held::Permit { held, .. } => &mut held.watching,
+            Held::Shared(shared) => &mut shared.watching,
+        };
+        *slot = Some(watching);
+    }
+
+    /// Releases the hold (see each kind's `release`).
+    pub(crate) fn release(self, owner: &str) -> Released {
+        match self {
+            Held::Exclusive(held) | Held::Permit { held, .. } => held.release(owner),
+            Held::Shared(shared) => shared.release(),
+        }
+    }
+}
+
 /// The backend's record of a held lock: the locked file, until it is released.
 pub struct FileLease {
-    held: Mutex<Option<HeldFile>>,
+    held: Mutex<Option<Held>>,
     path: Arc<Path>,
     token: u64,
 }
@@ -192,16 +357,16 @@ impl fmt::Debug for FileLease {
 }
 
 impl FileLease {
-    /// The lease of a lock file this process now holds.
-    pub(crate) fn new(held: HeldFile) -> Self {
+    /// The lease of a file this process now holds.
+    pub(crate) fn new(held: Held) -> Self {
         Self {
-            path: held.path.clone(),
-            token: held.token,
+            path: held.path().clone(),
+            token: held.token(),
             held: Mutex::new(Some(held)),
         }
     }
 
-    /// The lock file.
+    /// The locked file: the lock file, or a permit's slot file.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -211,8 +376,13 @@ impl FileLease {
         FencingToken::new(self.token)
     }
 
-    pub(crate) fn take(&self) -> Option<HeldFile> {
+    pub(crate) fn take(&self) -> Option<Held> {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Puts back a hold taken out by mistake (a downgrade of a hold that is not a write hold).
+    pub(crate) fn restore(&self, held: Held) {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = Some(held);
     }
 
     pub(crate) fn is_held(&self) -> bool {

@@ -50,22 +50,69 @@
 //! ```
 //!
 //! `token` is the last fencing token minted for the name; `owner`, `pid`, `host` and `since` (Unix time
-//! in milliseconds) describe the current holder and are removed at release, leaving the token line. Lines
+//! in milliseconds) describe the current holder and are removed at release, leaving the token line.
+//! A `semaphore=1` line after `token` says the name is (or was) a semaphore (see [the other kinds'
+//! files](self#the-other-kinds-files)); it is kept by every record written after it. Lines
 //! starting with `#` and blank lines are comments; unknown keys are ignored (later formats may add some).
 //! Values have `%`, and bytes below 0x20 or 0x7F, written as `%XX`. Reading stops at the `end` line:
 //! what follows it (the padding, or the tail of a longer record an earlier version had not yet cut
-//! when it crashed) is ignored, not mistaken for corruption. An empty file has token 0; a file
-//! with content but no readable `token` line is corrupt, and acquiring it fails rather than restart the
-//! counter (see [`Record::parse`]).
+//! when it crashed) is ignored, not mistaken for corruption. Only a zero-length file is fresh (token
+//! 0); a file with any content but no readable `token` line before `end` (cut down to its header, only
+//! blank lines, only unknown keys) is corrupt, and acquiring it fails with an error naming the file
+//! rather than restart the counter (see [`Record::parse`]).
 //!
 //! The record says who holds the lock only while the lock file is `flock`ed: after a crash the last
 //! holder's fields stay behind, which is why `status` tests the lock itself.
+//!
+//! # The other kinds' files
+//!
+//! Every file of a name is its stem (the escaped name above, `<stem>`) and a suffix:
+//!
+//! | file | what | held as |
+//! |---|---|---|
+//! | `<stem>.lock` | the mutex, and the read-write lock: the same lock, and the name's one fencing counter | mutex and writer `LOCK_EX`, reader `LOCK_SH` |
+//! | `<stem>.writer` | the read-write lock's turnstile (empty) | `LOCK_EX` by a writer waiting behind readers; `LOCK_SH` by a reader while it takes its `LOCK_SH` on `<stem>.lock` |
+//! | `<stem>.sem` | the semaphore's limit ([`SemaphoreLimit`]), written once and kept | never locked |
+//! | `<stem>.sem.<i>` | slot `i` (0 to limit − 1) of the semaphore: permit `i` | `LOCK_EX` by the permit's holder, with a record like the lock file's (its token, owner, pid, host, since) |
+//!
+//! ```
+//! use distlock_file::layout::{file_name, semaphore_file_name, slot_file_name, writer_file_name};
+//!
+//! let long = "x".repeat(1024);
+//! let stem = file_name(&long).strip_suffix(".lock").unwrap().to_string();
+//! assert_eq!(writer_file_name(&long), format!("{stem}.writer"));
+//! assert_eq!(semaphore_file_name(&long), format!("{stem}.sem"));
+//! assert_eq!(slot_file_name(&long, 1023), format!("{stem}.sem.1023"));
+//! assert!(slot_file_name(&long, 1023).len() <= 255);
+//! ```
+//!
+//! No file of one name is a file of another: lock files end in `.lock`, turnstiles in `.writer`,
+//! limit files in `.sem` and slots in `.sem.` and digits, and a stem never holds `~` but as the start
+//! of its hash. A permit's token is minted from `<stem>.lock`'s counter, under a brief `LOCK_EX` on it,
+//! so tokens of every kind of one name come from one counter; the same write marks the lock file
+//! `semaphore=1`, which tells a later mutex, writer or reader to look for held slots. Like lock files, these files are never
+//! unlinked by distlock; the limit file is the one an operator removes (with no permit held) to change
+//! a semaphore's limit.
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The suffix of every lock file.
 pub const SUFFIX: &str = ".lock";
+
+/// The suffix of a read-write lock's turnstile file (see [the other kinds' files](self#the-other-kinds-files)).
+pub const WRITER_SUFFIX: &str = ".writer";
+
+/// The suffix of a semaphore's limit file; its slot files add `.<slot>`.
+pub const SEMAPHORE_SUFFIX: &str = ".sem";
+
+/// The most permits a semaphore may have on the file backend (the core allows more): every try of a
+/// permit looks at up to this many slot files, and a waiter watches every one of them.
+pub const MAX_SLOTS: u32 = 1024;
+
+/// The comment written as the first line of every semaphore limit file.
+pub const SEMAPHORE_HEADER: &str =
+    "# distlock semaphore, format 1. The limit is kept: delete this file, with no permit held, to change it.";
 
 /// The longest escaped name kept whole, in bytes. Longer ones are shortened with a hash.
 pub const MAX_STEM: usize = 200;
@@ -114,6 +161,70 @@ pub fn file_name(name: &str) -> String {
 
 /// Appends [`file_name`]`(name)` to `out` (the lock file's path is built in one buffer: issue 9).
 pub(crate) fn push_file_name(out: &mut Vec<u8>, name: &str) {
+    push_stem(out, name);
+    out.extend_from_slice(SUFFIX.as_bytes());
+}
+
+/// The name of the read-write lock's turnstile file of `name` (no directory): `<stem>.writer`, beside
+/// the lock file `<stem>.lock`. See [the other kinds' files](self#the-other-kinds-files).
+///
+/// ```
+/// use distlock_file::layout::writer_file_name;
+/// assert_eq!(writer_file_name("orders/42"), "orders%2F42.writer");
+/// ```
+pub fn writer_file_name(name: &str) -> String {
+    sibling_name(name, WRITER_SUFFIX)
+}
+
+/// The name of the semaphore's limit file of `name` (no directory): `<stem>.sem`.
+///
+/// ```
+/// use distlock_file::layout::semaphore_file_name;
+/// assert_eq!(semaphore_file_name("workers"), "workers.sem");
+/// ```
+pub fn semaphore_file_name(name: &str) -> String {
+    sibling_name(name, SEMAPHORE_SUFFIX)
+}
+
+/// The name of slot `slot` (0-based: the permit's id) of the semaphore of `name` (no directory):
+/// `<stem>.sem.<slot>`.
+///
+/// ```
+/// use distlock_file::layout::slot_file_name;
+/// assert_eq!(slot_file_name("workers", 0), "workers.sem.0");
+/// assert_eq!(slot_file_name("a b", 12), "a%20b.sem.12");
+/// ```
+pub fn slot_file_name(name: &str, slot: u32) -> String {
+    sibling_name(name, &format!("{SEMAPHORE_SUFFIX}.{slot}"))
+}
+
+fn sibling_name(name: &str, suffix: &str) -> String {
+    let mut out = Vec::with_capacity(name.len() + 16);
+    push_stem(&mut out, name);
+    out.extend_from_slice(suffix.as_bytes());
+    // Only ASCII was pushed.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// The path of a sibling of the lock file at `lock` (`<dir>/<stem>.lock`): the same stem with
+/// `suffix` instead of [`SUFFIX`].
+pub(crate) fn sibling_path(lock: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let bytes = lock.as_os_str().as_bytes();
+    let stem = bytes.strip_suffix(SUFFIX.as_bytes()).unwrap_or(bytes);
+    let mut out = Vec::with_capacity(stem.len() + suffix.len());
+    out.extend_from_slice(stem);
+    out.extend_from_slice(suffix.as_bytes());
+    std::path::PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+/// The path of slot `slot` of the semaphore whose lock file is `lock`.
+pub(crate) fn slot_path(lock: &std::path::Path, slot: u32) -> std::path::PathBuf {
+    sibling_path(lock, &format!("{SEMAPHORE_SUFFIX}.{slot}"))
+}
+
+/// Appends the escaped (and, if long, shortened) name: every file of `name` is this stem and a suffix.
+fn push_stem(out: &mut Vec<u8>, name: &str) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let start = out.len();
     for (i, &b) in name.as_bytes().iter().enumerate() {
@@ -137,7 +248,6 @@ pub(crate) fn push_file_name(out: &mut Vec<u8>, name: &str) {
             out.push(HEX[((hash >> (shift * 4)) & 0xF) as usize].to_ascii_lowercase());
         }
     }
-    out.extend_from_slice(SUFFIX.as_bytes());
 }
 
 fn push_escape(out: &mut String, b: u8) {
@@ -165,6 +275,10 @@ pub struct Record {
     pub host: Option<String>,
     /// When the hold began, in milliseconds since the Unix epoch.
     pub since_ms: Option<u64>,
+    /// The name is (or was) a semaphore: a mutex, writer or reader that takes the lock file must
+    /// look for held permits first. Written by the first permit's grant and kept by every later
+    /// record (line `semaphore=1`).
+    pub semaphore: bool,
 }
 
 impl Record {
@@ -172,6 +286,15 @@ impl Record {
     pub fn released(token: u64) -> Self {
         Self {
             token,
+            ..Self::default()
+        }
+    }
+
+    /// The released record that keeps `self`'s counter and its `semaphore` mark.
+    pub fn released_keeping(&self, token: u64) -> Self {
+        Self {
+            token,
+            semaphore: self.semaphore,
             ..Self::default()
         }
     }
@@ -192,6 +315,9 @@ impl Record {
         let mut out = String::with_capacity(160);
         out.push_str(HEADER);
         let _ = write!(out, "\ntoken={}\n", self.token);
+        if self.semaphore {
+            out.push_str("semaphore=1\n");
+        }
         if let Some(owner) = &self.owner {
             out.push_str("owner=");
             push_escaped_value(&mut out, owner);
@@ -214,11 +340,15 @@ impl Record {
 
     /// Reads a lock file's content.
     ///
-    /// Empty (or blank) content is a fresh file: token 0, no holder. Content with no `token` line, a
+    /// Empty content (a zero-length file) is a fresh file: token 0, no holder. Any other content with
+    /// no `token` line (blank lines only, the header only, unknown fields only), a
     /// `token` that is not a number, two `token` lines, or bytes that are not UTF-8 is corrupt: the counter
     /// cannot be trusted, and restarting it would hand out tokens a resource has already seen. Holder
     /// fields that do not parse are dropped (they are only shown by `status`).
     pub fn parse(content: &[u8]) -> Result<Self, String> {
+        if content.is_empty() {
+            return Ok(Record::default());
+        }
         if let Some(token) = released_token(content) {
             return Ok(Record::released(token));
         }
@@ -251,17 +381,73 @@ impl Record {
                 "pid" => record.pid = value.parse().ok(),
                 "host" => record.host = Some(unescape_value(value)),
                 "since" => record.since_ms = value.parse().ok(),
+                "semaphore" => record.semaphore = value == "1",
                 _ => {}
             }
         }
-        match token {
-            Some(token) => {
-                record.token = token;
-                Ok(record)
+        // Only a zero-length file is fresh: a file with content but no token line (cut down to its
+        // header, only blank lines, only fields this version does not know) has lost its counter,
+        // and reading it as 0 would hand out token 1 again.
+        let token = token.ok_or_else(|| "it has no token line".to_string())?;
+        record.token = token;
+        Ok(record)
+    }
+}
+
+/// A semaphore's limit file: the number of permits, written once by the first user and kept.
+///
+/// ```
+/// use distlock_file::layout::{SemaphoreLimit, SEMAPHORE_HEADER};
+///
+/// let text = SemaphoreLimit::render(4);
+/// assert_eq!(text, format!("{SEMAPHORE_HEADER}\nlimit=4\nend\n"));
+/// assert_eq!(SemaphoreLimit::parse(text.as_bytes()), Ok(4));
+/// assert!(SemaphoreLimit::parse(b"limit=0\nend\n").is_err());
+/// assert!(SemaphoreLimit::parse(b"").is_err());
+/// ```
+#[derive(Debug)]
+pub struct SemaphoreLimit;
+
+impl SemaphoreLimit {
+    /// The file content for a semaphore of `limit` permits.
+    pub fn render(limit: u32) -> String {
+        format!("{SEMAPHORE_HEADER}\nlimit={limit}\nend\n")
+    }
+
+    /// Reads a limit file: the `limit` line (1 to [`MAX_SLOTS`]) before `end`; comments, blank lines and
+    /// unknown keys are skipped. Anything else (no limit, two, one out of range, not UTF-8, an empty
+    /// file) is refused with what is wrong: the file is written whole before it is linked into place,
+    /// so a reader never sees it half-written.
+    pub fn parse(content: &[u8]) -> Result<u32, String> {
+        let text =
+            std::str::from_utf8(content).map_err(|_| "the file is not UTF-8 text".to_string())?;
+        let mut limit = None;
+        for line in text.lines() {
+            let line = line.trim_end_matches('\r');
+            if line == "end" {
+                break;
             }
-            None if record.has_holder() => Err("it has no token line".into()),
-            None => Ok(record),
+            if line.trim().is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let Some((key, value)) = line.split_once('=') else {
+                return Err(format!("line {line:?} is not key=value"));
+            };
+            if key == "limit" {
+                if limit.is_some() {
+                    return Err("it has two limit lines".into());
+                }
+                let value: u32 = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_SLOTS).contains(n))
+                    .ok_or_else(|| {
+                        format!("the limit {value:?} is not a number from 1 to {MAX_SLOTS}")
+                    })?;
+                limit = Some(value);
+            }
         }
+        limit.ok_or_else(|| "it has no limit line".to_string())
     }
 }
 
@@ -434,6 +620,29 @@ mod tests {
         );
     }
 
+    /// The semaphore mark renders after the token, reads back, and survives a release.
+    #[test]
+    fn the_semaphore_mark_round_trips() {
+        let mut record = Record::released(5);
+        record.semaphore = true;
+        assert_eq!(
+            record.render(),
+            format!("{HEADER}\ntoken=5\nsemaphore=1\nend\n")
+        );
+        assert_eq!(Record::parse(record.render().as_bytes()).unwrap(), record);
+        record.owner = Some("o".into());
+        assert_eq!(record.released_keeping(6), {
+            let mut kept = Record::released(6);
+            kept.semaphore = true;
+            kept
+        });
+        assert!(
+            !Record::parse(Record::released(5).render().as_bytes())
+                .unwrap()
+                .semaphore
+        );
+    }
+
     /// A released record is read the same with and without the short path, and content it does not
     /// take (other fields, other spelling, a torn tail, a token that overflows) still goes to the
     /// general parser.
@@ -479,7 +688,18 @@ mod tests {
         ] {
             assert!(Record::parse(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(Record::parse(b"\n  \n").unwrap(), Record::released(0));
+        // Only a zero-length file is fresh: blank lines, the header alone or unknown keys alone
+        // have lost the counter.
+        assert_eq!(Record::parse(b"").unwrap(), Record::released(0));
+        for no_token in [
+            &b"\n  \n"[..],
+            HEADER.as_bytes(),
+            format!("{HEADER}\nend\n").as_bytes(),
+            b"future=1\n",
+            b"end\ntoken=3\n",
+        ] {
+            assert!(Record::parse(no_token).is_err(), "{no_token:?}");
+        }
         assert_eq!(
             Record::parse(b"token=3\nfuture=1\n").unwrap(),
             Record::released(3)

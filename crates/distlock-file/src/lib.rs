@@ -3,9 +3,13 @@
 //!
 //! * **Exclusion.** `flock(LOCK_EX)` on `<dir>/<escaped name>.lock` (the mapping is in [`layout`]). The
 //!   kernel ties the lock to the open file description, so two [`Lock`](distlock_core::Lock)s of one
-//!   process exclude each other just as two processes do, and a child process never inherits a lock (the
-//!   file is opened `O_CLOEXEC`). Processes on one machine, or containers sharing the directory, contend;
-//!   network file systems are not supported.
+//!   process exclude each other just as two processes do, and a program the holder execs never inherits
+//!   a lock (the file is opened `O_CLOEXEC`). **A child forked without exec does** share the locked open
+//!   file description, so the lock stays held until both the holder and that child have closed it (a
+//!   holder that forks a worker and dies keeps the lock held for the worker's life). distlock does not
+//!   close it in the child for you: an at-fork handler would also take it from `distlock run`'s
+//!   supervisor, which inherits the descriptor on purpose. Processes on one machine, or containers
+//!   sharing the directory, contend; network file systems are not supported.
 //! * **No lease.** The lock is held until it is released or the holding process dies (whatever the way:
 //!   the kernel releases it), so a guard's `validity_deadline()` is `None` and `max_hold`/`extend` are
 //!   unsupported. The guard becomes Lost only if the lock file is deleted or replaced while held.
@@ -19,6 +23,43 @@
 //!   behind. Not FIFO across processes.
 //! * **Status.** [`Locks::inspect`](distlock_core::Locks::inspect) reads the record (owner, pid, host,
 //!   token, since) and tests the lock without taking it.
+//! * **Read-write lock** ([`Locks::read_write`](distlock_core::Locks::read_write)): a reader holds
+//!   `flock(LOCK_SH)`, a writer `flock(LOCK_EX)`, on the same lock file: the write side is the mutex,
+//!   and `flock -s` / `flock -x` users of the file share and exclude as expected. Writers first: a
+//!   writer waiting behind readers holds the turnstile `<stem>.writer`, which distlock readers pass (a
+//!   plain `flock -s` does not). A reader carries the counter (the last write's token). A write guard
+//!   downgrades atomically (`flock(LOCK_SH)` on its own descriptor). Readers are listed by `status`
+//!   from `/proc/locks`.
+//! * **Semaphore** ([`Locks::semaphore`](distlock_core::Locks::semaphore)): permit *i* holds
+//!   `flock(LOCK_EX)` on slot file `<stem>.sem.<i>`; the limit is stored in `<stem>.sem` by the first
+//!   user and kept (another limit is `LimitMismatch`; delete the file, with no permit held, to change
+//!   it); at most [`layout::MAX_SLOTS`] permits. Each permit's token comes from the lock file's counter,
+//!   so it is above every earlier grant of the name. A crashed holder's permit is free at once.
+//!   A name's mutex and read-write lock and its semaphore wait for each other (never two holders of
+//!   different kinds). How it works: `semaphore.rs`.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use distlock_core::{ErrorKind, Locks};
+//! use distlock_file::FileBackend;
+//!
+//! let dir = tempfile::tempdir()?;
+//! let locks = Locks::new(FileBackend::new(dir.path())?);
+//! let (a, b) = (locks.read_write("config")?, locks.read_write("config")?);
+//! let (r1, r2) = (a.read().await?, b.read().await?); // readers share the lock file
+//! assert!(locks.lock("config")?.try_acquire().await?.is_none()); // the mutex is the write side
+//! drop((r1, r2));
+//!
+//! let workers = locks.semaphore("workers", 2)?;
+//! let (p1, p2) = (workers.acquire().await?, workers.acquire().await?);
+//! assert_eq!((p1.permit(), p2.permit()), (Some("0"), Some("1")));
+//! assert!(workers.try_acquire().await?.is_none());
+//! let other = locks.semaphore("workers", 3)?.try_acquire().await.unwrap_err();
+//! assert_eq!(other.kind(), ErrorKind::LimitMismatch { stored: 2, requested: 3 });
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -59,6 +100,7 @@ mod inspect;
 pub mod layout;
 mod notify;
 mod open;
+mod semaphore;
 mod sync_thread;
 
 pub use backend::FileBackend;

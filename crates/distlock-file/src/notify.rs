@@ -50,6 +50,30 @@ pub(crate) const MASK: WatchFlags = WatchFlags::CLOSE_WRITE
     .union(WatchFlags::MOVE_SELF)
     .union(WatchFlags::DELETE_SELF);
 
+/// The mask of the other kinds' files (turnstiles, slot files): [`MASK`] without `CLOSE_NOWRITE`.
+/// Their holders open them read-write, so a release or a holder's death is a `CLOSE_WRITE`; probes
+/// (a try looking for a free slot, a reader passing the turnstile, `status`) open them read-only and
+/// close them every try, and must not wake the other waiters, whose tries would wake them back.
+pub(crate) const AUX_MASK: WatchFlags = WatchFlags::CLOSE_WRITE
+    .union(WatchFlags::ATTRIB)
+    .union(WatchFlags::MOVE_SELF)
+    .union(WatchFlags::DELETE_SELF);
+
+/// The mask every watch of the file at `path` uses: an inode has one mask per instance, and a
+/// second `inotify_add_watch` replaces it, so it is decided by the file's kind alone (its suffix).
+pub(crate) fn mask_for(path: &Path) -> WatchFlags {
+    use std::os::unix::ffi::OsStrExt;
+    if path
+        .as_os_str()
+        .as_bytes()
+        .ends_with(crate::layout::SUFFIX.as_bytes())
+    {
+        MASK
+    } else {
+        AUX_MASK
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // The maps behind these mutexes stay consistent even if a holder panicked.
     mutex
@@ -611,7 +635,7 @@ impl Shared {
             return Err(io::Error::other("the inotify reader stopped"));
         }
         // Under the map's lock, so a concurrent last unsubscribe cannot remove the watch we join.
-        let wd = inotify::add_watch(self.fd.as_fd(), path, MASK)?;
+        let wd = inotify::add_watch(self.fd.as_fd(), path, mask_for(path))?;
         let entry = watches.entry(wd).or_default();
         entry.waiters += 1;
         let events = entry
@@ -631,7 +655,7 @@ impl Shared {
         if !self.alive.load(Ordering::Acquire) {
             return Err(io::Error::other("the inotify reader stopped"));
         }
-        let wd = inotify::add_watch(self.fd.as_fd(), path, MASK)?;
+        let wd = inotify::add_watch(self.fd.as_fd(), path, mask_for(path))?;
         watches.entry(wd).or_default().holds += 1;
         Ok(wd)
     }
@@ -728,6 +752,31 @@ impl Subscription {
     pub(crate) async fn changed(&mut self) -> bool {
         self.events.changed().await.is_ok()
     }
+}
+
+/// Waits for the next event on any of `watches`: the index of the first with one, and `false` if its
+/// watch is gone for good (see [`Subscription::changed`]). Pending for ever when `watches` is empty.
+///
+/// # Cancel safety
+/// Cancel safe, as [`Subscription::changed`].
+pub(crate) async fn any_changed(watches: &mut [&mut Subscription]) -> (usize, bool) {
+    if watches.is_empty() {
+        return std::future::pending().await;
+    }
+    let mut waits: Vec<_> = watches
+        .iter_mut()
+        .map(|watch| Box::pin(watch.changed()))
+        .collect();
+    std::future::poll_fn(|cx| {
+        use std::future::Future as _;
+        for (i, wait) in waits.iter_mut().enumerate() {
+            if let std::task::Poll::Ready(alive) = wait.as_mut().poll(cx) {
+                return std::task::Poll::Ready((i, alive));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 impl Drop for Subscription {

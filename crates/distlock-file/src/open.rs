@@ -92,31 +92,89 @@ impl OpenFile {
 
     /// `flock(LOCK_EX | LOCK_NB)`: whether this descriptor now holds the lock.
     pub(crate) fn try_lock(&mut self, path: &Path) -> Result<bool, FileError> {
-        loop {
-            match flock(&*self.fd, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => {
-                    self.locked = true;
-                    return Ok(true);
-                }
-                Err(Errno::WOULDBLOCK) => return Ok(false),
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(FileError::io("lock", path, e.into())),
+        self.try_flock(path, FlockOperation::NonBlockingLockExclusive)
+    }
+
+    /// `flock(LOCK_SH | LOCK_NB)`: whether this descriptor now holds a shared lock (a reader's).
+    pub(crate) fn try_lock_shared(&mut self, path: &Path) -> Result<bool, FileError> {
+        self.try_flock(path, FlockOperation::NonBlockingLockShared)
+    }
+
+    fn try_flock(&mut self, path: &Path, operation: FlockOperation) -> Result<bool, FileError> {
+        let locked = try_flock(&*self.fd, operation).map_err(|e| FileError::io("lock", path, e))?;
+        self.locked |= locked;
+        Ok(locked)
+    }
+
+    /// Whether the file, which this descriptor does not hold, is held shared (by readers) rather than
+    /// exclusively: a `LOCK_SH | LOCK_NB` probe, given back at once (without a close, which would
+    /// wake waiters for nothing). Also `true` if the lock was freed in between.
+    pub(crate) fn held_shared(&self, path: &Path) -> Result<bool, FileError> {
+        let shared = try_flock(&*self.fd, FlockOperation::NonBlockingLockShared)
+            .map_err(|e| FileError::io("test the lock on", path, e))?;
+        if shared {
+            let _ = flock(&*self.fd, FlockOperation::Unlock);
+        }
+        Ok(shared)
+    }
+
+    /// Turns this descriptor's `LOCK_EX` into `LOCK_SH` with no other lock in between.
+    ///
+    /// On Linux a conversion is one step for every other locker: `flock_lock_inode` (fs/locks.c)
+    /// removes this description's lock and inserts the new one under one hold of the inode's
+    /// `flc_lock`, and the conflict check in between finds nothing, since no other lock exists while
+    /// this one is exclusive (waiters blocked in `flock(2)` are woken, take the spinlock after it, and
+    /// find the shared lock). The BSD warning in flock(2) ("not guaranteed to be atomic") is about an
+    /// upgrade, which can meet another shared lock, and about other systems; file systems with their
+    /// own `flock` (network ones) are not supported by this backend anyway.
+    pub(crate) fn downgrade(&mut self, path: &Path) -> Result<(), FileError> {
+        match try_flock(&*self.fd, FlockOperation::NonBlockingLockShared) {
+            Ok(true) => Ok(()),
+            // Cannot happen (nothing conflicts with a lock taken from an exclusive one); if it did,
+            // the exclusive lock is gone.
+            Ok(false) => {
+                self.locked = false;
+                Err(FileError::io(
+                    "downgrade the lock on",
+                    path,
+                    io::Error::from_raw_os_error(Errno::WOULDBLOCK.raw_os_error()),
+                ))
             }
+            Err(e) => Err(FileError::io("downgrade the lock on", path, e)),
         }
     }
 
-    /// Whether `path` still names this file (not deleted, not replaced by another).
-    pub(crate) fn is_current(&self, path: &Path) -> Result<bool, FileError> {
-        same_file(path, self.dev, self.ino)
-    }
-
-    fn unlock(&mut self) {
+    /// Gives the lock up without closing the file (a try that must not hold it after all). Closing
+    /// would wake other processes' waiters for nothing.
+    pub(crate) fn unlock(&mut self) {
         if self.locked {
             self.locked = false;
             if let Err(e) = flock(&*self.fd, FlockOperation::Unlock) {
                 tracing::warn!(error = %e, "cannot unlock a lock file; closing it releases the lock");
             }
         }
+    }
+
+    /// Forgets that this descriptor holds the lock, so dropping it does not unlock: another
+    /// `OpenFile` of the same descriptor (a downgraded hold) owns the lock now.
+    pub(crate) fn disown(&mut self) {
+        self.locked = false;
+    }
+
+    /// Another handle on the same open file description (the descriptor is shared, not duplicated),
+    /// holding its lock: the read hold a write hold becomes when it is downgraded.
+    pub(crate) fn shared_handle(&self) -> OpenFile {
+        OpenFile {
+            fd: self.fd.clone(),
+            dev: self.dev,
+            ino: self.ino,
+            locked: self.locked,
+        }
+    }
+
+    /// Whether `path` still names this file (not deleted, not replaced by another).
+    pub(crate) fn is_current(&self, path: &Path) -> Result<bool, FileError> {
+        same_file(path, self.dev, self.ino)
     }
 }
 
@@ -125,6 +183,38 @@ impl Drop for OpenFile {
         // Unlock before the close: the close wakes waiters, and the kernel's own unlock at close comes
         // after that notification.
         self.unlock();
+    }
+}
+
+/// `flock` without blocking: `Ok(true)` if `fd` now holds the lock, `Ok(false)` if another holds it.
+pub(crate) fn try_flock(fd: impl AsFd, operation: FlockOperation) -> io::Result<bool> {
+    loop {
+        match flock(&fd, operation) {
+            Ok(()) => return Ok(true),
+            Err(Errno::WOULDBLOCK) => return Ok(false),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Opens a file of the name read-only to look at it or probe its lock, with no stat: `None` if it
+/// does not exist (and `create` is off). Closing a read-only descriptor raises only `CLOSE_NOWRITE`,
+/// which the watches of slot and turnstile files do not ask for, so probes wake nobody.
+pub(crate) fn open_read_only(path: &Path, create: bool) -> Result<Option<OwnedFd>, FileError> {
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .custom_flags((OFlags::NOFOLLOW | OFlags::CLOEXEC).bits() as i32);
+    if create {
+        // `O_CREAT` with read-only access: std insists on write access for `create`.
+        options.custom_flags((OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::CREATE).bits() as i32);
+        options.mode(0o666);
+    }
+    match options.open(path) {
+        Ok(file) => Ok(Some(OwnedFd::from(file))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !create => Ok(None),
+        Err(e) => Err(FileError::io("open", path, e)),
     }
 }
 

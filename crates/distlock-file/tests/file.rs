@@ -510,6 +510,47 @@ async fn a_corrupt_counter_is_refused_not_restarted() {
     guard.release().await.unwrap();
 }
 
+/// A lock file cut down to its header (or left with only fields this version does not know, or only
+/// blank lines) has lost its counter: only a zero-length file is fresh. Before, such a file read as
+/// token 0, and the next grant got token 1 again under `Fencing::Strict`.
+#[tokio::test]
+async fn a_lock_file_cut_to_its_header_is_refused_not_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::new(dir.path()).unwrap();
+    let path = backend.lock_file("cut");
+    let locks = Locks::new(backend);
+    let guard = locks.lock("cut").unwrap().acquire().await.unwrap();
+    guard.release().await.unwrap();
+    let header = distlock_file::layout::HEADER;
+    for content in [
+        format!("{header}\n"),
+        header.to_string(),
+        format!("{header}\nfuture=1\nend\n"),
+        "\n\n\n".to_string(),
+    ] {
+        std::fs::write(&path, &content).unwrap();
+        let err = match locks.lock("cut").unwrap().acquire().await {
+            Ok(guard) => panic!(
+                "{content:?} was taken as a fresh file: token {:?}",
+                guard.token()
+            ),
+            Err(err) => err,
+        };
+        assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains(&*path.to_string_lossy()) && message.contains("corrupt"),
+            "{message}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), content);
+    }
+    // Only a zero-length file is fresh.
+    std::fs::write(&path, "").unwrap();
+    let guard = locks.lock("cut").unwrap().acquire().await.unwrap();
+    assert_eq!(guard.token().map(|t| t.get()), Some(1));
+    guard.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn deleting_a_held_lock_file_makes_the_guard_lost() {
     let dir = tempfile::tempdir().unwrap();
