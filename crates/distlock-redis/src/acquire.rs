@@ -1,24 +1,25 @@
-//! Acquire: the acquire script (with `WAIT` on the durable connection), and waiting for a release on
-//! the lock's channel.
+//! Acquire: the acquire script of the request's kind (with `WAIT` on the durable connection), and
+//! waiting for a release on the kind's channel.
 
 use std::fmt;
 use std::time::Duration;
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
-use distlock_core::{FencingToken, Result};
+use distlock_core::{FencingToken, LockKind, Result};
 use redis::Value;
 
 use crate::backend::RedisLease;
-use crate::conn::{Link, Sent};
+use crate::conn::{Ask, Link, Sent};
 use crate::error::RedisError;
+use crate::kinds::{wake_channel, RW_RECHECK};
 use crate::layout;
-use crate::layout::PrefixedKey;
 use crate::pubsub::Subscription;
-use crate::rpc::{int, millis, pttl, request_error, server_error, ScriptCall};
+use crate::rpc::{int, pttl, request_error, server_error, ScriptCall};
 use crate::RedisBackend;
 
-/// How long a waiter sleeps when the holder's key has no expiry (not made by distlock or Redisson),
-/// so no pttl bounds the wait: it still wakes on every release message.
+/// How long a waiter sleeps when the holder's key has no expiry (not made by distlock or Redisson, or a
+/// Redisson permit taken without a lease), so no pttl bounds the wait: it still wakes on every release
+/// message.
 const NO_EXPIRY_RECHECK: Duration = Duration::from_secs(5);
 
 /// An acquire under way: the channel subscription, once the first wait made it.
@@ -51,10 +52,23 @@ impl fmt::Debug for RedisAcquisition {
     }
 }
 
-/// The acquire script's reply (and the handoff script's, which has its shape).
+/// The acquire script's reply (and the handoff and downgrade scripts', which have its shape).
 pub(crate) enum Outcome {
-    Granted { token: u64, pttl: Option<Duration> },
-    Busy { pttl: Option<Duration> },
+    Granted {
+        token: u64,
+        pttl: Option<Duration>,
+    },
+    Busy {
+        pttl: Option<Duration>,
+    },
+    /// The name is in use as another kind (`layout::IN_USE_*`): nothing was written.
+    Conflict {
+        in_use: i64,
+    },
+    /// The semaphore's stored limit is another: nothing was taken.
+    LimitMismatch {
+        stored: u32,
+    },
 }
 
 pub(crate) fn parse_acquire(v: &Value) -> std::result::Result<Outcome, RedisError> {
@@ -73,13 +87,17 @@ pub(crate) fn parse_acquire(v: &Value) -> std::result::Result<Outcome, RedisErro
         int(token).ok_or_else(bad)?,
         int(ttl).ok_or_else(bad)?,
     );
-    if granted == 1 {
-        Ok(Outcome::Granted {
+    match granted {
+        1 => Ok(Outcome::Granted {
             token: u64::try_from(token).map_err(|_| bad())?,
             pttl: pttl(ttl),
-        })
-    } else {
-        Ok(Outcome::Busy { pttl: pttl(ttl) })
+        }),
+        0 => Ok(Outcome::Busy { pttl: pttl(ttl) }),
+        layout::KIND_CONFLICT => Ok(Outcome::Conflict { in_use: token }),
+        layout::LIMIT_MISMATCH => Ok(Outcome::LimitMismatch {
+            stored: u32::try_from(token).map_err(|_| bad())?,
+        }),
+        _ => Err(bad()),
     }
 }
 
@@ -105,17 +123,35 @@ impl RedisBackend {
             .await
             .map_err(|e| e.into_core(Some(&request.name)))?;
         match outcome {
-            Outcome::Granted { token, pttl } => Ok(Attempt::Acquired(
-                Grant::new(RedisLease {
+            Outcome::Granted { token, pttl } => {
+                let grant = Grant::new(RedisLease {
                     lease: request.lease,
+                    kind: request.kind,
                 })
                 .with_token(FencingToken::new(token))
-                .with_ttl(pttl.unwrap_or(request.lease).min(request.lease)),
-            )),
+                .with_ttl(pttl.unwrap_or(request.lease).min(request.lease));
+                Ok(Attempt::Acquired(match request.kind {
+                    LockKind::Permit { .. } => {
+                        grant.with_permit(layout::permit_hex(&layout::permit_id(&request.owner)))
+                    }
+                    _ => grant,
+                }))
+            }
             Outcome::Busy { pttl } => {
                 acquisition.maybe_granted = false;
                 acquisition.sent = Sent::default();
                 Ok(Attempt::Busy { retry_after: pttl })
+            }
+            refused => {
+                // Nothing was written: nothing to undo.
+                acquisition.maybe_granted = false;
+                acquisition.sent = Sent::default();
+                Err(crate::kinds::refusal(request, &refused)
+                    .unwrap_or_else(|| RedisError::Reply {
+                        what: "the acquire script",
+                        detail: "an answer of no known shape".into(),
+                    })
+                    .into_core(Some(&request.name)))
             }
         }
     }
@@ -126,48 +162,47 @@ impl RedisBackend {
         request: &AcquireRequest,
         sent: &mut Sent,
     ) -> std::result::Result<Outcome, RedisError> {
-        let name = &request.name;
+        let call = self.acquire_call(request);
+        self.grant_script(call, request, "acquire", sent).await
+    }
+
+    /// Runs a script that may grant `request` (an acquire, a downgrade) and reads its answer: on the
+    /// shared connection, or with `WAIT` on the durable one (see [`acquire_durable`](Self::acquire_durable)).
+    pub(crate) async fn grant_script(
+        &self,
+        call: ScriptCall<'_>,
+        request: &AcquireRequest,
+        what: &'static str,
+        sent: &mut Sent,
+    ) -> std::result::Result<Outcome, RedisError> {
         let Some((gate, link)) = &self.inner.durable else {
-            let token_key = PrefixedKey {
-                prefix: layout::TOKEN_PREFIX,
-                name,
-            };
-            let bytes = name.len() + token_key.len() + 20 + request.owner.len();
-            let mut call = ScriptCall::new(&self.inner.scripts.acquire, 2, 4, bytes);
-            call.arg(layout::lock_key(name))
-                .arg(token_key)
-                .arg(millis(request.lease))
-                .arg(&request.owner);
-            let value = self.script(&self.inner.link, "acquire", call, sent).await?;
+            let value = self.script(&self.inner.link, what, call, sent).await?;
             return parse_acquire(&value);
         };
         // Boxed: the `WAIT` path's state would otherwise make every acquire's future (moved into
         // `async_trait`'s box on every try) several times larger.
-        Box::pin(self.acquire_durable(request, gate, link, sent)).await
+        Box::pin(self.acquire_durable(call, request, gate, link, sent)).await
     }
 
-    /// The acquire script and `WAIT` in one pipeline on the durable connection; an undo when fewer
-    /// replicas than required confirmed the grant.
+    /// The script and `WAIT` in one pipeline on the durable connection; an undo when fewer replicas
+    /// than required confirmed the grant.
     async fn acquire_durable(
         &self,
+        call: ScriptCall<'_>,
         request: &AcquireRequest,
         gate: &tokio::sync::Mutex<()>,
         link: &Link,
         sent: &mut Sent,
     ) -> std::result::Result<Outcome, RedisError> {
         let name = &request.name;
-        let mut invocation = self.inner.scripts.acquire.prepare_invoke();
-        invocation
-            .key(layout::lock_key(name))
-            .key(layout::token_key(name))
-            .arg(millis(request.lease))
-            .arg(&request.owner);
         let _one_at_a_time = gate.lock().await;
         let mut pipe = redis::pipe();
-        pipe.invoke_script(&invocation).add_command(self.wait_cmd());
+        pipe.add_command(call.into_cmd())
+            .add_command(self.wait_cmd());
         let timeout = self.request_timeout() + self.config().wait_timeout;
         let values = self
-            .pipeline(link, "acquire + WAIT", timeout, pipe, sent)
+            // One lock's keys, and a `WAIT` that goes with them (to the target, after an `ASK`).
+            .pipeline(link, "acquire + WAIT", timeout, Ask::Follow, pipe, sent)
             .await?;
         let [reply, waited] = values.as_slice() else {
             return Err(RedisError::Reply {
@@ -194,12 +229,24 @@ impl RedisBackend {
                 // Undo on the same connection, so the delete is ordered after the grant.
                 match &sent.conn {
                     Some(conn) => {
-                        self.undo_on(conn.clone(), name, &request.owner, self.undo_bound())
-                            .await?;
+                        self.undo_on(
+                            conn.clone(),
+                            name,
+                            &request.owner,
+                            request.kind,
+                            self.undo_bound(),
+                        )
+                        .await?;
                     }
                     None => {
-                        self.release_on(link, name, &request.owner, &mut Sent::default())
-                            .await?;
+                        self.release_on(
+                            link,
+                            name,
+                            &request.owner,
+                            request.kind,
+                            &mut Sent::default(),
+                        )
+                        .await?;
                     }
                 }
                 return Err(RedisError::Replicas {
@@ -211,9 +258,10 @@ impl RedisBackend {
         Ok(outcome)
     }
 
-    /// `Backend::wait`: the first wait subscribes to the lock's channel and returns once the server
+    /// `Backend::wait`: the first wait subscribes to the kind's channel and returns once the server
     /// confirmed it (the core tries again, and no release after that is missed); later waits sleep until
-    /// a message on the channel or `retry_after` (the holder's pttl), whichever is first.
+    /// a message on the channel or `retry_after` (the holder's pttl, a semaphore's earliest expiry),
+    /// whichever is first; a read-write lock's waiter also after 0.5–1 s ([`RW_RECHECK`]).
     pub(crate) async fn wait_for_release(
         &self,
         acquisition: &mut RedisAcquisition,
@@ -221,7 +269,10 @@ impl RedisBackend {
         retry_after: Option<Duration>,
     ) {
         if acquisition.subscription.is_none() {
-            let sub = self.inner.hub.register(layout::channel(&request.name));
+            let sub = self
+                .inner
+                .hub
+                .register(wake_channel(&request.name, request.kind));
             let confirmed = sub.confirm().await;
             acquisition.subscription = Some(sub);
             match confirmed {
@@ -236,7 +287,10 @@ impl RedisBackend {
         let Some(sub) = acquisition.subscription.as_mut() else {
             return;
         };
-        let limit = retry_after.unwrap_or(NO_EXPIRY_RECHECK);
+        let mut limit = retry_after.unwrap_or(NO_EXPIRY_RECHECK);
+        if matches!(request.kind, LockKind::Read | LockKind::Write) {
+            limit = limit.min(distlock_core::retry::jitter(RW_RECHECK));
+        }
         tokio::select! {
             _ = sub.changed() => {}
             _ = tokio::time::sleep(limit) => {}

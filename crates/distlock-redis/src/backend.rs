@@ -1,12 +1,15 @@
 //! `impl raw::Backend` for Redis.
 //!
 //! # Acquire and wait
-//! A try runs the acquire script ([`layout::ACQUIRE`]): a grant returns the token (`INCR` of the
-//! token key) and the lease it set; a busy lock returns the holder's pttl. While busy, the first
-//! [`wait`](RedisBackend::wait) subscribes to the lock's channel on the backend's one pub/sub connection
-//! and returns as soon as the server confirmed it, so the core tries again with the subscription in
-//! place; later waits sleep until a message on the channel or the pttl, whichever is first (see
-//! [`crate::pubsub`]). Dropping the acquisition unsubscribes (ref-counted per channel).
+//! A try runs the acquire script of the request's kind ([`layout::ACQUIRE`], [`layout::READ_ACQUIRE`],
+//! [`layout::WRITE_ACQUIRE`], [`layout::PERMIT_ACQUIRE`]; see the `kinds` module): a grant returns the
+//! token (`INCR` of the token key; a reader's is its current value) and the lease it set; a busy lock
+//! returns the holder's pttl (a semaphore: the time to its earliest permit's expiry). While busy, the
+//! first [`wait`](RedisBackend::wait) subscribes to the kind's channel on the backend's one pub/sub
+//! connection and returns as soon as the server confirmed it, so the core tries again with the
+//! subscription in place; later waits sleep until a message on the channel or the pttl, whichever is
+//! first (a read-write lock's waiter at most 0.5–1 s; see [`crate::pubsub`]). Dropping the acquisition
+//! unsubscribes (ref-counted per channel).
 //!
 //! # Renewals
 //! `renew(batch)` sends one round trip of renew-script calls per group: the whole batch on one
@@ -44,14 +47,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, HandOff, LockInfo, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Attempt, Backend, Grant, HandOff, LockInfo, Released, Renewal, RenewalId,
+    Renewed,
 };
 use distlock_core::url::LockUrl;
-use distlock_core::{Capabilities, Error, ErrorKind, Fencing, Result};
+use distlock_core::{
+    Capabilities, Error, ErrorKind, Fencing, LockKind, LockKinds, ReadWriteOrder, Result,
+};
 
 pub use crate::acquire::RedisAcquisition;
 use crate::config::RedisConfig;
-use crate::conn::{Link, Sent, Target};
+use crate::conn::{Ask, Link, Sent, Target};
 use crate::error::BACKEND;
 use crate::layout::{self, Scripts};
 use crate::pubsub::Hub;
@@ -66,9 +72,9 @@ pub struct RedisBackend {
 pub(crate) struct Inner {
     pub(crate) target: Arc<Target>,
     pub(crate) link: Link,
-    /// Releases (and undos sent afresh) in Cluster: a link without redis-rs's own resends, so that a
-    /// release resent after a lost reply is known as such (see [`Link::without_resends`]). `None`
-    /// outside Cluster, where `link` never resends by itself.
+    /// Releases (and undos sent afresh) in Cluster: a link of their own. A Cluster connection routes
+    /// each request on its own, so a release on `link` would not be ordered before the next acquire
+    /// anyway (see `release_orders_next_acquire`). `None` outside Cluster, where releases go on `link`.
     pub(crate) release_link: Option<Link>,
     /// The dedicated connection for acquires with `WAIT` (only with `wait_replicas > 0`), one request
     /// at a time.
@@ -92,11 +98,14 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
-/// What the Redis backend keeps for a held lock: nothing beyond the name and owner the core passes.
+/// What the Redis backend keeps for a held lock beyond the name and owner the core passes: the kind
+/// of hold (the two sides of one `RwLock` share an owner; a permit's id is derived from its owner).
 #[derive(Debug)]
 pub struct RedisLease {
     /// The lease asked for: how long a release still on its way is waited for (see `release`).
     pub(crate) lease: Duration,
+    /// What is held: it picks the release, renew and undo scripts.
+    pub(crate) kind: LockKind,
 }
 
 impl RedisBackend {
@@ -128,7 +137,7 @@ impl RedisBackend {
                 hub: Hub::start(target.clone()),
                 pending: Arc::new(PendingUndos::default()),
                 link: Link::new(),
-                release_link: cluster.then(Link::without_resends),
+                release_link: cluster.then(Link::new),
                 durable: durable.then(|| (tokio::sync::Mutex::new(()), Link::new())),
                 durable_renewals: durable.then(|| (tokio::sync::Mutex::new(()), Link::new())),
                 scripts: Scripts::new(),
@@ -143,6 +152,7 @@ impl RedisBackend {
                 &backend.inner.target,
                 "PING",
                 backend.request_timeout(),
+                Ask::Follow,
                 |mut c| async move {
                     redis::cmd("PING")
                         .query_async::<String>(&mut c)
@@ -180,6 +190,8 @@ impl Backend for RedisBackend {
         BACKEND
     }
 
+    /// The mutex, Redisson's read-write lock (readers first, as Redisson's: a reader gets in whenever
+    /// no writer holds; atomic downgrade) and its permit-expirable semaphore (see the `kinds` module).
     fn capabilities(&self) -> Capabilities {
         Capabilities::mutex()
             .with_server_ttl(true)
@@ -187,6 +199,12 @@ impl Backend for RedisBackend {
             .with_notify_wait(true)
             .with_fifo(false)
             .with_frees_on_process_death(false)
+            .with_kinds(
+                LockKinds::mutex_only()
+                    .with_read_write(ReadWriteOrder::ReadersFirst)
+                    .with_atomic_downgrade()
+                    .with_semaphore(),
+            )
     }
 
     fn validate_name(&self, name: &str) -> Result<()> {
@@ -194,7 +212,7 @@ impl Backend for RedisBackend {
             return Err(Error::new(
                 ErrorKind::InvalidName,
                 format!(
-                    "in Redis Cluster a lock name with '{{' must carry a non-empty hash tag such as {{tenant}}, so that the lock, its token key and its channel share a slot; {name:?} does not"
+                    "in Redis Cluster a lock name with '{{' must carry a non-empty hash tag such as {{tenant}}, so that the lock, its token key, its channels and (for a read-write lock or semaphore) its timeout keys share a slot; {name:?} does not"
                 ),
             )
             .with_backend(BACKEND)
@@ -271,11 +289,23 @@ impl Backend for RedisBackend {
         self.hand_off_held(lease, name, owner, next).await
     }
 
-    /// Holder (the hash's field), remaining lease (`PTTL`), last token (`GET` of the token key) and,
-    /// outside Cluster, `PUBSUB NUMSUB` of the channel as the waiters: the number of *connections*
-    /// subscribed (one per waiting distlock backend or Redisson client, however many tasks wait in
-    /// it), so an estimate. The holder's own token is not recorded in Redisson's layout (`None`).
+    /// What holds the name (one read-only script, [`layout::INSPECT`]): the mutex's or writer's field
+    /// with the hash's `PTTL`, each reader with its longest timeout key, or each permit (its hex id) with
+    /// its expiry and the semaphore's limit; the last token (the token key) and, outside Cluster,
+    /// `PUBSUB NUMSUB` of the kind's channel as the waiters: the number of *connections* subscribed (one
+    /// per waiting distlock backend or Redisson client, however many tasks wait in it), so an
+    /// estimate. A holder's own token is not recorded in Redisson's layout (`None`).
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
         self.inspect_lock(name).await
+    }
+
+    /// One script ([`layout::DOWNGRADE`]): the writer takes its read field and timeout key, its write
+    /// field goes, `mode=read`, and readers waiting are told (`1` on the read-write lock's channel).
+    async fn downgrade(
+        &self,
+        _lease: &RedisLease,
+        read: &AcquireRequest,
+    ) -> Result<Grant<RedisLease>> {
+        self.downgrade_held(read).await
     }
 }

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use distlock_core::{Error, ErrorKind};
+use distlock_core::{Error, ErrorKind, LockKind};
+
+use crate::layout;
 
 /// The backend's short name, for errors and logs.
 pub(crate) const BACKEND: &str = "redis";
@@ -42,6 +44,18 @@ pub(crate) enum RedisError {
     /// The undo of this owner's earlier, abandoned acquire of the lock, or its earlier release, may still
     /// be on its way.
     UndoPending { target: String, after: Duration },
+    /// The name is in use as another kind of lock (`in_use`: one of `layout::IN_USE_*`) than `asked`.
+    KindConflict {
+        name: String,
+        in_use: i64,
+        asked: LockKind,
+    },
+    /// The semaphore's limit on the server is not the one asked for.
+    LimitMismatch {
+        name: String,
+        stored: u32,
+        requested: u32,
+    },
 }
 
 impl RedisError {
@@ -72,16 +86,34 @@ impl RedisError {
                 confirmed: *confirmed,
                 required: *required,
             },
+            RedisError::KindConflict { .. } => ErrorKind::KindConflict,
+            RedisError::LimitMismatch {
+                stored, requested, ..
+            } => ErrorKind::LimitMismatch {
+                stored: *stored,
+                requested: *requested,
+            },
         }
     }
 
-    /// Whether the request may be sent again ([`Link::run`](crate::conn::Link::run)): its connection
-    /// broke under it (see [`is_broken_connection`](Self::is_broken_connection)), or, on a link whose
-    /// client does not follow redirects itself, a Cluster node redirected it without running it. A
-    /// timeout (the request may still run) and every refusal by the server (`WRONGTYPE`, `NOPERM`,
-    /// `NOAUTH`, …) are not retried.
-    pub(crate) fn is_retryable(&self, follows_redirects: bool) -> bool {
-        self.is_broken_connection() || (!follows_redirects && self.is_redirect())
+    /// How a Cluster node refused the request without running it, if it did (see
+    /// [`Link::run`](crate::conn::Link::run)).
+    pub(crate) fn cluster_refusal(&self) -> Option<ClusterRefusal> {
+        let RedisError::Request { source, .. } = self else {
+            return None;
+        };
+        let redis::ErrorKind::Server(kind) = source.kind() else {
+            return None;
+        };
+        match kind {
+            redis::ServerErrorKind::Ask => source
+                .redirect_node()
+                .map(|(address, _slot)| ClusterRefusal::Ask(address.to_string())),
+            redis::ServerErrorKind::Moved => Some(ClusterRefusal::Moved),
+            redis::ServerErrorKind::TryAgain => Some(ClusterRefusal::TryAgain),
+            kind if needs_cluster_action(Some(kind)) => Some(ClusterRefusal::Unsettled),
+            _ => None,
+        }
     }
 
     /// The connection failed at once (reset, closed, refused): unlike a timeout, the request did not
@@ -140,6 +172,39 @@ impl RedisError {
             _ => false,
         }
     }
+}
+
+/// How a Cluster node refused a request without running any of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ClusterRefusal {
+    /// `ASK host:port`: the slot is migrating to that node, which has the request's key already.
+    Ask(String),
+    /// `MOVED`: the slot lives on another node now.
+    Moved,
+    /// `TRYAGAIN`: a request on several keys (a script of a lock kind with several keys, see
+    /// [`layout::ELSEWHERE`](crate::layout::ELSEWHERE)) that a slot migration split between two
+    /// nodes, for the moment.
+    TryAgain,
+    /// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY` (a failover under way): for the moment.
+    Unsettled,
+}
+
+/// The server errors on which redis-rs's Cluster connection acts (a redirect, or wait and try again):
+/// it fails a whole pipeline with the first of them.
+pub(crate) fn needs_cluster_action(kind: Option<redis::ServerErrorKind>) -> bool {
+    use redis::ServerErrorKind as Server;
+    matches!(
+        kind,
+        Some(
+            Server::Ask
+                | Server::Moved
+                | Server::TryAgain
+                | Server::ClusterDown
+                | Server::MasterDown
+                | Server::BusyLoading
+                | Server::ReadOnly
+        )
+    )
 }
 
 /// The server's error code (`WRONGTYPE`, `NOAUTH`, …) when the error is a server reply. Codes redis-rs
@@ -211,8 +276,11 @@ fn is_tls_failure(e: &redis::RedisError) -> bool {
 
 /// What a user needs, said when the server refuses one: the ACL rules every command distlock sends (the
 /// scripts' commands included: Redis checks each `redis.call` against the caller's ACL). The lock names
-/// are the caller's, so the keys are `~*`; the channels all start with `redisson_lock__channel:`.
-const PERMISSION_ADVICE: &str = " (check the user and password in the URL, redis://user:password@host:port, and the user's ACL: it needs the rules ~* &redisson_lock__channel:* +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hgetall +get +pubsub|numsub; plus +select with a /db, +wait with wait_replicas, and in Cluster +spublish +ssubscribe +sunsubscribe +cluster|slots)";
+/// are the caller's, so the keys are `~*`; the mutex's channels all start with
+/// `redisson_lock__channel:`, a read-write lock's with `redisson_rwlock:`, a semaphore's with
+/// `redisson_sc:`. In Cluster, `+asking` is for following a migration's `ASK`, and `+hgetall` for
+/// `inspect` during a migration (each key read where it is).
+const PERMISSION_ADVICE: &str = " (check the user and password in the URL, redis://user:password@host:port, and the user's ACL: it needs the rules ~* &redisson_lock__channel:* +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hget +hkeys +get +pubsub|numsub; for read-write locks and semaphores also &redisson_rwlock:* &redisson_sc:* +hdel +hlen +hincrby +set +incrby +decrby +zadd +zrem +zscore +zcard +zrange +zrangebyscore +time; plus +select with a /db, +wait with wait_replicas, and in Cluster +spublish +ssubscribe +sunsubscribe +cluster|slots +asking +hgetall)";
 
 fn advice(e: &redis::RedisError) -> &'static str {
     match classify(e) {
@@ -220,7 +288,7 @@ fn advice(e: &redis::RedisError) -> &'static str {
             " (the TLS handshake failed: the server's certificate must be signed by a CA in the system roots or in the file of rediss://…?ca=/path/ca.pem, and name the host of the URL)"
         }
         ErrorKind::Protocol if code(e) == Some("WRONGTYPE") => {
-            " (the lock's key holds another type: something other than a lock — a string someone SET? — uses this name; distlock keeps a hash there, as Redisson does; pick another name or delete the key)"
+            " (the lock's key holds another type: something other than a lock — a string someone SET? — uses this name; distlock keeps a hash there for a mutex or read-write lock and an integer (the permit counter) for a semaphore, as Redisson does; pick another name or delete the key)"
         }
         ErrorKind::PermissionDenied => PERMISSION_ADVICE,
         ErrorKind::Unavailable => {
@@ -269,6 +337,36 @@ impl fmt::Display for RedisError {
             RedisError::ReleaseOutcomeUnknown { target } => write!(
                 f,
                 "release on {target}: the outcome is unknown: the connection broke before the reply came back, and the retry found the lock no longer this owner's, so either the first attempt released it or it had already expired (no other owner's lock was touched)"
+            ),
+            RedisError::KindConflict {
+                name,
+                in_use,
+                asked,
+            } => match *in_use {
+                layout::IN_USE_SEMAPHORE => write!(
+                    f,
+                    "the name is a semaphore (its key holds the permit counter of Redisson's RPermitExpirableSemaphore layout), which is kept with its limit even when no permit is held, so it cannot be taken as a {asked}; use another name, or, once no permit is held, delete the keys {:?} and {:?}",
+                    layout::lock_key(name),
+                    layout::semaphore_timeout_key(name)
+                ),
+                layout::IN_USE_READ_WRITE => write!(
+                    f,
+                    "the name is held as a read-write lock (Redisson's RReadWriteLock hash, with a mode field); it cannot be taken as a {asked} until that is released"
+                ),
+                _ => write!(
+                    f,
+                    "the name is held as a mutex (Redisson's RLock hash, without a mode field); it cannot be taken as a {asked} until that is released"
+                ),
+            },
+            RedisError::LimitMismatch {
+                name,
+                stored,
+                requested,
+            } => write!(
+                f,
+                "the semaphore has {stored} permits on the server (its counter plus the permits held, as Redisson's getPermits counts them); this one asked for {requested}: every user must ask for the same. To change the limit, delete the keys {:?} and {:?} once no permit is held (or use Redisson's setPermits)",
+                layout::lock_key(name),
+                layout::semaphore_timeout_key(name)
             ),
         }
     }
@@ -324,8 +422,8 @@ mod tests {
             server("WRONGPASS"),
             request(no_perm),
         ] {
-            assert!(!e.is_retryable(false), "{e}");
-            assert!(!e.is_retryable(true), "{e}");
+            assert!(!e.is_broken_connection(), "{e}");
+            assert_eq!(e.cluster_refusal(), None, "{e}");
         }
         assert_eq!(server("WRONGTYPE").kind(), ErrorKind::Protocol);
         assert_eq!(server("WRONGPASS").kind(), ErrorKind::PermissionDenied);
@@ -339,31 +437,63 @@ mod tests {
             std::io::ErrorKind::UnexpectedEof,
         ] {
             let e = io(kind);
-            assert!(e.is_retryable(true), "{e}");
+            assert!(e.is_broken_connection(), "{e}");
             assert!(e.breaks_connection(), "{e}");
         }
         let timed_out = io(std::io::ErrorKind::TimedOut);
-        assert!(!timed_out.is_retryable(true), "{timed_out}");
+        assert!(!timed_out.is_broken_connection(), "{timed_out}");
         assert!(timed_out.breaks_connection(), "{timed_out}");
         let elapsed = RedisError::Timeout {
             what: "acquire",
             target: "127.0.0.1:6379".into(),
             after: Duration::from_secs(1),
         };
-        assert!(!elapsed.is_retryable(true) && elapsed.breaks_connection());
+        assert!(!elapsed.is_broken_connection() && elapsed.breaks_connection());
     }
 
     #[test]
-    fn a_redirect_is_retried_only_where_redis_rs_does_not_follow_it() {
-        let moved: redis::RedisError = (
-            redis::ErrorKind::Server(redis::ServerErrorKind::Moved),
-            "moved",
-            "3999 127.0.0.1:7001".to_string(),
-        )
-            .into();
-        let e = request(moved);
-        assert!(e.is_retryable(false));
-        assert!(!e.is_retryable(true));
+    fn a_cluster_refusal_is_told_by_its_kind() {
+        let refusal = |kind, detail: &str| {
+            let e: redis::RedisError = (
+                redis::ErrorKind::Server(kind),
+                "refused",
+                detail.to_string(),
+            )
+                .into();
+            request(e).cluster_refusal()
+        };
+        use redis::ServerErrorKind as Server;
+        assert_eq!(
+            refusal(Server::Ask, "3999 127.0.0.1:7001"),
+            Some(ClusterRefusal::Ask("127.0.0.1:7001".into()))
+        );
+        assert_eq!(
+            refusal(Server::Moved, "3999 127.0.0.1:7001"),
+            Some(ClusterRefusal::Moved)
+        );
+        assert_eq!(
+            refusal(
+                Server::TryAgain,
+                "Multiple keys request during rehashing of slot"
+            ),
+            Some(ClusterRefusal::TryAgain)
+        );
+        assert_eq!(
+            refusal(Server::ClusterDown, "The cluster is down"),
+            Some(ClusterRefusal::Unsettled)
+        );
+        assert_eq!(refusal(Server::NoScript, "No matching script"), None);
+        // An `ASK` without a node to go to is not followed.
+        assert_eq!(refusal(Server::Ask, "garbled"), None);
+        let moved = request(
+            (
+                redis::ErrorKind::Server(Server::Moved),
+                "moved",
+                "3999 127.0.0.1:7001".to_string(),
+            )
+                .into(),
+        );
+        assert!(!moved.is_refusal() && !moved.is_broken_connection());
     }
 
     #[cfg(feature = "tls")]

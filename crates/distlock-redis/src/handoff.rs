@@ -12,7 +12,7 @@
 //! failed release is.
 
 use distlock_core::raw::{AcquireRequest, Grant, HandOff, Released};
-use distlock_core::{FencingToken, Result};
+use distlock_core::{FencingToken, LockKind, Result};
 
 use crate::acquire::{parse_acquire, Outcome, RedisAcquisition};
 use crate::backend::RedisLease;
@@ -75,8 +75,9 @@ impl RedisBackend {
         next: &AcquireRequest,
     ) -> Result<HandOff<RedisLease>> {
         // An undo or release of the next owner's still on its way would delete a grant made now; its
-        // own acquire waits for that, so it acquires as usual.
-        if self.inner.pending.is_pending(name, &next.owner) {
+        // own acquire waits for that, so it acquires as usual. The script hands on a mutex only (the
+        // core hands on between holds of one kind: a write lock's next writer acquires as usual).
+        if lease.kind != LockKind::Mutex || self.inner.pending.is_pending(name, &next.owner) {
             return Ok(HandOff::Released(
                 self.release_held(lease, name, owner).await?,
             ));
@@ -92,19 +93,24 @@ impl RedisBackend {
             Ok(Outcome::Granted { token, pttl }) => {
                 undo.armed = false;
                 Ok(HandOff::Handed(
-                    Grant::new(RedisLease { lease: next.lease })
-                        .with_token(FencingToken::new(token))
-                        .with_ttl(pttl.unwrap_or(next.lease).min(next.lease)),
+                    Grant::new(RedisLease {
+                        lease: next.lease,
+                        kind: LockKind::Mutex,
+                    })
+                    .with_token(FencingToken::new(token))
+                    .with_ttl(pttl.unwrap_or(next.lease).min(next.lease)),
                 ))
             }
-            Ok(Outcome::Busy { .. }) if !undo.sent.resent => {
+            Ok(Outcome::Busy { .. } | Outcome::Conflict { .. } | Outcome::LimitMismatch { .. })
+                if !undo.sent.resent =>
+            {
                 undo.armed = false;
                 Ok(HandOff::Released(Released::NotHeld))
             }
             // Sent again after a broken connection, and nothing of the old owner's found: the first
             // attempt may have handed the lock on (the undo takes back that grant), or the hold had
             // gone. As a release's resend, the outcome is unknown.
-            Ok(Outcome::Busy { .. }) => Err(RedisError::ReleaseOutcomeUnknown {
+            Ok(_) => Err(RedisError::ReleaseOutcomeUnknown {
                 target: self.inner.target.shown.clone(),
             }
             .into_core(Some(name))),

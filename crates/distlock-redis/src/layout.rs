@@ -1,12 +1,59 @@
 //! The on-server layout, all of it: keys, channels, the brace rule, and every Lua script. It is
-//! Redisson's `RLock` / `RFencedLock` layout on purpose, so a Java service using Redisson and a Rust
-//! service using distlock exclude each other on one name and wake each other's waiters.
+//! Redisson's `RLock` / `RFencedLock`, `RReadWriteLock` and `RPermitExpirableSemaphore` layout on
+//! purpose, so a Java service using Redisson and a Rust service using distlock exclude each other on
+//! one name (of one kind) and wake each other's waiters.
 //!
 //! | what | key or channel | content |
 //! |---|---|---|
 //! | the lock | `NAME` (the lock name, raw) | a hash: field = owner id, value = hold count (1 for distlock), `PEXPIRE` = lease |
-//! | fencing counter | `redisson_lock_token:{NAME}` | an integer, `INCR`ed by every grant |
+//! | fencing counter | `redisson_lock_token:{NAME}` | an integer, `INCR`ed by every mutex, write and permit grant |
 //! | release channel | `redisson_lock__channel:{NAME}` | `0` published on every release |
+//! | read-write lock | `NAME` | a hash: `mode` = `read` or `write`; field `<owner>` = a reader's hold count (1 for distlock); field `<owner>:write` = the writer's; `PEXPIRE` = the longest lease |
+//! | a reader's hold *k* | `{NAME}:<owner>:rwlock_timeout:<k>` | `1`, `PEXPIRE` = that reader's lease (distlock: `k` = 1) |
+//! | read-write channel | `redisson_rwlock:{NAME}` | `0` on the last reader's release, `1` on a writer's release and a downgrade |
+//! | semaphore | `NAME` | an integer string: the permits available (no expiry: kept with the limit) |
+//! | its permits | `{NAME}:timeout` | a sorted set: member = a permit id's 16 raw bytes, score = its expiry in epoch ms (the server's `TIME` for distlock's) |
+//! | semaphore channel | `redisson_sc:{NAME}` | the new count of available permits, on every release and reclaim |
+//!
+//! A name is one kind at a time: a hash without `mode` is a mutex, a hash with `mode` a read-write
+//! lock, an integer string a semaphore, and every acquire script answers [`KIND_CONFLICT`] for
+//! another kind's object instead of a grant (Redisson's own `RLock` sees a read-write lock's hash as
+//! held). A semaphore's limit is the counter plus the permits held (Redisson's `getPermits`), set with
+//! the first permit and kept as long as the counter: to use another limit, or the name as another
+//! kind, delete `NAME` and `{NAME}:timeout` while no permit is held (or call Redisson's `setPermits`).
+//!
+//! ```
+//! use distlock_redis::layout;
+//! let owner = "7c9e6679-7425-40de-944b-e07fc1f90ae7:1";
+//! assert_eq!(layout::rw_channel("cfg"), "redisson_rwlock:{cfg}");
+//! assert_eq!(layout::write_field(owner), format!("{owner}:write"));
+//! assert_eq!(
+//!     layout::read_timeout_prefix("cfg", owner),
+//!     format!("{{cfg}}:{owner}:rwlock_timeout")
+//! );
+//! assert_eq!(layout::suffix_base("cfg"), "{cfg}");
+//! assert_eq!(layout::semaphore_channel("workers"), "redisson_sc:{workers}");
+//! assert_eq!(layout::semaphore_timeout_key("workers"), "{workers}:timeout");
+//! // A name with braces keeps its own hash tag in every key.
+//! assert_eq!(layout::semaphore_timeout_key("{t}w"), "{t}w:timeout");
+//! assert_eq!(layout::read_timeout_prefix("{t}c", "o:1"), "{t}c:o:1:rwlock_timeout");
+//! // A permit id: 16 bytes from the owner, shown as 32 hex digits (Redisson's form).
+//! let id = layout::permit_id(owner);
+//! assert_eq!(layout::permit_hex(&id).len(), 32);
+//! assert_ne!(id, layout::permit_id("7c9e6679-7425-40de-944b-e07fc1f90ae7:2"));
+//! // Every key of each kind is in the name's Cluster slot.
+//! for name in ["cfg", "{t}c", "ü"] {
+//!     let slot = layout::hash_slot(name.as_bytes());
+//!     for key in [
+//!         layout::rw_channel(name),
+//!         layout::read_timeout_prefix(name, owner) + ":1",
+//!         layout::semaphore_channel(name),
+//!         layout::semaphore_timeout_key(name),
+//!     ] {
+//!         assert_eq!(layout::hash_slot(key.as_bytes()), slot, "{key}");
+//!     }
+//! }
+//! ```
 //!
 //! The `{…}` around `NAME` is Redisson's `prefixName` rule: braces are added only when the name has no
 //! `{` already, so that the lock, its counter and its channel hash to one Cluster slot (scripts touch
@@ -161,8 +208,8 @@ pub fn hash_slot(key: &[u8]) -> u16 {
     crc % 16384
 }
 
-/// Whether the lock's keys share one slot: true unless the name has a `{` but no valid hash tag (then
-/// the lock key hashes whole and the prefixed keys hash differently).
+/// Whether the lock's keys (of every kind) share one slot: true unless the name has a `{` but no valid
+/// hash tag (then the lock key hashes whole and the prefixed and suffixed keys hash differently).
 ///
 /// ```
 /// use distlock_redis::layout::keys_share_slot;
@@ -173,39 +220,69 @@ pub fn hash_slot(key: &[u8]) -> u16 {
 /// ```
 pub fn keys_share_slot(name: &str) -> bool {
     let slot = hash_slot(name.as_bytes());
-    slot == hash_slot(token_key(name).as_bytes()) && slot == hash_slot(channel(name).as_bytes())
+    [
+        token_key(name),
+        channel(name),
+        rw_channel(name),
+        suffix_base(name),
+        semaphore_channel(name),
+        semaphore_timeout_key(name),
+    ]
+    .iter()
+    .all(|key| hash_slot(key.as_bytes()) == slot)
 }
 
 /// Acquire. `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the lease in ms, `ARGV[2]` the owner.
 /// Returns `{1, token, lease}` on a grant and `{0, 0, pttl}` when held elsewhere (`pttl` −1 for a key
-/// without expiry).
+/// without expiry); `{-1, 2, 0}` when the name is a read-write lock's hash (it has a `mode` field) and
+/// `{-1, 3, 0}` when it is a semaphore's permit counter (an integer string): [`KIND_CONFLICT`], never a
+/// grant beside them. Any other type at the key fails the script with the server's `WRONGTYPE`.
 ///
 /// The same test as Redisson's (`exists == 0`, or this owner's field is there), so the two exclude each
-/// other. `INCR` runs first, so a counter that is not an integer fails the script before it writes
-/// anything. When the field is already this owner's (a retry after a lost reply) the hold is refreshed
+/// other. Only a busy try asks what holds the name (`TYPE`, and `mode` in a hash), so a grant runs the
+/// same nested calls as before (`hexists` through `pcall`: on a string it answers an error, not 1, and
+/// the busy branch says what the string is). `INCR` runs first, so a counter that is not an integer
+/// fails the script before it writes anything. When the field is already this owner's (a retry after a lost reply) the hold is refreshed
 /// and a new, greater token minted, as `RFencedLock` does on re-entry. A grant answers the lease it
 /// just set rather than asking `PTTL` (a nested call fewer per acquire, issue 9): the script's clock
 /// is frozen while it runs (Redis ≥ 7; before, `PTTL` could only be lower by the script's own
 /// run time), and the client takes the lower of the reply and the lease anyway.
 pub const ACQUIRE: &str = r"
-if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+if (redis.call('exists', KEYS[1]) == 0) or (redis.pcall('hexists', KEYS[1], ARGV[2]) == 1) then
     local token = redis.call('incr', KEYS[2]);
     redis.call('hset', KEYS[1], ARGV[2], 1);
     redis.call('pexpire', KEYS[1], ARGV[1]);
     return {1, token, tonumber(ARGV[1])};
 end;
-return {0, 0, redis.call('pttl', KEYS[1])};
+local t = redis.call('type', KEYS[1]).ok;
+if t == 'hash' then
+    if redis.call('hexists', KEYS[1], 'mode') == 1 then
+        return {-1, 2, 0};
+    end;
+    return {0, 0, redis.call('pttl', KEYS[1])};
+end;
+if t == 'string' and tonumber(redis.call('get', KEYS[1])) ~= nil then
+    return {-1, 3, 0};
+end;
+return redis.call('hexists', KEYS[1], ARGV[2]);
 ";
 
-/// Release (also the undo of an abandoned acquire). `KEYS[1]` the lock, `KEYS[2]` the channel;
-/// `ARGV[1]` the owner, `ARGV[2]` the publish command (`publish` or `spublish`), `ARGV[3]` the message.
-/// Deletes the lock and publishes only if this owner's field is there: 1, else 0.
+/// Release (also the undo of an abandoned acquire). `KEYS[1]` the lock; `ARGV[1]` the owner, `ARGV[2]`
+/// the publish command (`publish` or `spublish`), `ARGV[3]` the message, `ARGV[4]` the channel.
+/// Deletes the lock and publishes only if this owner's field is there: 1, else 0 (also when the key now
+/// holds another kind's type: `pcall`, so a semaphore's counter there is "not held", not `WRONGTYPE`).
+///
+/// The channel is an argument, not a key (Redisson's unlock script declares it as `KEYS[2]`): in
+/// Cluster, a slot under migration serves a script only if every key it declares is on the node
+/// (else `TRYAGAIN`), and a channel is never a key anywhere, so a release declaring it could not run
+/// on either node until the migration ended. The channel is in the lock's slot (see
+/// [`keys_share_slot`]), which Cluster checks for a script's undeclared keys too.
 pub const RELEASE: &str = r"
-if (redis.call('hexists', KEYS[1], ARGV[1]) == 0) then
+if (redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1) then
     return 0;
 end;
 redis.call('del', KEYS[1]);
-redis.call(ARGV[2], KEYS[2], ARGV[3]);
+redis.call(ARGV[2], ARGV[4], ARGV[3]);
 return 1;
 ";
 
@@ -247,6 +324,669 @@ end;
 return 0;
 ";
 
+// ---------------------------------------------------------------------------------------------
+// Read-write lock: Redisson's `RReadWriteLock` (RedissonReadLock.java, RedissonWriteLock.java,
+// renewal/ReadLockTask.java).
+
+/// What one acquire script says when the name is in use as another kind: `{KIND_CONFLICT, kind, 0}`,
+/// `kind` one of [`IN_USE_MUTEX`], [`IN_USE_READ_WRITE`], [`IN_USE_SEMAPHORE`].
+pub const KIND_CONFLICT: i64 = -1;
+
+/// What the permit acquire script says when the semaphore's limit is not the one asked for:
+/// `{LIMIT_MISMATCH, stored limit, 0}`.
+pub const LIMIT_MISMATCH: i64 = -2;
+
+/// The name is a mutex: a hash without `mode` (Redisson's `RLock`).
+pub const IN_USE_MUTEX: i64 = 1;
+/// The name is a read-write lock: a hash with `mode` (Redisson's `RReadWriteLock`).
+pub const IN_USE_READ_WRITE: i64 = 2;
+/// The name is a semaphore: an integer string, its available permits (Redisson's
+/// `RPermitExpirableSemaphore`).
+pub const IN_USE_SEMAPHORE: i64 = 3;
+
+/// A write release's message: Redisson's `LockPubSub.READ_UNLOCK_MESSAGE` (its waiters all wake).
+pub const READ_UNLOCK_MESSAGE: &str = "1";
+
+/// Prefix of the read-write lock's channel.
+pub const RW_CHANNEL_PREFIX: &str = "redisson_rwlock";
+
+/// What follows the owner in the write side's field: `<owner>:write`.
+pub const WRITE_SUFFIX: &str = ":write";
+
+/// What follows `<owner>` in a read hold's timeout keys: `{NAME}:<owner>:rwlock_timeout:<k>`.
+pub const RW_TIMEOUT_SUFFIX: &str = ":rwlock_timeout";
+
+/// Redisson's `RedissonObject.suffixName`: `{name}:suffix`, or `name:suffix` when the name already has a
+/// `{` (the mirror of [`prefix_name`], so both keep the name's hash tag).
+///
+/// ```
+/// assert_eq!(distlock_redis::layout::suffix_name("x", "timeout"), "{x}:timeout");
+/// assert_eq!(distlock_redis::layout::suffix_name("a{b}", "timeout"), "a{b}:timeout");
+/// ```
+pub fn suffix_name(name: &str, suffix: &str) -> String {
+    let mut key = suffix_base(name);
+    key.push(':');
+    key.push_str(suffix);
+    key
+}
+
+/// The part of [`suffix_name`] before `:suffix`: `{NAME}`, or the name when it has a `{`. Redisson
+/// passes it to its read release as the prefix of every reader's timeout keys (`getKeyPrefix`).
+///
+/// ```
+/// assert_eq!(distlock_redis::layout::suffix_base("x"), "{x}");
+/// assert_eq!(distlock_redis::layout::suffix_base("{t}x"), "{t}x");
+/// ```
+pub fn suffix_base(name: &str) -> String {
+    if name.contains('{') {
+        name.to_string()
+    } else {
+        let mut key = String::with_capacity(name.len() + 2);
+        key.push('{');
+        key.push_str(name);
+        key.push('}');
+        key
+    }
+}
+
+/// The read-write lock's channel: `redisson_rwlock:{NAME}`.
+pub fn rw_channel(name: &str) -> String {
+    prefix_name(RW_CHANNEL_PREFIX, name)
+}
+
+/// The write side's field in the hash: `<owner>:write` (the read side's is the owner itself).
+pub fn write_field(owner: &str) -> String {
+    let mut field = String::with_capacity(owner.len() + WRITE_SUFFIX.len());
+    field.push_str(owner);
+    field.push_str(WRITE_SUFFIX);
+    field
+}
+
+/// The prefix of a reader's timeout keys: `{NAME}:<owner>:rwlock_timeout` (Redisson's
+/// `getReadWriteTimeoutNamePrefix`); hold *k* has the key `…:k`, distlock's one hold `…:1`.
+pub fn read_timeout_prefix(name: &str, owner: &str) -> String {
+    let mut key = suffix_name(name, owner);
+    key.push_str(RW_TIMEOUT_SUFFIX);
+    key
+}
+
+// The text of [`ELSEWHERE`], for `concat!` into the scripts that start with it.
+macro_rules! elsewhere_lua {
+    () => {
+        r"
+local function elsewhere(keys)
+    for i = 1, #keys, 100 do
+        local r = redis.pcall('exists', KEYS[1], unpack(keys, i, math.min(i + 99, #keys)));
+        if type(r) == 'table' then
+            if string.find(tostring(r.err), 'non local key', 1, true) then
+                return redis.error_reply('TRYAGAIN a key of this lock is on the other node of its slot migration');
+            end;
+            return r;
+        end;
+    end;
+    return nil;
+end;
+"
+    };
+}
+
+/// Lua, the start of every script that touches keys it cannot declare (a reader's timeout keys, found
+/// in the hash or named by an argument): `elsewhere(keys)` is `nil` when every one of `keys` is on
+/// this node, else the reply the script gives instead, before its first write: `TRYAGAIN`, which
+/// distlock's client sends again (within the request's timeout), or another error, passed on.
+///
+/// In Cluster, a slot under migration has each of its keys on one of two nodes; Redis runs a script
+/// there only if every key it *declares* is on the node (else `TRYAGAIN`, or `ASK` when none is), and
+/// a key the script did not declare is not checked the same way: on the source, a command on one that
+/// has moved fails the script half-way ("non local key"); on the target (after `ASKING`), a command on
+/// one that has not moved yet runs on nothing (a reader still holding would look expired). A command
+/// on several keys is checked on both nodes (refused if one of them is not there), so
+/// `EXISTS KEYS[1] key…` tells, without writing anything. Outside a migration it always runs: a missing
+/// key is just missing. So a script sees all its keys or answers `TRYAGAIN`: during a migration it
+/// waits until the keys it needs are on one node (at the latest, the hand-over), never a wrong answer.
+///
+/// ```
+/// use distlock_redis::layout;
+/// // Every script that reads or writes a reader's timeout keys starts with it.
+/// for script in [
+///     layout::READ_ACQUIRE,
+///     layout::READ_RELEASE,
+///     layout::DOWNGRADE,
+///     layout::READ_RENEW,
+///     layout::INSPECT,
+/// ] {
+///     assert!(script.starts_with(layout::ELSEWHERE));
+/// }
+/// // The others touch only what they declare.
+/// for script in [layout::ACQUIRE, layout::RELEASE, layout::WRITE_ACQUIRE, layout::PERMIT_ACQUIRE] {
+///     assert!(!script.contains("elsewhere"));
+/// }
+/// ```
+pub const ELSEWHERE: &str = elsewhere_lua!();
+
+/// Read acquire. `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the lease in ms, `ARGV[2]` the
+/// owner, `ARGV[3]` its write field, `ARGV[4]` its timeout prefix ([`read_timeout_prefix`]).
+/// `{1, token, lease}` on a grant, where `token` is the token key's value (the last write or mutex
+/// grant's; 0 if none), `{0, 0, pttl}` while a writer holds, [`KIND_CONFLICT`] for a mutex's hash or
+/// a semaphore's counter.
+///
+/// Redisson's `RedissonReadLock.tryLockInnerAsync`: no `mode` → `mode=read`, the owner's field 1, its
+/// timeout key `:1` with the lease, the hash's `PEXPIRE`; `mode == read`, or `write` held by this same
+/// owner (Redisson's read under its own write) → one more hold, and the hash kept for
+/// `max(pttl, lease)`; else the pttl. distlock keeps the hold count at 1 (reentrancy is counted in the
+/// process): a field already this owner's is a resend after a lost reply, whose timeout keys are set
+/// again, not a second hold. A hash without `mode` is a mutex (`RLock`), never free.
+///
+/// Cluster: the timeout prefix is an argument (Redisson declares it as a key, but no key has that
+/// name), the timeout keys are checked with [`ELSEWHERE`]; the token key is declared, so a read
+/// acquire never runs where the hash is and the counter is not (it would read no token). In a
+/// migrating slot a new read hold therefore waits (`TRYAGAIN`) for the hand-over, as a mutex's acquire
+/// of a free lock does.
+pub const READ_ACQUIRE: &str = concat!(
+    elsewhere_lua!(),
+    r"
+local t = redis.call('type', KEYS[1]).ok;
+if t == 'string' and tonumber(redis.call('get', KEYS[1])) ~= nil then
+    return {-1, 3, 0};
+end;
+local mode = redis.call('hget', KEYS[1], 'mode');
+if mode == false then
+    if t == 'hash' then
+        return {-1, 1, 0};
+    end;
+    local moved = elsewhere({ARGV[4] .. ':1'});
+    if moved then
+        return moved;
+    end;
+    redis.call('hset', KEYS[1], 'mode', 'read', ARGV[2], 1);
+    redis.call('set', ARGV[4] .. ':1', 1, 'px', ARGV[1]);
+    redis.call('pexpire', KEYS[1], ARGV[1]);
+    return {1, tonumber(redis.call('get', KEYS[2])) or 0, tonumber(ARGV[1])};
+end;
+if (mode == 'read') or (mode == 'write' and redis.call('hexists', KEYS[1], ARGV[3]) == 1) then
+    local count = tonumber(redis.call('hget', KEYS[1], ARGV[2]));
+    local keys = {};
+    for i = count or 1, 1, -1 do
+        keys[#keys + 1] = ARGV[4] .. ':' .. i;
+    end;
+    local moved = elsewhere(keys);
+    if moved then
+        return moved;
+    end;
+    if count == nil then
+        count = redis.call('hincrby', KEYS[1], ARGV[2], 1);
+        redis.call('set', ARGV[4] .. ':' .. count, 1, 'px', ARGV[1]);
+    else
+        for i = count, 1, -1 do
+            redis.call('set', ARGV[4] .. ':' .. i, 1, 'px', ARGV[1]);
+        end;
+    end;
+    local remain = redis.call('pttl', KEYS[1]);
+    redis.call('pexpire', KEYS[1], math.max(remain, tonumber(ARGV[1])));
+    return {1, tonumber(redis.call('get', KEYS[2])) or 0, tonumber(ARGV[1])};
+end;
+return {0, 0, redis.call('pttl', KEYS[1])};
+"
+);
+
+/// Write acquire. `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the lease in ms, `ARGV[2]` the
+/// owner's write field. `{1, token, lease}` on a grant (`INCR` of the token key, first, as the mutex's),
+/// `{0, 0, pttl}` while anyone else holds (readers included: no upgrade), [`KIND_CONFLICT`] for a
+/// mutex's hash or a semaphore's counter.
+///
+/// Redisson's `RedissonWriteLock.tryLockInnerAsync`: no `mode` → `mode=write`, the field 1, `PEXPIRE`;
+/// `mode == write` with this field → a resend after a lost reply (distlock keeps the count at 1): the
+/// hold refreshed and a new token minted, as the mutex's; else the pttl.
+pub const WRITE_ACQUIRE: &str = r"
+local t = redis.call('type', KEYS[1]).ok;
+if t == 'string' and tonumber(redis.call('get', KEYS[1])) ~= nil then
+    return {-1, 3, 0};
+end;
+local mode = redis.call('hget', KEYS[1], 'mode');
+if mode == false then
+    if t == 'hash' then
+        return {-1, 1, 0};
+    end;
+    local token = redis.call('incr', KEYS[2]);
+    redis.call('hset', KEYS[1], 'mode', 'write', ARGV[2], 1);
+    redis.call('pexpire', KEYS[1], ARGV[1]);
+    return {1, token, tonumber(ARGV[1])};
+end;
+if mode == 'write' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+    local token = redis.call('incr', KEYS[2]);
+    redis.call('pexpire', KEYS[1], ARGV[1]);
+    return {1, token, tonumber(ARGV[1])};
+end;
+return {0, 0, redis.call('pttl', KEYS[1])};
+";
+
+/// Read release (also the undo of an abandoned read acquire). `KEYS[1]` the lock; `ARGV[1]` the owner,
+/// `ARGV[2]` the publish command, `ARGV[3]` the message ([`UNLOCK_MESSAGE`]), `ARGV[4]` the channel,
+/// `ARGV[5]` this owner's timeout prefix, `ARGV[6]` [`suffix_base`] (every reader's timeout keys start
+/// with it). 1 if this owner's read hold was there, else 0.
+///
+/// Redisson's `RedissonReadLock.unlockInnerAsync` without its unlock latch: the owner's field goes
+/// (all its holds: distlock's is one, but the same field of a Redisson reader may count more) with
+/// its timeout keys; if other fields remain, every other reader's timeout keys are read (Redisson
+/// readers may hold several each) and the hash kept for the longest of them; if none is alive (readers
+/// that crashed, their keys expired) the hash goes, as when this was the last reader: `DEL` and
+/// publish. Under `mode == write` (a Redisson writer's own reads) the writer keeps it. A write field
+/// has no timeout keys (Redisson reads `…:<owner>:write:rwlock_timeout:1`, never there: −2).
+///
+/// Cluster: the channel, the prefix and the base are arguments (Redisson declares them as keys; no
+/// key has those names); every timeout key it reads or deletes is looked up first, and found all on
+/// this node ([`ELSEWHERE`]), before anything is written: during a slot migration a reader whose
+/// key has not moved with the hash is never taken for expired.
+pub const READ_RELEASE: &str = concat!(
+    elsewhere_lua!(),
+    r"
+local mode = redis.pcall('hget', KEYS[1], 'mode');
+if type(mode) ~= 'string' then
+    return 0;
+end;
+local count = tonumber(redis.call('hget', KEYS[1], ARGV[1]));
+if count == nil then
+    return 0;
+end;
+local keys = {};
+for i = count, 1, -1 do
+    keys[#keys + 1] = ARGV[5] .. ':' .. i;
+end;
+local others = {};
+for _, field in ipairs(redis.call('hkeys', KEYS[1])) do
+    if field ~= ARGV[1] and string.sub(field, -6) ~= ':write' then
+        local counter = tonumber(redis.call('hget', KEYS[1], field));
+        if counter ~= nil then
+            for i = counter, 1, -1 do
+                local key = ARGV[6] .. ':' .. field .. ':rwlock_timeout:' .. i;
+                keys[#keys + 1] = key;
+                others[#others + 1] = key;
+            end;
+        end;
+    end;
+end;
+local moved = elsewhere(keys);
+if moved then
+    return moved;
+end;
+redis.call('hdel', KEYS[1], ARGV[1]);
+for i = count, 1, -1 do
+    redis.call('del', ARGV[5] .. ':' .. i);
+end;
+if redis.call('hlen', KEYS[1]) > 1 then
+    local maxRemainTime = -3;
+    for _, key in ipairs(others) do
+        maxRemainTime = math.max(redis.call('pttl', key), maxRemainTime);
+    end;
+    if maxRemainTime > 0 then
+        redis.call('pexpire', KEYS[1], maxRemainTime);
+        return 1;
+    end;
+    if mode == 'write' then
+        return 1;
+    end;
+end;
+redis.call('del', KEYS[1]);
+redis.call(ARGV[2], ARGV[4], ARGV[3]);
+return 1;
+"
+);
+
+/// Write release (also the undo of an abandoned write acquire). `KEYS[1]` the lock; `ARGV[1]` the
+/// owner's write field, `ARGV[2]` the publish command, `ARGV[3]` the message
+/// ([`READ_UNLOCK_MESSAGE`]), `ARGV[4]` the channel (an argument: see [`RELEASE`]). 1 if this owner
+/// held the write lock, else 0.
+///
+/// Redisson's `RedissonWriteLock.unlockInnerAsync` without its latch, the whole field at once (count
+/// 1): the hash goes if nothing else is in it, else (a Redisson writer's own read holds) it turns to
+/// `mode=read`. distlock publishes in both cases; Redisson publishes nothing on the second, and its
+/// waiters then wake at their pttl.
+pub const WRITE_RELEASE: &str = r"
+if redis.pcall('hget', KEYS[1], 'mode') ~= 'write' then
+    return 0;
+end;
+if redis.call('hdel', KEYS[1], ARGV[1]) == 0 then
+    return 0;
+end;
+if redis.call('hlen', KEYS[1]) == 1 then
+    redis.call('del', KEYS[1]);
+else
+    redis.call('hset', KEYS[1], 'mode', 'read');
+end;
+redis.call(ARGV[2], ARGV[4], ARGV[3]);
+return 1;
+";
+
+/// Downgrade: this owner's write hold becomes its read hold in one step. `KEYS[1]` the lock; `ARGV[1]`
+/// the read lease in ms, `ARGV[2]` the owner, `ARGV[3]` its write field, `ARGV[4]` the publish command,
+/// `ARGV[5]` the message ([`READ_UNLOCK_MESSAGE`]: other readers may come in), `ARGV[6]` the channel,
+/// `ARGV[7]` its timeout prefix. `{1, 0, lease}` done (the token is the write grant's, which the caller
+/// keeps), `{0, 0, 0}` when this owner's write hold is gone.
+///
+/// Redisson's own downgrade in one script: the writer's read acquire (allowed under its own write: a
+/// field and its timeout key `:1`), then its write release (the write field goes, `mode=read`). A
+/// resend after a lost reply finds it done (`mode=read`, this owner's read field and no write field;
+/// nobody else uses the owner's fields) and answers the same. The timeout key is checked with
+/// [`ELSEWHERE`] (in a migrating slot the downgrade waits for the hand-over, a new key's).
+pub const DOWNGRADE: &str = concat!(
+    elsewhere_lua!(),
+    r"
+local mode = redis.pcall('hget', KEYS[1], 'mode');
+if mode == 'read' and redis.call('hexists', KEYS[1], ARGV[3]) == 0
+        and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+    local moved = elsewhere({ARGV[7] .. ':1'});
+    if moved then
+        return moved;
+    end;
+    redis.call('set', ARGV[7] .. ':1', 1, 'px', ARGV[1]);
+    redis.call('pexpire', KEYS[1], math.max(redis.call('pttl', KEYS[1]), tonumber(ARGV[1])));
+    return {1, 0, tonumber(ARGV[1])};
+end;
+if mode ~= 'write' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
+    return {0, 0, 0};
+end;
+local count = (tonumber(redis.call('hget', KEYS[1], ARGV[2])) or 0) + 1;
+local moved = elsewhere({ARGV[7] .. ':' .. count});
+if moved then
+    return moved;
+end;
+redis.call('hincrby', KEYS[1], ARGV[2], 1);
+redis.call('set', ARGV[7] .. ':' .. count, 1, 'px', ARGV[1]);
+redis.call('hdel', KEYS[1], ARGV[3]);
+redis.call('hset', KEYS[1], 'mode', 'read');
+local remain = redis.call('pttl', KEYS[1]);
+redis.call('pexpire', KEYS[1], math.max(remain, tonumber(ARGV[1])));
+redis.call(ARGV[4], ARGV[6], ARGV[5]);
+return {1, 0, tonumber(ARGV[1])};
+"
+);
+
+/// Read renew. `KEYS[1]` the lock; `ARGV[1]` the ttl in ms, `ARGV[2]` the owner, `ARGV[3]` its timeout
+/// prefix. 1 = extended; 0 = no read hold of this owner's; −1 = no key; −2 = another type; −3 = the
+/// hold's timeout key expired (the hold no longer counts: a reader's release may already have deleted
+/// the hash under it, or will).
+///
+/// Redisson's `ReadLockTask` for one owner: every timeout key of its field `PEXPIRE`d, then the hash,
+/// here for `max(pttl, ttl)` so that a reader with a short lease never cuts the hash under one with a
+/// longer lease (Redisson's clients all renew to one watchdog lease; distlock's leases vary). The
+/// timeout keys are checked with [`ELSEWHERE`] first: one not moved with the hash yet is not −3.
+pub const READ_RENEW: &str = concat!(
+    elsewhere_lua!(),
+    r"
+local t = redis.call('type', KEYS[1]).ok;
+if t == 'none' then
+    return -1;
+end;
+if t ~= 'hash' then
+    return -2;
+end;
+local count = tonumber(redis.call('hget', KEYS[1], ARGV[2]));
+if count == nil then
+    return 0;
+end;
+local keys = {};
+for i = count, 1, -1 do
+    keys[#keys + 1] = ARGV[3] .. ':' .. i;
+end;
+local moved = elsewhere(keys);
+if moved then
+    return moved;
+end;
+for i = count, 1, -1 do
+    if redis.call('pexpire', ARGV[3] .. ':' .. i, ARGV[1]) == 0 then
+        return -3;
+    end;
+end;
+local remain = redis.call('pttl', KEYS[1]);
+redis.call('pexpire', KEYS[1], math.max(remain, tonumber(ARGV[1])));
+return 1;
+"
+);
+
+// ---------------------------------------------------------------------------------------------
+// Semaphore: Redisson's `RPermitExpirableSemaphore` (RedissonPermitExpirableSemaphore.java).
+
+/// Prefix of the semaphore's channel.
+pub const SEMAPHORE_CHANNEL_PREFIX: &str = "redisson_sc";
+
+/// Redisson's `nonExpirableTimeout`: the score of a permit taken without a lease. Such a permit is
+/// never reclaimed; a waiter behind it wakes on a release message (and tries again every 5 s).
+pub const NON_EXPIRABLE: i64 = 922_337_203_685_477;
+
+/// The semaphore's channel: `redisson_sc:{NAME}`.
+pub fn semaphore_channel(name: &str) -> String {
+    prefix_name(SEMAPHORE_CHANNEL_PREFIX, name)
+}
+
+/// The semaphore's permits: the sorted set `{NAME}:timeout`, member = a permit id's 16 raw bytes,
+/// score = its expiry in epoch ms.
+pub fn semaphore_timeout_key(name: &str) -> String {
+    suffix_name(name, "timeout")
+}
+
+/// A permit's id: 16 bytes, the first 16 of SHA-1 of the owner id (each permit of distlock's has an
+/// owner of its own, so ids are distinct; being derived, an undo, a release or a renewal needs only the
+/// owner). Redisson's ids are 16 random bytes; the sorted set holds both kinds alike.
+pub fn permit_id(owner: &str) -> [u8; 16] {
+    use sha1::{Digest, Sha1};
+    let digest = Sha1::digest(owner.as_bytes());
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest[..16]);
+    id
+}
+
+/// A permit id as Redisson hands it out (`ByteBufUtil.hexDump`): 32 lowercase hex digits. What
+/// `LockGuard::permit()` and `DISTLOCK_PERMIT` show, and what Redisson's `release(permitId)` takes.
+///
+/// ```
+/// use distlock_redis::layout::{permit_hex, permit_id};
+/// assert_eq!(permit_hex(&permit_id("abc")), "a9993e364706816aba3e25717850c26c");
+/// ```
+pub fn permit_hex(id: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut hex = String::with_capacity(id.len() * 2);
+    for byte in id {
+        // Writing into a String cannot fail.
+        let _ = write!(hex, "{byte:02x}");
+    }
+    hex
+}
+
+/// Permit acquire. `KEYS[1]` the counter (`NAME`), `KEYS[2]` the permits ([`semaphore_timeout_key`]),
+/// `KEYS[3]` the token key; `ARGV[1]` the limit, `ARGV[2]` the lease in ms, `ARGV[3]` the permit id
+/// (raw), `ARGV[4]` the publish command, `ARGV[5]` the channel (an argument: see [`RELEASE`]).
+/// `{1, token, lease} on a grant (a new
+/// token each), `{0, 0, ms}` when every permit is taken (`ms` until the earliest expiry, −1 when none
+/// expires), `{LIMIT_MISMATCH, stored, 0}`, or [`KIND_CONFLICT`] for a mutex's or read-write lock's
+/// hash.
+///
+/// Redisson's `tryAcquireAsync`, with the server's clock (`TIME`) for its `now` and every expiry:
+/// expired permits are reclaimed first (removed, the counter `INCRBY` their number, the new count
+/// published, as Redisson does); a counter that does not exist is set as `trySetPermits` does (`SET`
+/// of the limit, less permits somehow still in the set, so the bound holds even then); the stored
+/// limit is the counter plus the permits in the set (what Redisson's `getPermits` answers), and
+/// another limit is refused. Then `DECRBY 1` and `ZADD` of the id with `now + lease`, and the set
+/// given the counter's TTL if it has one (Redisson's). An id already in the set is a resend after a
+/// lost reply: its expiry is refreshed and a new token minted, no second permit taken. Not an
+/// integer at `NAME`: `WRONGTYPE`.
+///
+/// Cluster: it touches only its three keys, all declared, so in a migrating slot it runs where all
+/// three are, and is refused (`TRYAGAIN`) while they are split, or while one of them does not exist
+/// yet (the permits' set of a semaphore nobody holds: a new permit waits for the hand-over, as a
+/// mutex's acquire of a free lock does). Never on a node without the token counter.
+pub const PERMIT_ACQUIRE: &str = r"
+local t = redis.call('type', KEYS[1]).ok;
+if t == 'hash' then
+    if redis.call('hexists', KEYS[1], 'mode') == 1 then
+        return {-1, 2, 0};
+    end;
+    return {-1, 1, 0};
+end;
+local value = redis.call('get', KEYS[1]);
+if value ~= false and tonumber(value) == nil then
+    return redis.error_reply('WRONGTYPE the key holds a string that is not a permit counter');
+end;
+local time = redis.call('time');
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000);
+local expired = redis.call('zrangebyscore', KEYS[2], 0, now);
+for i = 1, #expired, 1000 do
+    redis.call('zrem', KEYS[2], unpack(expired, i, math.min(i + 999, #expired)));
+end;
+local limit = tonumber(ARGV[1]);
+local available;
+if value == false then
+    available = math.max(limit - redis.call('zcard', KEYS[2]), 0);
+    redis.call('set', KEYS[1], available);
+else
+    available = tonumber(value);
+    if #expired > 0 then
+        available = redis.call('incrby', KEYS[1], #expired);
+        if available > 0 then
+            redis.call(ARGV[4], ARGV[5], available);
+        end;
+    end;
+end;
+local stored = available + redis.call('zcard', KEYS[2]);
+if stored ~= limit then
+    return {-2, stored, 0};
+end;
+if redis.call('zscore', KEYS[2], ARGV[3]) ~= false then
+    local token = redis.call('incr', KEYS[3]);
+    redis.call('zadd', KEYS[2], now + tonumber(ARGV[2]), ARGV[3]);
+    return {1, token, tonumber(ARGV[2])};
+end;
+if available >= 1 then
+    local token = redis.call('incr', KEYS[3]);
+    redis.call('decrby', KEYS[1], 1);
+    redis.call('zadd', KEYS[2], now + tonumber(ARGV[2]), ARGV[3]);
+    local ttl = redis.call('pttl', KEYS[1]);
+    if ttl > 0 then
+        redis.call('pexpire', KEYS[2], ttl);
+    end;
+    return {1, token, tonumber(ARGV[2])};
+end;
+local first = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES');
+if first[2] ~= nil and tonumber(first[2]) < 922337203685477 then
+    return {0, 0, math.max(tonumber(first[2]) - now, 0)};
+end;
+return {0, 0, -1};
+";
+
+/// Permit release (also the undo of an abandoned permit acquire). `KEYS[1]` the counter, `KEYS[2]` the
+/// permits; `ARGV[1]` the permit id, `ARGV[2]` the publish command, `ARGV[3]` the channel (an
+/// argument: see [`RELEASE`]). 1 if the permit was in the set (removed, the counter `INCRBY 1`, the new
+/// count published: Redisson's `tryReleaseAsync`), else 0 (released already, or reclaimed after it
+/// expired). A permit whose expiry passed but that nobody reclaimed was still this owner's (only a
+/// reclaim frees it): 1. Cluster: both keys declared, so in a migrating slot it runs on the node that
+/// has both (after an `ASK`, on the target) and is refused (`TRYAGAIN`) while they are split.
+pub const PERMIT_RELEASE: &str = r"
+if redis.pcall('zrem', KEYS[2], ARGV[1]) ~= 1 then
+    return 0;
+end;
+local value = redis.call('incrby', KEYS[1], 1);
+redis.call(ARGV[2], ARGV[3], value);
+return 1;
+";
+
+/// Permit renew (Redisson's `updateLeaseTime`, on the server's clock). `KEYS[1]` the permits; `ARGV[1]`
+/// the ttl in ms, `ARGV[2]` the permit id. 1 = extended (`ZADD XX now + ttl`); 0 = not in the set (or no
+/// set: removing its last member deletes it); −2 = another type; −3 = its expiry has passed (anyone's
+/// next acquire may reclaim it).
+pub const PERMIT_RENEW: &str = r"
+local t = redis.call('type', KEYS[1]).ok;
+if t == 'none' then
+    return 0;
+end;
+if t ~= 'zset' then
+    return -2;
+end;
+local score = redis.call('zscore', KEYS[1], ARGV[2]);
+if score == false then
+    return 0;
+end;
+local time = redis.call('time');
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000);
+if tonumber(score) <= now then
+    return -3;
+end;
+redis.call('zadd', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[2]);
+return 1;
+";
+
+/// Inspect, read-only. `KEYS[1]` the name's key, `KEYS[2]` the token key, `KEYS[3]` the permits;
+/// `ARGV[1]` [`suffix_base`]. Returns `{kind, token, limit, holder, ms, holder, ms, …}`: `kind` is
+/// `none`, `mutex`, `write`, `read`, `permit` or the key's type; `token` the token key's value (`''`
+/// if none); `limit` a semaphore's (else 0); then each holder (the owner; a permit's raw id) with its
+/// remaining ms (a reader's: its longest timeout key; a permit's: expiry − `TIME`, −1 without
+/// expiry; negative when expired and not yet removed).
+///
+/// Cluster: in a migrating slot Redis runs it only where its three keys all are (a mutex has no
+/// permits' set: never), and the readers' timeout keys are checked with [`ELSEWHERE`]; otherwise
+/// `TRYAGAIN` or `ASK`, and the client reads each key where it is instead, one request per key.
+pub const INSPECT: &str = concat!(
+    elsewhere_lua!(),
+    r"
+local t = redis.call('type', KEYS[1]).ok;
+local out = {t, redis.call('get', KEYS[2]) or '', 0};
+if t == 'hash' then
+    local mode = redis.call('hget', KEYS[1], 'mode');
+    local pttl = redis.call('pttl', KEYS[1]);
+    out[1] = mode or 'mutex';
+    local readers, keys = {}, {};
+    for _, field in ipairs(redis.call('hkeys', KEYS[1])) do
+        local writer = string.sub(field, -6) == ':write';
+        if field == 'mode' then
+        elseif mode == false then
+            table.insert(out, field);
+            table.insert(out, pttl);
+        elseif mode == 'write' and writer then
+            table.insert(out, string.sub(field, 1, -7));
+            table.insert(out, pttl);
+        elseif mode == 'read' and not writer then
+            local own = {};
+            for i = tonumber(redis.call('hget', KEYS[1], field)) or 0, 1, -1 do
+                local key = ARGV[1] .. ':' .. field .. ':rwlock_timeout:' .. i;
+                table.insert(own, key);
+                table.insert(keys, key);
+            end;
+            table.insert(readers, {field, own});
+        end;
+    end;
+    local moved = elsewhere(keys);
+    if moved then
+        return moved;
+    end;
+    for _, reader in ipairs(readers) do
+        local remain = -2;
+        for _, key in ipairs(reader[2]) do
+            remain = math.max(remain, redis.call('pttl', key));
+        end;
+        table.insert(out, reader[1]);
+        table.insert(out, remain);
+    end;
+elseif t == 'string' then
+    local available = tonumber(redis.call('get', KEYS[1]));
+    if available ~= nil then
+        local time = redis.call('time');
+        local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000);
+        local held = redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES');
+        out[1] = 'permit';
+        out[3] = available + #held / 2;
+        for i = 1, #held, 2 do
+            local score = tonumber(held[i + 1]);
+            table.insert(out, held[i]);
+            if score >= 922337203685477 then
+                table.insert(out, -1);
+            else
+                table.insert(out, score - now);
+            end;
+        end;
+    end;
+end;
+return out;
+"
+);
+
 /// The scripts, compiled once (redis-rs sends `EVALSHA` and falls back to `EVAL` on `NOSCRIPT`).
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -254,6 +994,16 @@ pub(crate) struct Scripts {
     pub(crate) release: Script,
     pub(crate) renew: Script,
     pub(crate) hand_off: Script,
+    pub(crate) read_acquire: Script,
+    pub(crate) write_acquire: Script,
+    pub(crate) read_release: Script,
+    pub(crate) write_release: Script,
+    pub(crate) downgrade: Script,
+    pub(crate) read_renew: Script,
+    pub(crate) permit_acquire: Script,
+    pub(crate) permit_release: Script,
+    pub(crate) permit_renew: Script,
+    pub(crate) inspect: Script,
 }
 
 impl Scripts {
@@ -263,7 +1013,37 @@ impl Scripts {
             release: Script::new(RELEASE),
             renew: Script::new(RENEW),
             hand_off: Script::new(HAND_OFF),
+            read_acquire: Script::new(READ_ACQUIRE),
+            write_acquire: Script::new(WRITE_ACQUIRE),
+            read_release: Script::new(READ_RELEASE),
+            write_release: Script::new(WRITE_RELEASE),
+            downgrade: Script::new(DOWNGRADE),
+            read_renew: Script::new(READ_RENEW),
+            permit_acquire: Script::new(PERMIT_ACQUIRE),
+            permit_release: Script::new(PERMIT_RELEASE),
+            permit_renew: Script::new(PERMIT_RENEW),
+            inspect: Script::new(INSPECT),
         }
+    }
+
+    /// Every script, to load them all (after a `NOSCRIPT`).
+    pub(crate) fn all(&self) -> [&Script; 14] {
+        [
+            &self.acquire,
+            &self.release,
+            &self.renew,
+            &self.hand_off,
+            &self.read_acquire,
+            &self.write_acquire,
+            &self.read_release,
+            &self.write_release,
+            &self.downgrade,
+            &self.read_renew,
+            &self.permit_acquire,
+            &self.permit_release,
+            &self.permit_renew,
+            &self.inspect,
+        ]
     }
 }
 

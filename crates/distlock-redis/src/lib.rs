@@ -16,6 +16,11 @@
 //!   acquire with `InsufficientReplicas` (and undo it) or put a held lock in Jeopardy.
 //! * **Loss.** Found by the renewal reply (the key gone or someone else's → Lost at once) and by the
 //!   core's validity deadline (no confirmed renewal → Lost).
+//! * **Kinds.** The read-write lock (`Locks::read_write`) on Redisson's `RReadWriteLock` layout, readers
+//!   first, with an atomic downgrade, and the semaphore (`Locks::semaphore`) on Redisson's
+//!   `RPermitExpirableSemaphore` layout with scores from the server's clock and the limit kept as
+//!   Redisson's counter keeps it; a name is one kind at a time (`KindConflict`). Redlock has neither.
+//!   See [`layout`] for the keys and scripts.
 //!
 //! ```no_run
 //! # async fn f() -> distlock_core::Result<()> {
@@ -37,6 +42,7 @@ mod conn;
 mod error;
 mod handoff;
 mod inspect;
+mod kinds;
 pub mod layout;
 mod pubsub;
 pub mod redlock;

@@ -8,7 +8,11 @@
 //!
 //! After a (re)connect the hub resubscribes every registered channel and then bumps every counter, so
 //! each waiter tries again (a release published while the connection was down is not lost: Redisson
-//! issue 1763). The connection is re-resolved on every connect (the Sentinel master included). While it
+//! issue 1763). In Cluster, a node that gives a slot up (`CLUSTER SETSLOT … NODE`, the end of a slot
+//! migration or a failover's) unsubscribes its clients from the slot's sharded channels by itself (an
+//! `sunsubscribe` push nobody asked for): the hub subscribes such a channel again, where the slot now
+//! lives, and then bumps its counter, so its waiters try again (a release published on the new node
+//! before the subscription is not lost either). The connection is re-resolved on every connect (the Sentinel master included). While it
 //! is down, a confirmation fails at once and the waiter falls back on the holder's pttl until the next
 //! connect wakes it.
 //!
@@ -241,6 +245,9 @@ enum Event {
     Message(String),
     /// The server (re)confirmed a subscription after redis-rs reconnected by itself (Cluster).
     Resubscribed(String),
+    /// The server unsubscribed the connection from a channel (Cluster: our own unsubscribe, or a
+    /// node that gave the channel's slot up).
+    Unsubscribed(String),
     Closed,
     Other,
 }
@@ -325,6 +332,9 @@ impl PubConn {
                     match push.kind {
                         PushKind::Message | PushKind::SMessage => Event::Message(channel),
                         PushKind::SSubscribe | PushKind::Subscribe => Event::Resubscribed(channel),
+                        PushKind::SUnsubscribe | PushKind::Unsubscribe => {
+                            Event::Unsubscribed(channel)
+                        }
                         _ => Event::Other,
                     }
                 }
@@ -376,6 +386,29 @@ async fn serve(conn: &mut PubConn, shared: &Shared, cmd: Cmd, io: Duration, show
                 tokio::time::timeout(io, conn.unsubscribe(&channel)).await,
                 Ok(Ok(()))
             )
+        }
+    }
+}
+
+/// Subscribes again to a channel the server unsubscribed us from although a waiter is registered on
+/// it (see the [module](self)), then wakes its waiters; `false` when the connection is broken.
+async fn resubscribe(conn: &mut PubConn, shared: &Shared, channel: String, io: Duration) -> bool {
+    if !shared.contains(&channel) {
+        return true; // our own unsubscribe
+    }
+    tracing::debug!(%channel, "the server unsubscribed a channel someone waits on; subscribing again");
+    match tokio::time::timeout(io, conn.subscribe(std::slice::from_ref(&channel))).await {
+        Ok(Ok(())) => {
+            shared.wake(&channel);
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(%channel, error = %e, "subscribing again failed; reconnecting");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(%channel, "subscribing again got no answer in time; reconnecting");
+            false
         }
     }
 }
@@ -449,6 +482,11 @@ async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedRe
             tokio::select! {
                 event = conn.next() => match event {
                     Event::Message(channel) | Event::Resubscribed(channel) => shared.wake(&channel),
+                    Event::Unsubscribed(channel) => {
+                        if !resubscribe(&mut conn, &shared, channel, io).await {
+                            break;
+                        }
+                    }
                     Event::Other => {}
                     Event::Closed => break,
                 },

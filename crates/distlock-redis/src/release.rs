@@ -1,18 +1,16 @@
-//! Release: the owner-guarded compare-and-delete that publishes the unlock message, and the undo of an
-//! acquire on the connection the acquire went on.
+//! Release: the owner-guarded compare-and-delete that publishes the unlock message (the script of the
+//! hold's kind: see [`crate::kinds`]), and the undo of an acquire on the connection the acquire went on.
 
 use std::time::Duration;
 
 use distlock_core::raw::Released;
-use distlock_core::Result;
+use distlock_core::{LockKind, Result};
 use redis::Value;
 
 use crate::backend::RedisLease;
 use crate::conn::{Conn, Link, Sent};
 use crate::error::RedisError;
-use crate::layout;
-use crate::layout::PrefixedKey;
-use crate::rpc::{int, ScriptCall};
+use crate::rpc::int;
 use crate::RedisBackend;
 
 fn parse_release(value: &Value) -> std::result::Result<bool, RedisError> {
@@ -37,7 +35,7 @@ impl RedisBackend {
     ) -> Result<Released> {
         let mut sent = Sent::default();
         let released = self
-            .release_on(self.release_link(), name, owner, &mut sent)
+            .release_on(self.release_link(), name, owner, lease.kind, &mut sent)
             .await;
         if let Err(e) = &released {
             let within = lease.lease.max(self.request_timeout());
@@ -51,19 +49,6 @@ impl RedisBackend {
         })
     }
 
-    /// The release script's call for the undo on an acquire's connection (see [`undo_on`](Self::undo_on));
-    /// [`release_on`](Self::release_on) builds the same call as a [`ScriptCall`].
-    fn release_invocation<'a>(&'a self, name: &str, owner: &str) -> redis::ScriptInvocation<'a> {
-        let mut invocation = self.inner.scripts.release.prepare_invoke();
-        invocation
-            .key(layout::lock_key(name))
-            .key(layout::channel(name))
-            .arg(owner)
-            .arg(self.inner.publish)
-            .arg(layout::UNLOCK_MESSAGE);
-        invocation
-    }
-
     /// Compare-and-delete by owner on the link's connection, recording where it went in `sent`:
     /// whether this owner's lock was deleted. When the connection broke under a first attempt (its
     /// reply lost) and the retry finds nothing of this owner's, the first attempt may have been the one
@@ -73,20 +58,10 @@ impl RedisBackend {
         link: &Link,
         name: &str,
         owner: &str,
+        kind: LockKind,
         sent: &mut Sent,
     ) -> std::result::Result<bool, RedisError> {
-        let channel = PrefixedKey {
-            prefix: layout::CHANNEL_PREFIX,
-            name,
-        };
-        let bytes = name.len() + channel.len() + owner.len() + 10;
-        let mut call = ScriptCall::new(&self.inner.scripts.release, 2, 5, bytes);
-        // As `release_invocation`.
-        call.arg(layout::lock_key(name))
-            .arg(channel)
-            .arg(owner)
-            .arg(self.inner.publish)
-            .arg(layout::UNLOCK_MESSAGE);
+        let call = self.release_call(name, owner, kind);
         let value = self.script(link, "release", call, sent).await?;
         match parse_release(&value)? {
             false if sent.resent => Err(RedisError::ReleaseOutcomeUnknown {
@@ -105,11 +80,12 @@ impl RedisBackend {
         mut conn: Conn,
         name: &str,
         owner: &str,
+        kind: LockKind,
         bound: Duration,
     ) -> std::result::Result<(), RedisError> {
-        let invocation = self.release_invocation(name, owner);
+        let call = self.release_call(name, owner, kind);
         let target = &self.inner.target;
-        match tokio::time::timeout(bound, invocation.invoke_async::<Value>(&mut conn)).await {
+        match tokio::time::timeout(bound, call.query_on(&mut conn)).await {
             Ok(Ok(value)) => parse_release(&value).map(|undone| {
                 if undone {
                     tracing::debug!(lock = %name, "undid an abandoned grant");

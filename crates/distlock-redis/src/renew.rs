@@ -7,15 +7,15 @@ use std::task::Poll;
 use std::time::Duration;
 
 use distlock_core::raw::{Renewal, RenewalId, Renewed};
-use distlock_core::Result;
+use distlock_core::{LockKind, Result};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::Value;
 
 use crate::backend::RedisLease;
-use crate::conn::{Link, Sent};
-use crate::error::RedisError;
+use crate::conn::{Ask, Link, Sent};
+use crate::error::{ClusterRefusal, RedisError};
 use crate::layout;
-use crate::rpc::{int, millis, request_error, server_error, ScriptCall};
+use crate::rpc::{int, request_error, server_error};
 use crate::RedisBackend;
 
 /// The most renewals sent in one pipeline: a larger group goes as several, back to back on the same
@@ -97,6 +97,16 @@ impl RedisBackend {
     }
 
     /// One pipeline of renewals on `link` (with `WAIT` last if `wait`), and each entry's outcome.
+    ///
+    /// In Cluster, a slot under migration may have some of the group's locks on the target already
+    /// (the source answers `ASK` for them) and the others still on the source: the group's pipeline
+    /// cannot be sent whole to either node (the target would find no key for the others, and report
+    /// them gone). Then every renewal goes on its own, following its own `ASK`, all at once: one more
+    /// round trip, while the slot migrates. Likewise after a `TRYAGAIN` (a read hold whose hash and
+    /// timeout key the migration split: see [`layout::ELSEWHERE`]), which fails the whole pipeline:
+    /// the group's other renewals go through at once, and that one fails for this round
+    /// ([`Ask::FollowNoWait`]: the watchdog tries it again at its next look, until its keys are on one
+    /// node or its deadline passes).
     async fn renew_pipeline(
         &self,
         link: &Link,
@@ -104,22 +114,54 @@ impl RedisBackend {
         timeout: Duration,
         wait: bool,
     ) -> Outcomes {
+        if entries.len() == 1 || !self.inner.target.is_cluster() {
+            return self
+                .renew_once(link, entries, timeout, wait, Ask::FollowNoWait)
+                .await
+                .outcomes;
+        }
+        let outcomes = self
+            .renew_once(link, entries, timeout, wait, Ask::Return)
+            .await;
+        if !outcomes.asked {
+            return outcomes.outcomes;
+        }
+        tracing::debug!(
+            renewals = entries.len(),
+            "a slot under migration: renewing its locks one by one"
+        );
+        futures_util::future::join_all(entries.chunks(1).map(|one| async move {
+            self.renew_once(link, one, timeout, wait, Ask::FollowNoWait)
+                .await
+                .outcomes
+        }))
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// [`renew_pipeline`](Self::renew_pipeline)'s one pipeline, `ask` saying what to do with an `ASK`.
+    async fn renew_once(
+        &self,
+        link: &Link,
+        entries: &[&Renewal<'_, RedisLease>],
+        timeout: Duration,
+        wait: bool,
+        ask: Ask,
+    ) -> RenewOutcomes {
         // Each call written straight into its command (`ScriptCall`): a `ScriptInvocation` copies every
         // key and argument into buffers of its own first, 10,000 renewals' worth per tick (issue 9).
         let mut pipe = redis::Pipeline::with_capacity(entries.len() + usize::from(wait));
         for entry in entries {
-            let key = layout::lock_key(entry.name);
-            let bytes = key.len() + 20 + entry.owner.len();
-            let mut call = ScriptCall::new(&self.inner.scripts.renew, 1, 3, bytes);
-            call.arg(key).arg(millis(entry.ttl)).arg(entry.owner);
-            pipe.add_command(call.into_cmd());
+            pipe.add_command(self.renew_call(entry).into_cmd());
         }
         if wait {
             pipe.add_command(self.wait_cmd());
         }
         let expected = entries.len() + usize::from(wait);
         let values = match self
-            .pipeline(link, "renew", timeout, pipe, &mut Sent::default())
+            .pipeline(link, "renew", timeout, ask, pipe, &mut Sent::default())
             .await
         {
             Ok(values) if values.len() == expected => values,
@@ -128,9 +170,18 @@ impl RedisBackend {
                     what: "renew",
                     detail: format!("{} replies for {} renewals", values.len(), entries.len()),
                 };
-                return every_entry(entries, &e);
+                return every_entry(entries, &e).into();
             }
-            Err(e) => return every_entry(entries, &e),
+            Err(e) => {
+                let asked = matches!(
+                    e.cluster_refusal(),
+                    Some(ClusterRefusal::Ask(_) | ClusterRefusal::TryAgain)
+                );
+                return RenewOutcomes {
+                    outcomes: every_entry(entries, &e),
+                    asked,
+                };
+            }
         };
         let shortfall = wait.then(|| {
             let required = self.config().wait_replicas;
@@ -154,7 +205,8 @@ impl RedisBackend {
                     self.renew_outcome(entry, value, shortfall.as_ref()),
                 )
             })
-            .collect()
+            .collect::<Outcomes>()
+            .into()
     }
 
     /// What one renew script's reply says about its entry.
@@ -173,7 +225,12 @@ impl RedisBackend {
                 None => Ok(Renewed::Extended { ttl: entry.ttl }),
             },
             Some(0) => Ok(Renewed::Gone {
-                reason: "another owner holds the lock on the server".into(),
+                reason: match entry.lease.kind {
+                    LockKind::Read => "this owner's read hold is gone from the lock on the server (released, or the lock deleted and taken anew)",
+                    LockKind::Permit { .. } => "the permit is gone from the semaphore on the server (reclaimed after it expired, or released)",
+                    _ => "another owner holds the lock on the server",
+                }
+                .into(),
             }),
             Some(-1) => Ok(Renewed::Gone {
                 reason: "the lock's key is gone from the server (expired, deleted, or the server restarted without it)".into(),
@@ -181,11 +238,34 @@ impl RedisBackend {
             Some(-2) => Ok(Renewed::Gone {
                 reason: "the lock's key was overwritten with another type".into(),
             }),
+            Some(-3) => Ok(Renewed::Gone {
+                reason: match entry.lease.kind {
+                    LockKind::Permit { .. } => "the permit's expiry passed on the server (any acquire may reclaim it now)",
+                    _ => "the read hold's timeout key expired on the server (it no longer counts: another reader's release may delete the lock under it)",
+                }
+                .into(),
+            }),
             _ => Err(RedisError::Reply {
                 what: "the renew script",
                 detail: format!("{value:?}"),
             }
             .into_core(Some(entry.name))),
+        }
+    }
+}
+
+/// The outcomes of one pipeline of renewals, and whether it failed with an `ASK` (or a `TRYAGAIN`) it
+/// did not follow.
+struct RenewOutcomes {
+    outcomes: Outcomes,
+    asked: bool,
+}
+
+impl From<Outcomes> for RenewOutcomes {
+    fn from(outcomes: Outcomes) -> Self {
+        Self {
+            outcomes,
+            asked: false,
         }
     }
 }

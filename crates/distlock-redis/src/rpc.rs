@@ -5,7 +5,7 @@ use std::time::Duration;
 use distlock_core::retry::RetryPolicy;
 use redis::{Cmd, Pipeline, Script, ToRedisArgs, Value};
 
-use crate::conn::{Conn, Link, Sent, Target};
+use crate::conn::{Ask, Conn, Link, Sent, Target};
 use crate::error::RedisError;
 use crate::RedisBackend;
 
@@ -75,12 +75,14 @@ impl RedisBackend {
     }
 
     /// Runs a pipeline (with replies as values, errors included), recording where it went in `sent`;
-    /// loads the scripts and sends it again if the server had not seen one (`NOSCRIPT`).
+    /// loads the scripts and sends it again if the server had not seen one (`NOSCRIPT`). `ask`: what
+    /// to do with a Cluster `ASK` (see [`Ask`]): [`Ask::Follow`] only for a pipeline about one lock.
     pub(crate) async fn pipeline(
         &self,
         link: &Link,
         what: &'static str,
         timeout: Duration,
+        ask: Ask,
         mut pipe: Pipeline,
         sent: &mut Sent,
     ) -> Result<Vec<Value>, RedisError> {
@@ -95,6 +97,7 @@ impl RedisBackend {
                     target,
                     what,
                     timeout,
+                    ask,
                     |mut c: Conn| async move { pipe.query_async::<Vec<Value>>(&mut c).await },
                     sent,
                 )
@@ -102,8 +105,30 @@ impl RedisBackend {
             if !is_noscript(&result) || !reloads.wait().await {
                 return result;
             }
-            self.load_scripts(link).await?;
+            match &sent.conn {
+                // The target of a slot migration, which the Cluster connection may not know: the
+                // scripts are loaded there.
+                Some(Conn::Asking(conn)) => {
+                    self.load_scripts_on(Conn::Asking(conn.clone())).await?
+                }
+                _ => self.load_scripts(link).await?,
+            }
         }
+    }
+
+    /// Loads every script on `conn`.
+    async fn load_scripts_on(&self, mut conn: Conn) -> Result<(), RedisError> {
+        for script in self.inner.scripts.all() {
+            tokio::time::timeout(self.request_timeout(), script.load_async(&mut conn))
+                .await
+                .map_err(|_| RedisError::Timeout {
+                    what: "SCRIPT LOAD",
+                    target: self.inner.target.shown.clone(),
+                    after: self.request_timeout(),
+                })?
+                .map_err(|e| request_error("SCRIPT LOAD", &self.inner.target, e))?;
+        }
+        Ok(())
     }
 
     /// One `SCRIPT LOAD` command per script, not a pipeline: a keyless pipeline goes to one arbitrary
@@ -114,13 +139,9 @@ impl RedisBackend {
             &self.inner.target,
             "SCRIPT LOAD",
             self.request_timeout(),
+            Ask::Follow,
             |mut c: Conn| async move {
-                for script in [
-                    &scripts.acquire,
-                    &scripts.release,
-                    &scripts.renew,
-                    &scripts.hand_off,
-                ] {
+                for script in scripts.all() {
                     script.load_async(&mut c).await?;
                 }
                 Ok(())
@@ -145,18 +166,9 @@ impl RedisBackend {
             &self.inner.target,
             what,
             self.request_timeout(),
-            |mut c: Conn| async move {
-                match call.cmd.query_async::<Value>(&mut c).await {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        call.script.load_async(&mut c).await?;
-                        call.cmd.query_async::<Value>(&mut c).await
-                    }
-                    other => other,
-                }
-            },
+            // One script call is about one lock, whose keys Redis moves or refuses together.
+            Ask::Follow,
+            |mut c: Conn| async move { call.query_on(&mut c).await },
             sent,
         )
         .await
@@ -190,5 +202,17 @@ impl<'a> ScriptCall<'a> {
     /// The command, for a pipeline (whose `NOSCRIPT` [`RedisBackend::pipeline`] handles).
     pub(crate) fn into_cmd(self) -> Cmd {
         self.cmd
+    }
+
+    /// Sends the call on `conn` (no retry, no bound: the caller's), loading the script and sending it
+    /// once more on the same connection after a `NOSCRIPT`, as `ScriptInvocation::invoke_async` does.
+    pub(crate) async fn query_on(&self, conn: &mut Conn) -> redis::RedisResult<Value> {
+        match self.cmd.query_async::<Value>(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async::<Value>(conn).await
+            }
+            other => other,
+        }
     }
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use distlock_core::raw::AcquireRequest;
 use distlock_core::retry::RetryPolicy;
+use distlock_core::LockKind;
 use redis::Value;
 use tokio::time::Instant;
 
@@ -152,13 +153,13 @@ impl PendingUndos {
 
 /// A step of a background job (see [`RedisBackend::spawn_pending`]).
 enum Step {
-    /// Send the undo on this connection (the acquire's); if no reply comes, wait until the connection
-    /// is settled.
-    UndoOn(Conn),
+    /// Send the undo (of a hold of this kind) on this connection (the acquire's); if no reply comes,
+    /// wait until the connection is settled.
+    UndoOn(Conn, LockKind),
     /// Wait until the requests sent so far on this connection have run (see [`RedisBackend::settle`]).
     Settle(Conn),
-    /// Send the undo on a fresh connection until one is answered.
-    Resend,
+    /// Send the undo (of a hold of this kind) on a fresh connection until one is answered.
+    Resend(LockKind),
 }
 
 impl RedisBackend {
@@ -218,7 +219,7 @@ impl RedisBackend {
                 hold.clone(),
                 name,
                 owner,
-                vec![Step::UndoOn(conn)],
+                vec![Step::UndoOn(conn, request.kind)],
                 lingering,
             );
             match tokio::time::timeout(self.undo_bound(), &mut undo).await {
@@ -236,7 +237,7 @@ impl RedisBackend {
         }
         let mut sent = Sent::default();
         match self
-            .release_on(self.release_link(), name, owner, &mut sent)
+            .release_on(self.release_link(), name, owner, request.kind, &mut sent)
             .await
         {
             Ok(true) => tracing::debug!(lock = %name, "undid an abandoned grant"),
@@ -254,7 +255,7 @@ impl RedisBackend {
                     .map(Step::Settle)
                     .into_iter()
                     .collect();
-                steps.push(Step::Resend);
+                steps.push(Step::Resend(request.kind));
                 drop(self.spawn_pending(hold, name, owner, steps, lingering));
             }
         }
@@ -298,9 +299,9 @@ impl RedisBackend {
             for step in steps {
                 let left = deadline.saturating_duration_since(Instant::now());
                 match step {
-                    Step::UndoOn(conn) => {
+                    Step::UndoOn(conn, kind) => {
                         outcome = this
-                            .undo_on(conn.clone(), &name, &owner, this.undo_bound())
+                            .undo_on(conn.clone(), &name, &owner, kind, this.undo_bound())
                             .await;
                         if outcome.as_ref().is_err_and(|e| !e.is_broken_connection()) {
                             // No reply in time (redis-rs gives up on it after its response timeout
@@ -309,7 +310,7 @@ impl RedisBackend {
                         }
                     }
                     Step::Settle(conn) => this.settle(conn, &name, left).await,
-                    Step::Resend => this.resend_undo(&name, &owner, deadline).await,
+                    Step::Resend(kind) => this.resend_undo(&name, &owner, kind, deadline).await,
                 }
             }
             outcome
@@ -321,12 +322,12 @@ impl RedisBackend {
     /// A resend that got no reply in time may still be on its way on its connection, and would
     /// delete the same owner's next grant if it landed after the job ended: its connection is settled
     /// before the next resend (nothing to settle after a broken one).
-    async fn resend_undo(&self, name: &str, owner: &str, deadline: Instant) {
+    async fn resend_undo(&self, name: &str, owner: &str, kind: LockKind, deadline: Instant) {
         let mut retries = BACKGROUND_UNDO.start(Some(deadline));
         while retries.wait().await {
             let mut sent = Sent::default();
             match self
-                .release_on(self.release_link(), name, owner, &mut sent)
+                .release_on(self.release_link(), name, owner, kind, &mut sent)
                 .await
             {
                 Ok(_) | Err(RedisError::ReleaseOutcomeUnknown { .. }) => {
@@ -444,7 +445,13 @@ mod tests {
         // Loads the release script (a delayed `EVALSHA` must not come back `NOSCRIPT`) and opens the
         // connection the first resend goes on, so that only the request itself is delayed.
         backend
-            .release_on(backend.release_link(), name, owner, &mut Sent::default())
+            .release_on(
+                backend.release_link(),
+                name,
+                owner,
+                LockKind::Mutex,
+                &mut Sent::default(),
+            )
             .await
             .unwrap();
 
@@ -456,7 +463,7 @@ mod tests {
             hold,
             name,
             owner,
-            vec![Step::Resend],
+            vec![Step::Resend(LockKind::Mutex)],
             Duration::from_secs(30),
         );
         // The first resend goes out after 50–100 ms and is held in the proxy; from now on new traffic

@@ -25,8 +25,9 @@ impl Provider for Standalone {
         let proxy = Arc::new(Proxy::start_or_panic(self.server.addr()));
         let url = LockUrl::parse(&format!("redis://{}", proxy.addr())).expect("url");
         let backend = RedisBackend::connect(&url).await.expect("connect");
-        let (cut, heal) = (proxy.clone(), proxy);
+        let (cut, heal) = (proxy.clone(), proxy.clone());
         Client::new(Locks::new(backend))
+            .with_proxies(vec![proxy])
             .with_cut(move || {
                 cut.blackhole().expect("blackhole");
                 Box::pin(async {})
@@ -53,3 +54,14 @@ async fn standalone() -> Standalone {
 }
 
 distlock_testkit::conformance_suite!(standalone);
+
+/// The suite's `read_write` and `semaphore` cases run their steps on this topology (a backend that
+/// does not announce a kind passes them by refusing it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kinds_cases_run_here() {
+    let kinds = standalone().await.client().await.locks.capabilities().kinds;
+    assert!(
+        kinds.read_write && kinds.atomic_downgrade && kinds.semaphore,
+        "{kinds:?}"
+    );
+}

@@ -20,7 +20,7 @@ use distlock_core::Locks;
 use distlock_redis::RedisBackend;
 use distlock_testkit::cluster::RedisCluster;
 use distlock_testkit::conformance::{Client, Provider};
-use support::{with_credentials, AclUser, Shared};
+use support::{resp_port_tail, rewriting_proxies, AclUser, Shared};
 
 static CLUSTER: Shared<RedisCluster> = Shared::new();
 
@@ -35,7 +35,11 @@ struct Cluster {
 impl Provider for Cluster {
     async fn client(&self) -> Client {
         let user = AclUser::create(&self.nodes).await;
-        let url = with_credentials(&self.cluster.url(), &user.credentials());
+        // The nodes hand out their own addresses (`CLUSTER SLOTS`, `MOVED`, `ASK`): the client's proxy
+        // in front of each node rewrites every node's port to the client's proxy in front of that node.
+        let proxies = rewriting_proxies(&self.nodes, &[], resp_port_tail);
+        let seeds: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+        let url = format!("redis+cluster://{}{}", user.credentials(), seeds.join(","));
         let backend = RedisBackend::connect(&LockUrl::parse(&url).expect("url"))
             .await
             .expect("connect as the client's own user");
@@ -49,6 +53,7 @@ impl Provider for Cluster {
             );
         }
         Client::new(Locks::new(backend))
+            .with_proxies(proxies)
             .with_cut(user.cut_hook())
             .with_heal(user.heal_hook())
     }
@@ -77,3 +82,14 @@ async fn cluster() -> Cluster {
 }
 
 distlock_testkit::conformance_suite!(cluster);
+
+/// The suite's `read_write` and `semaphore` cases run their steps on this topology (a backend that
+/// does not announce a kind passes them by refusing it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kinds_cases_run_here() {
+    let kinds = cluster().await.client().await.locks.capabilities().kinds;
+    assert!(
+        kinds.read_write && kinds.atomic_downgrade && kinds.semaphore,
+        "{kinds:?}"
+    );
+}

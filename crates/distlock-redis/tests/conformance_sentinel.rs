@@ -21,7 +21,7 @@ use distlock_core::Locks;
 use distlock_redis::RedisBackend;
 use distlock_testkit::conformance::{Client, Provider};
 use distlock_testkit::sentinel::SentinelGroup;
-use support::{with_credentials, AclUser, Shared};
+use support::{resp_bulk_port, rewriting_proxies, AclUser, Shared};
 
 static GROUP: Shared<SentinelGroup> = Shared::new();
 
@@ -34,7 +34,19 @@ struct Sentinel {
 impl Provider for Sentinel {
     async fn client(&self) -> Client {
         let user = AclUser::create(&self.nodes).await;
-        let url = with_credentials(&self.group.url(), &user.credentials());
+        // The Sentinels hand out the master's (or, after a failover, the replica's) own address: the
+        // client's proxies in front of them rewrite it to the client's proxy in front of that server.
+        let proxies = rewriting_proxies(&self.nodes, &self.group.sentinel_addrs(), resp_bulk_port);
+        let sentinels: Vec<String> = proxies[self.nodes.len()..]
+            .iter()
+            .map(|p| p.addr().to_string())
+            .collect();
+        let url = format!(
+            "redis+sentinel://{}{}/{}",
+            user.credentials(),
+            sentinels.join(","),
+            self.group.master_name()
+        );
         let backend = RedisBackend::connect(&LockUrl::parse(&url).expect("url"))
             .await
             .expect("connect as the client's own user");
@@ -48,6 +60,7 @@ impl Provider for Sentinel {
             user.name
         );
         Client::new(Locks::new(backend))
+            .with_proxies(proxies)
             .with_cut(user.cut_hook())
             .with_heal(user.heal_hook())
     }
@@ -68,3 +81,14 @@ async fn sentinel() -> Sentinel {
 }
 
 distlock_testkit::conformance_suite!(sentinel);
+
+/// The suite's `read_write` and `semaphore` cases run their steps on this topology (a backend that
+/// does not announce a kind passes them by refusing it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kinds_cases_run_here() {
+    let kinds = sentinel().await.client().await.locks.capabilities().kinds;
+    assert!(
+        kinds.read_write && kinds.atomic_downgrade && kinds.semaphore,
+        "{kinds:?}"
+    );
+}

@@ -252,7 +252,10 @@ async fn wrong_password_is_permission_denied() {
 
 /// The ACL rules the `PermissionDenied` advice names for a standalone server (no `/db`, no
 /// `wait_replicas`).
-const ADVISED_RULES: &str = "~* &redisson_lock__channel:* +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hgetall +get +pubsub|numsub";
+const ADVISED_RULES: &str = "~* &redisson_lock__channel:* +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hget +hkeys +get +pubsub|numsub";
+
+/// The rules the advice adds for read-write locks and semaphores.
+const ADVISED_KIND_RULES: &str = "&redisson_rwlock:* &redisson_sc:* +hdel +hlen +hincrby +set +incrby +decrby +zadd +zrem +zscore +zcard +zrange +zrangebyscore +time";
 
 /// Creates `user` with password `pw` and exactly `rules` (nothing from the defaults).
 fn acl_user(server: &RedisServer, user: &str, rules: &str) {
@@ -337,6 +340,100 @@ async fn the_acl_the_advice_names_is_enough() {
         .expect("the waiter acquires with the advised ACL");
     next.release().await.unwrap();
     drop(waiter);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(refused(&server, "advised"), Vec::<String>::new());
+}
+
+/// The advice's rules for read-write locks and semaphores, added to the mutex's, are enough for every
+/// step of both kinds: reads, a write waiting (subscribed) and woken, a downgrade, renewals past the
+/// lease, `status` of each kind, permits with a waiter, releases; nothing refused on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_acl_the_advice_names_is_enough_for_every_kind() {
+    let server = RedisServer::start_or_panic();
+    let port = server.port();
+    acl_user(&server, "bare", "~* &* -@all");
+    let err = RedisBackend::connect(
+        &LockUrl::parse(&format!("redis://bare:pw@127.0.0.1:{port}")).unwrap(),
+    )
+    .await
+    .expect_err("a user without any command is refused");
+    assert!(
+        err.to_string().contains(ADVISED_KIND_RULES),
+        "the advice does not name the rules the kinds need: {err}"
+    );
+    acl_user(
+        &server,
+        "advised",
+        &format!("{ADVISED_RULES} {ADVISED_KIND_RULES}"),
+    );
+    let url = format!("redis://advised:pw@127.0.0.1:{port}");
+    let (a, b) = (locks(&url).await, locks(&url).await);
+    let lease = Duration::from_secs(1);
+
+    let name = unique("acl_rw");
+    let read = a
+        .read_write(&name)
+        .unwrap()
+        .reader()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("read with the advised ACL");
+    let writer = b.read_write(&name).unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = writer.write().await;
+        (guard, writer)
+    });
+    tokio::time::sleep(lease * 2).await;
+    assert_eq!(read.state(), LockState::Held);
+    assert_eq!(
+        a.inspect(&name).await.expect("status of readers").kind,
+        Some(distlock_core::LockKind::Read)
+    );
+    read.release().await.unwrap();
+    let (write, _writer) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the writer is woken")
+        .unwrap();
+    let mut write = write.expect("write with the advised ACL");
+    write
+        .downgrade()
+        .await
+        .expect("downgrade with the advised ACL");
+    write.release().await.unwrap();
+
+    let name = unique("acl_permits");
+    let semaphore = a.semaphore(&name, 1).unwrap();
+    let permit = semaphore
+        .permit()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("a permit with the advised ACL");
+    let waiting = {
+        let semaphore = b.semaphore(&name, 1).unwrap();
+        tokio::spawn(async move { semaphore.acquire().await })
+    };
+    tokio::time::sleep(lease * 2).await;
+    assert_eq!(permit.state(), LockState::Held);
+    assert!(
+        a.inspect(&name)
+            .await
+            .expect("status of permits")
+            .holders
+            .len()
+            == 1
+    );
+    permit.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter is woken")
+        .unwrap()
+        .expect("a permit with the advised ACL");
+    next.release().await.unwrap();
+    drop((a, b));
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(refused(&server, "advised"), Vec::<String>::new());
 }
@@ -597,6 +694,71 @@ async fn a_grant_reads_no_pttl() {
         .unwrap()
         .is_none());
     assert_eq!(calls(&server, "pttl"), before + 1);
+    guard.release().await.unwrap();
+}
+
+/// Every kind costs one script call per acquire and one per release (the bench's target for issue
+/// 25), whatever else the scripts do on the server: a read, a write, a downgrade and a permit, each
+/// uncontended, once the scripts are loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_script_call_per_acquire_and_per_release_of_every_kind() {
+    let server = RedisServer::start_or_panic();
+    let locks = locks(&server.url()).await;
+    let scripts = || calls_run(&server, "evalsha") + calls_run(&server, "eval");
+    let (rw, permits) = (unique("calls_rw"), unique("calls_permits"));
+    // Loads every script the cycles below use.
+    let rw_lock = locks.read_write(&rw).unwrap();
+    rw_lock.read().await.unwrap().release().await.unwrap();
+    let mut write = rw_lock.write().await.unwrap();
+    write.downgrade().await.unwrap();
+    write.release().await.unwrap();
+    let semaphore = locks.semaphore(&permits, 2).unwrap();
+    semaphore.acquire().await.unwrap().release().await.unwrap();
+
+    for (cycle, calls) in [
+        ("read", 2),
+        ("write", 2),
+        ("write, downgrade, read", 3),
+        ("permit", 2),
+    ] {
+        let before = scripts();
+        match cycle {
+            "read" => rw_lock.read().await.unwrap().release().await.unwrap(),
+            "write" => rw_lock.write().await.unwrap().release().await.unwrap(),
+            "permit" => semaphore.acquire().await.unwrap().release().await.unwrap(),
+            _ => {
+                let mut guard = rw_lock.write().await.unwrap();
+                guard.downgrade().await.unwrap();
+                guard.release().await.unwrap();
+            }
+        }
+        assert_eq!(scripts() - before, calls, "{cycle}");
+    }
+
+    // A writer queued behind another writer of the same `Locks` (the local gate, where a mutex would
+    // be handed on in one script): the hold is released as a write lock and the next writer acquires.
+    let next = locks.read_write(&rw).unwrap();
+    let held = rw_lock.write().await.unwrap();
+    let first = held.token().unwrap();
+    let waiter = tokio::spawn(async move { next.write().await.map(|g| (g, next)) });
+    queued_on_the_gate().await;
+    held.release()
+        .await
+        .expect("a write hold with a writer queued locally");
+    let (guard, _next) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the queued writer acquires")
+        .unwrap()
+        .unwrap();
+    assert!(guard.token().unwrap() > first);
+    let mut hash = hash_of(&server, &rw);
+    hash.sort();
+    let mut expected = vec![
+        (format!("{}:write", guard.owner()), "1".to_string()),
+        ("mode".to_string(), "write".to_string()),
+    ];
+    expected.sort();
+    assert_eq!(hash, expected);
     guard.release().await.unwrap();
 }
 

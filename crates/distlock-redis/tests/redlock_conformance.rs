@@ -22,11 +22,13 @@ struct FiveNodes {
 #[async_trait::async_trait]
 impl Provider for FiveNodes {
     async fn client(&self) -> Client {
-        let proxies = Arc::new(self.nodes.proxies());
-        let url = LockUrl::parse(&url_of(proxies.iter().map(Proxy::addr))).expect("url");
+        let proxies: Arc<Vec<Arc<Proxy>>> =
+            Arc::new(self.nodes.proxies().into_iter().map(Arc::new).collect());
+        let url = LockUrl::parse(&url_of(proxies.iter().map(|p| p.addr()))).expect("url");
         let backend = RedlockBackend::connect(&url).await.expect("connect");
-        let (cut, heal) = (proxies.clone(), proxies);
+        let (cut, heal) = (proxies.clone(), proxies.clone());
         Client::new(Locks::new(backend))
+            .with_proxies(proxies.to_vec())
             .with_cut(move || {
                 for p in cut.iter() {
                     p.blackhole().expect("blackhole");

@@ -589,3 +589,87 @@ fn scripts_run(nodes: &RedlockNodes, i: usize) -> u64 {
         })
         .sum()
 }
+
+/// Releases `name`'s hold (`guard`) with the replies of the nodes `lost` lost: their proxies hold the
+/// request 1 s, and once the node ran it (its key is gone) every connection through them is reset
+/// before the reply gets back, so the release is sent again on a fresh connection and finds nothing.
+/// The nodes `not_ours` lost this hold's key before the release (deleted by hand: expired, or a node
+/// restarted without persistence). Returns what the release reported.
+async fn release_losing_replies(
+    nodes: &RedlockNodes,
+    proxies: &[Proxy],
+    guard: distlock_core::LockGuard,
+    name: &str,
+    lost: &[usize],
+    not_ours: &[usize],
+) -> distlock_core::Result<()> {
+    for &i in not_ours {
+        nodes.node(i).command(&["DEL", name]).unwrap();
+    }
+    for &i in lost {
+        proxies[i].delay(Duration::from_secs(1)).unwrap();
+    }
+    let release = tokio::spawn(async move { guard.release().await });
+    let started = std::time::Instant::now();
+    while lost.iter().any(|i| holding(nodes, name).contains(i)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the release never reached the nodes {lost:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for &i in lost {
+        proxies[i].pass().unwrap();
+        proxies[i].reset().unwrap();
+    }
+    let outcome = release.await.unwrap();
+    assert!(holding(nodes, name).is_empty(), "the release left keys");
+    outcome
+}
+
+/// Issue 24, scenario 5: a release reaches every node but every reply is lost; the resend on a fresh
+/// connection finds nothing to delete (the first attempt deleted it). That is no "not held": the
+/// outcome is unknown (`Unavailable`), and `distlock run` keeps the command's exit code on it. The same
+/// when some replies are lost and the other nodes say "not ours" but too few to rule a quorum out; when
+/// enough nodes definitely say "not ours" that no quorum held this hold, `NotHeld` stays the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_release_with_lost_replies_is_unknown_not_not_held() {
+    let nodes = RedlockNodes::start_or_panic(3);
+    let proxies = nodes.proxies();
+    let locks = locks(&url_of(proxies.iter().map(Proxy::addr))).await;
+    load_scripts(&locks).await;
+    let hold = |case: &'static str| {
+        let locks = locks.clone();
+        async move {
+            let name = unique(case);
+            let guard = locks
+                .lock(&name)
+                .unwrap()
+                .options()
+                .lease(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            (guard, name)
+        }
+    };
+
+    // Every reply lost.
+    let (guard, name) = hold("every_reply_lost").await;
+    let outcome = release_losing_replies(&nodes, &proxies, guard, &name, &[0, 1, 2], &[]).await;
+    let e = outcome.expect_err("the outcome is unknown");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("unknown"), "{e}");
+
+    // Two replies lost, the third node says "not ours": a quorum (the first two) may have held it.
+    let (guard, name) = hold("two_lost_one_not_ours").await;
+    let outcome = release_losing_replies(&nodes, &proxies, guard, &name, &[0, 1], &[2]).await;
+    let e = outcome.expect_err("the outcome is unknown");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+
+    // One reply lost, two nodes say "not ours": no quorum held this hold when it was released.
+    let (guard, name) = hold("one_lost_two_not_ours").await;
+    let outcome = release_losing_replies(&nodes, &proxies, guard, &name, &[0], &[1, 2]).await;
+    let e = outcome.expect_err("no quorum held it");
+    assert_eq!(e.kind(), ErrorKind::NotHeld, "{e}");
+}

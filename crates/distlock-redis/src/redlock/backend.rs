@@ -31,7 +31,7 @@ use distlock_core::url::LockUrl;
 use distlock_core::{Capabilities, Error, ErrorKind, Fencing, Result};
 use redis::Value;
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Sent};
 pub use crate::redlock::acquire::RedlockAcquisition;
 use crate::redlock::config::{RedlockConfig, BACKEND};
 use crate::redlock::fanout::fan_out;
@@ -91,7 +91,9 @@ impl RedlockBackend {
 
     /// A backend over the configured nodes (checked with [`RedlockConfig::validate`]). Pings every
     /// node at once and fails with `Unavailable` unless a quorum answers (a wrong password anywhere
-    /// fails with `PermissionDenied`); nodes down now are retried on every request.
+    /// fails with `PermissionDenied`); nodes down now are retried on every request. Then refuses
+    /// (`InvalidConfig`) two listed nodes that are one server (see
+    /// [`check_distinct_servers`](Self::check_distinct_servers)).
     pub async fn from_config(config: RedlockConfig) -> Result<Self> {
         config.validate()?;
         let nodes = config.nodes.iter().map(|n| Node::new(n, &config)).collect();
@@ -103,7 +105,65 @@ impl RedlockBackend {
             }),
         };
         backend.ping_quorum().await?;
+        backend.check_distinct_servers().await?;
         Ok(backend)
+    }
+
+    /// Refuses two listed nodes that are one Redis server under two addresses (`127.0.0.1:7001` and
+    /// `localhost:7001`, a proxy or NAT in front of it): its votes would count twice toward the quorum.
+    /// Decided by the server's identity, the `run_id` of `INFO server` (random, new at each start), not
+    /// by the address text ([`RedlockConfig::validate`] catches only the same text twice).
+    ///
+    /// Only the nodes that answer now are compared: a node down at connect (or whose user may not run
+    /// `INFO`) is not checked, with a warning. An alias of a server that answered is normally down only
+    /// with it, and one that is down leaves no quorum of aliases; the check runs once, at connect.
+    async fn check_distinct_servers(&self) -> Result<()> {
+        let bound = self.config().connection.connect_timeout + self.request_timeout();
+        let replies = fan_out(self.nodes(), |node| async move {
+            node.run("INFO server", bound, |mut c| async move {
+                redis::cmd("INFO")
+                    .arg("server")
+                    .query_async::<String>(&mut c)
+                    .await
+            })
+            .await
+        })
+        .all(self.nodes().len())
+        .await;
+        let mut seen: Vec<(String, usize, &str)> = Vec::new();
+        let mut unchecked = Vec::new();
+        for (i, (node, reply)) in self.nodes().iter().zip(replies).enumerate() {
+            let run_id = match reply {
+                Some(Ok(info)) => run_id(&info),
+                Some(Err(e)) => {
+                    unchecked.push(format!("{}: {e}", node.shown()));
+                    continue;
+                }
+                None => None,
+            };
+            let Some(run_id) = run_id else {
+                unchecked.push(format!("{}: no run_id in INFO server", node.shown()));
+                continue;
+            };
+            if let Some(&(_, first, shown)) = seen.iter().find(|(id, _, _)| *id == run_id) {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "the Redlock nodes {} (node {}) and {} (node {}) are one Redis server (run_id {run_id}): each listed node must be a different Redis master, or one server's votes count twice toward the quorum",
+                        shown,
+                        first + 1,
+                        node.shown(),
+                        i + 1
+                    ),
+                )
+                .with_backend(BACKEND));
+            }
+            seen.push((run_id, i, node.shown()));
+        }
+        if !unchecked.is_empty() {
+            tracing::warn!(nodes = ?unchecked, "Redlock could not check that these nodes are distinct servers (INFO server failed); a server listed twice would count twice toward the quorum");
+        }
+        Ok(())
     }
 
     /// The configuration in use.
@@ -165,8 +225,8 @@ impl RedlockBackend {
         Ok(())
     }
 
-    /// The release script on every node at once, each bounded by `bound`: how many deleted
-    /// the key holding `value` (one acquire's), and the errors.
+    /// The release script on every node at once, each bounded by `bound`: whether it deleted the key
+    /// holding `value` (one acquire's) anywhere.
     ///
     /// `unanswered`: connections of acquire requests that got no reply (see `acquire::Unanswered`); the
     /// release goes on each of them too, so that its node runs it after that acquire.
@@ -174,6 +234,12 @@ impl RedlockBackend {
     /// `bound`: `request_timeout` for a release; the node timeout for the undo of a try or of an
     /// acquire (a node that slow is a failed node, which Redlock tolerates: the acquire must not wait
     /// out `request_timeout` on it; its key, if the late request sets one, is ours and expires).
+    ///
+    /// A node's "deleted nothing" is definite only when its request was sent once: one resent on a
+    /// fresh connection after the first broke under it (its reply lost) may find nothing because the
+    /// first deleted the key. So the answer is `Released` when a node deleted the key; `NotHeld` only
+    /// when more than N − Q nodes definitely hold none of this hold's (then no quorum held it, as a
+    /// renewal's `Gone`); else `Unavailable`, the outcome unknown (released, or expired).
     pub(crate) async fn release_everywhere(
         &self,
         name: &str,
@@ -193,50 +259,67 @@ impl RedlockBackend {
             async move {
                 let (release, args) = (&scripts.release, [&*value]);
                 let (node, name, args) = (&node, name.as_str(), &args[..]);
-                let fresh = node.script("Redlock release", bound, release, name, args);
+                let mut sent = Sent::default();
+                let fresh =
+                    node.script_recorded("Redlock release", bound, release, name, args, &mut sent);
                 let after_late = futures_util::future::join_all(late.into_iter().map(|conn| {
                     node.script_on(conn, "Redlock release", bound, release, name, args)
                 }));
                 let (fresh, after_late) = futures_util::future::join(fresh, after_late).await;
                 // Deleted on either connection: this owner's key is gone from the node.
-                match after_late
+                let reply = match after_late
                     .into_iter()
                     .find(|r| matches!(r, Ok(v) if int(v) == Some(1)))
                 {
                     Some(deleted) => deleted,
                     None => fresh,
-                }
+                };
+                (reply, sent.resent)
             }
         })
         .all(self.nodes().len())
         .await;
-        let (mut deleted, mut failures) = (0, Vec::new());
+        let (mut deleted, mut not_ours, mut unknown, mut failures) = (0, 0, 0, Vec::new());
         for (node, reply) in self.nodes().iter().zip(replies) {
-            match reply.map(|r| r.map(|v| int(&v))) {
-                Some(Ok(Some(1))) => deleted += 1,
-                Some(Ok(Some(0))) => {}
-                Some(Ok(other)) => {
+            match reply.map(|(r, resent)| (r.map(|v| int(&v)), resent)) {
+                Some((Ok(Some(1)), _)) => deleted += 1,
+                Some((Ok(Some(0)), false)) => not_ours += 1,
+                Some((Ok(Some(0)), true)) => unknown += 1,
+                Some((Ok(other), _)) => {
                     failures.push(format!("{}: unexpected reply {other:?}", node.shown()))
                 }
-                Some(Err(e)) => failures.push(format!("{}: {e}", node.shown())),
+                Some((Err(e), _)) => failures.push(format!("{}: {e}", node.shown())),
                 None => failures.push(format!("{}: no reply", node.shown())),
             }
         }
         if !failures.is_empty() {
             tracing::debug!(lock = name, failures = ?failures, "Redlock release did not reach every node; its keys there expire after the lease");
         }
+        let (n, quorum) = (self.nodes().len(), self.config().quorum());
         if deleted > 0 {
             return Ok(Released::Released);
         }
-        if failures.is_empty() {
+        if not_ours > n - quorum {
             return Ok(Released::NotHeld);
+        }
+        let mut why = Vec::new();
+        if unknown > 0 {
+            why.push(format!(
+                "{unknown} were sent again after the connection broke before the reply came back and found nothing (the first attempt may have deleted the key, or it had expired)"
+            ));
+        }
+        if !failures.is_empty() {
+            why.push(format!(
+                "{} failed (their keys expire after the lease): {}",
+                failures.len(),
+                failures.join("; ")
+            ));
         }
         Err(Error::new(
             ErrorKind::Unavailable,
             format!(
-                "the Redlock release deleted nothing on the {} nodes that answered; the outcome on the others is unknown (their keys expire after the lease): {}",
-                self.nodes().len() - failures.len(),
-                failures.join("; ")
+                "the Redlock release's outcome is unknown: it deleted nothing, {not_ours} of {n} nodes said the key is not this hold's (no quorum of {quorum} can be ruled out), {}",
+                why.join("; ")
             ),
         )
         .with_backend(BACKEND)
@@ -329,7 +412,8 @@ impl Backend for RedlockBackend {
     }
 
     /// A lease on the server, no fencing token (Redlock mints none that is safe: see GUARANTEES.md),
-    /// waiters poll with jitter.
+    /// waiters poll with jitter. The mutex only: read-write locks and semaphores are `Unsupported` on
+    /// Redlock (see the module).
     fn capabilities(&self) -> Capabilities {
         Capabilities::mutex()
             .with_server_ttl(true)
@@ -388,6 +472,14 @@ impl Backend for RedlockBackend {
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
         self.inspect_nodes(name).await
     }
+}
+
+/// The `run_id:` line of an `INFO server` reply.
+fn run_id(info: &str) -> Option<String> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("run_id:"))
+        .map(|id| id.trim().to_string())
+        .filter(|id| !id.is_empty())
 }
 
 /// A `GET` reply as text.

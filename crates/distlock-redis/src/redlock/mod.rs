@@ -10,6 +10,10 @@
 //! * **No fencing token**: [`Fencing::None`](distlock_core::Fencing::None). Redlock's safety rests on
 //!   bounded clock drift, pauses and network delays, and on nodes not losing keys (a restart without
 //!   persistence): see the Redlock section of GUARANTEES.md. Use it for efficiency, not correctness.
+//! * **Mutex only**: Redlock has no read-write lock and no semaphore (`locks.read_write(…)` and
+//!   `locks.semaphore(…)` fail with `ErrorKind::Unsupported`, and `distlock run --read`/`--write`/
+//!   `--permits` exit 64), because no published Redlock client defines them over independent masters
+//!   and a quorum of per-node reader sets or counters would not bound readers or permits across nodes.
 //!
 //! ```no_run
 //! # async fn f() -> distlock_core::Result<()> {

@@ -9,7 +9,7 @@ use distlock_core::{Error, ErrorKind};
 use redis::Value;
 
 use crate::config::RedisConfig;
-use crate::conn::{Conn, Link, Sent, Target};
+use crate::conn::{Ask, Conn, Link, Sent, Target};
 use crate::error::RedisError;
 use crate::redlock::config::{RedlockConfig, BACKEND};
 use crate::rpc::request_error;
@@ -62,7 +62,9 @@ impl Node {
         F: FnMut(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
     {
-        let run = self.link.run(&self.target, what, bound, request, sent);
+        let run = self
+            .link
+            .run(&self.target, what, bound, Ask::Follow, request, sent);
         tokio::time::timeout(bound, run)
             .await
             .unwrap_or_else(|_| Err(self.timed_out(what, bound)))

@@ -189,3 +189,43 @@ impl<T: Send + Sync + 'static> Shared<T> {
         .expect("starting the topology")
     }
 }
+
+/// One client's fault proxies on a topology that hands out server addresses: a proxy in front of each of
+/// `servers` and of each of `discovery`, every one of which rewrites, in what its upstream sends back,
+/// each server's port (as `encode` writes it in a reply) to the port of this client's proxy in front of
+/// that server. The client then reaches every server through proxies of its own only, so the suite's
+/// delay and reset act on this client alone. Returns the server proxies (in the order of `servers`),
+/// then the discovery proxies.
+pub fn rewriting_proxies(
+    servers: &[SocketAddr],
+    discovery: &[SocketAddr],
+    encode: fn(u16) -> Vec<u8>,
+) -> Vec<Arc<distlock_testkit::proxy::Proxy>> {
+    use distlock_testkit::proxy::Proxy;
+    let proxies: Vec<Arc<Proxy>> = servers
+        .iter()
+        .chain(discovery)
+        .map(|s| Arc::new(Proxy::start(*s).expect("proxy")))
+        .collect();
+    let rewrites: Vec<(Vec<u8>, Vec<u8>)> = servers
+        .iter()
+        .zip(&proxies)
+        .map(|(s, p)| (encode(s.port()), encode(p.port())))
+        .collect();
+    for p in &proxies {
+        p.set_rewrites(rewrites.clone());
+    }
+    proxies
+}
+
+/// A port as a RESP bulk string (`SENTINEL MASTERS` fields).
+pub fn resp_bulk_port(port: u16) -> Vec<u8> {
+    let digits = port.to_string();
+    format!("${}\r\n{digits}\r\n", digits.len()).into_bytes()
+}
+
+/// A port as the tail of a RESP integer (`CLUSTER SLOTS`) or of a `MOVED`/`ASK` address:
+/// `:<port>\r\n`.
+pub fn resp_port_tail(port: u16) -> Vec<u8> {
+    format!(":{port}\r\n").into_bytes()
+}
