@@ -8,7 +8,9 @@
 //!
 //! The first [`try_acquire`](EtcdBackend::try_acquire) picks the session of the lock's lease (granting
 //! it on first use) and sends one transaction: create `NAME/<lease hex>` if absent, read the holder
-//! (oldest key) and the predecessor (the key created just before ours). Holder = ours → granted, with
+//! (oldest key) and the predecessor (the key created just before ours). When either answer is not a
+//! key of `NAME` (a nested lock's `NAME/b/<hex>`: `layout::is_contender`), the keys up to ours are read
+//! once more at the transaction's revision and only `NAME`'s count. Holder = ours → granted, with
 //! the own key's create_revision as the token. Otherwise the key stays queued and
 //! [`wait`](EtcdBackend::wait) watches the predecessor's key, from the transaction's revision + 1, until
 //! it is deleted (or the session dies: then the wait fails, etcd issue 19597). The next try is one
@@ -54,7 +56,9 @@ use distlock_core::raw::{
     Renewed,
 };
 use distlock_core::url::LockUrl;
-use distlock_core::{Capabilities, Fencing, FencingToken, LockOptions, Result};
+use distlock_core::{
+    Capabilities, Fencing, FencingToken, LockKind, LockKinds, LockOptions, ReadWriteOrder, Result,
+};
 
 use crate::acquire::EtcdAcquisition;
 use crate::claims::Retry;
@@ -63,8 +67,9 @@ use crate::conn::{connect_client, Conn, Keeper};
 use crate::error::{EtcdError, BACKEND};
 use crate::expiry::Expiries;
 use crate::held::HeldKeys;
-use crate::layout;
+use crate::layout::{self, NameKey};
 use crate::lease::EtcdLease;
+use crate::rpc::pb::etcdserverpb::RangeRequest;
 use crate::rpc::Client;
 use crate::session::Session;
 
@@ -239,10 +244,15 @@ impl Backend for EtcdBackend {
             .with_notify_wait(true)
             .with_frees_on_process_death(false)
             .with_shared_across_processes(true)
+            .with_kinds(
+                LockKinds::mutex_only()
+                    .with_read_write(ReadWriteOrder::Fifo)
+                    .with_semaphore(),
+            )
     }
 
     fn begin(&self, request: &AcquireRequest) -> Result<EtcdAcquisition> {
-        Ok(EtcdAcquisition::new(self, &request.owner))
+        Ok(EtcdAcquisition::new(self, request))
     }
 
     async fn try_acquire(
@@ -262,9 +272,14 @@ impl Backend for EtcdBackend {
         request: &AcquireRequest,
         _retry_after: Option<Duration>,
     ) -> Result<()> {
-        self.wait_predecessor(acquisition)
-            .await
-            .map_err(|e| e.into_core(Some(&request.name)))
+        self.wait_predecessor(
+            acquisition,
+            // Every kind but the mutex (whose single watch issue 9 measured); a permit waiting on
+            // the permits' range watches its own key with it already.
+            !matches!(request.kind, LockKind::Mutex),
+        )
+        .await
+        .map_err(|e| e.into_core(Some(&request.name)))
     }
 
     async fn abandon(&self, acquisition: EtcdAcquisition, request: &AcquireRequest) {
@@ -294,34 +309,134 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
-        let resp = self
-            .get("status read", layout::all_keys(name))
+        self.inspect_name(name)
             .await
-            .map_err(|e| e.into_core(Some(name)))?;
-        let kvs = &resp.kvs;
+            .map_err(|e| e.into_core(Some(name)))
+    }
+}
+
+impl EtcdBackend {
+    /// The number a key of the name keeps (the stored limit, the last write token); `None` when the
+    /// key is missing or holds no number.
+    async fn read_number<T: std::str::FromStr>(
+        &self,
+        action: &'static str,
+        key: String,
+    ) -> std::result::Result<Option<T>, EtcdError> {
+        let read = self
+            .get(
+                action,
+                RangeRequest {
+                    key: key.into_bytes(),
+                    ..RangeRequest::default()
+                },
+            )
+            .await?;
+        Ok(read
+            .kvs
+            .first()
+            .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.trim().parse().ok()))
+    }
+
+    /// `status`: the name's keys ([`layout::classify`]; a nested lock's keys, issue 24, are neither
+    /// holders nor waiters) in create_revision order. The oldest decides the kind: a mutex or a
+    /// writer holds alone; readers hold up to the first key of another kind; permits hold up to the
+    /// first key of another kind and the stored limit. The rest wait.
+    async fn inspect_name(&self, name: &str) -> std::result::Result<LockInfo, EtcdError> {
+        let resp = self.get("status read", layout::all_keys(name)).await?;
+        let prefix = layout::prefix(name);
+        let keys: Vec<_> = resp
+            .kvs
+            .iter()
+            .filter_map(|kv| layout::classify(&prefix, &kv.key).map(|k| (k, kv)))
+            .collect();
         let mut info = LockInfo::default();
-        info.waiters = Some(kvs.len().saturating_sub(1));
-        if let Some(holder) = kvs.first() {
+        let Some(&(first, _)) = keys.first() else {
+            info.waiters = Some(0);
+            return Ok(info);
+        };
+        let limit = match first {
+            NameKey::Permit => {
+                self.read_number::<u32>("status limit read", layout::limit_key(name))
+                    .await?
+            }
+            _ => None,
+        };
+        let holding = match first {
+            NameKey::Read | NameKey::Permit => {
+                let same = keys.iter().take_while(|(k, _)| *k == first).count();
+                match (first, limit) {
+                    (NameKey::Permit, Some(limit)) => {
+                        same.min(usize::try_from(limit).unwrap_or(usize::MAX))
+                    }
+                    _ => same,
+                }
+            }
+            _ => 1,
+        };
+        info.waiters = Some(keys.len().saturating_sub(holding));
+        let record = match first {
+            NameKey::Read => {
+                self.read_number::<u64>("status record read", layout::write_record_key(name))
+                    .await?
+            }
+            _ => None,
+        };
+        let mut holders = Vec::new();
+        for (_, kv) in keys.iter().take(holding) {
             let mut remaining = None;
-            if holder.lease != 0 {
+            if kv.lease != 0 {
                 let client = self.client();
                 if let Ok(Ok(ttl)) = tokio::time::timeout(
                     self.inner.config.connection.request_timeout,
-                    client.lease_time_to_live(holder.lease),
+                    client.lease_time_to_live(kv.lease),
                 )
                 .await
                 {
                     remaining = Some(Duration::from_secs(ttl.ttl.max(0).unsigned_abs()));
                 }
             }
-            let value = String::from_utf8_lossy(&holder.value).into_owned();
-            let token = FencingToken::new(holder.create_revision.unsigned_abs());
-            let mut holder_info = HolderInfo::default();
-            holder_info.owner = (!value.is_empty()).then_some(value);
-            holder_info.token = Some(token);
-            holder_info.remaining_lease = remaining;
-            info.holder = Some(holder_info);
-            info.last_token = Some(token);
+            let value = String::from_utf8_lossy(&kv.value).into_owned();
+            let own_token = FencingToken::new(kv.create_revision.unsigned_abs());
+            // A granted permit's token is the revision of its grant's write, the key's last
+            // (`layout::permit_grant_txn`); a permit in the first `limit` whose try has not come yet
+            // shows its last try's (or its create's).
+            let permit_token = FencingToken::new(kv.mod_revision.unsigned_abs());
+            let mut holder = HolderInfo::default();
+            holder.owner = (!value.is_empty()).then_some(value);
+            holder.remaining_lease = remaining;
+            match first {
+                // A reader carries the last recorded write token (or 0).
+                NameKey::Read => holder.token = Some(FencingToken::new(record.unwrap_or(0))),
+                NameKey::Permit => {
+                    holder.token = Some(permit_token);
+                    let key = String::from_utf8_lossy(&kv.key);
+                    holder.permit = Some(layout::permit_name(name, &key).to_string());
+                }
+                _ => holder.token = Some(own_token),
+            }
+            holders.push(holder);
+        }
+        match first {
+            NameKey::Mutex | NameKey::Write => {
+                info.kind = Some(if first == NameKey::Write {
+                    LockKind::Write
+                } else {
+                    LockKind::Mutex
+                });
+                info.last_token = holders.first().and_then(|h| h.token);
+                info.holder = holders.pop();
+            }
+            NameKey::Read => {
+                info.kind = Some(LockKind::Read);
+                info.last_token = record.map(FencingToken::new);
+                info.holders = holders;
+            }
+            _ => {
+                info.kind = limit.map(|limit| LockKind::Permit { limit });
+                info.last_token = holders.iter().filter_map(|h| h.token).max();
+                info.holders = holders;
+            }
         }
         Ok(info)
     }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use distlock_core::retry::Backoff;
+use distlock_core::LockKind;
 
 use crate::backend::{EtcdBackend, Inner};
 use crate::layout;
@@ -42,6 +43,26 @@ impl EtcdBackend {
     /// Claims the first key of `name` on session `lease` that no local contender uses: slot 0 is Go's
     /// `NAME/<lease hex>`, later slots exist only while several owners of one name share the session.
     pub(crate) fn claim_key(&self, name: &str, lease: i64) -> (Arc<str>, u64) {
+        self.claim_key_of(LockKind::Mutex, name, lease)
+    }
+
+    /// Claims the first key of `kind`'s shape no local contender uses: a mutex's as
+    /// [`claim_key`](Self::claim_key); a reader's or writer's `NAME/read|write/<unix nanos>` (Go's
+    /// `recipe.RWMutex`), the nanoseconds moved on by the slot while a local contender uses one;
+    /// a permit's `NAME/permit.<lease hex>.<n>`, the first free slot.
+    pub(crate) fn claim_key_of(&self, kind: LockKind, name: &str, lease: i64) -> (Arc<str>, u64) {
+        let nanos = match kind {
+            LockKind::Read | LockKind::Write => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+            _ => 0,
+        };
+        let shape = |slot: usize| match kind {
+            LockKind::Read => layout::read_key(name, nanos + slot as u128),
+            LockKind::Write => layout::write_key(name, nanos + slot as u128),
+            LockKind::Permit { .. } => layout::permit_key(name, lease, slot),
+            _ => layout::slot_key(name, lease, slot),
+        };
         let claim = self.inner.next_claim.fetch_add(1, Ordering::Relaxed);
         let mut claims = match self.inner.claims.lock() {
             Ok(c) => c,
@@ -51,7 +72,7 @@ impl EtcdBackend {
         loop {
             // One allocation of the key for the hold's life: the claim, the acquisition, the lease,
             // the held-key watch and the deadline share it (issue 9's memory per held lock).
-            let key: Arc<str> = layout::slot_key(name, lease, slot).into();
+            let key: Arc<str> = shape(slot).into();
             if let std::collections::hash_map::Entry::Vacant(v) = claims.entry(key.clone()) {
                 v.insert(claim);
                 return (key, claim);

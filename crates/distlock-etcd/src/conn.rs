@@ -181,6 +181,29 @@ impl EtcdBackend {
         self.idempotent(action, || client.txn(txn.clone())).await
     }
 
+    /// A txn whose reply may show that a send of it was *not* applied (a release whose compare
+    /// failed), sent as [`txn`](Self::txn) is, but settled on a reply that `applied` accepts when one
+    /// comes: a rejected reply waits for the other sends still under way (a hedged copy applied first
+    /// makes the copy applied second fail its compare, and that one may answer first), and is not
+    /// sent again. [`Settled::unsure`] says whether a send whose reply never came may have been
+    /// applied, so that a rejected reply cannot be taken as "nothing was done".
+    pub(crate) async fn txn_settled(
+        &self,
+        action: &'static str,
+        txn: TxnRequest,
+        applied: impl Fn(&TxnResponse) -> bool,
+    ) -> std::result::Result<Settled<TxnResponse>, EtcdError> {
+        let client = self.connection().await?;
+        bounded_retry(
+            &self.inner.config,
+            action,
+            self.inner.config.connection.request_timeout,
+            || client.txn(txn.clone()),
+            applied,
+        )
+        .await
+    }
+
     pub(crate) async fn get(
         &self,
         action: &'static str,
@@ -211,9 +234,20 @@ impl EtcdBackend {
             action,
             self.inner.config.connection.request_timeout,
             request,
+            |_| true,
         )
         .await
+        .map(|settled| settled.reply)
     }
+}
+
+/// The reply a request settled on (see [`EtcdBackend::txn_settled`]).
+pub(crate) struct Settled<T> {
+    pub(crate) reply: T,
+    /// Whether another send of the request may have been applied without its reply reaching us: one
+    /// failed (a reset connection may have carried it to the server first), or one was still
+    /// unanswered when the request settled. Only meaningful for a reply the caller rejected.
+    pub(crate) unsure: bool,
 }
 
 /// Runs `request` until it succeeds, within `timeout` in all, retried per `config.connection.retry`
@@ -226,12 +260,19 @@ impl EtcdBackend {
 /// give up on it (after which it is reconnected to at once). Without this, every request that landed
 /// there would wait out the whole timeout and fail; the extra send goes to the next member (see
 /// `Client::channel`). Each such extra send counts as a retry.
+///
+/// A reply that `accept` rejects (a compare-guarded write that found nothing to do) is not returned
+/// while another send is under way: that one may be the send that did it (issue 24: a slow release
+/// sent to a second member, the copy applied second answering first). It is kept, no more sends are
+/// made, and it is returned once the others have answered or failed, or at the deadline, with
+/// [`Settled::unsure`] set if any of them failed or never answered.
 async fn bounded_retry<T, F, Fut>(
     config: &EtcdConfig,
     action: &'static str,
     timeout: Duration,
     request: F,
-) -> std::result::Result<T, EtcdError>
+    accept: impl Fn(&T) -> bool,
+) -> std::result::Result<Settled<T>, EtcdError>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = std::result::Result<T, tonic::Status>>,
@@ -253,8 +294,20 @@ where
         usize::from(first.is_some()) + extra.as_ref().map_or(0, FuturesUnordered::len)
     };
     let mut next_send = hedge_after.map(|after| Instant::now() + after);
+    // A reply `accept` rejected, held while other sends are under way.
+    let mut rejected: Option<T> = None;
+    // A send failed: it may have reached the server before its connection broke.
+    let mut failed = false;
     loop {
         let sending = in_flight(&first, &extra) > 0;
+        if !sending {
+            if let Some(reply) = rejected.take() {
+                return Ok(Settled {
+                    reply,
+                    unsure: failed,
+                });
+            }
+        }
         tokio::select! {
             answer = std::future::poll_fn(|cx| {
                 if let Some(send) = first.as_mut().as_pin_mut() {
@@ -269,11 +322,27 @@ where
                 }
             }), if sending => {
                 let status = match answer {
-                    Some(Ok(reply)) => return Ok(reply),
+                    Some(Ok(reply)) if rejected.is_none() && !accept(&reply) => {
+                        // Wait for the other sends (if any: the check at the loop's top returns it
+                        // otherwise), and make no more.
+                        rejected = Some(reply);
+                        next_send = None;
+                        continue;
+                    }
+                    Some(Ok(reply)) => {
+                        if rejected.is_some() && !accept(&reply) {
+                            continue;
+                        }
+                        return Ok(Settled { reply, unsure: false });
+                    }
                     Some(Err(status)) => status,
                     None => continue,
                 };
                 tracing::debug!(action, error = %status, "etcd request failed");
+                failed = true;
+                if rejected.is_some() {
+                    continue;
+                }
                 if !crate::error::retryable(&status) {
                     return Err(EtcdError::rpc(action)(status));
                 }
@@ -306,6 +375,10 @@ where
                 };
             }
             _ = sleep_until(deadline) => {
+                if let Some(reply) = rejected.take() {
+                    // The other sends never answered: any of them may have been applied.
+                    return Ok(Settled { reply, unsure: true });
+                }
                 return Err(EtcdError::Timeout {
                     action,
                     after: timeout,
@@ -343,6 +416,7 @@ pub(crate) async fn connect_client(
             }
             client.status().await
         },
+        |_| true,
     )
     .await;
     match proved {

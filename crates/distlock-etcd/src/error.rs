@@ -35,6 +35,12 @@ pub(crate) enum EtcdError {
     SessionLost(String),
     /// The server answered something the layout does not allow.
     Protocol(String),
+    /// A semaphore's stored limit (at `key`) is not the one asked for.
+    LimitMismatch {
+        key: String,
+        stored: u32,
+        requested: u32,
+    },
 }
 
 impl EtcdError {
@@ -127,6 +133,14 @@ impl fmt::Display for EtcdError {
             }
             EtcdError::SessionLost(why) => f.write_str(why),
             EtcdError::Protocol(message) => write!(f, "unexpected etcd reply: {message}"),
+            EtcdError::LimitMismatch {
+                key,
+                stored,
+                requested,
+            } => write!(
+                f,
+                "the semaphore has {stored} permits on the server (etcd key {key}); this one asked for {requested} (every user must ask for the same; the limit is kept when every permit is back: to change it, delete the key while no permit is held, `etcdctl del {key}`, and the next permit stores its own)"
+            ),
         }
     }
 }
@@ -160,6 +174,12 @@ impl From<EtcdError> for Error {
             EtcdError::Rpc { source, .. } => rpc_kind(source),
             EtcdError::Timeout { .. } | EtcdError::SessionLost(_) => ErrorKind::Unavailable,
             EtcdError::Protocol(_) => ErrorKind::Protocol,
+            EtcdError::LimitMismatch {
+                stored, requested, ..
+            } => ErrorKind::LimitMismatch {
+                stored: *stored,
+                requested: *requested,
+            },
         };
         let message = error.to_string();
         let error = match error {

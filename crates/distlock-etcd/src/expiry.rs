@@ -309,7 +309,9 @@ async fn run(expiries: Arc<Expiries>, backend: Weak<Inner>) {
         match wake_at {
             Some(at) => {
                 tokio::select! {
-                    _ = tokio::time::sleep(at.saturating_duration_since(clock::now())) => {}
+                    // On the boot clock: a tokio timer would report the loss and delete the key as
+                    // much later as the machine was suspended.
+                    () = clock::sleep_until(at) => {}
                     _ = &mut earlier => {}
                 }
             }

@@ -11,7 +11,7 @@ use distlock_core::clock;
 use distlock_core::raw::{
     AcquireRequest, Grant, HandOff, LossReport, Released, Renewal, RenewalId, Renewed,
 };
-use distlock_core::{FencingToken, Result};
+use distlock_core::{ErrorKind, FencingToken, LockKind, Result};
 
 use crate::acquire::{header_rev, Position};
 use crate::backend::{EtcdBackend, Inner};
@@ -20,6 +20,7 @@ use crate::error::BACKEND;
 use crate::expiry::{Expiries, ExpirySlot, Rearmed};
 use crate::layout;
 use crate::rpc::pb::etcdserverpb::response_op::Response as OpResponse;
+use crate::rpc::pb::etcdserverpb::TxnResponse;
 use crate::session::{KeepAlive, Session};
 
 /// A held lock: its key, create_revision (the token) and session, and the client-side expiry of the
@@ -42,6 +43,9 @@ pub struct EtcdLease {
     /// A failed release already handed the key to the retried deletes (with its owner): the drop must
     /// not hand it again.
     pub(crate) handed_off: std::sync::atomic::AtomicBool,
+    /// What the hold is (a writer's release records its token for readers; only a mutex is handed
+    /// off).
+    pub(crate) kind: LockKind,
 }
 
 impl Drop for EtcdLease {
@@ -81,7 +85,10 @@ impl EtcdLease {
         &self.key
     }
 
-    /// The key's create_revision: the fencing token.
+    /// The key's create_revision: the fencing token of a mutex or writer hold, and of a permit
+    /// granted by the txn that created its key. A permit granted at a later try carries the revision
+    /// of that try's write instead (the key's mod_revision, `layout::permit_grant_txn`); a reader the
+    /// last write's. Releases, expiries and deletes compare the create_revision.
     pub fn create_revision(&self) -> i64 {
         self.rev
     }
@@ -126,6 +133,7 @@ impl EtcdBackend {
         claim: u64,
         lease: Duration,
         queued: Option<QueuedWatch>,
+        kind: LockKind,
     ) -> Grant<EtcdLease> {
         let Position {
             session,
@@ -208,6 +216,7 @@ impl EtcdBackend {
             watch_id,
             backend: Arc::downgrade(&self.inner),
             handed_off: std::sync::atomic::AtomicBool::new(false),
+            kind,
         };
         Grant::new(held)
             .with_token(token)
@@ -387,8 +396,15 @@ impl EtcdBackend {
     ) -> Result<Released> {
         // Kept for the next grant of this key (this owner's next cycle, or another local owner's).
         self.inner.held.linger(lease.watch_id);
+        // A loss known before the release is sent makes a key found gone a definite `NotHeld`.
+        let lost_before = lease.lost.reason().is_some();
+        // A writer's release records its token for the readers after it, in the same txn.
+        let txn = match lease.kind {
+            LockKind::Write => layout::write_release_txn(name, &lease.key, lease.rev),
+            _ => layout::release_txn(&lease.key, lease.rev),
+        };
         let resp = match self
-            .txn("release", layout::release_txn(&lease.key, lease.rev))
+            .txn_settled("release", txn, |resp| resp.succeeded)
             .await
         {
             Ok(resp) => resp,
@@ -404,12 +420,31 @@ impl EtcdBackend {
         // Only now remove its deadline: if the release failed, the expiry task still deletes the
         // key when the lease runs out.
         self.inner.expiries.remove(&lease.expiry);
-        Ok(if resp.succeeded {
-            Released::Released
+        if resp.reply.succeeded {
+            Ok(Released::Released)
         } else {
-            Released::NotHeld
-        })
+            not_held_or_unknown(name, resp.unsure, lost_before)
+        }
     }
+}
+
+/// What a release whose compare failed (the key with the hold's create_revision is gone) reports.
+/// `NotHeld` is a definite answer ("nothing of this owner's was there"), so it is given only when no
+/// other send of the release may have been the one that deleted the key (`unsure`: a send failed
+/// after it may have reached the server, or was unanswered), or when the hold was already known lost
+/// before the release was sent. Otherwise the outcome is unknown: our first send deleted the key, or
+/// it was gone before (deleted, or its lease expired), and the answer is `Unavailable`, as on Redis
+/// (issue 24). Either way no other owner's key was touched: the delete compares the create_revision.
+fn not_held_or_unknown(name: &str, unsure: bool, lost_before: bool) -> Result<Released> {
+    if !unsure || lost_before {
+        return Ok(Released::NotHeld);
+    }
+    Err(distlock_core::Error::new(
+        ErrorKind::Unavailable,
+        format!(
+            "release of {name:?} on etcd: the outcome is unknown: a send of the release got no reply (the connection broke, or the request was also sent to another member), and the send that answered found the key gone, so either the first send deleted it or it was already gone (deleted, or its session lease expired); no other owner's key was touched"
+        ),
+    ))
 }
 
 /// A key made for the next owner by a handoff whose outcome is not known yet: if the handoff future is
@@ -463,6 +498,13 @@ impl EtcdBackend {
         owner: &str,
         next: &AcquireRequest,
     ) -> Result<HandOff<EtcdLease>> {
+        // Only a mutex is handed on: a writer's release records its token, and the next writer's
+        // key would need its own shape.
+        if lease.kind != LockKind::Mutex || next.kind != LockKind::Mutex {
+            return Ok(HandOff::Released(
+                self.release_lease(lease, name, owner).await?,
+            ));
+        }
         let session = match self.session_for(next.lease).await {
             Ok(session) => session,
             Err(e) => {
@@ -486,6 +528,7 @@ impl EtcdBackend {
             }),
         };
         self.inner.held.linger(lease.watch_id);
+        let lost_before = lease.lost.reason().is_some();
         let txn = layout::hand_off_txn(
             &lease.key,
             lease.rev,
@@ -494,8 +537,28 @@ impl EtcdBackend {
             session.id,
             &next.owner,
         );
-        let resp = match self.txn("handoff", txn).await {
-            Ok(resp) => resp,
+        let made_by_us = |resp: &TxnResponse| {
+            resp.responses.get(1).and_then(|op| match &op.response {
+                Some(OpResponse::ResponseRange(read)) => read
+                    .kvs
+                    .first()
+                    .filter(|kv| kv.lease == session.id && kv.value == next.owner.as_bytes())
+                    .map(|kv| kv.create_revision),
+                _ => None,
+            })
+        };
+        // A reply shows the handoff's write if it applied, or its failure branch released the key,
+        // or found the next owner's key an earlier send made.
+        let shows_a_write = |resp: &TxnResponse| {
+            resp.succeeded
+                || made_by_us(resp).is_some()
+                || matches!(
+                    resp.responses.first().and_then(|op| op.response.as_ref()),
+                    Some(OpResponse::ResponseTxn(release)) if release.succeeded
+                )
+        };
+        let settled = match self.txn_settled("handoff", txn, shows_a_write).await {
+            Ok(settled) => settled,
             Err(e) => {
                 // Either outcome may have happened: the old key goes to the retried deletes as a
                 // failed release's does, the new one with `undo`.
@@ -503,6 +566,7 @@ impl EtcdBackend {
                 return Err(e.into_core(Some(name)));
             }
         };
+        let (resp, unsure) = (settled.reply, settled.unsure);
         // The old key is gone either way (deleted now, or no longer this hold's).
         self.unclaim(&lease.key, lease.claim);
         self.inner.expiries.remove(&lease.expiry);
@@ -513,15 +577,8 @@ impl EtcdBackend {
             // may have applied first: then the new key is there, on the session's lease with the next
             // owner's value, and the handoff happened (the releaser's key went with it). Unclaiming
             // it as if nothing was written left it blocking the name (review).
-            let made = resp.responses.get(1).and_then(|op| match &op.response {
-                Some(OpResponse::ResponseRange(read)) => read
-                    .kvs
-                    .first()
-                    .filter(|kv| kv.lease == session.id && kv.value == next.owner.as_bytes()),
-                _ => None,
-            });
-            match made {
-                Some(kv) => kv.create_revision,
+            match made_by_us(&resp) {
+                Some(rev) => rev,
                 None => {
                     // Nothing was written for the next owner.
                     undo.doomed = None;
@@ -531,7 +588,7 @@ impl EtcdBackend {
                         Some(OpResponse::ResponseTxn(release)) if release.succeeded => {
                             Released::Released
                         }
-                        _ => Released::NotHeld,
+                        _ => not_held_or_unknown(name, unsure, lost_before)?,
                     };
                     return Ok(HandOff::Released(released));
                 }
@@ -549,7 +606,9 @@ impl EtcdBackend {
             read_rev: rev,
             alive_at: rev,
         };
-        let grant = self.grant(found, claim, next.lease, None).await;
+        let grant = self
+            .grant(found, claim, next.lease, None, LockKind::Mutex)
+            .await;
         undo.doomed = None;
         Ok(HandOff::Handed(grant))
     }

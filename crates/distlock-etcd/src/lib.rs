@@ -5,19 +5,30 @@
 //! * **Layout compatible with etcd's Go `concurrency.Mutex` and `etcdctl lock NAME`** (see [`layout`]):
 //!   key `NAME/<session lease id in hex>`, the holder is the oldest key under `NAME/`, waiters queue in
 //!   creation order and each watches only its predecessor. distlock, Go services and `etcdctl lock`
-//!   exclude each other. As in Go, prefixes nest: lock `a` also sees the keys of lock `a/b`.
+//!   exclude each other. Unlike Go, distlock counts only `NAME`'s own keys under the prefix
+//!   ([`layout::is_contender`]), so a lock `a` and a lock `a/b` nested under it never block each other
+//!   (a Go client on `a` still waits behind `a/b`'s keys: see [`layout`]).
 //! * **Sessions.** One lease per distinct TTL per backend (a lock's lease, rounded up to whole seconds,
 //!   picks its session), kept alive on one stream every third of its TTL; every lock key of the backend
 //!   hangs on its session's lease, so an acquire is one transaction and renewals cost one keep-alive per
 //!   session per watchdog tick. [`EtcdBackend::default_lease`] is `?session_ttl=` (60 s, Go's default).
-//! * **Fencing.** The token is the holder key's create_revision, strictly increasing per name.
-//!   [`layout::fenced_put`] writes into etcd only while the lock key still has that revision.
+//! * **Fencing.** The token is the holder key's create_revision, strictly increasing per name; a
+//!   permit granted after its first try carries the revision of the write its grant made to its key
+//!   (the key's mod_revision; [`layout::permit_grant_txn`]). [`layout::fenced_put`] writes into etcd
+//!   only while the lock key's mod_revision is still the token (a mutex's or writer's key is never
+//!   written after its create). A reader's token is not its key's (it carries the last write's), so
+//!   `fenced_put` is for mutex holders, writers and permits.
 //! * **Loss.** Keep-alive failures make guards Jeopardy, then Lost at the deadline computed from the
 //!   granted TTL; a held key deleted on the server (`etcdctl del`, a revoked or expired lease) makes its
 //!   guard Lost within a round trip: the backend watches the keys it holds on one watch stream.
 //! * **One owner per key.** Owners of one name sharing a session (two `Locks` on clones of one backend)
 //!   each claim a key of their own (`NAME/<lease hex>_<n>` for all but the first) and queue; a key is
 //!   adopted only by the owner that wrote it.
+//! * **Lock kinds** (issue 25): a read-write lock with the key shapes of Go's `recipe.RWMutex`
+//!   (`NAME/read/<unix nanos>`, `NAME/write/<unix nanos>`) and a semaphore of distlock's own
+//!   (`NAME/permit.<lease hex>.<n>`, its limit kept at [`layout::limit_key`]). Every kind of a name is
+//!   in one queue by create_revision ([`layout::classify`]): FIFO, and kinds wait for each other.
+//!   A reader carries the last write's token ([`layout::write_record_key`]); no atomic downgrade.
 //! * **What the Go client gets wrong, done right:** after waiting, the own key is checked (same
 //!   transaction as the holder read) before the lock is reported held (etcd issue 11456); release deletes
 //!   the own key only while its create_revision matches (22082); a waiter whose session dies stops with

@@ -125,7 +125,9 @@ impl Session {
         let mut backoff = Backoff::new(retry, retry);
         let mut next = interval;
         loop {
-            tokio::time::sleep(next).await;
+            // On the boot clock: after a suspend the keep-alive goes out at the resume, while the
+            // lease may still live (the server counted the suspend), not as much later.
+            clock::sleep(next).await;
             match self.keep_alive().await {
                 Ok(_) => next = interval,
                 Err(KeepAlive::Gone(_)) => return,
