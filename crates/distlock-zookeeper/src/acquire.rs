@@ -2,7 +2,9 @@
 //! ephemeral sequential child (found again by its `_c_<uuid>` after a lost reply: CURATOR-678, kazoo
 //! #760), the holder read from the sorted children, a waiter watching only its predecessor, a waiter
 //! whose session expires failing instead of waiting on (etcd #19597's analogue), and an abandoned
-//! acquire deleting its node.
+//! acquire deleting its node. The same machinery queues a reader or a writer (`rw.rs`: what differs is
+//! the node's name, where it stands, and the reader's token) and a semaphore's inner mutex and lease
+//! node (`semaphore.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +23,7 @@ use crate::session::{state_is_terminal, Session};
 
 /// How many times one try creates the node again (its parent reaped, or the node deleted before the
 /// first read) before giving up.
-const MAX_RECREATES: u32 = 3;
+pub(crate) const MAX_RECREATES: u32 = 3;
 
 /// An acquire under way: the session it queues on, its protection id, and its node once created.
 #[derive(Debug)]
@@ -38,6 +40,18 @@ pub struct ZkAcquisition {
     create_sent: bool,
     /// The child to watch in `wait`.
     predecessor: Option<String>,
+    /// The node's name before the sequence: `lock-`, `__READ__`, `__WRIT__`, `lease-`.
+    pub(crate) marker: &'static str,
+    /// Whether a semaphore's lease nodes under the path refuse this acquire (`KindConflict`): for a
+    /// name's mutex and read-write nodes, not for a semaphore's own inner mutex.
+    pub(crate) refuses_semaphore: bool,
+    semaphore_checked_for: i64,
+    /// A reader's: the newest writer node it queued behind (czxid), and the name node's data and czxid
+    /// read with the listing that granted it (`rw::reader_token`).
+    pub(crate) seen_write: i64,
+    pub(crate) name_record: Option<(Vec<u8>, i64)>,
+    /// A semaphore's acquire: its inner mutex's and lease node's (this acquisition is then a shell).
+    pub(crate) permit: Option<Box<crate::semaphore::PermitAcquisition>>,
 }
 
 impl ZkAcquisition {
@@ -50,11 +64,55 @@ impl ZkAcquisition {
             czxid: 0,
             create_sent: false,
             predecessor: None,
+            marker: layout::LOCK_NAME,
+            refuses_semaphore: true,
+            semaphore_checked_for: 0,
+            seen_write: 0,
+            name_record: None,
+            permit: None,
         }
+    }
+
+    /// The same acquire of a node named with `marker` (`__READ__`, `__WRIT__`, `lease-`).
+    pub(crate) fn with_marker(mut self, marker: &'static str) -> Self {
+        self.marker = marker;
+        self
+    }
+
+    /// The session it queues on, once chosen.
+    pub(crate) fn session(&self) -> Option<&Arc<Session>> {
+        self.session.as_ref()
+    }
+
+    /// The lock path (the node's parent).
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The own node's name and czxid, once created.
+    pub(crate) fn node(&self) -> Option<(&str, i64)> {
+        self.node.as_deref().map(|n| (n, self.czxid))
+    }
+
+    /// Forgets the own node (deleted under it): the next turn creates it again.
+    pub(crate) fn lose_node(&mut self) {
+        self.node = None;
+    }
+
+    /// The own node was deleted on purpose (a semaphore's inner mutex, once the permit is held):
+    /// nothing is left for `abandon`.
+    pub(crate) fn forget_node(&mut self) {
+        self.node = None;
+        self.create_sent = false;
+    }
+
+    /// Queues on `session` (a semaphore's lease node, on its inner mutex's session).
+    pub(crate) fn set_session(&mut self, session: Arc<Session>) {
+        self.session = Some(session);
     }
 }
 
-fn session_lost(session: &Session) -> ZkError {
+pub(crate) fn session_lost(session: &Session) -> ZkError {
     ZkError::SessionLost(format!(
         "the ZooKeeper {} this acquire queued on expired or closed; its queue position is gone (try again)",
         session.describe()
@@ -69,19 +127,53 @@ impl ZkBackend {
     ) -> Result<Attempt<ZkLease>, ZkError> {
         // Not earlier than the core's send time for this attempt: a grant's TTL counts from here.
         let started = distlock_core::clock::now();
-        let session = match &acq.session {
-            Some(session) if session.is_gone() => return Err(session_lost(session)),
-            Some(session) => session.clone(),
+        let session = self.queue_session(acq, request).await?;
+        if acq.permit.is_some() {
+            return self.try_permit(&session, acq, request, started).await;
+        }
+        if !self.take_turn(&session, acq, &request.owner).await? {
+            return Ok(Attempt::Busy { retry_after: None });
+        }
+        if crate::rw::wants_name_record(acq) && acq.name_record.is_none() {
+            // The read behind the granting listing got no answer: read it now (still after it).
+            crate::rw::fetch_name_record(self.sessions().config(), &session, acq).await?;
+        }
+        self.grant(&session, acq, request, started)
+            .map(Attempt::Acquired)
+    }
+
+    /// The session the acquire queues on: chosen at its first try, and failing the acquire once it is
+    /// gone (the queue position went with it).
+    pub(crate) async fn queue_session(
+        &self,
+        acq: &mut ZkAcquisition,
+        request: &AcquireRequest,
+    ) -> Result<Arc<Session>, ZkError> {
+        match &acq.session {
+            Some(session) if session.is_gone() => Err(session_lost(session)),
+            Some(session) => Ok(session.clone()),
             None => {
                 let session = self.sessions().for_lease(request.lease).await?;
                 acq.session = Some(session.clone());
-                session
+                Ok(session)
             }
-        };
+        }
+    }
+
+    /// One turn in the queue: creates the own node if there is none, reads the children and says
+    /// whether the node holds (`true`) or must wait for `acq.predecessor` (`false`).
+    pub(crate) async fn take_turn(
+        &self,
+        session: &Arc<Session>,
+        acq: &mut ZkAcquisition,
+        owner: &str,
+    ) -> Result<bool, ZkError> {
         let config = self.sessions().config();
         for _ in 0..=MAX_RECREATES {
+            // A reader's record is read with the listing that grants it, never an earlier one.
+            acq.name_record = None;
             let listed = if acq.node.is_none() {
-                self.create_node(&session, acq, &request.owner).await?
+                self.create_node(session, acq, owner).await?
             } else {
                 None
             };
@@ -91,31 +183,32 @@ impl ZkBackend {
             let client = &session.client;
             let children = match listed {
                 Some(children) => children,
-                None => {
-                    match retried(config, "getChildren", || client.list_children(&acq.path)).await {
-                        Ok(children) => children,
-                        Err(ZkError::Request {
-                            source: zk::Error::NoNode,
-                            ..
-                        }) => Vec::new(),
-                        Err(e) => return Err(e),
-                    }
-                }
+                None => match crate::rw::list_children(config, client, acq).await {
+                    Ok(children) => children,
+                    Err(ZkError::Request {
+                        source: zk::Error::NoNode,
+                        ..
+                    }) => Vec::new(),
+                    Err(e) => return Err(e),
+                },
             };
-            let mut sorted = children;
-            layout::sort_children(&mut sorted);
-            self.drop_duplicates(&session, acq, &own, &mut sorted).await;
-            match layout::position(&sorted, &own) {
-                Ok(None) => {
-                    return self
-                        .grant(&session, acq, request, started)
-                        .map(Attempt::Acquired)
-                }
+            if acq.refuses_semaphore && acq.semaphore_checked_for != acq.czxid {
+                // Names are one kind: a semaphore's lease nodes under the path refuse this acquire.
+                // Once per own node, after its create: a permit taken later sees this node.
+                self.refuse_beside_permits(session, &acq.path, &children)
+                    .await?;
+                acq.semaphore_checked_for = acq.czxid;
+            }
+            // Only lock nodes contend: a nested lock's container under this path is no holder.
+            let mut sorted = layout::contenders(children);
+            self.drop_duplicates(session, acq, &own, &mut sorted).await;
+            match layout::standing(&sorted, &own) {
+                Ok(None) => return Ok(true),
                 Ok(Some(predecessor)) => {
                     acq.predecessor = Some(predecessor.to_string());
-                    return Ok(Attempt::Busy { retry_after: None });
+                    return Ok(false);
                 }
-                Err(()) if session.is_gone() => return Err(session_lost(&session)),
+                Err(()) if session.is_gone() => return Err(session_lost(session)),
                 Err(()) => {
                     // Deleted under us (an operator, or the parent reaped and recreated): queue again,
                     // as Curator does on its "Sequential path not found".
@@ -130,7 +223,7 @@ impl ZkBackend {
         )))
     }
 
-    fn grant(
+    pub(crate) fn grant(
         &self,
         session: &Arc<Session>,
         acq: &ZkAcquisition,
@@ -148,10 +241,16 @@ impl ZkBackend {
             .ok_or_else(|| lease::unproven_touch(session))?;
         // The session's task watches the node from now on and reports a loss here (`held.rs`).
         let lost = LossReport::new();
-        let held = ZkLease::new(session.clone(), node.into(), acq.czxid, ttl, &lost);
+        let held = ZkLease::new(session.clone(), node.into(), acq.czxid, ttl, &lost)
+            .with_kind(request.kind);
         let loss = lost.signal();
+        // A reader carries the last write grant's token (`rw.rs`); every other hold its node's czxid.
+        let token = match request.kind {
+            distlock_core::LockKind::Read => crate::rw::reader_token(acq),
+            _ => acq.czxid,
+        };
         // czxid is positive (zxids start above 0); a negative one would be a server bug.
-        let token = FencingToken::new(u64::try_from(acq.czxid).unwrap_or(0));
+        let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
         Ok(Grant::new(held)
             .with_token(token)
             .with_ttl(ttl)
@@ -162,7 +261,7 @@ impl ZkBackend {
     /// creating again. Creates missing parents as containers. The children are read in the same round
     /// trip (sent right behind the create on the session, so they include the new node) and returned
     /// when that read worked.
-    async fn create_node(
+    pub(crate) async fn create_node(
         &self,
         session: &Session,
         acq: &mut ZkAcquisition,
@@ -170,7 +269,7 @@ impl ZkBackend {
     ) -> Result<Option<Vec<String>>, ZkError> {
         let config = self.sessions().config();
         let client = &session.client;
-        let prefix = layout::node_prefix(&acq.path, &acq.protection);
+        let prefix = layout::node_prefix_of(&acq.path, &acq.protection, acq.marker);
         let deadline = tokio::time::Instant::now() + config.connection.request_timeout;
         let mut retries = config.connection.retry.start(Some(deadline));
         // After a `NoNode`: the lock path is created in the same round trip as the retried create.
@@ -179,15 +278,21 @@ impl ZkBackend {
         loop {
             acq.create_sent = true;
             let sent_at = distlock_core::clock::now();
-            let (parent, created, listed) =
-                send_create(config, client, &acq.path, &prefix, owner, parent_missing).await;
+            let (parent, created, listed) = send_create(
+                config,
+                client,
+                (&acq.path, &prefix, owner),
+                parent_missing,
+                crate::rw::wants_name_record(acq).then_some(&mut acq.name_record),
+            )
+            .await;
             let failure = match created {
                 Ok((stat, sequence)) => {
                     // A write: answered through the leader.
                     session.leader_confirmed(sent_at);
                     acq.node = Some(format!(
                         "{}{sequence}",
-                        layout::node_name_prefix(&acq.protection)
+                        layout::node_name_prefix_of(&acq.protection, acq.marker)
                     ));
                     acq.czxid = stat.czxid;
                     return Ok(listed);
@@ -227,7 +332,7 @@ impl ZkBackend {
     }
 
     /// Looks for the own node by its protection prefix; records it (and its czxid) when found.
-    async fn find_own(
+    pub(crate) async fn find_own(
         &self,
         session: &Session,
         acq: &mut ZkAcquisition,
@@ -286,9 +391,10 @@ impl ZkBackend {
             }
         };
         let (stat, watcher) = watched;
-        if stat.is_none() {
+        let Some(stat) = stat else {
             return Ok(());
-        }
+        };
+        crate::rw::saw(acq, &predecessor, &stat);
         tokio::select! {
             event = watcher.changed() => {
                 if event.event_type == zk::EventType::Session && state_is_terminal(event.session_state) {
@@ -305,7 +411,20 @@ impl ZkBackend {
     /// or silent; a queued create may yet be applied once the client reconnects) is finished in the
     /// background once the session is connected again (`cleanup`). A session already gone took its
     /// nodes with it.
-    pub(crate) async fn abandon_zk(&self, acq: ZkAcquisition) {
+    pub(crate) async fn abandon_zk(&self, mut acq: ZkAcquisition) {
+        match acq.permit.take() {
+            // A semaphore's: its lease node and its inner mutex node, together.
+            Some(permit) => {
+                tokio::join!(
+                    self.abandon_node(&permit.lease),
+                    self.abandon_node(&permit.inner)
+                );
+            }
+            None => self.abandon_node(&acq).await,
+        }
+    }
+
+    async fn abandon_node(&self, acq: &ZkAcquisition) {
         let Some(session) = acq.session.clone() else {
             return;
         };
@@ -336,7 +455,7 @@ impl ZkBackend {
     /// Deletes other children with this acquire's protection prefix than `own` (a create sent again
     /// after a lost reply, whose first try was applied after all) and drops them from `sorted`: this
     /// acquire must never queue behind its own leftover, which would hold the lock for nobody.
-    async fn drop_duplicates(
+    pub(crate) async fn drop_duplicates(
         &self,
         session: &Arc<Session>,
         acq: &ZkAcquisition,
@@ -368,7 +487,7 @@ type CreateAnswers = (
 );
 
 /// Every ancestor of `path` and `path` itself, top down: `/a`, `/a/b`, `/a/b/c`.
-fn ancestors(path: &str) -> Vec<&str> {
+pub(crate) fn ancestors(path: &str) -> Vec<&str> {
     path.match_indices('/')
         .skip(1)
         .map(|(i, _)| &path[..i])
@@ -382,10 +501,9 @@ fn ancestors(path: &str) -> Vec<&str> {
 async fn send_create(
     config: &crate::config::ZkConfig,
     client: &zk::Client,
-    path: &str,
-    prefix: &str,
-    owner: &str,
+    (path, prefix, owner): (&str, &str, &str),
     with_parents: bool,
+    name_record: Option<&mut Option<(Vec<u8>, i64)>>,
 ) -> CreateAnswers {
     let containers = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
     let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
@@ -399,6 +517,8 @@ async fn send_create(
     };
     let create = client.create(prefix, owner.as_bytes(), &options);
     let list = client.list_children(path);
+    // A reader's: the name node's data and czxid, read right behind the children (`rw.rs`).
+    let record = name_record.is_some().then(|| client.get_data(path));
     let all = async {
         let mut parent = Ok(());
         for answer in futures_util::future::join_all(parents).await {
@@ -412,17 +532,26 @@ async fn send_create(
             }
         }
         let (created, listed) = tokio::join!(create, list);
-        (parent, created, listed)
+        let record = match record {
+            Some(record) => record.await.ok(),
+            None => None,
+        };
+        (parent, created, listed, record)
     };
     match tokio::time::timeout(config.connection.request_timeout, all).await {
-        Ok((parent, created, listed)) => (
-            parent,
-            created.map_err(|source| ZkError::Request {
-                action: "create",
-                source,
-            }),
-            listed.ok(),
-        ),
+        Ok((parent, created, listed, record)) => {
+            if let (Some(slot), Some((data, stat))) = (name_record, record) {
+                *slot = Some((data, stat.czxid));
+            }
+            (
+                parent,
+                created.map_err(|source| ZkError::Request {
+                    action: "create",
+                    source,
+                }),
+                listed.ok(),
+            )
+        }
         Err(_) => (
             Ok(()),
             Err(ZkError::Timeout {
@@ -446,7 +575,8 @@ pub(crate) async fn session_ends(session: &Session) -> ZkError {
         if state == zk::SessionState::Disconnected {
             tokio::select! {
                 next = watcher.changed() => state = next,
-                _ = tokio::time::sleep(session.timeout) => {
+                // On the boot clock: the server's expiry counts time this machine spent suspended.
+                () = distlock_core::clock::sleep(session.timeout) => {
                     return ZkError::SessionLost(format!(
                         "the ZooKeeper {} was disconnected longer than its timeout: the server has expired it, and this acquire's queue position with it",
                         session.describe()

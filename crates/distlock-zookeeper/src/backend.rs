@@ -7,10 +7,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, HolderInfo, LockInfo, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, Released, Renewal, RenewalId,
+    Renewed,
 };
 use distlock_core::url::LockUrl;
-use distlock_core::{Capabilities, Error, ErrorKind, Fencing, FencingToken, LockOptions, Result};
+use distlock_core::{
+    Capabilities, Error, ErrorKind, Fencing, FencingToken, LockKind, LockKinds, LockOptions,
+    ReadWriteOrder, Result,
+};
 use zookeeper_client as zk;
 
 use crate::acquire::ZkAcquisition;
@@ -19,7 +23,7 @@ use crate::error::{ZkError, BACKEND};
 use crate::layout;
 use crate::lease::{self, ZkLease};
 use crate::request::retried;
-use crate::session::Sessions;
+use crate::session::{Session, Sessions};
 
 /// The ZooKeeper backend: Curator `InterProcessMutex`-compatible locks (see [`layout`]). Cheap to
 /// clone; clones share the sessions.
@@ -103,36 +107,175 @@ impl ZkBackend {
         let session = self.sessions.any().await?;
         let config = self.sessions.config();
         let client = &session.client;
-        let mut children =
-            match retried(config, "getChildren", || client.list_children(&path)).await {
+        // The name node's data (a write's record) is read right behind its children.
+        let children = client.list_children(&path);
+        let record = client.get_data(&path);
+        let (children, record) = tokio::join!(children, record);
+        let children = match children {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(LockInfo::default()),
+            Err(_) => match retried(config, "getChildren", || client.list_children(&path)).await {
                 Ok(children) => children,
                 Err(ZkError::Request {
                     source: zk::Error::NoNode,
                     ..
                 }) => return Ok(LockInfo::default()),
                 Err(e) => return Err(e),
-            };
-        layout::sort_children(&mut children);
-        let Some(first) = children.first() else {
-            return Ok(LockInfo::default());
+            },
         };
-        let holder_path = layout::join(&path, first);
-        let mut info = LockInfo::default();
-        match retried(config, "getData", || client.get_data(&holder_path)).await {
-            Ok((data, stat)) => {
-                let mut holder = HolderInfo::default();
-                holder.owner = Some(String::from_utf8_lossy(&data).into_owned());
-                holder.token = u64::try_from(stat.czxid).ok().map(FencingToken::new);
-                info.holder = Some(holder);
+        if children
+            .iter()
+            .any(|c| c == layout::SEMAPHORE_LEASES || c == layout::SEMAPHORE_LIMIT)
+        {
+            if let Some(info) = self.inspect_semaphore(&session, &path).await? {
+                return Ok(info);
             }
+        }
+        // Only lock nodes: a nested lock's container (or an operator's node) is never shown as holder.
+        let children = layout::contenders(children);
+        let mut info = LockInfo::default();
+        let record = record.ok();
+        info.last_token = record
+            .as_ref()
+            .and_then(|(data, _)| layout::parse_write_record(data))
+            .and_then(|token| u64::try_from(token).ok())
+            .map(FencingToken::new);
+        let Some(first) = children.first() else {
+            return Ok(info);
+        };
+        // An exclusive first node holds alone; else the readers before the first exclusive node hold.
+        let holders: Vec<&String> = match layout::node_type(first) {
+            Some(layout::NodeType::Read) => children
+                .iter()
+                .take_while(|c| layout::node_type(c) == Some(layout::NodeType::Read))
+                .collect(),
+            _ => vec![first],
+        };
+        let described = holders
+            .iter()
+            .map(|node| describe_holder(config, client, &path, node));
+        let described: Vec<Option<HolderInfo>> = futures_util::future::join_all(described)
+            .await
+            .into_iter()
+            .collect::<std::result::Result<_, _>>()?;
+        info.waiters = Some(children.len().saturating_sub(holders.len()));
+        match layout::node_type(first) {
+            Some(layout::NodeType::Read) => {
+                info.kind = Some(LockKind::Read);
+                let name_czxid = record.as_ref().map_or(0, |(_, stat)| stat.czxid);
+                let recorded = record
+                    .as_ref()
+                    .and_then(|(data, _)| layout::parse_write_record(data));
+                for mut holder in described.into_iter().flatten() {
+                    // The token a reader carries, as far as the server tells (without the writers a
+                    // distlock reader saw while it queued).
+                    let own = holder
+                        .token
+                        .map_or(0, |t| i64::try_from(t.get()).unwrap_or(0));
+                    let token = layout::reader_token(name_czxid, recorded, own, 0);
+                    holder.token = u64::try_from(token).ok().map(FencingToken::new);
+                    info.holders.push(holder);
+                }
+            }
+            kind => {
+                info.kind = Some(match kind {
+                    Some(layout::NodeType::Write) => LockKind::Write,
+                    _ => LockKind::Mutex,
+                });
+                info.holder = described.into_iter().flatten().next();
+            }
+        }
+        Ok(info)
+    }
+
+    /// A semaphore's view: its stored limit, the lease nodes as permit holders (the first `limit` by
+    /// sequence: a lease node beyond the limit is its acquirer's, waiting with the inner mutex), the
+    /// acquires under way (the inner mutex's queue, less the one holding lease nodes over the limit)
+    /// as waiters. `None` when no lease node is held (the name may be used as a lock since).
+    async fn inspect_semaphore(
+        &self,
+        session: &Session,
+        path: &str,
+    ) -> std::result::Result<Option<LockInfo>, ZkError> {
+        let config = self.sessions.config();
+        let client = &session.client;
+        let limit_path = layout::semaphore_limit_path(path);
+        let leases_path = layout::semaphore_leases_path(path);
+        let locks_path = layout::semaphore_locks_path(path);
+        let absent_is_empty = |listed: std::result::Result<Vec<String>, ZkError>| match listed {
+            Ok(children) => Ok(children),
             Err(ZkError::Request {
                 source: zk::Error::NoNode,
                 ..
-            }) => {}
-            Err(e) => return Err(e),
+            }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        };
+        let leases = absent_is_empty(
+            retried(config, "getChildren", || client.list_children(&leases_path)).await,
+        )?;
+        let mut leases: Vec<String> = leases
+            .into_iter()
+            .filter(|c| layout::is_lease_node(c))
+            .collect();
+        if leases.is_empty() {
+            return Ok(None);
         }
-        info.waiters = Some(children.len().saturating_sub(1));
-        Ok(info)
+        leases.sort_by(|a, b| layout::sequence(a).cmp(layout::sequence(b)));
+        let limit = match retried(config, "getData", || client.get_data(&limit_path)).await {
+            Ok((data, _)) => layout::parse_limit(&data).ok(),
+            Err(ZkError::Request {
+                source: zk::Error::NoNode,
+                ..
+            }) => None,
+            Err(e) => return Err(e),
+        };
+        let inner = absent_is_empty(
+            retried(config, "getChildren", || client.list_children(&locks_path)).await,
+        )?;
+        let held = limit.map_or(leases.len(), |l| {
+            leases.len().min(usize::try_from(l).unwrap_or(usize::MAX))
+        });
+        let described = leases[..held]
+            .iter()
+            .map(|node| describe_holder(config, client, &leases_path, node));
+        let mut info = LockInfo::default();
+        // A Curator semaphore stores no limit: its kind (and the permits line) is then unknown.
+        info.kind = limit.map(|limit| LockKind::Permit { limit });
+        for (node, holder) in leases
+            .iter()
+            .zip(futures_util::future::join_all(described).await)
+        {
+            if let Some(mut holder) = holder? {
+                holder.permit = Some(node.clone());
+                info.holders.push(holder);
+            }
+        }
+        info.waiters = Some(layout::contenders(inner).len());
+        Ok(Some(info))
+    }
+}
+
+/// One holder's node: its data as the owner (Curator writes the client's IP address) and its czxid as
+/// the token; `None` when it went meanwhile.
+async fn describe_holder(
+    config: &ZkConfig,
+    client: &zk::Client,
+    parent: &str,
+    node: &str,
+) -> std::result::Result<Option<HolderInfo>, ZkError> {
+    let path = layout::join(parent, node);
+    match retried(config, "getData", || client.get_data(&path)).await {
+        Ok((data, stat)) => {
+            let mut holder = HolderInfo::default();
+            holder.owner = Some(String::from_utf8_lossy(&data).into_owned());
+            holder.token = u64::try_from(stat.czxid).ok().map(FencingToken::new);
+            Ok(Some(holder))
+        }
+        Err(ZkError::Request {
+            source: zk::Error::NoNode,
+            ..
+        }) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -153,6 +296,14 @@ impl Backend for ZkBackend {
             .with_notify_wait(true)
             .with_frees_on_process_death(false)
             .with_shared_across_processes(true)
+            // One queue of sequential nodes for readers, writers and the mutex: first come, first
+            // served; the downgrade is one `multi` (`rw.rs`); the semaphore is Curator's V2.
+            .with_kinds(
+                LockKinds::mutex_only()
+                    .with_read_write(ReadWriteOrder::Fifo)
+                    .with_atomic_downgrade()
+                    .with_semaphore(),
+            )
     }
 
     fn validate_name(&self, name: &str) -> Result<()> {
@@ -167,7 +318,12 @@ impl Backend for ZkBackend {
                 .with_backend(BACKEND)
                 .with_lock(&request.name)
         })?;
-        Ok(ZkAcquisition::new(path))
+        Ok(match request.kind {
+            LockKind::Read => ZkAcquisition::new(path).with_marker(layout::READ_NAME),
+            LockKind::Write => ZkAcquisition::new(path).with_marker(layout::WRITE_NAME),
+            LockKind::Permit { limit } => crate::semaphore::permit_acquisition(path, limit),
+            _ => ZkAcquisition::new(path),
+        })
     }
 
     async fn try_acquire(
@@ -186,9 +342,12 @@ impl Backend for ZkBackend {
         request: &AcquireRequest,
         _retry_after: Option<Duration>,
     ) -> Result<()> {
-        self.wait_zk(acquisition)
-            .await
-            .map_err(|e| e.into_core(Some(&request.name)))
+        let waited = if acquisition.permit.is_some() {
+            self.wait_permit(acquisition).await
+        } else {
+            self.wait_zk(acquisition).await
+        };
+        waited.map_err(|e| e.into_core(Some(&request.name)))
     }
 
     async fn abandon(&self, acquisition: ZkAcquisition, _request: &AcquireRequest) {
@@ -209,5 +368,11 @@ impl Backend for ZkBackend {
         self.inspect_zk(name)
             .await
             .map_err(|e| e.into_core(Some(name)))
+    }
+
+    async fn downgrade(&self, lease: &ZkLease, read: &AcquireRequest) -> Result<Grant<ZkLease>> {
+        self.downgrade_zk(lease, read)
+            .await
+            .map_err(|e| e.into_core(Some(&read.name)))
     }
 }

@@ -23,6 +23,9 @@ pub(crate) enum ZkError {
         action: &'static str,
         source: zk::Error,
     },
+    /// A delete of a held lock's own node got no definite answer (`why`): it may have been applied.
+    /// It is sent again once the session is connected (`cleanup`); the release's outcome is unknown.
+    DeleteUnanswered { path: String, why: String },
     /// A request got no answer in time.
     Timeout {
         action: &'static str,
@@ -41,6 +44,16 @@ pub(crate) enum ZkError {
         asked: Duration,
         negotiated: Duration,
     },
+    /// A semaphore's limit stored at `path` is another than the one asked for.
+    LimitMismatch {
+        stored: u32,
+        requested: u32,
+        path: String,
+    },
+    /// The name is in use as another kind (the message names it).
+    KindConflict(String),
+    /// The server said the hold's node is gone (a downgrade of a write lock no longer held).
+    NotHeld(String),
 }
 
 impl ZkError {
@@ -60,7 +73,7 @@ impl ZkError {
     pub(crate) fn unanswered(&self) -> bool {
         match self {
             ZkError::Request { source, .. } => retryable(source),
-            ZkError::Timeout { .. } => true,
+            ZkError::Timeout { .. } | ZkError::DeleteUnanswered { .. } => true,
             _ => false,
         }
     }
@@ -68,10 +81,21 @@ impl ZkError {
 
 /// Whether a failed request may succeed when sent again on the same session: a connection lost
 /// mid-request (the client reconnects within the session) or a throttled server.
+///
+/// `zookeeper-client` fails the requests in flight on a broken connection with the connection's own
+/// error, not `ConnectionLoss`: an I/O error (a reset: `Custom`), "no response from connection in …"
+/// (a silent server past the connect timeout: `Custom`), or a garbled reply (`UnexpectedError`). None
+/// of these is a server's answer: the request may or may not have been applied, and the session
+/// reconnects (issue 24: a release interrupted so was reported as a protocol error, and its node stayed
+/// for the session's life).
 pub(crate) fn retryable(error: &zk::Error) -> bool {
     matches!(
         error,
-        zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Throttled
+        zk::Error::ConnectionLoss
+            | zk::Error::Timeout
+            | zk::Error::Throttled
+            | zk::Error::Custom(_)
+            | zk::Error::UnexpectedError(_)
     )
 }
 
@@ -97,7 +121,9 @@ fn request_kind(error: &zk::Error) -> ErrorKind {
         | zk::Error::SessionMoved
         | zk::Error::ClientClosed
         | zk::Error::Throttled
-        | zk::Error::NotReadOnly => ErrorKind::Unavailable,
+        | zk::Error::NotReadOnly
+        | zk::Error::Custom(_)
+        | zk::Error::UnexpectedError(_) => ErrorKind::Unavailable,
         _ => ErrorKind::Protocol,
     }
 }
@@ -126,7 +152,19 @@ impl fmt::Display for ZkError {
             ZkError::Timeout { action, after } => {
                 write!(f, "ZooKeeper {action} got no answer within {after:?}")
             }
-            ZkError::SessionLost(why) | ZkError::Unconfirmed(why) | ZkError::Unsupported(why) => f.write_str(why),
+            ZkError::SessionLost(why)
+            | ZkError::Unconfirmed(why)
+            | ZkError::Unsupported(why)
+            | ZkError::KindConflict(why)
+            | ZkError::NotHeld(why) => f.write_str(why),
+            ZkError::LimitMismatch { stored, requested, path } => write!(
+                f,
+                "the semaphore has {stored} permits on the server ({path}); this one asked for {requested} (every user must ask for the same; to change it, delete {path} while no permit is held: `zkCli.sh delete {path}`)"
+            ),
+            ZkError::DeleteUnanswered { path, why } => write!(
+                f,
+                "the delete of the lock node {path} got no answer ({why}): the outcome is unknown (it may have been applied); it is sent again on the same session once connected, else the node goes when the server expires the session"
+            ),
             ZkError::LeaseNotHonoured { asked, negotiated } => write!(
                 f,
                 "the lease {asked:?} needs a ZooKeeper session timeout of {asked:?}, but the server negotiated {negotiated:?} (its minSessionTimeout/maxSessionTimeout bound it; the default is 2 to 20 ticks): use a lease the server accepts, or leave the lease out to use the session timeout"
@@ -140,14 +178,23 @@ impl From<ZkError> for Error {
         let kind = match &error {
             ZkError::Config(_) | ZkError::LeaseNotHonoured { .. } => ErrorKind::InvalidConfig,
             ZkError::Unsupported(_) => ErrorKind::Unsupported,
+            ZkError::LimitMismatch {
+                stored, requested, ..
+            } => ErrorKind::LimitMismatch {
+                stored: *stored,
+                requested: *requested,
+            },
+            ZkError::KindConflict(_) => ErrorKind::KindConflict,
+            ZkError::NotHeld(_) => ErrorKind::NotHeld,
             ZkError::Connect { source, .. } => match request_kind(source) {
                 ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
                 _ => ErrorKind::Unavailable,
             },
             ZkError::Request { source, .. } => request_kind(source),
-            ZkError::Timeout { .. } | ZkError::SessionLost(_) | ZkError::Unconfirmed(_) => {
-                ErrorKind::Unavailable
-            }
+            ZkError::Timeout { .. }
+            | ZkError::SessionLost(_)
+            | ZkError::Unconfirmed(_)
+            | ZkError::DeleteUnanswered { .. } => ErrorKind::Unavailable,
         };
         let message = error.to_string();
         let error = match error {

@@ -25,8 +25,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use distlock_core::clock::{self, Instant};
 use distlock_core::raw::LossReport;
 use distlock_core::retry::Backoff;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -257,7 +258,7 @@ pub(crate) async fn run(watcher: Watcher, mut stop: tokio::sync::oneshot::Receiv
             let _ = stop.await;
             return;
         }
-        let work = held.take_work(Instant::now());
+        let work = held.take_work(clock::now());
         for (id, node, czxid) in work.watch {
             watches.push(watch_node(&client, held, &describe, id, node, czxid));
         }
@@ -269,11 +270,11 @@ pub(crate) async fn run(watcher: Watcher, mut stop: tokio::sync::oneshot::Receiv
             }
         }
         held.watching.store(watches.len(), Ordering::Relaxed);
-        // With no deadline, a wake-up in a year (a new deadline comes with a wake anyway).
-        let until = work.next.map_or_else(
-            || tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600),
-            tokio::time::Instant::from_std,
-        );
+        // With no deadline, a wake-up in a year (a new deadline comes with a wake anyway). On the boot
+        // clock: a tokio timer would delete the node as much later as the machine was suspended.
+        let until = work
+            .next
+            .unwrap_or_else(|| clock::now() + Duration::from_secs(365 * 24 * 3600));
         tokio::select! {
             _ = &mut stop => return,
             () = held.wake.notified() => {}
@@ -288,7 +289,7 @@ pub(crate) async fn run(watcher: Watcher, mut stop: tokio::sync::oneshot::Receiv
                     held.end(&format!("the ZooKeeper {describe} ended ({state:?})"));
                 }
             }
-            () = tokio::time::sleep_until(until) => {}
+            () = clock::sleep_until(until) => {}
         }
     }
 }
@@ -369,7 +370,7 @@ mod tests {
     #[test]
     fn a_former_holds_report_never_reaches_the_next_hold_of_the_same_path() {
         let held = HeldNodes::default();
-        let at = Instant::now() + Duration::from_secs(60);
+        let at = clock::now() + Duration::from_secs(60);
         let node: Arc<str> = "/a/_c_x-lock-0000000000".into();
         let (first, second) = (LossReport::new(), LossReport::new());
         let old = held.register(node.clone(), 10, at, &first);
@@ -388,7 +389,7 @@ mod tests {
     #[test]
     fn an_ended_session_reports_every_hold_and_each_later_one() {
         let held = HeldNodes::default();
-        let at = Instant::now() + Duration::from_secs(60);
+        let at = clock::now() + Duration::from_secs(60);
         let reports: Vec<LossReport> = (0..3).map(|_| LossReport::new()).collect();
         for (i, lost) in reports.iter().enumerate() {
             held.register(format!("/n{i}").into(), 1, at, lost);

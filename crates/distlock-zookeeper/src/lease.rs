@@ -2,19 +2,20 @@
 //! `exists` of each own node, pipelined in one round trip), the record of each hold on its session
 //! (whose task watches the own node and the session's state, and runs the client-side expiry of a lock
 //! whose renewals stopped, `max_hold`: `held.rs`), and release (delete of the own node only,
-//! idempotent).
+//! idempotent; a write hold's records its token in the same `multi`: `rw.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use distlock_core::clock::{self, Instant};
 use distlock_core::raw::{LossReport, Released, Renewal, RenewalId, Renewed};
+use distlock_core::LockKind;
 use zookeeper_client as zk;
 
 use crate::cleanup::{self, Leftover};
 use crate::config::ZkConfig;
-use crate::error::{session_gone, ZkError, BACKEND};
-use crate::request::retried;
+use crate::error::{retryable, session_gone, ZkError, BACKEND};
 use crate::session::Session;
 
 /// A held lock: its node, czxid (the token) and session, and its record among the session's held
@@ -28,6 +29,8 @@ pub struct ZkLease {
     pub(crate) czxid: i64,
     /// Its record's id in `session.held`.
     record: u64,
+    /// What the hold is (a write release records its token: `rw.rs`).
+    pub(crate) kind: LockKind,
 }
 
 impl ZkLease {
@@ -44,17 +47,24 @@ impl ZkLease {
     ) -> Self {
         let record = session
             .held
-            .register(node.clone(), czxid, Instant::now() + ttl, lost);
+            .register(node.clone(), czxid, clock::now() + ttl, lost);
         Self {
             session,
             node,
             czxid,
             record,
+            kind: LockKind::Mutex,
         }
     }
 
+    /// The same hold, of `kind`.
+    pub(crate) fn with_kind(mut self, kind: LockKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
     /// Forgets the record: nothing is reported for this hold any more, its timer is gone.
-    fn forget(&self) {
+    pub(crate) fn forget(&self) {
         self.session.held.forget(self.record);
     }
 
@@ -69,13 +79,30 @@ impl Drop for ZkLease {
     }
 }
 
-/// Deletes a node (any version), retried; a node already gone is fine. A delete that got no answer
-/// (the connection down or silent) is finished in the background once the session is connected again
-/// (see `cleanup`): the error is still reported.
+/// Deletes an own node (any version), retried on the same session while requests get no answer (the
+/// client reconnects within the session), for at most the request timeout.
+///
+/// * Deleted: `Released`. Not there: `NotHeld` (deleted by someone else, or its session expired) —
+///   unless an earlier attempt got no answer: that attempt may have deleted it, and the node's path is
+///   unique to this acquire on this session, so the node being gone means this hold's delete landed
+///   (or another delete of the same node did): `Released`, never `NotHeld` (issue 24).
+/// * No answer by the bound: the delete is finished in the background once the session is connected
+///   again (see `cleanup`) and the error says the outcome is unknown (`Unavailable`).
 pub(crate) async fn delete_node(
     config: &ZkConfig,
     session: &Arc<Session>,
     path: &str,
+) -> Result<Released, ZkError> {
+    delete_node_recording(config, session, path, None).await
+}
+
+/// [`delete_node`], with `record` (a write release's token, `rw.rs`) set in the same `multi` as the
+/// delete, so it is set exactly when the node is deleted by this call.
+pub(crate) async fn delete_node_recording(
+    config: &ZkConfig,
+    session: &Arc<Session>,
+    path: &str,
+    record: Option<&crate::rw::WriteRecord>,
 ) -> Result<Released, ZkError> {
     if session.runtime_gone() {
         // Not a definite "not held": the node lives until the server expires the session.
@@ -87,27 +114,54 @@ pub(crate) async fn delete_node(
     if session.is_gone() {
         return Ok(Released::NotHeld);
     }
-    match retried(config, "delete", || session.client.delete(path, None)).await {
-        Ok(()) => Ok(Released::Released),
-        Err(ZkError::Request {
-            source: zk::Error::NoNode,
-            ..
-        }) => Ok(Released::NotHeld),
-        Err(ZkError::Request { source, .. }) if session_gone(&source) => Ok(Released::NotHeld),
-        Err(e) => {
-            if e.unanswered() {
-                cleanup::remove_later(config, session, Leftover::Node(path.to_string()));
+    let bound = config.connection.request_timeout;
+    let deadline = tokio::time::Instant::now() + bound;
+    let mut retries = config.connection.retry.start(Some(deadline));
+    // Why the last attempt got no answer, once one did: it may have been applied.
+    let mut unanswered: Option<String> = None;
+    let why = loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let delete = crate::rw::delete_recording(&session.client, path, record);
+        let source = match tokio::time::timeout(left, delete).await {
+            Ok(Ok(())) => return Ok(Released::Released),
+            Ok(Err(zk::Error::NoNode)) if unanswered.is_some() => {
+                tracing::debug!(%path, "a resent delete found the node gone: the unanswered one landed");
+                return Ok(Released::Released);
             }
-            Err(e)
+            Ok(Err(zk::Error::NoNode)) => return Ok(Released::NotHeld),
+            Ok(Err(source)) if session_gone(&source) => match unanswered {
+                // The node went with the session, maybe after the unanswered delete had landed.
+                Some(why) => break format!("{why}; then the session ended ({source})"),
+                None => return Ok(Released::NotHeld),
+            },
+            Ok(Err(source)) if retryable(&source) => source,
+            Ok(Err(source)) => {
+                return Err(ZkError::Request {
+                    action: "delete",
+                    source,
+                })
+            }
+            Err(_) => break format!("no answer within {bound:?}"),
+        };
+        unanswered = Some(source.to_string());
+        match retries.next_delay() {
+            Some(delay) => tokio::time::sleep(delay).await,
+            None => break source.to_string(),
         }
-    }
+    };
+    cleanup::remove_later(config, session, Leftover::Node(path.to_string()));
+    Err(ZkError::DeleteUnanswered {
+        path: path.to_string(),
+        why,
+    })
 }
 
 /// Releases a held lock: deletes the own node (its path is unique to this acquire).
 /// The hold is forgotten first (its watch would see the release's own delete).
 pub(crate) async fn release(config: &ZkConfig, held: &ZkLease) -> Result<Released, ZkError> {
     held.forget();
-    delete_node(config, &held.session, &held.node).await
+    let record = crate::rw::release_record(held);
+    delete_node_recording(config, &held.session, &held.node, record.as_ref()).await
 }
 
 /// Renews a batch: per session, a `sync` (served through the leader, so a follower cut off from the
@@ -178,9 +232,8 @@ async fn renew_session(
         );
         return unconfirmed(&entries, &message);
     }
-    let sent_at = Instant::now();
-    // The same moment on the core's boot clock, which counts a suspend: the leader's clock does.
-    let sent_clock = distlock_core::clock::now();
+    // On the core's boot clock, which counts a suspend: the leader's clock does.
+    let sent_at = clock::now();
     let client = &session.client;
     // Sent in this order on one session, answered in this order: the reads see the leader's view.
     let sync = client.sync("/");
@@ -201,7 +254,7 @@ async fn renew_session(
         }
     };
     if synced.is_ok() {
-        session.leader_confirmed(sent_clock);
+        session.leader_confirmed(sent_at);
     }
     entries
         .iter()
@@ -224,7 +277,7 @@ async fn renew_session(
                 }
                 .into_core(Some(entry.name))),
                 (Ok(()), Ok(Some(stat))) if stat.czxid == entry.lease.czxid => {
-                    match session.leader_ttl(entry.ttl.min(session.timeout), sent_clock) {
+                    match session.leader_ttl(entry.ttl.min(session.timeout), sent_at) {
                         Some(ttl) => {
                             entry.lease.extend_to(sent_at + ttl);
                             Ok(Renewed::Extended { ttl })

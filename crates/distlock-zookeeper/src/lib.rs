@@ -18,6 +18,16 @@
 //!   the negotiated timeout.
 //! * **No orphans.** A cancelled, timed-out or interrupted acquire deletes its node, found by its
 //!   `_c_<uuid>` prefix when the create's reply was lost; release deletes only the own node.
+//! * **Read-write lock** = Curator's `InterProcessReadWriteLock` (`_c_<uuid>-__READ__<seq>` /
+//!   `_c_<uuid>-__WRIT__<seq>`, in one first-come-first-served queue with the mutex's nodes): a reader
+//!   holds before the first writer and watches it, a writer holds when first. A writer's token is its
+//!   node's czxid, recorded in the name node by its release; a reader carries the last write's. The
+//!   downgrade is one `multi` making Curator 5.5's `__READ__<writer's seq>` node in the writer's place.
+//! * **Semaphore** = Curator's `InterProcessSemaphoreV2` (`<name>/locks` inner mutex,
+//!   `<name>/leases/_c_<uuid>-lease-<seq>`), the limit stored once in `<name>/limit` as Curator's
+//!   `SharedCount` writes it; token: the lease node's czxid, permit id: its name. A session's end frees
+//!   a reader or a permit; a semaphore and a mutex or read-write lock of one name refuse each other
+//!   (`KindConflict`). See [`layout`] and docs/DESIGN.md.
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
 mod acquire;
@@ -29,6 +39,8 @@ mod held;
 pub mod layout;
 mod lease;
 mod request;
+mod rw;
+mod semaphore;
 mod session;
 
 pub use backend::ZkBackend;

@@ -491,7 +491,8 @@ fn spawn_touch_keeper(session: Weak<Session>, config: &ZkConfig) {
                     }
                 }
             }
-            tokio::time::sleep(period).await;
+            // On the boot clock: after a suspend the touch is proven again at the resume.
+            clock::sleep(period).await;
         }
     });
 }

@@ -85,7 +85,10 @@ fn classpath() -> String {
         .join(":")
 }
 
-/// Compiles tests/java/CuratorLock.java once per test binary into target/…/curator-interop; returns
+/// The Java programs, compiled together.
+const SOURCES: &[&str] = &["CuratorLock.java", "CuratorKinds.java"];
+
+/// Compiles tests/java/*.java (`SOURCES`) once per test binary into target/…/curator-interop; returns
 /// the class dir.
 fn compiled() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -97,16 +100,26 @@ fn compiled() -> &'static Path {
                 "{path} is missing: {CURATOR_HINT}"
             );
         }
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLock.java");
-        let text = std::fs::read(&source).expect("CuratorLock.java");
-        // Keyed by the source, so the test processes (nextest runs one per test) compile it once.
+        let sources: Vec<PathBuf> = SOURCES
+            .iter()
+            .map(|s| {
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/java")
+                    .join(s)
+            })
+            .collect();
+        let text: Vec<u8> = sources
+            .iter()
+            .flat_map(|s| std::fs::read(s).unwrap_or_else(|e| panic!("{}: {e}", s.display())))
+            .collect();
+        // Keyed by the sources, so the test processes (nextest runs one per test) compile them once.
         let hash = text.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
             (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
         });
         let exe = std::env::current_exe().expect("test binary");
         let deps = exe.parent().expect("deps dir");
         let dir = deps.join(format!("curator-interop-{hash:016x}"));
-        if dir.join("CuratorLock.class").exists() {
+        if dir.join("CuratorKinds.class").exists() {
             return dir;
         }
         let scratch = deps.join(format!(
@@ -117,7 +130,7 @@ fn compiled() -> &'static Path {
         let out = Command::new("javac")
             .args(["-cp", &classpath(), "-d"])
             .arg(&scratch)
-            .arg(&source)
+            .args(&sources)
             .output()
             .unwrap_or_else(|e| panic!("running javac ({e}): {CURATOR_HINT}"));
         assert!(
@@ -133,15 +146,45 @@ fn compiled() -> &'static Path {
     })
 }
 
-/// A Curator `InterProcessMutex` client in its own JVM.
+/// A Curator client in its own JVM: `InterProcessMutex` (`CuratorLock.java`), or the read-write lock
+/// and semaphore (`CuratorKinds.java`, [`Curator::kinds`]).
 pub struct Curator {
     child: Child,
     stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+    /// Its output lines that are not `#` comments, read by a thread of their own (so a test can wait
+    /// for one with a bound).
+    lines: std::sync::mpsc::Receiver<String>,
 }
 
 impl Curator {
     fn spawn(connect: &str, name: &str, mode: &[&str]) -> Curator {
+        Self::spawn_class("CuratorLock", &[connect, &format!("/{name}")], mode)
+    }
+
+    /// `CuratorKinds <connect> <session ms> /NAME args…` (see tests/java/CuratorKinds.java): `read
+    /// hold`, `write try 300`, `downgrade621`, `sem 2 hold`, `semshared try 300`, …
+    pub fn kinds(connect: &str, session: Duration, name: &str, args: &[&str]) -> Curator {
+        let session_ms = session.as_millis().to_string();
+        Self::spawn_class(
+            "CuratorKinds",
+            &[connect, &session_ms, &format!("/{name}")],
+            args,
+        )
+    }
+
+    /// Runs a `CuratorKinds` one-shot (a `try`) to its end; returns its first line (`ACQUIRED …`,
+    /// `BUSY`, or `LIMIT n` then the next is read too and both returned, space-joined).
+    pub fn kinds_once(connect: &str, session: Duration, name: &str, args: &[&str]) -> String {
+        let mut c = Self::kinds(connect, session, name, args);
+        let mut line = c.next_line();
+        if line.starts_with("LIMIT ") {
+            line = format!("{line} {}", c.next_line());
+        }
+        let _ = c.child.wait();
+        line
+    }
+
+    fn spawn_class(class: &str, head: &[&str], mode: &[&str]) -> Curator {
         let cp = format!("{}:{}", compiled().display(), classpath());
         let mut child = Command::new("java")
             .args([
@@ -151,10 +194,9 @@ impl Curator {
                 "-XX:TieredStopAtLevel=1",
                 "-cp",
                 &cp,
-                "CuratorLock",
-                connect,
+                class,
             ])
-            .arg(format!("/{name}"))
+            .args(head)
             .args(mode)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -163,10 +205,12 @@ impl Curator {
             .unwrap_or_else(|e| panic!("running java ({e}): {CURATOR_HINT}"));
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || read_lines(stdout, &send));
         Curator {
             child,
             stdin,
-            stdout,
+            lines,
         }
     }
 
@@ -189,16 +233,18 @@ impl Curator {
 
     /// The next line that is not a `#` comment (blocking).
     pub fn next_line(&mut self) -> String {
-        loop {
-            let mut line = String::new();
-            let n = self
-                .stdout
-                .read_line(&mut line)
-                .expect("CuratorLock stdout");
-            assert!(n > 0, "CuratorLock exited early");
-            let line = line.trim().to_string();
-            if !line.starts_with('#') {
-                return line;
+        self.lines
+            .recv()
+            .unwrap_or_else(|_| panic!("the Curator program exited early"))
+    }
+
+    /// The next line that is not a `#` comment, if one comes within `within`.
+    pub fn line_within(&mut self, within: Duration) -> Option<String> {
+        match self.lines.recv_timeout(within) {
+            Ok(line) => Some(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("the Curator program exited early")
             }
         }
     }
@@ -206,6 +252,20 @@ impl Curator {
     /// Blocks until Curator says it holds the lock.
     pub fn wait_acquired(&mut self) {
         assert_eq!(self.next_line(), "ACQUIRED");
+    }
+
+    /// Sends a line (the programs' "go on": release, downgrade).
+    pub fn send_line(&mut self) {
+        if let Some(stdin) = self.stdin.as_mut() {
+            let _ = writeln!(stdin, "go");
+            let _ = stdin.flush();
+        }
+    }
+
+    /// SIGKILLs the JVM: its session is left to expire on the server.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Releases the lock and waits for the JVM to exit.
@@ -222,5 +282,21 @@ impl Drop for Curator {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Sends `stdout`'s lines that are not `#` comments, trimmed, until it ends.
+fn read_lines(mut stdout: BufReader<ChildStdout>, send: &std::sync::mpsc::Sender<String>) {
+    loop {
+        let mut line = String::new();
+        match stdout.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let line = line.trim().to_string();
+                if !line.starts_with('#') && send.send(line).is_err() {
+                    return;
+                }
+            }
+        }
     }
 }

@@ -49,6 +49,13 @@ impl<S: Send + Sync + 'static> Provider for Zk<S> {
         self.proxies.lock().expect("proxies").push(proxy.clone());
         let url = LockUrl::parse(&format!("zk://{}", proxy.addr())).expect("url");
         let backend = ZkBackend::connect(&url).await.expect("connect");
+        // The suite's kinds section runs the read-write lock (with its downgrade) and the semaphore only
+        // where they are announced (else it checks their refusal): ZooKeeper has all three.
+        let kinds = distlock_core::raw::Backend::capabilities(&backend).kinds;
+        assert!(
+            kinds.read_write && kinds.atomic_downgrade && kinds.semaphore,
+            "the ZooKeeper backend announces {kinds:?}"
+        );
         // A lease picks its session, and a new session costs the first acquire with that lease two
         // more round trips (TCP and the session handshake), which the suite's max_hold bound (lost
         // within 50 ms of the cap, counted from before the acquire) would charge to the lock. Open
