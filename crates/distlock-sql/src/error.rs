@@ -42,6 +42,14 @@ pub(crate) enum SqlError {
     SessionChanged(String),
     /// The server answered something distlock's layout does not allow.
     Protocol(String),
+    /// A semaphore asked for with another limit than the one stored on the server.
+    LimitMismatch {
+        stored: u32,
+        requested: u32,
+        message: String,
+    },
+    /// The name is in use as another kind of lock; the message names it.
+    KindConflict(String),
 }
 
 impl SqlError {
@@ -69,6 +77,16 @@ impl SqlError {
             ),
             SqlError::SessionChanged(m) => (ErrorKind::Unsupported, m, None),
             SqlError::Protocol(m) => (ErrorKind::Protocol, m, None),
+            SqlError::LimitMismatch {
+                stored,
+                requested,
+                message,
+            } => (
+                ErrorKind::LimitMismatch { stored, requested },
+                message,
+                None,
+            ),
+            SqlError::KindConflict(m) => (ErrorKind::KindConflict, m, None),
         };
         let mut error = Error::new(kind, message).with_backend(backend);
         if let Some(source) = source {

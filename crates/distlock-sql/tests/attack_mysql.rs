@@ -353,6 +353,38 @@ async fn a_failed_fence_bump_fails_the_acquire_and_leaves_the_lock_free() {
     server.sql(allow).unwrap();
     let g = other.lock(&name).unwrap().try_acquire().await.unwrap();
     g.expect("the name is free").release().await.unwrap();
+
+    // Row mode (issue 24, scenario 14): the bump, on another session, is refused after the lock row
+    // was locked: the acquire fails and the row is not left locked (the lock's session is dropped,
+    // rolling its transaction back): the next client gets it within the slack.
+    let row_url = format!("{}?mode=row", server.url());
+    let (row_a, row_b) = (backend(&row_url).await, backend(&row_url).await);
+    let name = unique("bump-fails/row");
+    let g = row_a.lock(&name).unwrap().try_acquire().await.unwrap();
+    g.expect("the name is free").release().await.unwrap(); // the rows exist now
+    server
+        .sql(
+            "CREATE TRIGGER distlock.refuse_update BEFORE UPDATE ON distlock.distlock_locks FOR EACH ROW \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'",
+        )
+        .unwrap();
+    let err = row_a.lock(&name).unwrap().try_acquire().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "row: {err}");
+    server.sql("DROP TRIGGER distlock.refuse_update").unwrap();
+    let started = Instant::now();
+    let g = row_b
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(SLACK)
+        .acquire()
+        .await
+        .expect("row: the lock row was left locked by the failed acquire");
+    eprintln!(
+        "row: the lock row was free {:?} after the failed acquire",
+        started.elapsed()
+    );
+    g.release().await.unwrap();
 }
 
 /// The multi-statement try's partial failure (GET_LOCK got the lock, the bump failed), and a bump that

@@ -71,6 +71,76 @@ async fn bad_input_is_a_typed_error_and_leaves_nothing() {
     let guard = locks.lock("app/1").unwrap().acquire().await.unwrap();
     assert!(guard.token().is_some());
     guard.release().await.unwrap();
+    // The semaphore limit table (distlock_locks_limit) came later: a role granted only the first two
+    // tables still connects and locks; a semaphore, and a read lock (which must check for one), say
+    // what to grant.
+    let err = locks
+        .semaphore("app/sem", 2)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(err.message().contains("distlock_locks_limit"), "{err}");
+    let err = locks
+        .read_write("app/rw")
+        .unwrap()
+        .read()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    server
+        .psql("GRANT SELECT, INSERT ON distlock_locks_limit TO app")
+        .unwrap();
+    let permit = locks
+        .semaphore("app/sem", 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(permit.permit(), Some("0"));
+    permit.release().await.unwrap();
+    locks
+        .read_write("app/rw")
+        .unwrap()
+        .read()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // A server whose tables predate the limit table, and a role that may not create it: everything
+    // but semaphores works (with no table, no name can be a semaphore, so a read lock needs no
+    // check); a semaphore says which table to create.
+    server.psql("DROP TABLE distlock_locks_limit").unwrap();
+    let old_schema = Locks::new(PostgresBackend::connect(&app).await.unwrap());
+    let read = old_schema
+        .read_write("app/rw")
+        .unwrap()
+        .read()
+        .await
+        .unwrap();
+    let err = old_schema
+        .semaphore("app/sem2", 2)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(
+        err.message()
+            .contains("CREATE TABLE \"distlock_locks_limit\""),
+        "{err}"
+    );
+    read.release().await.unwrap();
+    // A superuser's connect creates it again.
+    drop(PostgresBackend::connect(&base).await.unwrap());
+    assert_eq!(
+        server
+            .psql("SELECT count(*) FROM pg_tables WHERE tablename = 'distlock_locks_limit'")
+            .unwrap(),
+        "1"
+    );
 
     // A table of another shape.
     server

@@ -1,6 +1,8 @@
 //! A transaction pooler (PgBouncer, `pool_mode=transaction`, the testkit's own) between distlock and
 //! PostgreSQL. The session modes (advisory, row) are refused at connect, with a message naming the
-//! pooler and pointing at `?mode=lease`, and leave nothing locked; lease mode works through it.
+//! pooler and pointing at `?mode=lease`, and leave nothing locked, so their read-write locks and
+//! semaphores are refused with them; lease mode works through it (the mutex only: its read-write lock
+//! and semaphore are refused before any I/O).
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use distlock_core::{ErrorKind, Locks};
@@ -72,4 +74,14 @@ async fn lease_mode_through_a_transaction_pooler_works() {
     let t2 = second.token().expect("a token");
     assert!(t2 > t1, "{t2:?} after {t1:?}");
     second.release().await.unwrap();
+
+    // The kinds a session would hold are not lease mode's: refused before anything is sent, naming
+    // the kind and what the backend has.
+    let rw = a.read_write(&name).unwrap_err();
+    let permits = a.semaphore(&name, 2).unwrap_err();
+    for (err, kind) in [(rw, "read-write lock"), (permits, "semaphore")] {
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+        assert!(err.to_string().contains(kind), "{err}");
+        assert!(err.to_string().contains("supports: mutex"), "{err}");
+    }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant, LockInfo, Released, RenewalId, Renewed};
-use distlock_core::{FencingToken, HolderInfo};
+use distlock_core::{FencingToken, HolderInfo, LockKind};
 use mysql_async::prelude::Queryable as _;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
@@ -23,9 +23,7 @@ use super::layout::{self, advisory_name};
 use super::{whole_seconds, Inner, MysqlLease};
 use crate::error::SqlError;
 
-/// How long one in-server wait lasts before the core tries again (a wait has no deadline of its own:
-/// the core drops it at the acquire's limit and `abandon` ends it).
-pub(crate) const WAIT_SLICE_SECS: u64 = 30;
+use super::layout::{PERMIT_WAIT_SLICE_SECS, WAIT_SLICE_SECS};
 
 type WaitTask = JoinHandle<(Session, Result<Option<i64>, SqlError>)>;
 
@@ -38,12 +36,22 @@ pub struct Waiting {
     pub(crate) done: Option<(Session, Option<i64>)>,
 }
 
+impl Waiting {
+    /// Whether a wait in the server is under way (its answer not yet collected).
+    pub(crate) fn waiting_in_server(&self) -> bool {
+        self.task.is_some()
+    }
+}
+
 /// What a held session holds: a `GET_LOCK` name, or a row locked in an open transaction. The statements
 /// that wait for it, probe it, release it and undo an abandoned grant differ; the rest is shared.
 #[derive(Debug, Clone)]
 pub(crate) enum Flavor {
     /// `GET_LOCK(key)`.
     Advisory { key: String },
+    /// `GET_LOCK(key)` of a semaphore slot: as `Advisory`, but a wait on it lasts
+    /// [`PERMIT_WAIT_SLICE_SECS`] (the waiter then tries every slot and waits on the next one).
+    Slot { key: String },
     /// `SELECT … FOR UPDATE` of the row `row` (a SQL literal) of `table`.
     Row { table: String, row: String },
 }
@@ -51,14 +59,16 @@ pub(crate) enum Flavor {
 impl Flavor {
     fn undo_sql(&self) -> String {
         match self {
-            Flavor::Advisory { key } => format!("DO RELEASE_LOCK('{key}')"),
+            Flavor::Advisory { key } | Flavor::Slot { key } => format!("DO RELEASE_LOCK('{key}')"),
             Flavor::Row { .. } => "ROLLBACK".into(),
         }
     }
 
     fn probe_sql(&self) -> String {
         match self {
-            Flavor::Advisory { key } => format!("SELECT CONNECTION_ID(), IS_USED_LOCK('{key}')"),
+            Flavor::Advisory { key } | Flavor::Slot { key } => {
+                format!("SELECT CONNECTION_ID(), IS_USED_LOCK('{key}')")
+            }
             Flavor::Row { .. } => "SELECT CONNECTION_ID(), @@in_transaction".into(),
         }
     }
@@ -66,8 +76,16 @@ impl Flavor {
     /// Whether the probe's second column says the session still holds the lock.
     fn probe_holds(&self, session_id: u64, second: Option<u64>) -> bool {
         match self {
-            Flavor::Advisory { .. } => second == Some(session_id),
+            Flavor::Advisory { .. } | Flavor::Slot { .. } => second == Some(session_id),
             Flavor::Row { .. } => second == Some(1),
+        }
+    }
+
+    /// How long one wait slice lasts in the server, seconds.
+    fn slice_secs(&self) -> u64 {
+        match self {
+            Flavor::Slot { .. } => PERMIT_WAIT_SLICE_SECS,
+            Flavor::Advisory { .. } | Flavor::Row { .. } => WAIT_SLICE_SECS,
         }
     }
 
@@ -75,14 +93,15 @@ impl Flavor {
     /// ended without it.
     async fn wait_once(&self, session: &mut Session) -> Result<Option<i64>, SqlError> {
         match self {
-            Flavor::Advisory { key } => session
-                .conn
-                .query_first::<Option<i64>, _>(format!(
-                    "SELECT GET_LOCK('{key}', {WAIT_SLICE_SECS})"
-                ))
-                .await
-                .map(Option::flatten)
-                .map_err(|e| conn::map_error("waiting in GET_LOCK", e)),
+            Flavor::Advisory { key } | Flavor::Slot { key } => {
+                let secs = self.slice_secs();
+                session
+                    .conn
+                    .query_first::<Option<i64>, _>(format!("SELECT GET_LOCK('{key}', {secs})"))
+                    .await
+                    .map(Option::flatten)
+                    .map_err(|e| conn::map_error("waiting in GET_LOCK", e))
+            }
             Flavor::Row { table, row } => {
                 super::row::wait_for_row(session, table, row, false).await
             }
@@ -144,9 +163,9 @@ pub(crate) async fn set_wait_timeout(
         bounded(
             "setting wait_timeout",
             inner.limits.request,
-            session.conn.query_drop(format!(
-                "SET SESSION wait_timeout = {secs}, innodb_lock_wait_timeout = {WAIT_SLICE_SECS}"
-            )),
+            session
+                .conn
+                .query_drop(format!("SET SESSION wait_timeout = {secs}")),
         )
         .await?;
         session.wait_timeout = Some(secs);
@@ -175,8 +194,9 @@ pub(crate) async fn try_acquire(
         // The try and, when it got the lock, the counter bump: one multi-statement query, one round
         // trip. The bump's OK packet carries the token as its insert id.
         let sql = format!(
-            "SELECT GET_LOCK('{key}', 0), CONNECTION_ID(); {}",
-            layout::bump_fence_if_locked(&inner.table, &request.name, &key)
+            "{}; {}",
+            layout::try_mutex(inner.limit_table(), &request.name, &key),
+            layout::bump_fence_if_locked(&inner.table, inner.limit_table(), &request.name, &key)
         );
         let answered = bounded("GET_LOCK", inner.limits.request, async {
             let mut result = session.conn.query_iter(sql).await?;
@@ -204,9 +224,18 @@ pub(crate) async fn try_acquire(
             // Dropping the session closes it, which frees whatever it got.
             return Err(session_changed(session.id, id));
         }
+        if got == Some(layout::SEMAPHORE_NAME) {
+            // The name has a semaphore limit: refused without taking the lock.
+            waiting.session = Some(session);
+            return Err(semaphore_name(inner, &request.name));
+        }
         if got != Some(1) {
             waiting.session = Some(session);
             return Ok(Attempt::Busy { retry_after: None });
+        }
+        if bumped == 0 && inner.limit_table().is_some() {
+            // Got the lock, but the name has a semaphore limit: give it back.
+            return refuse_semaphore_name(inner, waiting, session, &key, &request.name).await;
         }
         let token = match token {
             Some(token) if token > 0 && bumped > 0 => token,
@@ -220,14 +249,53 @@ pub(crate) async fn try_acquire(
         return grant(session, key, token, request);
     };
     // Won in a wait: on an error the lock is released before the error is reported.
-    let token = match inner.bump_fence(&mut session.conn, &request.name).await {
-        Ok(token) => token,
+    let token = match inner
+        .bump_mutex_fence(&mut session.conn, &request.name)
+        .await
+    {
+        Ok(Some(token)) => token,
+        Ok(None) => {
+            return refuse_semaphore_name(inner, waiting, session, &key, &request.name).await;
+        }
         Err(e) => {
             undo_and_drop(inner, session, &key).await;
             return Err(e);
         }
     };
     grant(session, key, token, request)
+}
+
+/// A mutex that got `key` on a name that is a semaphore (its limit row exists): gives the lock back
+/// and fails with `KindConflict`.
+async fn refuse_semaphore_name(
+    inner: &Inner,
+    waiting: &mut Waiting,
+    mut session: Session,
+    key: &str,
+    name: &str,
+) -> Result<Attempt<MysqlLease>, SqlError> {
+    let undone = bounded(
+        "giving back a refused mutex",
+        inner.limits.request,
+        session.conn.query_drop(format!("DO RELEASE_LOCK('{key}')")),
+    )
+    .await;
+    if undone.is_ok() {
+        waiting.session = Some(session);
+    } // else dropped: closing the session frees the lock
+    Err(semaphore_name(inner, name))
+}
+
+/// The mutex's refusal of a name that is a semaphore.
+fn semaphore_name(inner: &Inner, name: &str) -> SqlError {
+    SqlError::KindConflict(format!(
+        "{name:?} is a semaphore (its limit is stored in {}), so a mutex of that name is refused; a name \
+         is one kind of lock. To use it as a mutex again, once no permit of it is held, delete the row: \
+         DELETE FROM {} WHERE name = {}",
+        inner.limit_table_name,
+        inner.limit_table_name,
+        layout::literal(name.as_bytes())
+    ))
 }
 
 /// Releases `key` on a session that may hold it when an acquire fails after `GET_LOCK` (a failed
@@ -272,14 +340,46 @@ pub(crate) fn session_changed(expected: u64, got: u64) -> SqlError {
     ))
 }
 
-pub(crate) async fn wait(waiting: &mut Waiting, flavor: Flavor) -> Result<(), SqlError> {
+/// Whether an error says the connection itself is gone or silent (no reply in time, a socket error),
+/// as opposed to an answer of the server's.
+pub(crate) fn connection_broke(e: &SqlError) -> bool {
+    match e {
+        SqlError::Timeout { .. } => true,
+        SqlError::Unavailable {
+            source: Some(source),
+            ..
+        } => source
+            .downcast_ref::<mysql_async::Error>()
+            .is_some_and(|e| matches!(e, mysql_async::Error::Io(_))),
+        _ => false,
+    }
+}
+
+/// One wait slice in the server. The slice ends in the server after [`WAIT_SLICE_SECS`] ([`PERMIT_WAIT_SLICE_SECS`] on a
+/// permit's slot); the client
+/// gives it `request` more, then counts the connection as dead (it died without a FIN or RST reaching
+/// this side: nothing else would end the read), drops it (closing it frees whatever the server's
+/// session got) and returns, so the core's next try goes on over another connection.
+pub(crate) async fn wait(
+    waiting: &mut Waiting,
+    flavor: Flavor,
+    request: Duration,
+) -> Result<(), SqlError> {
     if waiting.task.is_none() {
         let Some(mut session) = waiting.session.take() else {
             return Ok(()); // nothing to wait on: the core tries again
         };
         let id = session.id;
+        // A permit's slice is 1 s: its silent connection is given up after 1 s + `request`, not 10 s.
+        let bound = Duration::from_secs(flavor.slice_secs()) + request;
         let task = tokio::spawn(async move {
-            let got = flavor.wait_once(&mut session).await;
+            let got = match tokio::time::timeout(bound, flavor.wait_once(&mut session)).await {
+                Ok(got) => got,
+                Err(_) => Err(SqlError::Timeout {
+                    action: "waiting for the lock (one wait slice)",
+                    after: bound,
+                }),
+            };
             (session, got)
         });
         waiting.task = Some((id, task));
@@ -291,7 +391,14 @@ pub(crate) async fn wait(waiting: &mut Waiting, flavor: Flavor) -> Result<(), Sq
     waiting.task = None;
     let (session, got) =
         joined.map_err(|e| SqlError::Protocol(format!("the wait task failed: {e}")))?;
-    waiting.done = Some((session, got?));
+    match got {
+        Ok(got) => waiting.done = Some((session, got)),
+        Err(e) if connection_broke(&e) => {
+            tracing::warn!(session = session.id, error = %e, "a waiting connection broke or went silent; waiting on over another one");
+            drop(session);
+        }
+        Err(e) => return Err(e),
+    }
     Ok(())
 }
 
@@ -413,7 +520,7 @@ pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlE
         return Ok(Released::NotHeld);
     }
     let released = match &held.flavor {
-        Flavor::Advisory { key } => {
+        Flavor::Advisory { key } | Flavor::Slot { key } => {
             let got: Option<Option<i64>> = bounded(
                 "RELEASE_LOCK",
                 inner.limits.request,
@@ -467,14 +574,16 @@ pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlEr
             .query_first(layout::read_fence(&inner.table, name)),
     )
     .await?;
-    inner.pool.checkin(session);
     let mut info = LockInfo::default();
     info.last_token = fence.filter(|f| *f > 0).map(FencingToken::new);
     if let Some(conn_id) = holder.flatten() {
         let mut h = HolderInfo::default();
         h.owner = Some(format!("mysql session {conn_id}"));
         h.token = info.last_token;
+        info.kind = Some(LockKind::Mutex);
         info.holder = Some(h);
     }
+    super::semaphore::inspect_permits(inner, &mut session, name, &mut info).await?;
+    inner.pool.checkin(session);
     Ok(info)
 }

@@ -26,6 +26,14 @@ static CONNECT_GATE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Idle sessions kept for reuse, per backend.
 const MAX_IDLE: usize = 64;
 
+/// TCP keepalive: the first probe after this long without traffic (ms), then one every
+/// [`KEEPALIVE_INTERVAL`], and the connection is dead after [`KEEPALIVE_PROBES`] unanswered ones: a
+/// connection whose peer vanished without a FIN or RST (a host gone, a partition) errors within 25 s
+/// of its last traffic, even while it waits for a reply to a statement the server acknowledged.
+pub(crate) const KEEPALIVE_IDLE_MS: u32 = 10_000;
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_PROBES: u32 = 3;
+
 /// How statements are bounded.
 #[derive(Debug, Clone)]
 pub(crate) struct Limits {
@@ -57,6 +65,11 @@ pub(crate) fn driver_opts(url: &str) -> Result<Opts, SqlError> {
     let mut builder = OptsBuilder::from_opts(opts).client_found_rows(false);
     if !url.contains("prefer_socket=") {
         builder = builder.prefer_socket(false);
+    }
+    // TCP keepalive on every connection (mysql_async sets only the idle time; `open` sets the probes'
+    // interval and count on the socket when it finds it), unless the URL sets its own.
+    if !url.contains("tcp_keepalive=") {
+        builder = builder.tcp_keepalive(Some(KEEPALIVE_IDLE_MS));
     }
     if let Some(path) = ssl_ca {
         let Some(ssl) = opts_ssl(&builder) else {
@@ -201,7 +214,32 @@ pub(crate) async fn open(
     .await?;
     let watch = find_socket(&before, opts);
     drop(gate);
+    if let Some(fd) = &watch {
+        tune_keepalive(fd);
+    }
+    let mut conn = conn;
+    bounded(
+        "setting the session's settings",
+        limits.request,
+        conn.query_drop(super::layout::session_setup()),
+    )
+    .await?;
     Ok((conn, watch))
+}
+
+/// Sets the keepalive probes' interval and count on a TCP connection's socket (a duplicate of it:
+/// the options belong to the socket). A unix socket, or a failure, keeps the system's values.
+fn tune_keepalive(fd: &OwnedFd) {
+    use rustix::net::sockopt;
+    let is_tcp = matches!(sockopt::socket_domain(fd), Ok(d) if d == rustix::net::AddressFamily::INET || d == rustix::net::AddressFamily::INET6);
+    if !is_tcp || !sockopt::socket_keepalive(fd).unwrap_or(false) {
+        return;
+    }
+    let set = sockopt::set_tcp_keepintvl(fd, KEEPALIVE_INTERVAL)
+        .and_then(|()| sockopt::set_tcp_keepcnt(fd, KEEPALIVE_PROBES));
+    if let Err(e) = set {
+        tracing::debug!(error = %e, "could not set the keepalive interval; the system's applies");
+    }
 }
 
 /// A dedicated connection: a held lock's, or a waiter's.
@@ -210,7 +248,7 @@ pub(crate) struct Session {
     pub(crate) conn: Conn,
     /// `CONNECTION_ID()` when it connected.
     pub(crate) id: u64,
-    /// The `wait_timeout` this session was last set to, seconds (`None`: the server's default).
+    /// The `wait_timeout` this session was last set to, seconds.
     pub(crate) wait_timeout: Option<u64>,
     /// A duplicate of the connection's socket, to notice the server closing it.
     watch: Option<OwnedFd>,
@@ -235,7 +273,7 @@ impl Session {
         Ok(Session {
             conn,
             id,
-            wait_timeout: None,
+            wait_timeout: Some(super::layout::IDLE_WAIT_TIMEOUT_SECS),
             watch,
             alive: tokio::sync::watch::channel(()).0,
             idle_since: std::time::Instant::now(),

@@ -30,6 +30,46 @@ pub fn advisory_name(name: &str) -> String {
     out
 }
 
+/// The prefix of every semaphore slot's `GET_LOCK` name.
+pub const PERMIT_NAME_PREFIX: &str = "dls:";
+/// How many hex digits of the name's SHA-256 a slot name carries (192 bits): with the prefix, `#` and a
+/// slot of up to five digits, at most 58 characters, under the server's 64.
+const PERMIT_HASH_HEX_DIGITS: usize = 48;
+
+/// The `GET_LOCK` name of permit `slot` (`0..N`) of the semaphore `name`: `dls:` + the first 48 hex
+/// digits of the SHA-256 of the name (the same hash as [`advisory_name`]'s, shorter) + `#` + the slot
+/// in decimal; at most 58 characters. A permit holder's session holds exactly one of them.
+///
+/// ```
+/// use distlock_sql::mysql::{advisory_name, permit_name};
+/// assert_eq!(permit_name("a", 0), "dls:ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72#0");
+/// assert_eq!(permit_name("a", 65_535), "dls:ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72#65535");
+/// assert!(advisory_name("a")[3..].starts_with(&permit_name("a", 7)[4..52]));
+/// assert!(permit_name(&"x".repeat(1024), 65_535).len() <= 64);
+/// ```
+pub fn permit_name(name: &str, slot: u32) -> String {
+    let digest = Sha256::digest(name.as_bytes());
+    format!(
+        "{PERMIT_NAME_PREFIX}{}#{slot}",
+        &hex(&digest)[..PERMIT_HASH_HEX_DIGITS]
+    )
+}
+
+/// The suffix of the semaphore limit table's name (`distlock_locks_limit` with the default table):
+/// one row per semaphore name, written by its first permit and kept. To change a limit, once no permit
+/// of it is held: `DELETE FROM distlock_locks_limit WHERE name = X'<hex of the name>'` (or
+/// `WHERE name = 'workers'`).
+///
+/// ```
+/// use distlock_sql::mysql::LIMIT_SUFFIX;
+/// assert_eq!(format!("{}{LIMIT_SUFFIX}", distlock_sql::DEFAULT_TABLE), "distlock_locks_limit");
+/// ```
+pub const LIMIT_SUFFIX: &str = "_limit";
+
+/// The longest table name MariaDB and MySQL accept: a `?table=` name longer than 58 characters leaves
+/// no room for [`LIMIT_SUFFIX`], so that table's semaphores are refused (`InvalidConfig`).
+pub(crate) const MAX_SERVER_IDENTIFIER_LEN: usize = 64;
+
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -55,6 +95,27 @@ pub(crate) fn qualified(schema: Option<&str>, table: &str) -> String {
     }
 }
 
+/// The semaphore limit table, qualified and quoted: `` `…_limit` `` beside the lock table.
+pub(crate) fn qualified_limit(schema: Option<&str>, table: &str) -> String {
+    qualified(schema, &format!("{table}{LIMIT_SUFFIX}"))
+}
+
+/// The limit table: a semaphore name's number of permits, stored with its first permit and kept. A
+/// name with a row is a semaphore for good: the mutex's try refuses it (see [`bump_fence_if_locked`]).
+pub(crate) fn create_limit_table(limit_table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {limit_table} (\
+         name VARBINARY(1024) NOT NULL PRIMARY KEY, \
+         permits INT UNSIGNED NOT NULL\
+         ) ENGINE=InnoDB"
+    )
+}
+
+/// Reads every column of the limit table distlock uses.
+pub(crate) fn check_limit_table(limit_table: &str) -> String {
+    format!("SELECT name, permits FROM {limit_table} LIMIT 0")
+}
+
 /// The lock table: one row per name. `fence` is the name's counter, the fencing token of every mode
 /// (the lease's version in `lease` mode); `owner` and `expires_at` (the database's clock, `NOW(6)`)
 /// are the lease of `lease` mode, unused by the other modes.
@@ -74,6 +135,47 @@ pub(crate) fn check_table(table: &str) -> String {
     format!("SELECT name, fence, owner, expires_at FROM {table} LIMIT 0")
 }
 
+/// How long a row-mode wait (`innodb_lock_wait_timeout`) and an advisory wait (`GET_LOCK(n, …)`)
+/// last in the server before the core tries again; the client gives each slice this long plus the
+/// request timeout, then counts the connection as dead (see `advisory::wait`).
+pub(crate) const WAIT_SLICE_SECS: u64 = 10;
+
+/// How long a permit waiter waits in the server on one slot (`GET_LOCK(slot, 1)`) before it tries
+/// every slot again and waits on the next: the bound on noticing a permit freed on another slot.
+pub(crate) const PERMIT_WAIT_SLICE_SECS: u64 = 1;
+
+/// The `wait_timeout` a session gets when it connects (MariaDB's and MySQL's default, 8 h), so that
+/// its idle limit is known whatever the server's global says; a hold sets it to the lease.
+pub(crate) const IDLE_WAIT_TIMEOUT_SECS: u64 = 28_800;
+
+/// The settings distlock's statements rely on, set by every session it opens, since a new session
+/// inherits the server's global defaults, which may be anything (`SET GLOBAL autocommit = 0` would
+/// leave every counter bump uncommitted, its row locked, and the token repeated once the session
+/// ends):
+///
+/// * `autocommit = 1`: the counter bump, the lease statements and the row mode's `INSERT IGNORE` each
+///   commit on their own; plain reads open no transaction that would keep a pooled session in one;
+/// * `completion_type = 'NO_CHAIN'`: a `ROLLBACK` (row mode's release) ends the transaction, without
+///   starting another (`CHAIN`) or closing the session (`RELEASE`);
+/// * `REPEATABLE READ, READ WRITE`: InnoDB's default isolation, the one every statement was written
+///   and tested under (`READ COMMITTED` is refused for writes under `binlog_format=STATEMENT`), and
+///   writable whatever `transaction_read_only` says;
+/// * `sql_mode`: a fixed, portable one, so no mode changes how the statements parse (`ANSI_QUOTES`,
+///   MariaDB's `ORACLE`) and `NO_ENGINE_SUBSTITUTION` refuses to create the lock table on anything but
+///   InnoDB (a MyISAM table has no row locks and no transactions);
+/// * `sql_safe_updates = 0`, `innodb_lock_wait_timeout` = the wait slice, `wait_timeout` = 8 h (a hold
+///   sets it to its lease), and on MariaDB `max_statement_time = 0` (in a `/*M! … */` comment, which
+///   MySQL skips), so a server-wide statement limit never cuts a wait short.
+pub(crate) fn session_setup() -> String {
+    format!(
+        "SET SESSION autocommit = 1, completion_type = 'NO_CHAIN', \
+         sql_mode = 'STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION', sql_safe_updates = 0, \
+         innodb_lock_wait_timeout = {WAIT_SLICE_SECS}, wait_timeout = {IDLE_WAIT_TIMEOUT_SECS} \
+         /*M!, max_statement_time = 0 */; \
+         SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ WRITE"
+    )
+}
+
 /// The lock that serialises the table's creation (`CREATE TABLE IF NOT EXISTS` racing itself is
 /// harmless on MariaDB, but the issue asks for it under a lock, and it costs one statement once).
 pub(crate) const SCHEMA_LOCK: &str = "dl-schema";
@@ -90,14 +192,163 @@ pub(crate) fn bump_fence(table: &str, name: &str) -> String {
 
 /// As [`bump_fence`], only when this session holds the `GET_LOCK` name `key` (sent after the
 /// `GET_LOCK` in the same multi-statement query: one round trip; no row is written when the lock was
-/// busy).
-pub(crate) fn bump_fence_if_locked(table: &str, name: &str, key: &str) -> String {
+/// busy) and, given the limit table, the name has no semaphore limit there: a mutex that got `key` but
+/// whose bump did not happen gives it back and fails with `KindConflict` (see [`try_permit`] for why a
+/// mutex and permits never hold together).
+pub(crate) fn bump_fence_if_locked(
+    table: &str,
+    limit_table: Option<&str>,
+    name: &str,
+    key: &str,
+) -> String {
     format!(
-        "INSERT INTO {table} (name, fence) SELECT {}, LAST_INSERT_ID(1) FROM DUAL \
-         WHERE IS_USED_LOCK('{key}') = CONNECTION_ID() \
+        "INSERT INTO {table} (name, fence) SELECT {lit}, LAST_INSERT_ID(1) FROM DUAL \
+         WHERE IS_USED_LOCK('{key}') = CONNECTION_ID(){not_semaphore} \
          ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)",
+        lit = literal(name.as_bytes()),
+        not_semaphore = not_a_semaphore(limit_table, name)
+    )
+}
+
+/// The first statement of the mutex's try: `GET_LOCK(key, 0)` and `CONNECTION_ID()`. Given the limit
+/// table, a name that has a limit row answers [`SEMAPHORE_NAME`] instead, without taking `key`: a
+/// mutex probe of a semaphore name must not hold the name's mutex even for a moment, since a permit
+/// whose bump sees it held is refused (and a permit waiter then failed with `KindConflict` though no
+/// mutex was ever granted). The bump ([`bump_fence_if_locked`]) still checks the row after `GET_LOCK`,
+/// which is what the names-are-one-kind order argument rests on.
+pub(crate) fn try_mutex(limit_table: Option<&str>, name: &str, key: &str) -> String {
+    match limit_table {
+        Some(limit_table) => format!(
+            "SELECT IF(EXISTS (SELECT 1 FROM {limit_table} WHERE name = {}), {SEMAPHORE_NAME}, \
+             GET_LOCK('{key}', 0)), CONNECTION_ID()",
+            literal(name.as_bytes())
+        ),
+        None => format!("SELECT GET_LOCK('{key}', 0), CONNECTION_ID()"),
+    }
+}
+
+/// What [`try_mutex`] answers for a name that is a semaphore (`GET_LOCK` answers 1, 0 or `NULL`).
+pub(crate) const SEMAPHORE_NAME: i64 = -1;
+
+/// As [`bump_fence`] for a mutex that won a wait: only when the name has no semaphore limit.
+pub(crate) fn bump_fence_unless_semaphore(
+    table: &str,
+    limit_table: Option<&str>,
+    name: &str,
+) -> String {
+    format!(
+        "INSERT INTO {table} (name, fence) SELECT {lit}, LAST_INSERT_ID(1) FROM DUAL WHERE 1{not_semaphore} \
+         ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)",
+        lit = literal(name.as_bytes()),
+        not_semaphore = not_a_semaphore(limit_table, name)
+    )
+}
+
+/// ` AND NOT EXISTS (…the name's limit row…)`, or nothing without a limit table.
+fn not_a_semaphore(limit_table: Option<&str>, name: &str) -> String {
+    match limit_table {
+        Some(limit_table) => format!(
+            " AND NOT EXISTS (SELECT 1 FROM {limit_table} WHERE name = {})",
+            literal(name.as_bytes())
+        ),
+        None => String::new(),
+    }
+}
+
+/// How many slots one permit try walks per statement (and per round trip): a semaphore of up to this
+/// many permits is tried in one round trip; a larger one in `ceil(N / 256)` at most.
+pub(crate) const SLOTS_PER_STATEMENT: u32 = 256;
+
+/// Which slots a permit statement tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slots {
+    /// `GET_LOCK(slot, 0)` on `count` slots from `first`, wrapping at `limit`, stopping at the first got.
+    Walk { first: u32, count: u32 },
+    /// The slot this session got in a wait (already held: a second `GET_LOCK` would lock it twice).
+    Won(u32),
+}
+
+/// A permit's try, two statements in one multi-statement query (one round trip):
+///
+/// 1. `@dl_slot` := the first slot got, `-1` when all those tried are busy, `NULL` when the stored
+///    limit is not `limit` (nothing is tried then); also the stored limit and `CONNECTION_ID()`. `CASE`
+///    evaluates its branches in order and stops at the first true one, so at most one slot is taken.
+/// 2. the fencing counter's bump, only when a slot was got **and** the name's mutex
+///    (`GET_LOCK(`[`advisory_name`]`)`) is free; its OK packet carries the token as insert id.
+///
+/// A slot got with no bump means the mutex is held: the caller gives the slot back and fails with
+/// `KindConflict`. Names are one kind: a permit writes (commits) the limit row before it takes its slot
+/// and checks the mutex after; a mutex takes `GET_LOCK` before its bump checks the limit row. If both
+/// held, the permit's check saw the mutex free, so it ran before the mutex's `GET_LOCK`, so the row was
+/// committed before the mutex's bump read it, and the mutex gave up: never both (both may refuse).
+pub(crate) fn try_permit(
+    table: &str,
+    limit_table: &str,
+    name: &str,
+    limit: u32,
+    slots: Slots,
+) -> String {
+    let lit = literal(name.as_bytes());
+    let stored = format!("(SELECT permits FROM {limit_table} WHERE name = {lit})");
+    let choose = match slots {
+        Slots::Walk { first, count } => {
+            let mut arms = String::from("CASE");
+            for i in 0..count.min(limit) {
+                let slot = (first + i) % limit.max(1);
+                arms.push_str(&format!(
+                    " WHEN GET_LOCK('{}', 0) = 1 THEN {slot}",
+                    permit_name(name, slot)
+                ));
+            }
+            arms.push_str(" ELSE -1 END");
+            arms
+        }
+        Slots::Won(slot) => format!(
+            "IF(IS_USED_LOCK('{}') = CONNECTION_ID(), {slot}, -1)",
+            permit_name(name, slot)
+        ),
+    };
+    format!(
+        "SELECT @dl_slot := CASE WHEN {stored} <=> {limit} THEN {choose} END, {stored}, CONNECTION_ID(); \
+         INSERT INTO {table} (name, fence) SELECT {lit}, LAST_INSERT_ID(1) FROM DUAL \
+         WHERE @dl_slot >= 0 AND IS_USED_LOCK('{mutex}') IS NULL \
+         ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)",
+        mutex = advisory_name(name)
+    )
+}
+
+/// A semaphore's first permit stores its limit, unless the name's mutex is held (then the name stays
+/// free to be a mutex, and the permit fails with `KindConflict`) or a row is there already (kept as
+/// it is). Autocommit: committed before the permit's try.
+pub(crate) fn store_limit(limit_table: &str, name: &str, limit: u32) -> String {
+    format!(
+        "INSERT INTO {limit_table} (name, permits) SELECT {}, {limit} FROM DUAL \
+         WHERE IS_USED_LOCK('{}') IS NULL ON DUPLICATE KEY UPDATE permits = permits",
+        literal(name.as_bytes()),
+        advisory_name(name)
+    )
+}
+
+/// The limit stored for a name (no row → no result).
+pub(crate) fn read_limit(limit_table: &str, name: &str) -> String {
+    format!(
+        "SELECT permits FROM {limit_table} WHERE name = {}",
         literal(name.as_bytes())
     )
+}
+
+/// Gives back a permit's slot (only this session's hold of it).
+pub(crate) fn release_slot(name: &str, slot: u32) -> String {
+    format!("DO RELEASE_LOCK('{}')", permit_name(name, slot))
+}
+
+/// The holders (`IS_USED_LOCK`: a connection id, or `NULL`) of slots `first..first + count`, one
+/// column each.
+pub(crate) fn slot_holders(name: &str, first: u32, count: u32) -> String {
+    let columns: Vec<String> = (first..first + count)
+        .map(|slot| format!("IS_USED_LOCK('{}')", permit_name(name, slot)))
+        .collect();
+    format!("SELECT {}", columns.join(", "))
 }
 
 /// The counter of a name (`NULL`-free: no row → no result).

@@ -14,7 +14,9 @@
 //!   holder's expiry.
 //! * **Renew**: one `UPDATE` per batch (`CASE name … END` for each entry's ttl), guarded by owner,
 //!   version and expiry; a batch whose row count falls short is checked row by row.
-//! * **Release / abandon**: `UPDATE … SET owner = NULL, expires_at = NULL` guarded by owner (and version).
+//! * **Release / abandon**: `UPDATE … SET owner = NULL, expires_at = NULL` guarded by owner and version;
+//!   an abandon undoes only what its own last try may have taken (nothing after a definite "busy";
+//!   by owner alone only when that try's outcome is unknown).
 
 use std::time::Duration;
 
@@ -72,19 +74,44 @@ async fn with_session<T>(
     out
 }
 
+/// What an abandoned acquire must undo: only what its own last try may have taken, so that an
+/// abandon after a definite "busy" never frees a hold it did not create (one of the same owner id in
+/// another process, taken after the busy answer).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Undo {
+    /// No try was sent, or the last one answered "busy": nothing.
+    #[default]
+    Nothing,
+    /// The last try's outcome is unknown (an error, a timeout, dropped in flight): the row, if it is
+    /// this owner's.
+    OwnersRow,
+    /// The last try took the row at this version (a grant the core then refused): that version only.
+    Version(u64),
+}
+
 pub(crate) async fn try_acquire(
     inner: &Inner,
+    undo: &mut Undo,
     request: &AcquireRequest,
 ) -> Result<Attempt<MysqlLease>, SqlError> {
     let request_timeout = inner.limits.request;
     let sql = acquire_sql(&inner.table, &request.name, &request.owner, request.lease);
     let name = literal(request.name.as_bytes());
+    // Until the answer is read, the try may have taken the row.
+    *undo = Undo::OwnersRow;
     with_session(inner, async |s| {
         bounded("taking the lease row", request_timeout, s.conn.query_drop(sql)).await?;
         // 1 row: inserted, 2: updated (taken); 0: unchanged (busy). The insert id is only meaningful
         // when taken: a statement that does not call LAST_INSERT_ID(expr) may report the session's last.
         let taken = matches!(s.conn.affected_rows(), 1 | 2);
         let fence = s.conn.last_insert_id().unwrap_or(0);
+        *undo = if taken && fence > 0 {
+            Undo::Version(fence)
+        } else if taken {
+            Undo::OwnersRow
+        } else {
+            Undo::Nothing
+        };
         if taken && fence > 0 {
             let grant = Grant::new(MysqlLease::Lease(Held { fence }))
                 .with_token(FencingToken::new(fence))
@@ -122,10 +149,16 @@ pub(crate) async fn wait(
     tokio::time::sleep(delay).await;
 }
 
-/// Clears a grant this owner may have got without hearing of it.
-pub(crate) async fn abandon(inner: &Inner, request: &AcquireRequest) {
+/// Clears a grant the acquire's last try may have got without hearing of it, or got and the core
+/// refused (see [`Undo`]); nothing after a definite "busy".
+pub(crate) async fn abandon(inner: &Inner, undo: Undo, request: &AcquireRequest) {
+    let version = match undo {
+        Undo::Nothing => return,
+        Undo::OwnersRow => String::new(),
+        Undo::Version(fence) => format!(" AND fence = {fence}"),
+    };
     let sql = format!(
-        "UPDATE {} SET owner = NULL, expires_at = NULL WHERE name = {} AND owner = {}",
+        "UPDATE {} SET owner = NULL, expires_at = NULL WHERE name = {} AND owner = {}{version}",
         inner.table,
         literal(request.name.as_bytes()),
         literal(request.owner.as_bytes())
@@ -248,20 +281,43 @@ pub(crate) async fn release(
         guard(name, owner, held.fence)
     );
     let request_timeout = inner.limits.request;
-    with_session(inner, async |s| {
-        bounded(
-            "releasing the lease row",
-            request_timeout,
-            s.conn.query_drop(sql),
-        )
-        .await?;
-        Ok(if s.conn.affected_rows() > 0 {
-            Released::Released
-        } else {
-            Released::NotHeld
+    let send = async || {
+        with_session(inner, async |s| {
+            bounded(
+                "releasing the lease row",
+                request_timeout,
+                s.conn.query_drop(sql.as_str()),
+            )
+            .await?;
+            Ok(if s.conn.affected_rows() > 0 {
+                Released::Released
+            } else {
+                Released::NotHeld
+            })
         })
-    })
-    .await
+        .await
+    };
+    let first_error = match send().await {
+        Ok(released) => return Ok(released),
+        Err(e) => e,
+    };
+    // The first send's outcome is unknown (a reset or a timeout: it may have been applied, its reply
+    // lost). Resend once on a fresh session (a failed session is never pooled): the guard names this
+    // hold's owner and version, so a resend never frees another hold. Finding nothing then cannot tell
+    // "our first send freed it" from "it had expired": that is unknown, never `NotHeld`.
+    tracing::debug!(error = %first_error, lock = name, "lease release failed; resending once");
+    match send().await {
+        Ok(Released::NotHeld) => Err(SqlError::Unavailable {
+            action: "releasing the lease row",
+            message: format!(
+                "the outcome is unknown: the first release got no answer ({first_error}) and the \
+                 resend found nothing of this hold's (freed by the first release, or expired)"
+            ),
+            source: None,
+        }),
+        Ok(released) => Ok(released),
+        Err(_) => Err(first_error),
+    }
 }
 
 pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlError> {

@@ -37,6 +37,13 @@
 //! (a pooling proxy in between) ends the hold; a session the server closes (`KILL`, restart) is noticed
 //! at once from its socket.
 //!
+//! **Kinds.** Advisory mode has the semaphore: a permit is one `GET_LOCK` slot name
+//! ([`permit_name`]) held by its own session, the limit a row of `<table>_limit` written with the first
+//! permit and kept (see `semaphore.rs`); a name with a limit row is a semaphore, and its mutex is
+//! refused with `KindConflict` (and a permit while the mutex is held). No mode has the read-write lock:
+//! `GET_LOCK` is exclusive only, and no shared lock of the server's excludes the `GET_LOCK` that is the
+//! name's mutex. Row and lease modes are mutex-only.
+//!
 //! The table (`?table=`, default `distlock_locks`, in `?schema=` or the URL's database) is created on
 //! first use under `GET_LOCK('dl-schema')`: `name VARBINARY(1024)` (case kept, 1,024 bytes), `fence`,
 //! `owner`, `expires_at DATETIME(6)`.
@@ -47,6 +54,7 @@ pub mod fence;
 mod layout;
 mod lease;
 mod row;
+mod semaphore;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,14 +63,14 @@ use async_trait::async_trait;
 use distlock_core::raw::{
     AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
 };
-use distlock_core::{Capabilities, Fencing, Result};
+use distlock_core::{Capabilities, Fencing, LockKind, LockKinds, Result};
 use mysql_async::prelude::Queryable as _;
 use mysql_async::{Conn, Opts};
 
 use crate::config::{Mode, SqlConfig};
 use crate::error::SqlError;
 
-pub use layout::{advisory_name, LOCK_NAME_PREFIX};
+pub use layout::{advisory_name, permit_name, LIMIT_SUFFIX, LOCK_NAME_PREFIX, PERMIT_NAME_PREFIX};
 /// The driver, for callers that need a plain connection of their own (the fence helper's callers, the bench).
 pub use mysql_async;
 
@@ -84,6 +92,11 @@ pub(crate) struct Inner {
     pub(crate) limits: Limits,
     /// The lock table, qualified and quoted.
     pub(crate) table: String,
+    /// The semaphore limit table (`<table>_limit`), qualified and quoted.
+    pub(crate) limit_table_name: String,
+    /// Whether the limit table was there (or created) when the backend connected; without it,
+    /// semaphores are refused and the mutex checks no limit row.
+    pub(crate) limit_ready: std::sync::atomic::AtomicBool,
     pub(crate) pool: Pool,
     /// The connection that sends `KILL QUERY` and the lease mode's statements.
     pub(crate) control: tokio::sync::Mutex<Option<Conn>>,
@@ -92,6 +105,13 @@ pub(crate) struct Inner {
 impl Inner {
     pub(crate) fn error(&self, e: SqlError, lock: Option<&str>) -> distlock_core::Error {
         e.into_core(KIND, lock)
+    }
+
+    /// The limit table, if it was there when the backend connected.
+    pub(crate) fn limit_table(&self) -> Option<&str> {
+        self.limit_ready
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(self.limit_table_name.as_str())
     }
 }
 
@@ -119,11 +139,14 @@ impl MysqlBackend {
             request: config.connection.request_timeout,
         };
         let table = layout::qualified(config.schema.as_deref(), &config.table);
+        let limit_table_name = layout::qualified_limit(config.schema.as_deref(), &config.table);
         let inner = Inner {
             config,
             opts,
             limits,
             table,
+            limit_table_name,
+            limit_ready: std::sync::atomic::AtomicBool::new(false),
             pool: Pool::default(),
             control: tokio::sync::Mutex::new(None),
         };
@@ -167,6 +190,17 @@ impl Inner {
             conn.query_drop(layout::create_table(&self.table)),
         )
         .await;
+        let limit_created = match &created {
+            Ok(()) => {
+                bounded(
+                    "creating the semaphore limit table",
+                    request,
+                    conn.query_drop(layout::create_limit_table(&self.limit_table_name)),
+                )
+                .await
+            }
+            Err(_) => Ok(()),
+        };
         if got.flatten() == Some(1) {
             let _ = bounded(
                 "unlocking the schema",
@@ -182,12 +216,59 @@ impl Inner {
             conn.query_drop(layout::check_table(&self.table)),
         )
         .await?;
+        // The limit table came with the semaphore: a role that may not create it (a schema that
+        // predates it) still gets the mutex; semaphores are then refused, naming the table.
+        let limit_checked = bounded(
+            "checking the semaphore limit table",
+            request,
+            conn.query_drop(layout::check_limit_table(&self.limit_table_name)),
+        )
+        .await;
+        match (&limit_created, &limit_checked) {
+            (_, Ok(())) => self
+                .limit_ready
+                .store(true, std::sync::atomic::Ordering::Relaxed),
+            (created, Err(e)) => tracing::warn!(
+                table = %self.limit_table_name,
+                create_error = ?created.as_ref().err().map(ToString::to_string),
+                error = %e,
+                "the semaphore limit table is missing or unreadable; semaphores are refused"
+            ),
+        }
         self.pool.checkin(session);
         if self.config.mode == Mode::Row {
             let second = conn::Session::open(&self.opts, &self.limits).await?;
             self.pool.checkin(second);
         }
         Ok(())
+    }
+
+    /// A mutex's bump after a won wait: the new token, or `None` when the name is a semaphore (its
+    /// limit row exists) and nothing was bumped.
+    pub(crate) async fn bump_mutex_fence(
+        &self,
+        conn: &mut Conn,
+        name: &str,
+    ) -> Result<Option<u64>, SqlError> {
+        bounded(
+            "bumping the fencing counter",
+            self.limits.request,
+            conn.query_drop(layout::bump_fence_unless_semaphore(
+                &self.table,
+                self.limit_table(),
+                name,
+            )),
+        )
+        .await?;
+        if conn.affected_rows() == 0 && self.limit_table().is_some() {
+            return Ok(None);
+        }
+        match conn.last_insert_id() {
+            Some(token) if token > 0 => Ok(Some(token)),
+            other => Err(SqlError::Protocol(format!(
+                "the fencing counter statement returned insert id {other:?}"
+            ))),
+        }
     }
 
     /// Bumps the name's counter on `conn` (autocommit) and returns the new value.
@@ -211,7 +292,11 @@ impl Inner {
 #[derive(Debug, Default)]
 pub struct MysqlAcquisition {
     advisory: advisory::Waiting,
+    /// A permit's own state (its slot offset, the slot waited on).
+    permit: semaphore::Acquiring,
     backoff: Option<distlock_core::retry::Backoff>,
+    /// Lease mode: what `abandon` must undo (see [`lease::Undo`]).
+    lease_undo: lease::Undo,
 }
 
 /// What is kept for a held lock.
@@ -239,6 +324,9 @@ impl Backend for MysqlBackend {
         KIND
     }
 
+    /// Kinds: advisory mode has the semaphore (slot `GET_LOCK` names, see `semaphore.rs`); no mode has
+    /// the read-write lock, since `GET_LOCK` is exclusive only and no shared lock of MariaDB's excludes
+    /// the `GET_LOCK` that is the name's mutex; row and lease modes are mutex-only.
     fn capabilities(&self) -> Capabilities {
         let base = Capabilities::mutex()
             .with_server_ttl(true)
@@ -246,9 +334,13 @@ impl Backend for MysqlBackend {
         match self.inner.config.mode {
             Mode::Lease => base,
             // Held sessions: freed when the holder's process dies (its socket closes), waits in the server.
-            _ => base
+            Mode::Row => base
                 .with_notify_wait(true)
                 .with_frees_on_process_death(true),
+            _ => base
+                .with_notify_wait(true)
+                .with_frees_on_process_death(true)
+                .with_kinds(LockKinds::mutex_only().with_semaphore()),
         }
     }
 
@@ -262,9 +354,29 @@ impl Backend for MysqlBackend {
         request: &AcquireRequest,
     ) -> Result<Attempt<Self::Lease>> {
         let inner = &self.inner;
-        let attempt = match inner.config.mode {
-            Mode::Lease => lease::try_acquire(inner, request).await,
-            Mode::Row => row::try_acquire(inner, &mut acquisition.advisory, request).await,
+        if !self.capabilities().kinds.supports(request.kind) {
+            // The core refuses these before any I/O; a direct caller of the trait gets the same.
+            return Err(SqlError::Unsupported(format!(
+                "MariaDB's {} mode has no {}",
+                inner.config.mode, request.kind
+            ))
+            .into_core(KIND, Some(&request.name)));
+        }
+        let attempt = match (inner.config.mode, request.kind) {
+            (Mode::Lease, _) => {
+                lease::try_acquire(inner, &mut acquisition.lease_undo, request).await
+            }
+            (Mode::Row, _) => row::try_acquire(inner, &mut acquisition.advisory, request).await,
+            (_, LockKind::Permit { limit }) => {
+                semaphore::try_acquire(
+                    inner,
+                    &mut acquisition.advisory,
+                    &mut acquisition.permit,
+                    request,
+                    limit,
+                )
+                .await
+            }
             _ => advisory::try_acquire(inner, &mut acquisition.advisory, request).await,
         };
         attempt.map_err(|e| inner.error(e, Some(&request.name)))
@@ -277,21 +389,30 @@ impl Backend for MysqlBackend {
         retry_after: Option<Duration>,
     ) -> Result<()> {
         let inner = &self.inner;
-        let waited = match inner.config.mode {
-            Mode::Lease => {
+        let waited = match (inner.config.mode, request.kind) {
+            (Mode::Lease, _) => {
                 lease::wait(&mut acquisition.backoff, retry_after).await;
                 Ok(())
             }
-            Mode::Row => {
-                advisory::wait(&mut acquisition.advisory, row::flavor(inner, &request.name)).await
+            (Mode::Row, _) => {
+                let flavor = row::flavor(inner, &request.name);
+                advisory::wait(&mut acquisition.advisory, flavor, inner.limits.request).await
             }
-            _ => {
-                let key = advisory_name(&request.name);
-                advisory::wait(
+            (_, LockKind::Permit { limit }) => {
+                semaphore::wait(
+                    inner,
                     &mut acquisition.advisory,
-                    advisory::Flavor::Advisory { key },
+                    &mut acquisition.permit,
+                    request,
+                    limit,
                 )
                 .await
+            }
+            _ => {
+                let flavor = advisory::Flavor::Advisory {
+                    key: advisory_name(&request.name),
+                };
+                advisory::wait(&mut acquisition.advisory, flavor, inner.limits.request).await
             }
         };
         waited.map_err(|e| inner.error(e, Some(&request.name)))
@@ -299,11 +420,14 @@ impl Backend for MysqlBackend {
 
     async fn abandon(&self, acquisition: Self::Acquisition, request: &AcquireRequest) {
         let inner = &self.inner;
-        match inner.config.mode {
-            Mode::Lease => lease::abandon(inner, request).await,
-            Mode::Row => {
+        match (inner.config.mode, request.kind) {
+            (Mode::Lease, _) => lease::abandon(inner, acquisition.lease_undo, request).await,
+            (Mode::Row, _) => {
                 let flavor = row::flavor(inner, &request.name);
                 advisory::abandon(inner, acquisition.advisory, request, flavor).await
+            }
+            (_, LockKind::Permit { .. }) => {
+                semaphore::abandon(inner, acquisition.advisory, &acquisition.permit, request).await
             }
             _ => {
                 let key = advisory_name(&request.name);

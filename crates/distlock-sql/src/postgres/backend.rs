@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Attempt, Backend, Grant, LockInfo, Released, Renewal, RenewalId, Renewed,
 };
-use distlock_core::{Capabilities, Fencing, Result};
+use distlock_core::{Capabilities, Fencing, LockKind, LockKinds, ReadWriteOrder, Result};
 use tokio::sync::{broadcast, Mutex};
 use tokio_postgres::types::Type;
 
 use super::conn::{driver_config, Conn, Driver};
 use super::layout::{self, Tables};
-use super::{inspect, lease, session};
+use super::{inspect, lease, semaphore, session};
 use crate::config::{Mode, SqlConfig};
 use crate::error::SqlError;
 
@@ -42,7 +42,8 @@ pub(crate) struct Inner {
     pub(crate) tables: Tables,
     /// The control connection: fence counters in row mode, every lease-mode statement, `LISTEN`.
     control: Mutex<Option<Arc<Conn>>>,
-    /// Lease-mode wake-ups: payloads (lock names) of the `NOTIFY`s on the control connection.
+    /// Wake-ups of lease-mode and permit waiters: payloads (lock names) of the `NOTIFY`s on the control
+    /// connection.
     pub(crate) notify: broadcast::Sender<String>,
     /// Idle dedicated connections (advisory and row modes): one opened ahead, and those a release
     /// handed back clean, so an acquire does not pay for the connection setup (TCP, SCRAM, a server
@@ -143,7 +144,8 @@ impl Inner {
                 return Ok(conn.clone());
             }
         }
-        let listen = self.config.mode == Mode::Lease;
+        // Every mode listens: lease-mode releases and (advisory) permit releases notify.
+        let listen = true;
         let conn = Arc::new(self.open(listen).await?);
         if self
             .schema_checked
@@ -170,6 +172,23 @@ impl Inner {
         Ok(conn)
     }
 
+    /// Passes `result` (of a statement on the control connection `conn`) through; a statement that got
+    /// no answer within its bound drops `conn` as the control connection, so the next statement opens
+    /// a new one instead of waiting on a link that died silently.
+    pub(crate) async fn forget_stalled_control<T>(
+        &self,
+        conn: &Arc<Conn>,
+        result: std::result::Result<T, SqlError>,
+    ) -> std::result::Result<T, SqlError> {
+        if matches!(result, Err(SqlError::Timeout { .. })) {
+            let mut slot = self.control.lock().await;
+            if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                *slot = None;
+            }
+        }
+        result
+    }
+
     /// Creates the tables unless they exist, and checks their shape.
     async fn ensure_schema(&self) -> std::result::Result<(), SqlError> {
         let conn = self.control().await?;
@@ -192,9 +211,78 @@ impl Inner {
             }
             other => other,
         }?;
+        self.ensure_limit_table(&conn).await?;
         self.schema_checked
             .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The semaphore limit table, which came after the other two: created if missing (under the same
+    /// schema lock). A role that may not create it, or not read it, still connects: the mutex and the
+    /// write lock do not need it; a semaphore then says what to create or grant, and a read lock fails
+    /// with `PermissionDenied` if it may not read it (with no table at all a read lock works: no name
+    /// can be a semaphore then). A table of another shape is refused as the others are.
+    async fn ensure_limit_table(&self, conn: &Arc<Conn>) -> std::result::Result<(), SqlError> {
+        let bound = self.request_timeout();
+        let shape = self.tables.shape_of_limit();
+        let check = || async {
+            let statement = Conn::bounded(
+                "checking distlock's tables",
+                bound,
+                conn.client.prepare(&shape),
+            )
+            .await?;
+            match statement.columns().get(1).map(|c| c.type_()) {
+                Some(t) if *t == Type::INT4 => Ok(()),
+                other => Err(SqlError::TableShape(format!(
+                    "table {}: column permits is {other:?}, distlock needs integer; pick another ?table=",
+                    self.tables.limit
+                ))),
+            }
+        };
+        let denied = |e: &SqlError| {
+            tracing::warn!(
+                table = %self.tables.limit,
+                error = %e,
+                "this role may not create or read the semaphore limit table; everything but semaphores \
+                 and read locks works (those say what to grant)"
+            );
+        };
+        match check().await {
+            Err(SqlError::TableShape(_)) => {}
+            Err(e @ SqlError::Denied { .. }) => {
+                denied(&e);
+                return Ok(());
+            }
+            other => return other,
+        }
+        let create = self.tables.create_limit();
+        match Conn::bounded(
+            "creating distlock's limit table",
+            bound,
+            conn.client.batch_execute(&create),
+        )
+        .await
+        {
+            Ok(()) => match check().await {
+                Err(e @ SqlError::Denied { .. }) => {
+                    denied(&e);
+                    Ok(())
+                }
+                checked => checked,
+            },
+            Err(e) => {
+                // A failed batch leaves its transaction open on the connection: start afresh.
+                *self.control.lock().await = None;
+                match e {
+                    SqlError::Denied { .. } => {
+                        denied(&e);
+                        Ok(())
+                    }
+                    other => Err(other),
+                }
+            }
+        }
     }
 
     async fn check_shape(&self, conn: &Conn) -> std::result::Result<(), SqlError> {
@@ -314,6 +402,7 @@ impl std::fmt::Debug for PgLease {
 pub struct PgAcquisition {
     pub(crate) session: session::Acquiring,
     pub(crate) lease: lease::Acquiring,
+    pub(crate) permit: semaphore::Acquiring,
 }
 
 #[async_trait]
@@ -325,7 +414,25 @@ impl Backend for PostgresBackend {
         BACKEND
     }
 
+    /// Per mode: advisory has the read-write lock (PostgreSQL's lock queue: first come, first
+    /// served; atomic downgrade) and the semaphore; row mode the read-write lock (`FOR SHARE` readers
+    /// get in past a waiting `FOR UPDATE` writer: readers first; no downgrade); lease mode the mutex
+    /// only (its lease row has one owner: a read-write lock or a semaphore would need another layout).
+    ///
+    /// Advisory's order holds within a wait slice (`session::WAIT_SLICE`, 5 s): a waiting writer
+    /// leaves the server's queue when its slice ends and queues again at once, and the readers that
+    /// had queued behind it are granted at that moment. So a writer waits for the readers that hold
+    /// when it comes as long as read holds are shorter than the slice; overlapping read holds each
+    /// longer than it can keep a writer out (DESIGN and GUARANTEES say so).
     fn capabilities(&self) -> Capabilities {
+        let kinds = match self.inner.config.mode {
+            Mode::Advisory => LockKinds::mutex_only()
+                .with_read_write(ReadWriteOrder::Fifo)
+                .with_atomic_downgrade()
+                .with_semaphore(),
+            Mode::Row => LockKinds::mutex_only().with_read_write(ReadWriteOrder::ReadersFirst),
+            _ => LockKinds::mutex_only(),
+        };
         Capabilities::mutex()
             .with_server_ttl(true)
             .with_fencing(Fencing::Strict)
@@ -333,6 +440,7 @@ impl Backend for PostgresBackend {
             .with_notify_wait(true)
             .with_frees_on_process_death(self.inner.config.mode != Mode::Lease)
             .with_shared_across_processes(true)
+            .with_kinds(kinds)
     }
 
     fn begin(&self, _request: &AcquireRequest) -> Result<PgAcquisition> {
@@ -345,8 +453,26 @@ impl Backend for PostgresBackend {
         request: &AcquireRequest,
     ) -> Result<Attempt<PgLease>> {
         let inner = &self.inner;
-        let attempt = match inner.config.mode {
-            Mode::Lease => lease::try_acquire(inner, &mut acquisition.lease, request).await,
+        if !self.capabilities().kinds.supports(request.kind) {
+            // The core refuses these before any I/O; a direct caller of the trait gets the same.
+            return Err(SqlError::Unsupported(format!(
+                "PostgreSQL's {} mode has no {}",
+                inner.config.mode, request.kind
+            ))
+            .into_core(BACKEND, Some(&request.name)));
+        }
+        let attempt = match (inner.config.mode, request.kind) {
+            (Mode::Lease, _) => lease::try_acquire(inner, &mut acquisition.lease, request).await,
+            (_, LockKind::Permit { limit }) => {
+                semaphore::try_acquire(
+                    inner,
+                    &mut acquisition.session,
+                    &mut acquisition.permit,
+                    request,
+                    limit,
+                )
+                .await
+            }
             _ => session::try_acquire(&self.inner, &mut acquisition.session, request).await,
         };
         attempt.map_err(|e| e.into_core(BACKEND, Some(&request.name)))
@@ -359,9 +485,19 @@ impl Backend for PostgresBackend {
         retry_after: Option<Duration>,
     ) -> Result<()> {
         let inner = &self.inner;
-        let waited = match inner.config.mode {
-            Mode::Lease => {
+        let waited = match (inner.config.mode, request.kind) {
+            (Mode::Lease, _) => {
                 lease::wait(&mut acquisition.lease, request, retry_after).await;
+                Ok(())
+            }
+            (_, LockKind::Permit { .. }) => {
+                semaphore::wait(
+                    inner,
+                    &mut acquisition.session,
+                    &mut acquisition.permit,
+                    request,
+                )
+                .await;
                 Ok(())
             }
             _ => session::wait(&self.inner, &mut acquisition.session, request).await,
@@ -395,10 +531,24 @@ impl Backend for PostgresBackend {
 
     async fn release(&self, lease: &PgLease, name: &str, owner: &str) -> Result<Released> {
         let released = match &lease.0 {
-            LeaseKind::Session(held) => session::release(&self.inner, held).await,
+            LeaseKind::Session(held) => session::release(&self.inner, held, name).await,
             LeaseKind::Lease(held) => lease::release(&self.inner, held, name, owner).await,
         };
         released.map_err(|e| e.into_core(BACKEND, Some(name)))
+    }
+
+    /// Advisory mode: the writer's session takes the key shared, then lets the exclusive hold go.
+    async fn downgrade(&self, lease: &PgLease, read: &AcquireRequest) -> Result<Grant<PgLease>> {
+        let downgraded = match &lease.0 {
+            LeaseKind::Session(held) if self.inner.config.mode == Mode::Advisory => {
+                session::downgrade(&self.inner, held, read).await
+            }
+            _ => Err(SqlError::Unsupported(format!(
+                "PostgreSQL's {} mode cannot turn a write lock into a read lock in one step",
+                self.inner.config.mode
+            ))),
+        };
+        downgraded.map_err(|e| e.into_core(BACKEND, Some(&read.name)))
     }
 
     async fn inspect(&self, name: &str) -> Result<LockInfo> {

@@ -4,12 +4,15 @@
 
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, CancelToken, Client};
+use tokio_postgres::{AsyncMessage, CancelToken, Client, SimpleQueryMessage};
 
+use super::layout;
 use super::tls::{self, MakeRustls};
 use crate::error::SqlError;
 use crate::SqlConfig;
@@ -26,6 +29,9 @@ pub(crate) struct Conn {
     /// The connection's TLS, for the cancel request.
     tls: MakeRustls,
     closed: watch::Receiver<Option<String>>,
+    /// The server ended the session itself (it sent an error, e.g. FATAL on `idle_session_timeout` or
+    /// `pg_terminate_backend`, before closing); set before `closed`.
+    ended_by_server: Arc<AtomicBool>,
     /// The task driving the connection future: aborted on drop, so the socket closes at once even
     /// with a statement still waiting in the server (dropping only the client would keep the socket
     /// open until that statement answers).
@@ -45,6 +51,13 @@ impl std::fmt::Debug for Conn {
             .finish_non_exhaustive()
     }
 }
+
+/// Idle time before the first TCP keepalive probe (see [`driver_config`]).
+pub(crate) const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// Time between unanswered keepalive probes.
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Unanswered probes before the kernel ends the connection.
+pub(crate) const KEEPALIVE_RETRIES: u32 = 3;
 
 /// How to connect: the driver's config and the TLS hook (see [`tls`]).
 #[derive(Debug, Clone)]
@@ -69,6 +82,20 @@ pub(crate) fn driver_config(config: &SqlConfig) -> Result<Driver, SqlError> {
     if driver.get_connect_timeout().is_none() {
         driver.connect_timeout(config.connection.connect_timeout);
     }
+    // TCP keepalive on every connection, probing well before the driver's default of two hours, so a
+    // peer that vanished without FIN or RST (a dropped NAT entry, a dead host) ends the connection
+    // within KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_RETRIES (25 s). The driver turns
+    // keepalive on by default; the URL's own `keepalives=0` / `keepalives_*=` win.
+    let url_sets = |key: &str| request.url.contains(&format!("{key}="));
+    if !url_sets("keepalives_idle") {
+        driver.keepalives_idle(KEEPALIVE_IDLE);
+    }
+    if !url_sets("keepalives_interval") {
+        driver.keepalives_interval(KEEPALIVE_INTERVAL);
+    }
+    if !url_sets("keepalives_retries") {
+        driver.keepalives_retries(KEEPALIVE_RETRIES);
+    }
     Ok(Driver {
         config: driver,
         tls,
@@ -92,6 +119,8 @@ impl Conn {
             })?
             .map_err(|e| map_error("connecting to PostgreSQL", e))?;
         let (closed_tx, closed) = watch::channel(None);
+        let ended_by_server = Arc::new(AtomicBool::new(false));
+        let server_ended = ended_by_server.clone();
         let driver = tokio::spawn(async move {
             let reason = loop {
                 match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
@@ -101,7 +130,12 @@ impl Conn {
                         }
                     }
                     Some(Ok(_notice)) => {}
-                    Some(Err(e)) => break format!("the connection to PostgreSQL ended: {e}"),
+                    Some(Err(e)) => {
+                        if e.as_db_error().is_some() {
+                            server_ended.store(true, Ordering::Release);
+                        }
+                        break format!("the connection to PostgreSQL ended: {e}");
+                    }
                     None => break "the connection to PostgreSQL was closed".to_string(),
                 }
             };
@@ -111,16 +145,26 @@ impl Conn {
         .abort_handle();
         let cancel = client.cancel_token();
         let key_pid = key_pid(&cancel).await;
-        let row = tokio::time::timeout(bound, client.query_one("SELECT pg_backend_pid()", &[]))
+        // The settings distlock's statements rely on, set by the session itself (whatever the server,
+        // database or role defaults say), in the same round trip as the pid.
+        let setup = format!("{}; SELECT pg_backend_pid()", layout::SESSION_SETTINGS);
+        let messages = tokio::time::timeout(bound, client.simple_query(&setup))
             .await
             .map_err(|_| SqlError::Timeout {
-                action: "reading pg_backend_pid()",
+                action: "setting up the session",
                 after: bound,
             })?
-            .map_err(|e| map_error("reading pg_backend_pid()", e))?;
-        let pid: i32 = row
-            .try_get(0)
-            .map_err(|e| SqlError::Protocol(format!("pg_backend_pid() returned {e}")))?;
+            .map_err(|e| map_error("setting up the session", e))?;
+        let pid = messages
+            .iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).and_then(|p| p.parse::<i32>().ok()),
+                _ => None,
+            })
+            .last()
+            .ok_or_else(|| {
+                SqlError::Protocol("the session setup returned no pg_backend_pid()".into())
+            })?;
         Ok(Conn {
             client,
             pid,
@@ -128,6 +172,7 @@ impl Conn {
             cancel,
             tls,
             closed,
+            ended_by_server,
             driver,
         })
     }
@@ -154,6 +199,12 @@ impl Conn {
     /// Whether the driver task has seen the connection end.
     pub(crate) fn closed_reason(&self) -> Option<String> {
         self.closed.borrow().clone()
+    }
+
+    /// Whether the server ended the session itself (it sent an error before closing): meaningful once
+    /// [`closed_reason`](Self::closed_reason) is `Some`.
+    pub(crate) fn ended_by_server(&self) -> bool {
+        self.ended_by_server.load(Ordering::Acquire)
     }
 
     /// Resolves with the reason once the connection ends.
@@ -294,6 +345,19 @@ pub(crate) fn map_error(action: &'static str, e: tokio_postgres::Error) -> SqlEr
             source: Some(Box::new(e)),
         },
     }
+}
+
+/// Whether a statement's error is the server ending the session (a FATAL error: `idle_session_timeout`,
+/// `pg_terminate_backend`, a shutdown), as opposed to the link breaking.
+pub(crate) fn is_fatal(e: &SqlError) -> bool {
+    matches!(
+        e,
+        SqlError::Unavailable { source: Some(source), .. }
+            if source
+                .downcast_ref::<tokio_postgres::Error>()
+                .and_then(tokio_postgres::Error::as_db_error)
+                .is_some_and(|db| db.severity() == "FATAL" || db.severity() == "PANIC")
+    )
 }
 
 /// Whether a statement failed because the row or key is locked elsewhere (`FOR UPDATE NOWAIT`).

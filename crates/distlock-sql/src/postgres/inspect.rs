@@ -1,14 +1,17 @@
 //! `distlock status` on PostgreSQL: the holder as the server sees it (`pg_locks` and
-//! `pg_stat_activity` in advisory mode, the row in lease mode), waiters, and the last token.
+//! `pg_stat_activity` in advisory mode, the row in lease mode), waiters, and the last token. In
+//! advisory mode the key held exclusive is a mutex or a writer (one lock: shown as a mutex); held
+//! shared, it is readers, or the permits of a semaphore when the name has a stored limit (then each
+//! holder is a slot key's, with its slot as the permit). Row mode shows the token only.
 
 use std::time::Duration;
 
 use distlock_core::raw::{HolderInfo, LockInfo};
-use distlock_core::FencingToken;
+use distlock_core::{FencingToken, LockKind};
 
 use super::backend::Inner;
 use super::conn::Conn;
-use super::layout;
+use super::{layout, session};
 use crate::config::Mode;
 use crate::error::SqlError;
 
@@ -20,7 +23,7 @@ pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlEr
         Mode::Advisory => {
             let (classid, objid, objsubid) =
                 layout::pg_locks_row(layout::key_for(name, inner.config.key));
-            let sql = "SELECT l.pid, l.granted, a.client_addr::text, a.backend_start \
+            let sql = "SELECT l.pid, l.granted, a.client_addr::text, a.backend_start, l.mode \
                        FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
                        WHERE l.locktype = 'advisory' AND l.classid = $1::bigint::oid \
                        AND l.objid = $2::bigint::oid AND l.objsubid = $3";
@@ -32,18 +35,41 @@ pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlEr
             )
             .await?;
             let mut waiters = 0;
+            let mut shared = Vec::new();
             for row in &rows {
                 if row.try_get::<_, bool>(1).unwrap_or(false) {
                     // `HolderInfo::pid` is a process id; the server's backend pid is not one.
                     let mut holder = HolderInfo::default();
                     holder.host = row.try_get(2).ok();
                     holder.since = row.try_get(3).ok();
-                    info.holder = Some(holder);
+                    if row.try_get::<_, String>(4).ok().as_deref() == Some("ShareLock") {
+                        shared.push(holder);
+                    } else {
+                        // A mutex and a write lock are one lock: the server cannot tell them apart.
+                        info.kind = Some(LockKind::Mutex);
+                        info.holder = Some(holder);
+                    }
                 } else {
                     waiters += 1;
                 }
             }
             info.waiters = Some(waiters);
+            if !shared.is_empty() {
+                // Readers, or permit holders (which hold the key shared beside their slot).
+                match session::stored_limit(inner, &conn, name, true).await? {
+                    Some(limit) => {
+                        let limit = u32::try_from(limit).unwrap_or(0);
+                        info.kind = Some(LockKind::Permit { limit });
+                        info.holders = permit_holders(&conn, bound, name, limit).await?;
+                        // Permit waiters wait in the client (they poll), not in the server.
+                        info.waiters = None;
+                    }
+                    None => {
+                        info.kind = Some(LockKind::Read);
+                        info.holders = shared;
+                    }
+                }
+            }
         }
         Mode::Lease => {
             let sql = inner.tables.lease_holder();
@@ -81,4 +107,41 @@ pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlEr
         .and_then(|t| u64::try_from(t).ok())
         .map(FencingToken::new);
     Ok(info)
+}
+
+/// The holders of a semaphore's slots (`pg_locks`: the slot keys of `name` below `limit`), each with
+/// its permit (the slot number).
+async fn permit_holders(
+    conn: &Conn,
+    bound: Duration,
+    name: &str,
+    limit: u32,
+) -> Result<Vec<HolderInfo>, SqlError> {
+    let (classid, first, _) = layout::pg_locks_row(layout::permit_key(name, 0));
+    let last = i64::from(first) + i64::from(limit.max(1)) - 1;
+    let sql = "SELECT l.objid::bigint, a.client_addr::text, a.backend_start \
+               FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+               WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+               AND l.classid = $1::bigint::oid AND l.objid::bigint BETWEEN $2 AND $3 \
+               ORDER BY l.objid";
+    let rows = Conn::bounded(
+        "reading pg_locks",
+        bound,
+        conn.client
+            .query(sql, &[&i64::from(classid), &i64::from(first), &last]),
+    )
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let mut holder = HolderInfo::default();
+            holder.permit = row
+                .try_get::<_, i64>(0)
+                .ok()
+                .map(|objid| (objid - i64::from(first)).to_string());
+            holder.host = row.try_get(1).ok();
+            holder.since = row.try_get(2).ok();
+            holder
+        })
+        .collect())
 }

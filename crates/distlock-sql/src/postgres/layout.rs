@@ -23,10 +23,44 @@
 //! CREATE TABLE <table>_fence (    -- advisory and row modes: the fencing counter per name
 //!   name text COLLATE "C" PRIMARY KEY,
 //!   token bigint NOT NULL);
+//! CREATE TABLE <table>_limit (    -- advisory mode: a semaphore's limit, stored with its first permit
+//!   name text COLLATE "C" PRIMARY KEY,   -- and kept (see "Semaphore" below)
+//!   permits integer NOT NULL);
 //! ```
 //!
-//! Lease-mode releases `NOTIFY` the channel named after the table with the lock name as payload;
-//! waiters `LISTEN` on it.
+//! `<table>_limit` came with the semaphore: a server that has the first two tables but not this one
+//! gets it at connect when the role may create it; if it may not, everything but semaphores works
+//! (a read lock's check then finds no table, which means no semaphore), and the operator creates it
+//! with the statement above.
+//!
+//! Lease-mode releases and permit releases `NOTIFY` the channel named after the table with the lock
+//! name as payload; waiters `LISTEN` on it.
+//!
+//! **Read-write lock** (advisory mode). The name's one key [`advisory_key`] (or `?key=`), as .NET
+//! DistributedLock's `PostgresDistributedReaderWriterLock` uses it: a read lock is
+//! `pg_advisory_lock_shared(key)`, a write lock is `pg_advisory_lock(key)`, the very lock the mutex
+//! takes, so the mutex and the write side of a name are one lock. PostgreSQL queues a new shared
+//! request behind a waiting exclusive one, so readers arriving after a waiting writer wait for it
+//! (first come, first served). A write grant bumps `<table>_fence` as the mutex's does; a reader reads
+//! the counter after its lock is granted (the last write grant's token, 0 if there was none). A
+//! downgrade is `pg_advisory_lock_shared(key)` then `pg_advisory_unlock(key)` on the writer's session
+//! (a session's own locks never conflict, and a request that conflicts only with waiters is placed
+//! ahead of them when the session already holds a conflicting lock, so it is granted at once). In row
+//! mode a read lock is the name's row `FOR SHARE` and a write lock the mutex's `FOR UPDATE`, in the
+//! held transaction.
+//!
+//! **Semaphore** (advisory mode). A permit is one of `N` keys in PostgreSQL's two-int key space,
+//! [`permit_key`]`(name, slot)` for `slot` in `0..N`, taken with `pg_try_advisory_lock` slot by slot
+//! (the first free slot, in one statement), plus the name's key **shared**
+//! (`pg_try_advisory_lock_shared(key)`). The shared hold makes the name's mutex and write lock (the
+//! key exclusive) and its permits exclude each other in the server; a read lock (also shared) checks
+//! `<table>_limit` once its lock is granted and is refused with `KindConflict` on a name that has a
+//! stored limit. The limit is written once, under the name's key held exclusive (so no reader holds it
+//! then, and every later reader sees the row), and kept: another `N` is `LimitMismatch`. To change it,
+//! once no permit is held: `DELETE FROM <table>_limit WHERE name = '<name>'`. Each grant bumps the
+//! name's fencing counter. The permit id is the slot number. A permit release unlocks both keys and
+//! `NOTIFY`s the channel; waiters also poll (see `semaphore.rs`), since a session that ends frees its
+//! slot without a notification.
 
 use sha1::{Digest, Sha1};
 
@@ -38,6 +72,17 @@ pub const SCHEMA_LOCK_KEY: &str = "distlock schema";
 
 /// The suffix of the fencing counter table's name.
 pub const FENCE_SUFFIX: &str = "_fence";
+
+/// The suffix of the semaphore limit table's name: with the default table, an operator changes a
+/// semaphore's limit (once no permit is held) by deleting its row there.
+///
+/// ```
+/// use distlock_sql::postgres::layout::LIMIT_SUFFIX;
+/// let table = format!("{}{LIMIT_SUFFIX}", distlock_sql::DEFAULT_TABLE);
+/// assert_eq!(table, "distlock_locks_limit");
+/// // DELETE FROM distlock_locks_limit WHERE name = 'workers';
+/// ```
+pub const LIMIT_SUFFIX: &str = "_limit";
 
 /// The advisory key of a lock name (see the [module docs](self)). The same number in Python:
 /// `struct.unpack('<q', hashlib.sha1(name.encode()).digest()[:8])[0]`.
@@ -53,6 +98,32 @@ pub fn advisory_key(name: &str) -> i64 {
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     i64::from_le_bytes(first)
+}
+
+/// The key of permit `slot` of `name`'s semaphore, in PostgreSQL's two-int key space (`objsubid = 2`
+/// in `pg_locks`), which never meets the one-`bigint` space of [`advisory_key`]: the first int is
+/// bytes 0..4 of the SHA-1 of the name (little-endian), the second is bytes 4..6 (little-endian) in
+/// its high 16 bits and the slot in its low 16 bits (a semaphore has at most 65,536 permits). So two
+/// names share slot keys only if 48 bits of their hashes agree, and even then no semaphore ever has
+/// more holders than its limit (a slot taken by the other name is merely busy). In `pg_locks`:
+/// `classid` = the first int, `objid` = the second, so `objid & 65535` is the slot.
+///
+/// ```
+/// use distlock_sql::AdvisoryKey;
+/// use distlock_sql::postgres::layout::{advisory_key, permit_key, pg_locks_row};
+/// assert_eq!(permit_key("workers", 0), AdvisoryKey::Pair(50_941_687, 505_020_416));
+/// assert_eq!(permit_key("workers", 3), AdvisoryKey::Pair(50_941_687, 505_020_419));
+/// assert_eq!(pg_locks_row(permit_key("workers", 65_535)), (0x0309_4ef7, 0x1e1a_ffff, 2));
+/// // A permit key is never a name's (mutex, read-write) key: another key space.
+/// assert_eq!(pg_locks_row(AdvisoryKey::Single(advisory_key("workers"))).2, 1);
+/// ```
+pub fn permit_key(name: &str, slot: u32) -> AdvisoryKey {
+    let digest = Sha1::digest(name.as_bytes());
+    let first = i32::from_le_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    let high = u32::from(u16::from_le_bytes([digest[4], digest[5]]));
+    // Bit for bit: the second int's high half is the hash, the low half the slot.
+    let second = ((high << 16) | (slot & 0xffff)) as i32;
+    AdvisoryKey::Pair(first, second)
 }
 
 /// What a name locks in advisory mode: the URL's numeric key if one was given, else the name's hash.
@@ -84,6 +155,8 @@ pub(crate) struct Tables {
     pub(crate) locks: String,
     /// The fencing counter table.
     pub(crate) fence: String,
+    /// The semaphore limit table.
+    pub(crate) limit: String,
     /// The NOTIFY channel (the table name).
     pub(crate) channel: String,
 }
@@ -97,6 +170,7 @@ impl Tables {
         Self {
             locks: qualify(table),
             fence: qualify(&format!("{table}{FENCE_SUFFIX}")),
+            limit: qualify(&format!("{table}{LIMIT_SUFFIX}")),
             channel: table.to_string(),
         }
     }
@@ -109,10 +183,35 @@ impl Tables {
              CREATE TABLE IF NOT EXISTS {locks} (name text COLLATE \"C\" PRIMARY KEY, owner text, \
              expires_at timestamptz, version bigint NOT NULL DEFAULT 0); \
              CREATE TABLE IF NOT EXISTS {fence} (name text COLLATE \"C\" PRIMARY KEY, token bigint NOT NULL); \
+             {limit_table}; \
              COMMIT",
             locks = self.locks,
-            fence = self.fence
+            fence = self.fence,
+            limit_table = self.create_limit_table(),
         )
+    }
+
+    /// `CREATE TABLE IF NOT EXISTS <table>_limit …`, alone.
+    fn create_limit_table(&self) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (name text COLLATE \"C\" PRIMARY KEY, permits integer NOT NULL)",
+            self.limit
+        )
+    }
+
+    /// The creation of the limit table alone (a server whose tables predate the semaphore), one
+    /// simple-query batch in one transaction.
+    pub(crate) fn create_limit(&self) -> String {
+        format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({}); {}; COMMIT",
+            advisory_key(SCHEMA_LOCK_KEY),
+            self.create_limit_table()
+        )
+    }
+
+    /// As [`shape_of_locks`](Self::shape_of_locks) for the limit table.
+    pub(crate) fn shape_of_limit(&self) -> String {
+        format!("SELECT name, permits FROM {} LIMIT 0", self.limit)
     }
 
     /// Reads no rows but fails if a column is missing; the column types are checked on the prepared
@@ -168,6 +267,64 @@ impl Tables {
         format!("SELECT token FROM {} WHERE name = $1", self.fence)
     }
 
+    /// The semaphore limit stored for `$1`, if any.
+    pub(crate) fn stored_limit(&self) -> String {
+        format!("SELECT permits FROM {} WHERE name = $1", self.limit)
+    }
+
+    /// A permit's try, one autocommit statement: if the limit stored for `$1` is `$2`, the name's key
+    /// shared (`key`), then the first free slot of `$2` (the keys [`permit_key`]`(name, s)`, whose
+    /// first is `first_slot`), and, only when a slot was taken, the fencing counter bump. The key is
+    /// let go again when no slot is free. Returns one row: the stored limit (`NULL`: none yet), the
+    /// slot taken (`-1`: all taken, `-2`: the key is held exclusive or a writer waits for it; `NULL`
+    /// when the limit differs), and the new token. `CASE` and `COALESCE` evaluate only what they need,
+    /// so nothing is locked unless the limit agrees, and the slot subquery (an init plan, run on first
+    /// use) stops at its first slot.
+    pub(crate) fn try_permit(&self, key: AdvisoryKey, first_slot: AdvisoryKey) -> String {
+        let (a, b) = pair(first_slot);
+        format!(
+            "WITH g AS (SELECT lim.stored, CASE WHEN lim.stored = $2 THEN \
+               CASE WHEN {shared} THEN COALESCE(\
+                 (SELECT s FROM generate_series(0, $2 - 1) AS s WHERE pg_try_advisory_lock(({a})::integer, ({b})::integer + s) LIMIT 1), \
+                 CASE WHEN {unshare} THEN -1 END) \
+               ELSE -2 END END AS slot \
+               FROM (SELECT (SELECT permits FROM {limit} WHERE name = $1) AS stored) AS lim), \
+             t AS (INSERT INTO {fence} AS f (name, token) SELECT $1, 1 FROM g WHERE g.slot >= 0 \
+               ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token) \
+             SELECT g.stored, g.slot, (SELECT token FROM t) FROM g",
+            shared = advisory_call(key, "pg_try_advisory_lock_shared"),
+            unshare = advisory_call(key, "pg_advisory_unlock_shared"),
+            limit = self.limit,
+            fence = self.fence
+        )
+    }
+
+    /// A semaphore's first permit stores its limit: the name's key exclusive (`key`; no reader or
+    /// permit holds it then) and, only when it was got, the limit row of `$1` = `$2` unless one exists.
+    /// Returns whether the key was got; the caller unlocks it in a statement of its own, after this
+    /// one's commit, so whoever gets the key next sees the row.
+    pub(crate) fn store_limit(&self, key: AdvisoryKey) -> String {
+        format!(
+            "WITH x AS (SELECT {lock} AS got), \
+             i AS (INSERT INTO {limit} (name, permits) SELECT $1, $2 FROM x WHERE x.got \
+               ON CONFLICT (name) DO NOTHING) \
+             SELECT got FROM x",
+            lock = advisory_call(key, "pg_try_advisory_lock"),
+            limit = self.limit
+        )
+    }
+
+    /// A permit's release: its slot's key and the name's shared key, and a wake-up for waiters
+    /// (`NOTIFY`, with `$1`, the name, as payload; sent at the statement's commit, after the unlocks).
+    pub(crate) fn release_permit(&self, key: AdvisoryKey, slot: AdvisoryKey) -> String {
+        format!(
+            "SELECT {}, {}, pg_notify('{}', $1)",
+            advisory_call(slot, "pg_advisory_unlock"),
+            advisory_call(key, "pg_advisory_unlock_shared"),
+            self.channel
+        )
+    }
+
     /// Row mode: makes sure the name's row exists (autocommit).
     pub(crate) fn ensure_row(&self) -> String {
         format!(
@@ -176,11 +333,13 @@ impl Tables {
         )
     }
 
-    /// Row mode: locks the name's row inside the held transaction; `nowait` for a try.
-    pub(crate) fn lock_row(&self, nowait: bool) -> String {
+    /// Row mode: locks the name's row inside the held transaction, `FOR UPDATE` (mutex, write) or
+    /// `FOR SHARE` (read, `shared`); `nowait` for a try.
+    pub(crate) fn lock_row(&self, nowait: bool, shared: bool) -> String {
         format!(
-            "SELECT 1 FROM {} WHERE name = $1 FOR UPDATE{}",
+            "SELECT 1 FROM {} WHERE name = $1 FOR {}{}",
             self.locks,
+            if shared { "SHARE" } else { "UPDATE" },
             if nowait { " NOWAIT" } else { "" }
         )
     }
@@ -219,12 +378,19 @@ impl Tables {
         )
     }
 
-    /// Lease mode: frees `$1` if owner `$2` holds it at version `$3` and wakes the waiters.
+    /// Lease mode: frees `$1` if owner `$2` holds it at version `$3` and the lease has not expired, and
+    /// wakes the waiters. Returns one row: whether it freed it, and the row as it was before (owner,
+    /// version, whether expired), so the caller tells "expired while still ours" (the hold was lost)
+    /// from "already freed at our version" (an earlier attempt of this release was applied) from
+    /// "taken over since". An expired lease is left as it is: only a release (or an abandon) clears the
+    /// owner at a version, so a cleared owner at our version always means our release.
     pub(crate) fn release_lease(&self) -> String {
         format!(
             "WITH r AS (UPDATE {locks} SET owner = NULL, expires_at = NULL \
-             WHERE name = $1 AND owner = $2 AND version = $3 RETURNING name) \
-             SELECT pg_notify('{channel}', name) FROM r",
+             WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now() RETURNING name), \
+             n AS (SELECT pg_notify('{channel}', name) FROM r) \
+             SELECT (SELECT count(*) FROM n) > 0, l.owner, l.version, l.expires_at <= now() \
+             FROM (SELECT 1) AS one LEFT JOIN {locks} AS l ON l.name = $1",
             locks = self.locks,
             channel = self.channel
         )
@@ -257,14 +423,36 @@ pub(crate) fn session_bound(ttl_ms: u64) -> String {
     )
 }
 
-/// Appended to a release that leaves the session clean, before the connection is reused.
+/// Appended to a release that leaves the session clean, before the connection is reused: the idle
+/// bounds back to off (not `RESET`, which would restore the server's or role's default, whatever it is).
 pub(crate) const RESET_BOUND: &str =
-    "RESET idle_session_timeout; RESET idle_in_transaction_session_timeout";
+    "SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0";
 
-/// Set once on a connection that holds or waits for a lock: no statement or lock timeout from the
-/// role's defaults cuts a wait short, and a waiting query notices its client is gone within 250 ms.
-pub(crate) const HOLDER_SETTINGS: &str = "SET statement_timeout = 0; SET lock_timeout = 0; \
-     SET client_connection_check_interval = 250";
+/// Set by every session distlock opens, first thing, so no server, database or role default breaks
+/// its statements: READ COMMITTED (a lease upsert under REPEATABLE READ or SERIALIZABLE fails with a
+/// serialization error when waiters race; the row lock's `FOR UPDATE` relies on it too), no statement or
+/// lock timeout (every statement has distlock's own client-side bound, and waits are sliced by
+/// [`wait_slice`]), and no idle limits (a held session sets its own, see [`session_bound`]).
+/// `set_config` through `pg_settings` sets only what the server knows, so PostgreSQL before 14 (no
+/// `idle_session_timeout`) is not refused in lease mode.
+pub(crate) const SESSION_SETTINGS: &str =
+    "SELECT count(set_config(name, value, false)) FROM (VALUES \
+     ('default_transaction_isolation', 'read committed'), ('statement_timeout', '0'), \
+     ('lock_timeout', '0'), ('idle_in_transaction_session_timeout', '0'), \
+     ('idle_session_timeout', '0')) AS s(name, value) \
+     WHERE name IN (SELECT name FROM pg_settings)";
+
+/// Set once on a connection that holds or waits for a lock: a waiting query notices its client is
+/// gone within 250 ms.
+pub(crate) const HOLDER_SETTINGS: &str = "SET client_connection_check_interval = 250";
+
+/// Bounds the next lock wait on the server to one slice of `slice_ms`: a wait that ends with
+/// `lock_timeout` (SQLSTATE 55P03) tells the client its connection is alive, so a wait that gets no
+/// answer within the slice plus the request bound is on a dead connection.
+pub(crate) fn wait_slice(slice_ms: u64, local: bool) -> String {
+    let scope = if local { "LOCAL " } else { "" };
+    format!("SET {scope}lock_timeout = {slice_ms}")
+}
 
 /// Advisory mode statements for a key.
 pub(crate) fn advisory(key: AdvisoryKey, function: &str) -> String {
@@ -277,10 +465,34 @@ pub(crate) fn unlock_all_of(pid: i32) -> String {
     format!("SELECT pg_advisory_unlock_all() FROM (SELECT 1) s WHERE pg_backend_pid() = {pid}")
 }
 
+/// Downgrades the session's exclusive hold of `key` to a shared one: the shared lock first (granted at
+/// once: the session's own exclusive lock does not conflict, and PostgreSQL puts a request that only
+/// waiters conflict with ahead of them when the session holds a lock they wait for), bounded by a wait
+/// slice of `slice_ms` in case it is not, then the exclusive one let go. One simple query; if the
+/// shared lock fails, the rest is skipped and the exclusive hold stays. The last row is the unlock's.
+pub(crate) fn downgrade(key: AdvisoryKey, slice_ms: u64) -> String {
+    format!(
+        "{}; {}; {}; {}",
+        wait_slice(slice_ms, false),
+        advisory(key, "pg_advisory_lock_shared"),
+        wait_slice(0, false),
+        advisory(key, "pg_advisory_unlock")
+    )
+}
+
+/// The two ints of a two-int key (a one-`bigint` key as its halves, as `pg_locks` shows it).
+fn pair(key: AdvisoryKey) -> (i32, i32) {
+    match key {
+        AdvisoryKey::Pair(a, b) => (a, b),
+        AdvisoryKey::Single(k) => ((k >> 32) as i32, k as i32),
+    }
+}
+
 /// `function(key)`, the call alone.
 fn advisory_call(key: AdvisoryKey, function: &str) -> String {
     match key {
-        AdvisoryKey::Pair(a, b) => format!("{function}({a}, {b})"),
-        AdvisoryKey::Single(k) => format!("{function}({k})"),
+        // Cast: the most negative value's literal is read as a wider type (its digits before the sign).
+        AdvisoryKey::Pair(a, b) => format!("{function}(({a})::integer, ({b})::integer)"),
+        AdvisoryKey::Single(k) => format!("{function}(({k})::bigint)"),
     }
 }

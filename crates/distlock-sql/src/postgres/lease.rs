@@ -51,8 +51,7 @@ pub(crate) async fn try_acquire(
     let take = inner.tables.take_lease();
     let name = request.name.as_str();
     let owner = request.owner.as_str();
-    let rows = Conn::bounded(
-        "taking the lease",
+    let taken = tokio::time::timeout(
         bound,
         conn.client.query_typed(
             &take,
@@ -63,7 +62,24 @@ pub(crate) async fn try_acquire(
             ],
         ),
     )
-    .await?;
+    .await;
+    let rows = match taken {
+        // Racing upserts under REPEATABLE READ / SERIALIZABLE (a transaction pooler can hand the
+        // statement a session whose isolation distlock did not set), or a lock wait cut by a pooled
+        // session's lock_timeout: another acquire won this round. Contention, tried again at once.
+        Ok(Err(e)) if is_contention(&e) => {
+            tracing::debug!(lock = %name, error = %e, "the lease upsert lost a race; trying again");
+            return Ok(Attempt::Busy {
+                retry_after: Some(Duration::ZERO),
+            });
+        }
+        Ok(rows) => rows.map_err(|e| conn::map_error("taking the lease", e)),
+        Err(_) => Err(SqlError::Timeout {
+            action: "taking the lease",
+            after: bound,
+        }),
+    };
+    let rows = inner.forget_stalled_control(&conn, rows).await?;
     if let Some(row) = rows.first() {
         let version: i64 = row
             .try_get(0)
@@ -87,13 +103,25 @@ pub(crate) async fn try_acquire(
         bound,
         conn.client.query_typed(&holder, &[(&name, Type::TEXT)]),
     )
-    .await?;
+    .await;
+    let rows = inner.forget_stalled_control(&conn, rows).await?;
     let retry_after = rows
         .first()
         .and_then(|row| row.try_get::<_, i64>(2).ok())
         .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
     Ok(Attempt::Busy {
         retry_after: Some(retry_after.unwrap_or(Duration::ZERO)),
+    })
+}
+
+/// A statement that lost a race to a concurrent one: a serialization failure (40001), a deadlock
+/// (40P01), or a lock wait cut by `lock_timeout` (55P03).
+fn is_contention(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_SERIALIZATION_FAILURE
+            || *c == SqlState::T_R_DEADLOCK_DETECTED
+            || *c == SqlState::LOCK_NOT_AVAILABLE
     })
 }
 
@@ -133,13 +161,14 @@ pub(crate) async fn abandon(inner: &Inner, request: &AcquireRequest) {
         let sql = inner.tables.release_lease_of_owner();
         let name = request.name.as_str();
         let owner = request.owner.as_str();
-        Conn::bounded(
+        let undone = Conn::bounded(
             "undoing the acquire",
             inner.request_timeout(),
             conn.client
                 .query_typed(&sql, &[(&name, Type::TEXT), (&owner, Type::TEXT)]),
         )
-        .await
+        .await;
+        inner.forget_stalled_control(&conn, undone).await
     };
     if let Err(e) = undo.await {
         tracing::warn!(lock = %request.name, error = %e, "could not undo an abandoned lease acquire; it expires with its lease");
@@ -167,7 +196,7 @@ pub(crate) async fn renew(
     let renewed = async {
         let conn = inner.control().await?;
         let sql = inner.tables.renew_leases();
-        Conn::bounded(
+        let renewed = Conn::bounded(
             "renewing leases",
             bound,
             conn.client.query_typed(
@@ -180,7 +209,8 @@ pub(crate) async fn renew(
                 ],
             ),
         )
-        .await
+        .await;
+        inner.forget_stalled_control(&conn, renewed).await
     };
     match renewed.await {
         Ok(rows) => {
@@ -219,17 +249,24 @@ pub(crate) async fn renew(
     }
 }
 
-/// Clears the owner if this owner still holds this version, and wakes the waiters. A release sent on a
-/// control connection that turned out closed (a reset link not yet noticed) is sent once more on a new
-/// one: the update is conditional on owner and version, so sending it twice is harmless.
+/// Clears the owner if this owner still holds this version and the lease has not expired, and wakes
+/// the waiters. An expired lease is `NotHeld` (the hold was lost, as the renewal would say). A release
+/// sent on a control connection that broke (a reset link, or no answer within the bound) is sent once
+/// more on a new one: the update is conditional on owner and version, so sending it twice is harmless,
+/// and the resend reads what the first one did: the owner cleared at our version is our release
+/// (`Released`); our lease expired is `NotHeld`; another version (taken over after our release or after
+/// expiry, which cannot be told apart) is `Unavailable`, outcome unknown, never `NotHeld`.
 pub(crate) async fn release(
     inner: &Inner,
     held: &Held,
     name: &str,
     owner: &str,
 ) -> Result<Released, SqlError> {
-    match release_once(inner, held, name, owner).await {
-        Err(e) if conn::connection_closed(&e) => release_once(inner, held, name, owner).await,
+    match release_once(inner, held, name, owner, false).await {
+        Err(e) if conn::connection_closed(&e) || matches!(e, SqlError::Timeout { .. }) => {
+            tracing::debug!(lock = %name, error = %e, "the release got no answer; sending it again");
+            release_once(inner, held, name, owner, true).await
+        }
         released => released,
     }
 }
@@ -239,13 +276,14 @@ async fn release_once(
     held: &Held,
     name: &str,
     owner: &str,
+    resent: bool,
 ) -> Result<Released, SqlError> {
     let conn = inner.control().await?;
     let sql = inner.tables.release_lease();
-    let rows = Conn::bounded(
+    let row = Conn::bounded(
         "releasing the lease",
         inner.request_timeout(),
-        conn.client.query_typed(
+        conn.client.query_typed_one(
             &sql,
             &[
                 (&name, Type::TEXT),
@@ -254,10 +292,40 @@ async fn release_once(
             ],
         ),
     )
-    .await?;
-    Ok(if rows.is_empty() {
-        Released::NotHeld
-    } else {
-        Released::Released
-    })
+    .await;
+    let row = inner.forget_stalled_control(&conn, row).await?;
+    let protocol = |e| SqlError::Protocol(format!("the lease release returned {e}"));
+    let freed: bool = row.try_get(0).map_err(protocol)?;
+    let was_owner: Option<String> = row.try_get(1).map_err(protocol)?;
+    let was_version: Option<i64> = row.try_get(2).map_err(protocol)?;
+    let was_expired: Option<bool> = row.try_get(3).map_err(protocol)?;
+    if freed {
+        return Ok(Released::Released);
+    }
+    if was_version != Some(held.version) {
+        if resent {
+            return Err(SqlError::Unavailable {
+                action: "releasing the lease",
+                message: "the first release got no answer and the resend found the lease taken over at \
+                          another version: outcome unknown (the first release was applied, or the lease \
+                          expired first)"
+                    .into(),
+                source: None,
+            });
+        }
+        // Nothing of ours was released before: the lease expired and was taken over.
+        return Ok(Released::NotHeld);
+    }
+    match (was_owner.as_deref(), was_expired) {
+        // Cleared at our version: only our release does that (an earlier attempt, applied).
+        (None, _) => Ok(Released::Released),
+        // Still ours but expired: the hold was lost before the release.
+        (Some(o), Some(true)) if o == owner => Ok(Released::NotHeld),
+        // The row changed between the update and the read (a concurrent statement): nothing definite.
+        _ => Err(SqlError::Unavailable {
+            action: "releasing the lease",
+            message: "the lease row changed while the release ran: outcome unknown".into(),
+            source: None,
+        }),
+    }
 }

@@ -32,8 +32,22 @@
 //!   connection.
 //! * **lease**: the name's row as a versioned lease (see [`layout`]); no connection held.
 //!
+//! **Lock kinds** ([`layout`] has every key and statement):
+//!
+//! | mode | read-write lock | semaphore |
+//! |---|---|---|
+//! | advisory | `pg_advisory_lock_shared` / `pg_advisory_lock` on the mutex's key (.NET DistributedLock's layout): the write side *is* the mutex; first come, first served in the server's lock queue (a reader arriving while a writer waits queues behind it); atomic downgrade | N slot keys in the two-int key space ([`layout::permit_key`]) plus the name's key shared; the limit stored in `<table>_limit` and kept; waits on `NOTIFY` plus a 1 s poll |
+//! | row | the name's row `FOR SHARE` / `FOR UPDATE` in the held transaction; readers first (a `FOR SHARE` gets in past a waiting `FOR UPDATE`); no downgrade | `Unsupported` (use advisory mode) |
+//! | lease | `Unsupported`: the lease row has one owner; a reader set would need another layout | `Unsupported` |
+//!
+//! A name is one kind at a time: in advisory mode its mutex, its write lock and its permits exclude
+//! each other in the server (permits hold the key shared), and a read lock on a name with a stored
+//! semaphore limit fails with `KindConflict`. A reader or permit holder whose process dies frees its
+//! hold when its session ends (at once on a closed connection, else within its lease, as the mutex).
+//!
 //! Every mode mints a fencing token committed before the grant: a counter row (`<table>_fence`) in
-//! advisory and row modes, the lease's version in lease mode. Advisory and row locks get a
+//! advisory and row modes, the lease's version in lease mode. A write grant and each permit grant bump
+//! it; a read grant carries its value (the last write grant's token). Advisory and row locks get a
 //! server-enforced loss deadline from `idle_session_timeout` / `idle_in_transaction_session_timeout`
 //! (needs PostgreSQL 14 or later); see `session.rs`. [`fence`] guards a resource's own `UPDATE` with
 //! the token.
@@ -53,6 +67,7 @@ pub mod fence;
 mod inspect;
 pub mod layout;
 mod lease;
+mod semaphore;
 mod session;
 mod tls;
 

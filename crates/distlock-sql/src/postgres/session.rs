@@ -1,6 +1,13 @@
 //! Advisory and row modes: a lock held by a dedicated connection's session (a session advisory lock,
 //! or a row locked `FOR UPDATE` in a transaction held open), for the life of the guard.
 //!
+//! **Kinds.** A read lock is the same lock shared: `pg_advisory_lock_shared` on the name's key, or
+//! the row `FOR SHARE`; a write lock is the mutex itself. A reader's token is the counter as the last
+//! write grant left it, read once its lock is granted; an advisory reader also checks that the name
+//! has no stored semaphore limit (`KindConflict`: permits hold the key shared too, see
+//! `semaphore.rs`, which reuses this module's connection handling). A write hold becomes a read hold
+//! on its own session ([`downgrade`]).
+//!
 //! **The loss deadline.** The connection sets `idle_session_timeout` and
 //! `idle_in_transaction_session_timeout` to the lease: if no statement arrives for that long (the
 //! client is cut off, paused or gone), the server ends the session and frees the lock. The watchdog's
@@ -22,7 +29,7 @@ use std::time::Duration;
 use distlock_core::raw::{
     AcquireRequest, Attempt, Grant, LossSignal, Released, Renewal, RenewalId, Renewed,
 };
-use distlock_core::FencingToken;
+use distlock_core::{FencingToken, LockKind};
 use futures_util::future::join_all;
 use tokio::sync::Mutex;
 use tokio_postgres::error::SqlState;
@@ -30,7 +37,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::SimpleQueryMessage;
 
 use super::backend::{Inner, LeaseKind, PgLease};
-use super::conn::{is_lock_not_available, map_error, Conn};
+use super::conn::{is_fatal, is_lock_not_available, map_error, Conn};
 use super::layout;
 use crate::config::{AdvisoryKey, Mode};
 use crate::error::SqlError;
@@ -53,19 +60,41 @@ enum Stage {
 /// An acquire under way in advisory or row mode.
 #[derive(Debug, Default)]
 pub(crate) struct Acquiring {
-    conn: Option<Conn>,
+    pub(super) conn: Option<Conn>,
     stage: Stage,
     /// The last try found the lock busy and nothing is in flight: the session holds nothing, so an
     /// abandon may hand the connection back instead of closing it.
-    clean: bool,
+    pub(super) clean: bool,
+}
+
+/// What a held session holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Hold {
+    /// Advisory mode: the name's key, exclusive (mutex, write) or shared (read).
+    Advisory { key: AdvisoryKey, shared: bool },
+    /// Advisory mode: a permit, the key of its slot and the name's key shared.
+    Permit { key: AdvisoryKey, slot: AdvisoryKey },
+    /// Row mode: the name's row locked in the held transaction (`FOR UPDATE` or `FOR SHARE`).
+    Row,
 }
 
 /// A held lock: its connection (taken out on release) and what it locks.
 pub(crate) struct Held {
     conn: Mutex<Option<Conn>>,
-    /// `Some` in advisory mode, `None` in row mode.
-    key: Option<AdvisoryKey>,
+    hold: Hold,
     pid: i32,
+}
+
+impl Held {
+    /// The hold of `conn`'s session.
+    pub(super) fn new(conn: Conn, hold: Hold) -> Self {
+        let pid = conn.pid;
+        Self {
+            conn: Mutex::new(Some(conn)),
+            hold,
+            pid,
+        }
+    }
 }
 
 fn ttl_ms(ttl: Duration) -> u64 {
@@ -109,7 +138,7 @@ fn check_pid(messages: &[SimpleQueryMessage], expected: i32) -> Result<Option<St
 /// Sets the session's idle bound to `ttl` and reads `pg_backend_pid()`, refusing another pid than
 /// `expected`; then runs `then` (a statement without parameters) in the same round trip and returns
 /// the first column of its first row.
-async fn probe(
+pub(super) async fn probe(
     conn: &Conn,
     ttl: Duration,
     bound: Duration,
@@ -127,7 +156,10 @@ async fn probe(
 
 /// The dedicated connection of this acquire, opened (with the holder settings and the idle bound) on
 /// first use.
-async fn connection(inner: &Arc<Inner>, acquiring: &mut Acquiring) -> Result<(), SqlError> {
+pub(super) async fn connection(
+    inner: &Arc<Inner>,
+    acquiring: &mut Acquiring,
+) -> Result<(), SqlError> {
     if acquiring
         .conn
         .as_ref()
@@ -142,7 +174,7 @@ async fn connection(inner: &Arc<Inner>, acquiring: &mut Acquiring) -> Result<(),
     Ok(())
 }
 
-fn conn_of(acquiring: &Acquiring) -> Result<&Conn, SqlError> {
+pub(super) fn conn_of(acquiring: &Acquiring) -> Result<&Conn, SqlError> {
     acquiring
         .conn
         .as_ref()
@@ -154,6 +186,17 @@ pub(crate) async fn try_acquire(
     acquiring: &mut Acquiring,
     request: &AcquireRequest,
 ) -> Result<Attempt<PgLease>, SqlError> {
+    let shared = match request.kind {
+        LockKind::Read => true,
+        LockKind::Permit { .. } => {
+            // Advisory permits are `semaphore.rs`'s; row mode has none (not announced).
+            return Err(SqlError::Unsupported(format!(
+                "PostgreSQL's {} mode has no semaphore; use ?mode=advisory",
+                inner.config.mode
+            )));
+        }
+        _ => false,
+    };
     let key = (inner.config.mode == Mode::Advisory)
         .then(|| layout::key_for(&request.name, inner.config.key));
     let bound = inner.request_timeout();
@@ -171,6 +214,19 @@ pub(crate) async fn try_acquire(
     // polled together back to back), so each is one round trip. The probe comes after the core read
     // its clock, so the server's idle clock restarts after the guard's validity window began.
     let token = match (stage, key) {
+        (Stage::Locked, _) if shared => {
+            // The wait got the lock shared: the probe, the last write's token and (advisory) the
+            // kind check, read now that the lock is granted.
+            let (probed, token, limit) = futures_util::future::join3(
+                probe(conn, lease, bound, conn.pid, None),
+                read_token(inner, conn, name),
+                stored_limit(inner, conn, name, key.is_some()),
+            )
+            .await;
+            probed?;
+            refuse_semaphore(inner, name, limit?)?;
+            token?
+        }
         (Stage::Locked, _) => {
             // The wait got the lock: the probe and the counter bump.
             let (probed, token) = futures_util::future::join(
@@ -179,6 +235,33 @@ pub(crate) async fn try_acquire(
             )
             .await;
             probed?;
+            token?
+        }
+        (_, Some(key)) if shared => {
+            // The try, then (pipelined, so read after the lock is granted) the last write's token
+            // and the kind check; the last two are wasted when the lock is busy.
+            let sql = layout::advisory(key, "pg_try_advisory_lock_shared");
+            let (probed, locked, token, limit) = futures_util::future::join4(
+                probe(conn, lease, bound, conn.pid, None),
+                Conn::bounded(
+                    "pg_try_advisory_lock_shared",
+                    bound,
+                    conn.client.query_typed_one(&sql, &[]),
+                ),
+                read_token(inner, conn, name),
+                stored_limit(inner, conn, name, true),
+            )
+            .await;
+            probed?;
+            let got: bool = locked?.try_get(0).map_err(|e| {
+                SqlError::Protocol(format!("pg_try_advisory_lock_shared returned {e}"))
+            })?;
+            if !got {
+                acquiring.clean = true;
+                return Ok(Attempt::Busy { retry_after: None });
+            }
+            // Held shared from here: a refusal leaves it to the abandon, which unlocks it.
+            refuse_semaphore(inner, name, limit?)?;
             token?
         }
         (_, Some(key)) => {
@@ -209,11 +292,15 @@ pub(crate) async fn try_acquire(
             token_of(token, name)?
         }
         (_, None) => {
-            if !try_row(inner, conn, name, lease, bound).await? {
+            if !try_row(inner, conn, name, lease, bound, shared).await? {
                 acquiring.clean = true;
                 return Ok(Attempt::Busy { retry_after: None });
             }
-            next_token(inner, conn, false, name).await?
+            if shared {
+                read_token(inner, conn, name).await?
+            } else {
+                next_token(inner, conn, false, name).await?
+            }
         }
     };
     let loss = conn.closed();
@@ -221,12 +308,11 @@ pub(crate) async fn try_acquire(
         return Err(SqlError::Protocol("internal error: no connection".into()));
     };
     acquiring.stage = Stage::Idle;
-    let pid = conn.pid;
-    let held = Held {
-        conn: Mutex::new(Some(conn)),
-        key,
-        pid,
+    let hold = match key {
+        Some(key) => Hold::Advisory { key, shared },
+        None => Hold::Row,
     };
+    let held = Held::new(conn, hold);
     Ok(Attempt::Acquired(
         Grant::new(PgLease(LeaseKind::Session(Box::new(held))))
             .with_token(token)
@@ -235,17 +321,18 @@ pub(crate) async fn try_acquire(
     ))
 }
 
-/// Row mode: the row exists (autocommit), then `BEGIN` and `FOR UPDATE NOWAIT`; busy rolls back. The
-/// three statements are pipelined: one round trip.
+/// Row mode: the row exists (autocommit), then `BEGIN` and `FOR UPDATE NOWAIT` (`FOR SHARE NOWAIT`
+/// when `shared`); busy rolls back. The three statements are pipelined: one round trip.
 async fn try_row(
     inner: &Inner,
     conn: &Conn,
     name: &str,
     lease: Duration,
     bound: Duration,
+    shared: bool,
 ) -> Result<bool, SqlError> {
     let ensure = inner.tables.ensure_row();
-    let lock = inner.tables.lock_row(true);
+    let lock = inner.tables.lock_row(true, shared);
     let client = &conn.client;
     let (ensured, probed, locked) = tokio::time::timeout(
         bound,
@@ -296,17 +383,85 @@ async fn next_token(
         .await?
     } else {
         let control = inner.control().await?;
-        Conn::bounded(
+        let row = Conn::bounded(
             "minting the fencing token",
             bound,
             control.client.query_typed_one(&sql, &params),
         )
-        .await?
+        .await;
+        inner.forget_stalled_control(&control, row).await?
     };
     let token: i64 = row
         .try_get(0)
         .map_err(|e| SqlError::Protocol(format!("the fencing counter returned {e}")))?;
     token_of(Some(token), name)
+}
+
+/// A reader's token: the counter as the last write grant left it (0 if the name was never written),
+/// read on the lock's own connection after its lock was granted (in row mode inside the held
+/// transaction, whose statements each see what was committed before them).
+async fn read_token(inner: &Inner, conn: &Conn, name: &str) -> Result<FencingToken, SqlError> {
+    let sql = inner.tables.last_token();
+    let rows = Conn::bounded(
+        "reading the fencing counter",
+        inner.request_timeout(),
+        conn.client.query_typed(&sql, &[(&name, Type::TEXT)]),
+    )
+    .await?;
+    let token = match rows.first() {
+        Some(row) => row
+            .try_get::<_, i64>(0)
+            .map_err(|e| SqlError::Protocol(format!("the fencing counter returned {e}")))?,
+        None => 0,
+    };
+    u64::try_from(token)
+        .map(FencingToken::new)
+        .map_err(|_| SqlError::Protocol(format!("the fencing counter of {name:?} is {token}")))
+}
+
+/// The semaphore limit stored for `name`, read on `conn` (advisory mode only: `check`); `None` when
+/// there is none, or no limit table (a role that could not create it: then no semaphore exists, since
+/// storing a limit needs the table).
+pub(super) async fn stored_limit(
+    inner: &Inner,
+    conn: &Conn,
+    name: &str,
+    check: bool,
+) -> Result<Option<i32>, SqlError> {
+    if !check {
+        return Ok(None);
+    }
+    let sql = inner.tables.stored_limit();
+    let rows = tokio::time::timeout(
+        inner.request_timeout(),
+        conn.client.query_typed(&sql, &[(&name, Type::TEXT)]),
+    )
+    .await
+    .map_err(|_| SqlError::Timeout {
+        action: "reading the semaphore limit",
+        after: inner.request_timeout(),
+    })?;
+    let rows = match rows {
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => return Ok(None),
+        rows => rows.map_err(|e| map_error("reading the semaphore limit", e))?,
+    };
+    rows.first()
+        .map(|row| row.try_get::<_, i32>(0))
+        .transpose()
+        .map_err(|e| SqlError::Protocol(format!("the semaphore limit is {e}")))
+}
+
+/// A read lock on a name that is a semaphore (it has a stored limit) is refused: its permits hold the
+/// name's key shared too, so a reader would share the name with them.
+fn refuse_semaphore(inner: &Inner, name: &str, limit: Option<i32>) -> Result<(), SqlError> {
+    match limit {
+        None => Ok(()),
+        Some(limit) => Err(SqlError::KindConflict(format!(
+            "{name:?} is a semaphore of {limit} permits (its limit is stored in {}); it cannot be taken as a \
+             read lock, and a mutex or write lock on it waits for its permits",
+            inner.tables.limit
+        ))),
+    }
 }
 
 /// A counter value as a token: positive, or the counter is not distlock's.
@@ -318,8 +473,17 @@ fn token_of(token: Option<i64>, name: &str) -> Result<FencingToken, SqlError> {
         .ok_or_else(|| SqlError::Protocol(format!("the fencing counter of {name:?} is {token:?}")))
 }
 
-/// Waits in the server until the lock is this session's (`pg_advisory_lock`, or `FOR UPDATE` in a
-/// transaction). If this future is dropped, `abandon` cancels the statement and closes the connection.
+/// How long one wait in the server lasts before the server ends it (`lock_timeout`) and the acquire
+/// tries again: a wait that gets no answer within this plus the request bound is on a connection that
+/// died silently (no FIN or RST reached the client), and is given up for a new one.
+pub(crate) const WAIT_SLICE: Duration = Duration::from_secs(5);
+
+/// Waits in the server, for one [`WAIT_SLICE`] at most, until the lock is this session's
+/// (`pg_advisory_lock`, or `FOR UPDATE` in a transaction). `Ok` when the wait got the lock (the next
+/// try mints the token), when the slice ended on the server (the next try goes on), or when no answer
+/// came within the slice plus the request bound (the connection is presumed dead: the next try
+/// discards it, undoing whatever the wait may have taken, and opens a new one). If this future is
+/// dropped, `abandon` cancels the statement and closes the connection.
 pub(crate) async fn wait(
     inner: &Arc<Inner>,
     acquiring: &mut Acquiring,
@@ -327,46 +491,96 @@ pub(crate) async fn wait(
 ) -> Result<(), SqlError> {
     let bound = inner.request_timeout();
     let advisory = inner.config.mode == Mode::Advisory;
+    let shared = request.kind == LockKind::Read;
     let key = layout::key_for(&request.name, inner.config.key);
+    let slice_ms = ttl_ms(WAIT_SLICE);
+    let silent_after = WAIT_SLICE + bound;
     connection(inner, acquiring).await?;
+    // From here on the session may be in a transaction or hold the lock: never handed back as clean.
+    acquiring.clean = false;
     let name = request.name.as_str();
     if advisory {
         // The probe and the wait in one message: the idle bound is set before the wait starts, and a
         // changed pid is refused when the wait returns, before any grant (the lock it got goes with the
-        // connection, which the abandon closes).
+        // connection, which the abandon closes). The message is one implicit transaction: a wait ended
+        // by lock_timeout rolls the slice's setting back; a granted one sets it back to 0.
         let sql = format!(
-            "{}; {}",
+            "{}; {}; {}; {}",
             bound_sql(request.lease)?,
-            layout::advisory(key, "pg_advisory_lock")
+            layout::wait_slice(slice_ms, false),
+            layout::advisory(
+                key,
+                if shared {
+                    "pg_advisory_lock_shared"
+                } else {
+                    "pg_advisory_lock"
+                }
+            ),
+            layout::wait_slice(0, false)
         );
-        acquiring.clean = false;
         acquiring.stage = Stage::Waiting;
         let conn = conn_of(acquiring)?;
         let pid = conn.pid;
-        let waited = conn
-            .client
-            .simple_query(&sql)
-            .await
-            .map_err(|e| map_error("waiting for the lock", e))?;
+        let waited = match tokio::time::timeout(silent_after, conn.client.simple_query(&sql)).await
+        {
+            Err(_) => {
+                silent_wait(silent_after);
+                return Ok(());
+            }
+            Ok(Err(e)) if is_lock_not_available(&e) => {
+                // The slice ended on the server: nothing was taken (the message's implicit
+                // transaction rolled back, its settings too).
+                acquiring.stage = Stage::Idle;
+                acquiring.clean = true;
+                return Ok(());
+            }
+            Ok(waited) => waited.map_err(|e| map_error("waiting for the lock", e))?,
+        };
         acquiring.stage = Stage::Locked;
         check_pid(&waited, pid)?;
         return Ok(());
     }
     {
         let conn = conn_of(acquiring)?;
-        probe(conn, request.lease, bound, conn.pid, Some("BEGIN")).await?;
+        let then = format!("BEGIN; {}", layout::wait_slice(slice_ms, true));
+        probe(conn, request.lease, bound, conn.pid, Some(&then)).await?;
     }
-    let sql = inner.tables.lock_row(false);
-    acquiring.clean = false;
+    let sql = inner.tables.lock_row(false, shared);
     acquiring.stage = Stage::Waiting;
     let client = &conn_of(acquiring)?.client;
-    match client.query_typed(&sql, &[(&name, Type::TEXT)]).await {
-        Ok(_) => {
+    match tokio::time::timeout(
+        silent_after,
+        client.query_typed(&sql, &[(&name, Type::TEXT)]),
+    )
+    .await
+    {
+        Err(_) => {
+            silent_wait(silent_after);
+            Ok(())
+        }
+        Ok(Ok(_)) => {
             acquiring.stage = Stage::Locked;
             Ok(())
         }
-        Err(e) => Err(map_error("waiting for the lock", e)),
+        Ok(Err(e)) if is_lock_not_available(&e) => {
+            // The slice ended on the server: end its (aborted) transaction, which took nothing.
+            Conn::bounded("ROLLBACK", bound, client.batch_execute("ROLLBACK")).await?;
+            acquiring.stage = Stage::Idle;
+            acquiring.clean = true;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(map_error("waiting for the lock", e)),
     }
+}
+
+/// A wait got no answer within `after`: logged; the stage stays `Waiting`, so the next try discards
+/// the connection.
+fn silent_wait(after: Duration) {
+    tracing::warn!(
+        ?after,
+        "a wait in the server got no answer within its slice plus the request bound; the connection is \
+         presumed dead, the wait goes on over a new one"
+    );
 }
 
 /// Ends what the acquire's connection is doing and holds, then closes it. A wait in flight gets a
@@ -415,20 +629,26 @@ async fn discard(inner: &Inner, acquiring: &mut Acquiring) {
 }
 
 pub(crate) async fn abandon(inner: &Inner, mut acquiring: Acquiring) {
-    if acquiring.clean && acquiring.stage == Stage::Idle {
-        if let Some(conn) = acquiring.conn.take() {
-            // A busy try left nothing on the session: reset its idle bound and keep it.
-            let reset = conn.client.batch_execute(layout::RESET_BOUND);
-            if Conn::bounded("resetting the session", inner.request_timeout(), reset)
-                .await
-                .is_ok()
-            {
-                inner.recycle(conn);
-            }
-            return;
+    park(inner, &mut acquiring).await;
+    discard(inner, &mut acquiring).await;
+}
+
+/// Hands the acquire's connection back to the idle pool if a busy try left nothing on its session
+/// (its idle bound reset first); otherwise leaves it where it is.
+pub(super) async fn park(inner: &Inner, acquiring: &mut Acquiring) {
+    if !(acquiring.clean && acquiring.stage == Stage::Idle) {
+        return;
+    }
+    if let Some(conn) = acquiring.conn.take() {
+        acquiring.clean = false;
+        let reset = conn.client.batch_execute(layout::RESET_BOUND);
+        if Conn::bounded("resetting the session", inner.request_timeout(), reset)
+            .await
+            .is_ok()
+        {
+            inner.recycle(conn);
         }
     }
-    discard(inner, &mut acquiring).await;
 }
 
 /// One probe per held connection, all at once.
@@ -460,9 +680,16 @@ pub(crate) async fn renew(
     .await
 }
 
-/// Unlocks (advisory) or rolls back (row) and closes the connection. Safe to retry: a second call
-/// finds no connection and answers `NotHeld`.
-pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlError> {
+/// Unlocks (advisory) or rolls back (row); hands the connection back when that is confirmed, closes it
+/// otherwise. A second call finds no connection and answers `NotHeld`.
+///
+/// A release whose answer is lost (the link reset, or no answer within the bound) has an unknown
+/// outcome: the unlock may have been applied before the connection broke, and closing the connection
+/// frees whatever the session still holds once the server notices (at the latest when its
+/// `idle_session_timeout`, the lease, runs out). So it is `Unavailable`, never `NotHeld`. `NotHeld` only
+/// when the session was over before the release: the close was seen before it was sent, or the server
+/// said it ended the session (a FATAL error: its idle limit ran out, `pg_terminate_backend`).
+pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Released, SqlError> {
     let Some(conn) = held.conn.lock().await.take() else {
         return Ok(Released::NotHeld);
     };
@@ -470,24 +697,36 @@ pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlE
         return Ok(Released::NotHeld);
     }
     let bound = inner.request_timeout();
-    let sql = match held.key {
-        Some(key) => format!(
-            "{}; {}",
-            layout::advisory(key, "pg_advisory_unlock"),
-            layout::RESET_BOUND
-        ),
-        None => format!("ROLLBACK; {}", layout::RESET_BOUND),
+    let outcome = match held.hold {
+        Hold::Permit { key, slot } => release_permit(inner, &conn, key, slot, name).await,
+        hold => {
+            let sql = match hold {
+                Hold::Advisory { key, shared } => format!(
+                    "{}; {}",
+                    layout::advisory(
+                        key,
+                        if shared {
+                            "pg_advisory_unlock_shared"
+                        } else {
+                            "pg_advisory_unlock"
+                        }
+                    ),
+                    layout::RESET_BOUND
+                ),
+                _ => format!("ROLLBACK; {}", layout::RESET_BOUND),
+            };
+            Conn::bounded("releasing", bound, conn.client.simple_query(&sql))
+                .await
+                .map(|messages| {
+                    let unlocked = messages.iter().find_map(|m| match m {
+                        SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
+                        _ => None,
+                    });
+                    // Row mode answers no row: the ROLLBACK ended the transaction and its row lock.
+                    unlocked.unwrap_or(matches!(hold, Hold::Row))
+                })
+        }
     };
-    let outcome = Conn::bounded("releasing", bound, conn.client.simple_query(&sql))
-        .await
-        .map(|messages| {
-            let unlocked = messages.iter().find_map(|m| match m {
-                SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
-                _ => None,
-            });
-            // Row mode answers no row: the ROLLBACK ended the transaction and its row lock.
-            unlocked.unwrap_or(held.key.is_none())
-        });
     match outcome {
         Ok(true) => {
             // The session holds nothing now: the next lock may use it.
@@ -499,21 +738,131 @@ pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlE
             Ok(Released::NotHeld)
         }
         Err(e) => {
-            // The statement failed. If the server had already ended the session (a cut-off holder whose
-            // idle limit ran out), the hold was over before this release: NotHeld, as when the close was
-            // noticed first. Otherwise the release is unconfirmed: an error, never `Released`. Either way
-            // closing the connection frees whatever the session still holds.
-            // The driver's connection task may learn of the close just after the query does.
-            let ended_by_server =
-                tokio::time::timeout(std::time::Duration::from_millis(200), conn.closed())
-                    .await
-                    .is_ok();
+            // The driver's connection task may learn of a server's FATAL just after the query fails.
+            let closed = tokio::time::timeout(std::time::Duration::from_millis(200), conn.closed())
+                .await
+                .is_ok();
+            let ended_by_server = is_fatal(&e) || (closed && conn.ended_by_server());
+            // Closing the connection frees whatever the session still holds.
             drop(conn);
             if ended_by_server {
-                Ok(Released::NotHeld)
-            } else {
-                Err(e)
+                return Ok(Released::NotHeld);
             }
+            let said = match &e {
+                SqlError::Unavailable {
+                    action, message, ..
+                } => format!("{action}: {message}"),
+                SqlError::Timeout { action, after } => {
+                    format!("{action}: no answer within {after:?}")
+                }
+                other => format!("{other:?}"),
+            };
+            let source = match e {
+                SqlError::Unavailable { source, .. } => source,
+                _ => None,
+            };
+            Err(SqlError::Unavailable {
+                action: "releasing",
+                message: format!(
+                    "the release got no answer ({said}); outcome unknown: the unlock may have been applied \
+                     before the connection broke, and the connection is closed, which frees the lock once \
+                     the server notices (at the latest when the lease runs out)"
+                ),
+                source,
+            })
         }
     }
+}
+
+/// A permit's release: both keys and the wake-up in one statement, the idle bound's reset pipelined
+/// behind it. Whether the slot was this session's.
+async fn release_permit(
+    inner: &Inner,
+    conn: &Conn,
+    key: AdvisoryKey,
+    slot: AdvisoryKey,
+    name: &str,
+) -> Result<bool, SqlError> {
+    let sql = inner.tables.release_permit(key, slot);
+    let (released, reset) = futures_util::future::join(
+        Conn::bounded(
+            "releasing",
+            inner.request_timeout(),
+            conn.client.query_typed_one(&sql, &[(&name, Type::TEXT)]),
+        ),
+        Conn::bounded(
+            "releasing",
+            inner.request_timeout(),
+            conn.client.batch_execute(layout::RESET_BOUND),
+        ),
+    )
+    .await;
+    let row = released?;
+    reset?;
+    let protocol = |e| SqlError::Protocol(format!("the permit's release returned {e}"));
+    let slot_unlocked: bool = row.try_get(0).map_err(protocol)?;
+    let key_unlocked: bool = row.try_get(1).map_err(protocol)?;
+    Ok(slot_unlocked && key_unlocked)
+}
+
+/// Turns a write hold into a read hold on the same session: `pg_advisory_lock_shared` then
+/// `pg_advisory_unlock` of the key, in one simple query (with the probe that restarts the session's
+/// idle clock, as a grant's try does). The connection leaves the write hold whatever happens; on an
+/// error it is closed, which frees everything the session held (the core reports the write guard
+/// `Lost`).
+pub(crate) async fn downgrade(
+    inner: &Inner,
+    held: &Held,
+    read: &AcquireRequest,
+) -> Result<Grant<PgLease>, SqlError> {
+    let Hold::Advisory { key, shared: false } = held.hold else {
+        return Err(SqlError::Unsupported(
+            "only an advisory write lock can be downgraded in one step".into(),
+        ));
+    };
+    let Some(conn) = held.conn.lock().await.take() else {
+        return Err(SqlError::Unavailable {
+            action: "downgrading",
+            message: "the write lock was released".into(),
+            source: None,
+        });
+    };
+    if let Some(reason) = conn.closed_reason() {
+        return Err(SqlError::Unavailable {
+            action: "downgrading",
+            message: format!("the write lock's session has ended: {reason}"),
+            source: None,
+        });
+    }
+    let sql = format!(
+        "{}; {}",
+        bound_sql(read.lease)?,
+        layout::downgrade(key, ttl_ms(WAIT_SLICE))
+    );
+    let bound = inner.request_timeout();
+    let messages = Conn::bounded(
+        "downgrading",
+        WAIT_SLICE + bound,
+        conn.client.simple_query(&sql),
+    )
+    .await?;
+    check_pid(&messages, held.pid)?;
+    let unlocked = messages
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0),
+            _ => None,
+        })
+        .last();
+    if unlocked != Some("t") {
+        return Err(SqlError::Protocol(format!(
+            "the downgrade's pg_advisory_unlock returned {unlocked:?}: the session did not hold the key \
+             exclusive"
+        )));
+    }
+    let loss = conn.closed();
+    let held = Held::new(conn, Hold::Advisory { key, shared: true });
+    Ok(Grant::new(PgLease(LeaseKind::Session(Box::new(held))))
+        .with_ttl(read.lease)
+        .with_loss(LossSignal::from_future(loss)))
 }
