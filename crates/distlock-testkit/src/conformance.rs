@@ -30,11 +30,15 @@ use crate::proxy::Proxy;
 /// A future a [`Client`]'s cut hook returns.
 pub type CutFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// One client of the backend under test: a [`Locks`] with connections of its own, and optionally a way
-/// to cut it off its server as a partition would.
+/// One client of the backend under test: a [`Locks`] with connections of its own, optionally the
+/// testkit fault proxies those connections go through, and optionally a way to cut it off its server as
+/// a partition would.
 pub struct Client {
     /// The client's lock handle.
     pub locks: Locks,
+    proxies: Vec<Arc<Proxy>>,
+    /// Why this client's connections cannot go through proxies of its own, when they cannot.
+    unproxied: Option<String>,
     cut: Option<Box<dyn Fn() -> CutFuture + Send + Sync>>,
     heal: Option<Box<dyn Fn() -> CutFuture + Send + Sync>>,
 }
@@ -43,19 +47,64 @@ impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
             .field("locks", &self.locks)
+            .field("proxies", &self.proxies)
+            .field("unproxied", &self.unproxied)
             .field("can_cut", &self.cut.is_some())
             .finish()
     }
 }
 
 impl Client {
-    /// A client that cannot be cut off.
+    /// A client that cannot be cut off and whose connections (if any) go through no proxy.
     pub fn new(locks: Locks) -> Self {
         Self {
             locks,
+            proxies: Vec::new(),
+            unproxied: None,
             cut: None,
             heal: None,
         }
+    }
+
+    /// Names the testkit fault proxies every connection of this client goes through, and only this
+    /// client's: the connection cases delay and reset them (a cut, if any, is set separately).
+    pub fn with_proxies(mut self, proxies: Vec<Arc<Proxy>>) -> Self {
+        self.proxies = proxies;
+        self
+    }
+
+    /// Says why this client's connections cannot go through proxies of its own (the topology hands
+    /// out server addresses the client then connects to directly). The connection cases fail with this
+    /// reason rather than pass untested.
+    pub fn with_unproxied_connections(mut self, why: impl Into<String>) -> Self {
+        self.unproxied = Some(why.into());
+        self
+    }
+
+    /// The fault proxies this client's connections go through (empty: none).
+    pub fn proxies(&self) -> &[Arc<Proxy>] {
+        &self.proxies
+    }
+
+    /// Applies `action` to every proxy of this client, off the runtime's workers (the proxy's control
+    /// calls block until applied).
+    pub async fn on_proxies(
+        &self,
+        action: impl Fn(&Proxy) -> crate::error::Result<()> + Send + 'static,
+    ) {
+        let proxies = self.proxies.clone();
+        tokio::task::spawn_blocking(move || {
+            for p in proxies {
+                action(&p).unwrap_or_else(|e| panic!("proxy {}: {e}", p.addr()));
+            }
+        })
+        .await
+        .expect("proxy task");
+    }
+
+    /// Bytes this client has sent into its proxies so far.
+    pub fn bytes_sent(&self) -> u64 {
+        self.proxies.iter().map(|p| p.client_bytes()).sum()
     }
 
     /// Adds the hook that reconnects a cut-off client.
@@ -86,32 +135,33 @@ impl Client {
     /// again and resets the connections (bytes dropped mid-frame leave a connection unusable, so the
     /// client reconnects afresh).
     pub fn with_proxy_cut(self, proxies: Vec<Arc<Proxy>>) -> Self {
-        let (cut, heal) = (proxies.clone(), proxies);
-        self.with_cut(move || {
-            let proxies = cut.clone();
-            Box::pin(async move {
-                tokio::task::spawn_blocking(move || {
-                    for p in proxies {
-                        p.blackhole().expect("blackhole");
-                    }
+        let (cut, heal) = (proxies.clone(), proxies.clone());
+        self.with_proxies(proxies)
+            .with_cut(move || {
+                let proxies = cut.clone();
+                Box::pin(async move {
+                    tokio::task::spawn_blocking(move || {
+                        for p in proxies {
+                            p.blackhole().expect("blackhole");
+                        }
+                    })
+                    .await
+                    .expect("cut task");
                 })
-                .await
-                .expect("cut task");
             })
-        })
-        .with_heal(move || {
-            let proxies = heal.clone();
-            Box::pin(async move {
-                tokio::task::spawn_blocking(move || {
-                    for p in proxies {
-                        p.pass().expect("pass");
-                        p.reset().expect("reset");
-                    }
+            .with_heal(move || {
+                let proxies = heal.clone();
+                Box::pin(async move {
+                    tokio::task::spawn_blocking(move || {
+                        for p in proxies {
+                            p.pass().expect("pass");
+                            p.reset().expect("reset");
+                        }
+                    })
+                    .await
+                    .expect("heal task");
                 })
-                .await
-                .expect("heal task");
             })
-        })
     }
 
     /// A new `Lock` of `name` on this client.
@@ -166,7 +216,7 @@ pub fn unique_name(case: &str) -> String {
 
 /// A generous bound for "this happens promptly" on a loaded 2-core machine. Mechanism bounds in the cases
 /// are multiples of the lease; this is only the floor.
-const PROMPT: Duration = Duration::from_secs(5);
+pub(crate) const PROMPT: Duration = Duration::from_secs(5);
 
 /// Four tasks, each its own client, take turns; never two inside at once.
 pub async fn mutual_exclusion(provider: &impl Provider) {
@@ -793,6 +843,240 @@ pub async fn killed_holder_process_frees_lock(provider: &impl Provider) {
     guard.release().await.expect("release");
 }
 
+/// Whether the connection cases can reach this client's connections: `true` if it has proxies of its
+/// own. A client without any passes only where the backend has no connection to lose: in-process
+/// (not `shared_across_processes`), or with no server that could expire or end a hold (no `server_ttl`:
+/// every backend that talks to a server has a lease or a session the server ends). A networked client
+/// without proxies fails here, loudly, with the provider's reason if it gave one.
+fn connections_in_reach(client: &Client, case: &str) -> bool {
+    if !client.proxies().is_empty() {
+        return true;
+    }
+    let caps = client.locks.capabilities();
+    if let Some(why) = &client.unproxied {
+        panic!("{case}: this client's connections bypass the suite's fault proxies ({why}); the case cannot run here");
+    }
+    assert!(
+        !caps.shared_across_processes || !caps.server_ttl,
+        "{case}: the backend talks to a server (a lease it expires: {caps:?}) but the provider gave \
+         this client no fault proxies (Client::with_proxies)"
+    );
+    false
+}
+
+/// One acquire and release cycle with `lease` on a name of its own, so the client's connections,
+/// sessions and server-side scripts for that lease exist before a fault is timed against one request
+/// (a first request that must also connect or load a script takes several round trips).
+async fn warm_up(client: &Client, case: &str, lease: Duration) {
+    let guard = client
+        .hold(&unique_name(&format!("{case}-warm-up")), lease)
+        .await;
+    guard.release().await.expect("warm-up release");
+}
+
+/// Waits (bounded) until the client has put at least one byte more than `before` into its proxies.
+async fn wait_for_bytes_sent(client: &Client, before: u64, what: &str) {
+    let started = Instant::now();
+    while client.bytes_sent() <= before {
+        assert!(
+            started.elapsed() < PROMPT * 2,
+            "{what}: nothing was sent in {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The outcome a release may have when a fault hit its connection: done, or unknown (`Unavailable`).
+/// `NotHeld` would say the lock was not ours, which is false, and would make `distlock run` exit 76
+/// ("lock lost") for a command that ran under the lock to the end.
+fn assert_ok_or_unavailable(outcome: &distlock_core::Result<()>, case: &str) {
+    if let Err(e) = outcome {
+        assert_eq!(
+            e.kind(),
+            ErrorKind::Unavailable,
+            "{case}: a release whose connection failed must be done (Ok) or unknown (Unavailable), \
+             never {:?}: {e}",
+            e.kind()
+        );
+    }
+}
+
+/// A holder (30 s lease) releases while its connections are reset: its proxies hold the release on
+/// its way (`delay`), and once it is sent, every connection is reset. Whatever the release returns (`Ok`,
+/// or `Unavailable` if the outcome is still unknown, never `NotHeld` or another error), the lock must
+/// not stay behind: another client gets it promptly, far inside the lease, and the same `Lock` acquires
+/// again afterwards.
+pub async fn release_under_a_reset(provider: &impl Provider) {
+    let case = "release_under_a_reset";
+    let name = unique_name(case);
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let lease = Duration::from_secs(30);
+    warm_up(&a, case, lease).await;
+    let lock = a.lock(&name);
+    let guard = lock
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire");
+    if !connections_in_reach(&a, case) {
+        // Nothing to reset: the release is plain, and frees the lock at once.
+        guard.release().await.expect("release");
+        let got = b.lock(&name).try_acquire().await.expect("try");
+        got.expect("free after release")
+            .release()
+            .await
+            .expect("release");
+        return;
+    }
+    let before = a.bytes_sent();
+    a.on_proxies(|p| p.delay(Duration::from_secs(1))).await;
+    let release = tokio::spawn(guard.release());
+    wait_for_bytes_sent(&a, before, "the release").await;
+    a.on_proxies(|p| p.pass().and_then(|()| p.reset())).await;
+    let reset_at = Instant::now();
+    let outcome = tokio::time::timeout(lease / 2, release)
+        .await
+        .expect("the release must return well inside the lease")
+        .expect("release task");
+    // The lock first (a lock left behind blocks everyone), then what the release said.
+    let other = b.lock(&name);
+    let got = other
+        .options()
+        .lease(lease)
+        .wait(PROMPT * 2)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the lock stayed behind after a release under a reset (release said {outcome:?}); \
+                 another client could not get it: {e}"
+            )
+        });
+    assert!(
+        reset_at.elapsed() < lease * 2 / 3,
+        "the lock freed {:?} after the reset: the lease ran out, the release did not free it",
+        reset_at.elapsed()
+    );
+    assert_ok_or_unavailable(&outcome, case);
+    got.release().await.expect("release");
+    let again = lock
+        .options()
+        .wait(PROMPT * 2)
+        .acquire()
+        .await
+        .expect("the released Lock acquires again");
+    again.release().await.expect("release");
+}
+
+/// The release reaches the server and is applied, but its reply is lost: the holder's proxies hold
+/// every byte 1 s both ways, the release is sent, and once another client can take the lock (the
+/// server applied the release: no backend-specific look), the proxies pass and reset, dropping the
+/// held reply. The release must return `Ok` or `Unavailable`, never `NotHeld`; and whatever the
+/// holder resends must leave the other client's hold alone: it stays Held, nobody else gets the lock
+/// meanwhile, and its release is `Ok`.
+pub async fn lost_release_reply(provider: &impl Provider) {
+    let case = "lost_release_reply";
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let c = provider.client().await;
+    let lease = Duration::from_secs(30);
+    if !connections_in_reach(&a, case) {
+        let name = unique_name(case);
+        let guard = a.hold(&name, lease).await;
+        guard.release().await.expect("release");
+        let got = b.lock(&name).try_acquire().await.expect("try");
+        got.expect("free after release")
+            .release()
+            .await
+            .expect("release");
+        return;
+    }
+    warm_up(&a, case, lease).await;
+    // Under load the reply may get through before the reset; then try again with a fresh lock.
+    for attempt in 1..=3 {
+        let name = unique_name(case);
+        let lock = a.lock(&name);
+        let guard = lock
+            .options()
+            .lease(lease)
+            .acquire()
+            .await
+            .expect("acquire");
+        let other = b.lock(&name);
+        a.on_proxies(|p| p.delay(Duration::from_secs(1))).await;
+        let release = tokio::spawn(guard.release());
+        let started = Instant::now();
+        let theirs = loop {
+            if let Some(got) = other
+                .options()
+                .lease(lease)
+                .try_acquire()
+                .await
+                .expect("try")
+            {
+                break got;
+            }
+            assert!(
+                started.elapsed() < PROMPT * 2,
+                "the delayed release never reached the server"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let (reply_lost, applied_after) = (!release.is_finished(), started.elapsed());
+        a.on_proxies(|p| p.pass().and_then(|()| p.reset())).await;
+        let outcome = tokio::time::timeout(lease / 2, release)
+            .await
+            .expect("the release must return well inside the lease")
+            .expect("release task");
+        if let Err(e) = &outcome {
+            assert_ne!(
+                e.kind(),
+                ErrorKind::NotHeld,
+                "{case}: the release was applied (another client got the lock) but reported \
+                 NotHeld: {e}"
+            );
+        }
+        assert_ok_or_unavailable(&outcome, case);
+        // Whatever the holder's client resent, the new hold stays: watch it a while.
+        let watch = Instant::now();
+        while watch.elapsed() < Duration::from_secs(2) {
+            assert_eq!(
+                theirs.state(),
+                LockState::Held,
+                "the new holder lost the lock after a resent release: {:?}",
+                theirs.loss_reason()
+            );
+            assert!(
+                c.lock(&name).try_acquire().await.expect("try").is_none(),
+                "a resent release freed the new holder's lock"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        theirs
+            .release()
+            .await
+            .expect("the new holder's release, after the old holder's resend");
+        let again = lock
+            .options()
+            .wait(PROMPT * 2)
+            .acquire()
+            .await
+            .expect("the released Lock acquires again");
+        again.release().await.expect("release");
+        if reply_lost {
+            return;
+        }
+        eprintln!(
+            "{case}: attempt {attempt}: the reply got through before the reset (the release was \
+             seen applied {applied_after:?} after it was sent; it returned {outcome:?}); again"
+        );
+    }
+    panic!("{case}: the release's reply got through before the reset in 3 attempts");
+}
+
 /// Expands the whole suite for one backend: one `#[tokio::test]` per case, named after it.
 ///
 /// `$make` is an async fn (or closure returning a future) producing the [`Provider`]; each test calls it
@@ -817,6 +1101,12 @@ macro_rules! conformance_suite {
             max_hold_caps_the_hold,
             extend_and_bad_options,
             killed_holder_process_frees_lock,
+            release_under_a_reset,
+            lost_release_reply,
+        );
+        $crate::conformance_suite!(@kinds $make;
+            read_write,
+            semaphore,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -825,6 +1115,15 @@ macro_rules! conformance_suite {
             async fn $case() {
                 let provider = ($make)().await;
                 $crate::conformance::$case(&provider).await;
+            }
+        )*
+    };
+    (@kinds $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let provider = ($make)().await;
+                $crate::conformance_kinds::$case(&provider).await;
             }
         )*
     };

@@ -48,6 +48,12 @@ pub struct HolderProcess {
 impl HolderProcess {
     /// Starts the holder and waits (30 s at most) until its command runs under the lock.
     pub fn spawn(url: &str, name: &str, lease: Duration) -> Result<Self> {
+        Self::spawn_with(url, name, lease, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with more `distlock run` flags before the name (`--permits 2`,
+    /// `--read`).
+    pub fn spawn_with(url: &str, name: &str, lease: Duration, flags: &[&str]) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("distlock-holder-")
             .tempdir()
@@ -55,9 +61,9 @@ impl HolderProcess {
         let script = "echo \"${DISTLOCK_TOKEN:-none}\" > \"$1/token.tmp\"; echo $$ > \"$1/pid\"; mv \"$1/token.tmp\" \"$1/token\"; exec sleep 3600";
         let lease_ms = format!("{}ms", lease.as_millis());
         let process = Command::new(distlock_bin()?)
-            .args([
-                "run", "--url", url, "--lease", &lease_ms, name, "--", "sh", "-c", script, "holder",
-            ])
+            .args(["run", "--url", url, "--lease", &lease_ms])
+            .args(flags)
+            .args([name, "--", "sh", "-c", script, "holder"])
             .arg(dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

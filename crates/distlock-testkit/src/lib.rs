@@ -34,5 +34,6 @@ pub mod zookeeper;
 
 pub mod cli_run;
 pub mod conformance;
+pub mod conformance_kinds;
 
 pub use error::{Error, Result};

@@ -24,8 +24,8 @@
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc as std_mpsc, Arc};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -69,6 +69,10 @@ pub struct Proxy {
     control: mpsc::UnboundedSender<Control>,
     mode: watch::Receiver<Mode>,
     live: Arc<AtomicUsize>,
+    /// Bytes read from clients so far, in any mode.
+    sent: Arc<AtomicU64>,
+    /// Replacements applied to what the upstream sends back.
+    rewrites: Rewrites,
     thread: Option<JoinHandle<()>>,
     _lease: PortLease,
 }
@@ -80,6 +84,7 @@ impl fmt::Debug for Proxy {
             .field("upstream", &self.upstream)
             .field("mode", &*self.mode.borrow())
             .field("connections", &self.connections())
+            .field("client_bytes", &self.client_bytes())
             .finish_non_exhaustive()
     }
 }
@@ -87,13 +92,16 @@ impl fmt::Debug for Proxy {
 impl Proxy {
     /// Starts a proxy on a reserved `127.0.0.1` port forwarding to `upstream`, in [`Mode::Pass`].
     pub fn start(upstream: SocketAddr) -> Result<Proxy> {
+        let rewrites = Arc::new(RwLock::new(Vec::new()));
         let lease = ports::reserve()?;
         let addr = lease.addr();
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let (mode_tx, mode_rx) = watch::channel(Mode::Pass);
         let live = Arc::new(AtomicUsize::new(0));
+        let sent = Arc::new(AtomicU64::new(0));
         let (ready_tx, ready_rx) = std_mpsc::channel::<Result<()>>();
-        let live2 = Arc::clone(&live);
+        let (live2, sent2) = (Arc::clone(&live), Arc::clone(&sent));
+        let rewrites2 = Arc::clone(&rewrites);
         let thread = std::thread::Builder::new()
             .name(format!("distlock-proxy-{}", addr.port()))
             .spawn(move || {
@@ -107,7 +115,13 @@ impl Proxy {
                         return;
                     }
                 };
-                rt.block_on(run(addr, upstream, control_rx, mode_tx, live2, ready_tx));
+                let counters = Counters {
+                    live: live2,
+                    sent: sent2,
+                };
+                rt.block_on(run(
+                    addr, upstream, rewrites2, control_rx, mode_tx, counters, ready_tx,
+                ));
                 // Dropping the runtime here drops every connection task, closing its sockets.
             })
             .map_err(|e| Error::io("spawning the proxy thread", e))?;
@@ -117,6 +131,8 @@ impl Proxy {
             control: control_tx,
             mode: mode_rx,
             live,
+            sent,
+            rewrites,
             thread: Some(thread),
             _lease: lease,
         };
@@ -165,6 +181,22 @@ impl Proxy {
     /// Open client connections right now.
     pub fn connections(&self) -> usize {
         self.live.load(Ordering::SeqCst)
+    }
+
+    /// Bytes read from clients so far (whatever the mode did with them). A request a client sends
+    /// while the proxy holds or drops its bytes shows here as soon as the proxy has read it: "it is on
+    /// its way", observable without looking inside the protocol.
+    pub fn client_bytes(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    /// From now on, replaces in what the upstream sends back each `from` byte string by its `to`
+    /// (within one read chunk), on open connections and new ones. For topologies that hand out server
+    /// addresses (Sentinel's `SENTINEL MASTERS`, Cluster's `CLUSTER SLOTS` and redirections): rewriting a
+    /// server's port to the port of one client's proxy in front of that server keeps that client on
+    /// proxies of its own.
+    pub fn set_rewrites(&self, rewrites: Vec<(Vec<u8>, Vec<u8>)>) {
+        *self.rewrites.write().unwrap_or_else(|e| e.into_inner()) = rewrites;
     }
 
     /// Forward bytes as they come (re-opens the listener after [`refuse`](Self::refuse)).
@@ -235,15 +267,23 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener> {
         .map_err(|e| Error::io(format!("proxy listening on {addr}"), e))
 }
 
+/// What the proxy counts, shared with its handle.
+struct Counters {
+    live: Arc<AtomicUsize>,
+    sent: Arc<AtomicU64>,
+}
+
 /// The proxy's main task: accepts, applies control messages, owns the connection tasks.
 async fn run(
     addr: SocketAddr,
     upstream: SocketAddr,
+    rewrites: Rewrites,
     mut control: mpsc::UnboundedReceiver<Control>,
     mode: watch::Sender<Mode>,
-    live: Arc<AtomicUsize>,
+    counters: Counters,
     ready: std_mpsc::Sender<Result<()>>,
 ) {
+    let Counters { live, sent } = counters;
     let mut listener = match bind(addr).await {
         Ok(l) => Some(l),
         Err(e) => {
@@ -265,9 +305,11 @@ async fn run(
                 Ok((client, peer)) => {
                     let conn = Conn {
                         upstream,
+                        rewrites: Arc::clone(&rewrites),
                         mode: mode.subscribe(),
                         reset: reset_tx.subscribe(),
                         live: Arc::clone(&live),
+                        sent: Arc::clone(&sent),
                     };
                     tracing::trace!(%addr, %peer, "proxy accepted");
                     conns.spawn(conn.run(client));
@@ -317,11 +359,18 @@ async fn reset_all(reset: &watch::Sender<u64>, conns: &mut JoinSet<()>) {
     while conns.join_next().await.is_some() {}
 }
 
+/// Byte strings replaced, `(from, to)`, in what the upstream sends back.
+type RewriteRules = RwLock<Vec<(Vec<u8>, Vec<u8>)>>;
+/// A proxy's replacements, shared by its handle and its connections.
+type Rewrites = Arc<RewriteRules>;
+
 struct Conn {
     upstream: SocketAddr,
+    rewrites: Rewrites,
     mode: watch::Receiver<Mode>,
     reset: watch::Receiver<u64>,
     live: Arc<AtomicUsize>,
+    sent: Arc<AtomicU64>,
 }
 
 /// One queued item of a direction.
@@ -358,8 +407,8 @@ impl Conn {
         let outcome = {
             let (cr, cw) = client.split();
             let (ur, uw) = upstream.split();
-            let up = pump(cr, uw, self.mode.clone());
-            let down = pump(ur, cw, self.mode.clone());
+            let up = pump(cr, uw, self.mode.clone(), Some(&self.sent), None);
+            let down = pump(ur, cw, self.mode.clone(), None, Some(&self.rewrites));
             tokio::select! {
                 r = async { tokio::try_join!(up, down) } => r.map(|_| ()),
                 _ = reset.changed() => Err(io::Error::other("reset")),
@@ -373,6 +422,27 @@ impl Conn {
     }
 }
 
+/// `chunk` with every `from` of `rewrites` replaced by its `to`, left to right, without overlaps.
+fn rewrite(chunk: &[u8], rewrites: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    if rewrites.is_empty() {
+        return chunk.to_vec();
+    }
+    let mut out = Vec::with_capacity(chunk.len());
+    let mut i = 0;
+    'bytes: while i < chunk.len() {
+        for (from, to) in rewrites {
+            if !from.is_empty() && chunk[i..].starts_with(from) {
+                out.extend_from_slice(to);
+                i += from.len();
+                continue 'bytes;
+            }
+        }
+        out.push(chunk[i]);
+        i += 1;
+    }
+    out
+}
+
 /// RST on close: `SO_LINGER` 0.
 fn abort(s: &TcpStream) {
     let _ = s.set_zero_linger();
@@ -383,6 +453,8 @@ async fn pump(
     mut from: tokio::net::tcp::ReadHalf<'_>,
     mut to: tokio::net::tcp::WriteHalf<'_>,
     mode: watch::Receiver<Mode>,
+    counted: Option<&AtomicU64>,
+    rewrites: Option<&RewriteRules>,
 ) -> io::Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Item>();
     let read_mode = mode.clone();
@@ -394,13 +466,20 @@ async fn pump(
                 let _ = tx.send(Item::Eof);
                 return Ok::<(), io::Error>(());
             }
+            if let Some(counted) = counted {
+                counted.fetch_add(n as u64, Ordering::SeqCst);
+            }
             let m = *read_mode.borrow();
             let due = match m {
                 Mode::Blackhole | Mode::Refuse => continue,
                 Mode::Pass => Instant::now(),
                 Mode::Delay(d) => Instant::now() + d,
             };
-            let _ = tx.send(Item::Data(due, buf[..n].to_vec()));
+            let bytes = match rewrites {
+                Some(r) => rewrite(&buf[..n], &r.read().unwrap_or_else(|e| e.into_inner())),
+                None => buf[..n].to_vec(),
+            };
+            let _ = tx.send(Item::Data(due, bytes));
         }
     };
     let mut write_mode = mode;
@@ -427,4 +506,25 @@ async fn pump(
         Ok::<(), io::Error>(())
     };
     tokio::try_join!(reader, writer).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rewrite;
+
+    #[test]
+    fn rewrite_replaces_every_match_left_to_right() {
+        let rules = vec![
+            (b":21006\r\n".to_vec(), b":25001\r\n".to_vec()),
+            (b"$5\r\n21007\r\n".to_vec(), b"$4\r\n2500\r\n".to_vec()),
+        ];
+        assert_eq!(
+            rewrite(
+                b"-MOVED 1 127.0.0.1:21006\r\n$5\r\n21007\r\n:210060\r\n",
+                &rules
+            ),
+            b"-MOVED 1 127.0.0.1:25001\r\n$4\r\n2500\r\n:210060\r\n".to_vec()
+        );
+        assert_eq!(rewrite(b"abc", &[]), b"abc".to_vec());
+    }
 }

@@ -60,7 +60,8 @@ pub use distlock_core::retry::RetryPolicy;
 pub use distlock_core::url::{Endpoint, LockUrl};
 pub use distlock_core::{
     AcquireOptions, Capabilities, Error, ErrorKind, Fencing, FencingToken, HolderInfo, Lock,
-    LockGuard, LockInfo, LockKinds, LockOptions, LockState, Locks, NodeInfo, Result, Wait,
+    LockGuard, LockInfo, LockKind, LockKinds, LockOptions, LockState, Locks, NodeInfo,
+    ReadWriteOrder, Result, RwLock, Semaphore, Wait, MAX_PERMITS,
 };
 
 pub use distlock_core::raw;
