@@ -545,6 +545,8 @@ pub struct FlockFloor {
     file: std::fs::File,
     path: PathBuf,
     sync: bool,
+    /// `LOCK_EX` (the mutex's and a permit slot's floor), else `LOCK_SH` (a reader's).
+    exclusive: bool,
 }
 
 impl FlockFloor {
@@ -566,7 +568,19 @@ impl FlockFloor {
                     path.display()
                 ))
             })?;
-        Ok(Self { file, path, sync })
+        Ok(Self {
+            file,
+            path,
+            sync,
+            exclusive: true,
+        })
+    }
+
+    /// A reader's floor: `flock(LOCK_SH)` + unlock on the file at `path`, nothing written.
+    pub fn shared(path: PathBuf) -> Result<Self, Error> {
+        let mut floor = Self::new(path, false)?;
+        floor.exclusive = false;
+        Ok(floor)
     }
 }
 
@@ -584,7 +598,12 @@ impl Cycler for FlockFloor {
         let failed = |e: &dyn std::fmt::Display| {
             Error::unavailable(format!("flock baseline on {}: {e}", self.path.display()))
         };
-        flock(&self.file, FlockOperation::NonBlockingLockExclusive).map_err(|e| failed(&e))?;
+        let operation = if self.exclusive {
+            FlockOperation::NonBlockingLockExclusive
+        } else {
+            FlockOperation::NonBlockingLockShared
+        };
+        flock(&self.file, operation).map_err(|e| failed(&e))?;
         if self.sync {
             rustix::io::pwrite(&self.file, &[0u8; 8], 0).map_err(|e| failed(&e))?;
             rustix::fs::fdatasync(&self.file).map_err(|e| failed(&e))?;

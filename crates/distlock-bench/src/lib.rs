@@ -14,6 +14,7 @@ mod error;
 mod harness;
 pub mod heap;
 mod hold;
+mod kinds;
 mod measure;
 mod mysql;
 mod plot;
@@ -49,6 +50,11 @@ shared by all tasks (one multiplexed connection) and once with one Locks per tas
   contended    N tasks (default 8) of one process on one name, each holding it --hold (a thread \
 sleep): acquisitions/s, handoff latency (release -> next grant, and to another task) p50/p99, \
 fairness (min/max acquisitions per task) and the share of re-acquisitions by the releasing task
+  kinds        1 task, one name each: read-lock cycles, then permit cycles (a semaphore of 4), each \
+beside its same-layout bare loop (redis: distlock's own read and permit scripts by EVALSHA, one call \
+per acquire and per release; postgres advisory mode: a bare pg_advisory_lock_shared + token read / \
+unlock_shared pair, and the permit's bare statements: key shared + slot key + counter bump, unlock \
+both + NOTIFY; file: flock LOCK_SH, and a slot file's flock; other engines: distlock's figures alone)
   hold         (only when asked: not part of `all`) one Locks acquires --locks names (default \
 10,000) with a short --lease (default 3s), holds them for --duration while the watchdog renews them, \
 then releases them: renewal batches and round trips per tick (Redis: also the server's EVALSHA count), \
@@ -177,7 +183,10 @@ pub enum Workload {
     Many,
     /// Many tasks on one name, holding it briefly: handoff latency and fairness.
     Contended,
-    /// All three (not `hold`).
+    /// One task, one name: read-lock cycles, then permit cycles, each beside its same-layout bare
+    /// loop (Redis: distlock's own scripts by EVALSHA; PostgreSQL: the bare advisory statements).
+    Kinds,
+    /// All of uncontended, many, contended and kinds (not `hold`).
     All,
     /// One Locks holds --locks names (10,000) for --duration while the watchdog renews them:
     /// renewal round trips, CPU per tick, memory per held lock.
@@ -200,6 +209,8 @@ struct Config {
     uncontended: bool,
     many: bool,
     contended: bool,
+    /// The kinds workload: read-lock and permit cycles.
+    kinds: bool,
     /// `--workload hold`, its `--locks` and `--lease`.
     hold_workload: bool,
     hold_locks: usize,
@@ -235,6 +246,7 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
         uncontended: !options.sweep && (all || options.workload == Workload::Uncontended),
         many: !options.sweep && (all || options.workload == Workload::Many),
         contended: !options.sweep && (all || options.workload == Workload::Contended),
+        kinds: !options.sweep && (all || options.workload == Workload::Kinds),
         sweep: options.sweep,
         hold_workload: !options.sweep && options.workload == Workload::Hold,
         hold_locks: options.locks as usize,
@@ -285,6 +297,14 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
         Engine::File { sync, .. } => (0, 1 + usize::from(sync), 1, 0),
         Engine::Memory | Engine::Unmeasured { .. } => (0, 0, 0, 0),
     };
+    let mut kinds_baselines = match config.engine {
+        Engine::Redis(_) | Engine::File { .. } => 1,
+        Engine::Postgres { advisory, .. } => usize::from(advisory),
+        _ => 0,
+    };
+    if config.only == Some(Only::Distlock) {
+        kinds_baselines = 0;
+    }
     match config.only {
         Some(Only::Distlock) => (rtt, a, b, c) = (0, 0, 0, 0),
         Some(Only::Baselines) => (rtt, a, b, c) = (0, a.min(1), b.min(1), c.min(1)),
@@ -297,6 +317,7 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
     rtt + usize::from(config.uncontended) * (d + a)
         + usize::from(config.many) * (2 * d + b)
         + usize::from(config.contended) * (d + c)
+        + usize::from(config.kinds) * 2 * (d + kinds_baselines)
         + usize::from(config.sweep) * SWEEP_TASKS.len() * (2 * d + usize::from(sweep_baseline))
         + usize::from(config.hold_workload) * 3
 }
@@ -610,6 +631,7 @@ fn targets(report: &Report, engine: &Engine) -> Vec<Target> {
         Engine::ZooKeeper { .. } => zookeeper_targets(&mut out, a_distlock, reference, others, c),
         _ => {}
     }
+    kinds_targets(report, engine, &mut out);
     if let Some(hold) = &report.hold {
         hold_targets(hold, &mut out);
     }
@@ -711,6 +733,43 @@ fn redis_peer_targets(report: &Report, out: &mut Vec<Target>) {
                     ),
                 );
             }
+        }
+    }
+}
+
+/// Issue 25's targets: a read-lock cycle and a permit cycle each within 1.1× their same-layout bare
+/// loop's, on Redis (distlock's own scripts by `EVALSHA`) and PostgreSQL's advisory mode (the bare
+/// statements); other engines have no target.
+fn kinds_targets(report: &Report, engine: &Engine, out: &mut Vec<Target>) {
+    let engine_name = match engine {
+        Engine::Redis(_) => "Redis",
+        Engine::Postgres { advisory: true, .. } => "PostgreSQL",
+        _ => return,
+    };
+    let Some(k) = &report.kinds else {
+        return;
+    };
+    for (kind, section) in [("read-lock", &k.read), ("permit", &k.permit)] {
+        let (Some(d), Some(base)) = (&section.distlock, section.baselines.first()) else {
+            continue;
+        };
+        if base.latency.mean_us > 0.0 {
+            out.push(
+                Target::at_most(
+                    format!(
+                        "{engine_name} (kinds) distlock {kind} cycle / {} cycle (mean)",
+                        base.label
+                    ),
+                    d.latency.mean_us / base.latency.mean_us,
+                    1.10,
+                )
+                .with_cpu(
+                    format!("CPU per {kind} cycle: distlock / the same-layout bare loop"),
+                    cpu(d),
+                    cpu(base),
+                    1.10,
+                ),
+            );
         }
     }
 }

@@ -90,6 +90,10 @@ pub(crate) async fn measure(
         true => run.contended(runner).await?,
         false => None,
     };
+    let kinds = match config.kinds {
+        true => Some(run.kinds(runner).await?),
+        false => None,
+    };
     let hold = match config.hold_workload {
         true => Some(run.hold(runner).await?),
         false => None,
@@ -122,6 +126,7 @@ pub(crate) async fn measure(
         uncontended,
         many,
         contended,
+        kinds,
         sweep,
         hold,
         targets: Vec::new(),
@@ -609,7 +614,7 @@ fn bench_key(run: &str, case: &str) -> i64 {
     distlock_sql::postgres::layout::advisory_key(&format!("distlock-bench-bare/{run}/{case}"))
 }
 
-fn floor_label(sync: bool) -> &'static str {
+pub(crate) fn floor_label(sync: bool) -> &'static str {
     if sync {
         "bare flock + write + fdatasync + unlock"
     } else {

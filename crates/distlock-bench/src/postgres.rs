@@ -155,3 +155,145 @@ pub fn host_port(url: &str) -> Option<(String, u16)> {
     let port = config.get_ports().first().copied().unwrap_or(5432);
     Some((host.clone(), port))
 }
+
+/// The same-layout loop of an advisory read lock (issue 25): `pg_advisory_lock_shared` on the name's
+/// key and, pipelined with it (one round trip, as distlock sends them), the reader's token read (the
+/// fencing counter's row of the name); then `pg_advisory_unlock_shared`. On a connection of its own.
+pub struct BareShared {
+    pub client: Client,
+    lock: String,
+    token: String,
+    unlock: String,
+    name: String,
+}
+
+impl BareShared {
+    /// On the advisory key of `name` (`layout::advisory_key`), with the bench's counter table.
+    pub async fn new(url: &str, name: &str) -> Result<BareShared, Error> {
+        let client = connect(url).await?;
+        create_fence_table(&client).await?;
+        let key = distlock_sql::postgres::layout::advisory_key(name);
+        Ok(BareShared {
+            client,
+            lock: format!("SELECT pg_advisory_lock_shared(({key})::bigint)"),
+            token: format!("SELECT token FROM {FENCE_TABLE} WHERE name = $1"),
+            unlock: format!("SELECT pg_advisory_unlock_shared(({key})::bigint)"),
+            name: name.to_string(),
+        })
+    }
+}
+
+impl Cycler for BareShared {
+    type Held = ();
+
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), _); 1] =
+            [(&self.name, tokio_postgres::types::Type::TEXT)];
+        let (locked, token) = tokio::join!(
+            self.client.simple_query(&self.lock),
+            self.client.query_typed(&self.token, &params),
+        );
+        locked.map_err(failure)?;
+        token.map_err(failure)?;
+        Ok(Some(()))
+    }
+
+    async fn release(&self, (): ()) -> Result<(), Error> {
+        self.client
+            .simple_query(&self.unlock)
+            .await
+            .map_err(failure)?;
+        Ok(())
+    }
+}
+
+/// The same-layout loop of an advisory permit (issue 25), what distlock's permit path does at the
+/// least, as bare statements: one autocommit statement that takes the name's key shared
+/// (`pg_try_advisory_lock_shared`), the first slot's key (`layout::permit_key(name, 0)`, two-int key
+/// space, `pg_try_advisory_lock`) and, when both were got, bumps the name's fencing counter; then one
+/// that unlocks both keys and `NOTIFY`s (the layout's wake-up for permit waiters). On a connection of
+/// its own. distlock's statement also reads the stored limit and walks the slots.
+pub struct BarePermit {
+    pub client: Client,
+    take: String,
+    give_back: String,
+    name: String,
+}
+
+impl BarePermit {
+    pub async fn new(url: &str, name: &str) -> Result<BarePermit, Error> {
+        use distlock_sql::postgres::layout::{advisory_key, permit_key};
+        let client = connect(url).await?;
+        create_fence_table(&client).await?;
+        let key = advisory_key(name);
+        let (a, b) = match permit_key(name, 0) {
+            distlock_sql::AdvisoryKey::Pair(a, b) => (a, b),
+            other => {
+                return Err(Error::unavailable(format!(
+                    "postgres baseline: a permit key that is not two ints: {other:?}"
+                )))
+            }
+        };
+        let take = format!(
+            "WITH l AS (SELECT pg_try_advisory_lock_shared(({key})::bigint) \
+               AND pg_try_advisory_lock(({a})::integer, ({b})::integer) AS got), \
+             t AS (INSERT INTO {FENCE_TABLE} AS f (name, token) SELECT $1, 1 FROM l WHERE l.got \
+               ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token) \
+             SELECT l.got, (SELECT token FROM t) FROM l"
+        );
+        let give_back = format!(
+            "SELECT pg_advisory_unlock(({a})::integer, ({b})::integer), \
+             pg_advisory_unlock_shared(({key})::bigint), pg_notify('{FENCE_TABLE}', $1)"
+        );
+        Ok(BarePermit {
+            client,
+            take,
+            give_back,
+            name: name.to_string(),
+        })
+    }
+}
+
+impl Cycler for BarePermit {
+    type Held = ();
+
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
+        let row = self
+            .client
+            .query_typed_one(
+                &self.take,
+                &[(&self.name, tokio_postgres::types::Type::TEXT)],
+            )
+            .await
+            .map_err(failure)?;
+        let got: bool = row.try_get(0).map_err(failure)?;
+        if got {
+            Ok(Some(()))
+        } else {
+            Err(Error::unavailable(format!(
+                "postgres permit baseline: {:?} not granted (its keys are this run's alone)",
+                self.name
+            )))
+        }
+    }
+
+    async fn release(&self, (): ()) -> Result<(), Error> {
+        self.client
+            .query_typed(
+                &self.give_back,
+                &[(&self.name, tokio_postgres::types::Type::TEXT)],
+            )
+            .await
+            .map_err(failure)?;
+        Ok(())
+    }
+}
+
+async fn create_fence_table(client: &Client) -> Result<(), Error> {
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {FENCE_TABLE} (name text PRIMARY KEY, token bigint NOT NULL)"
+        ))
+        .await
+        .map_err(failure)
+}

@@ -26,6 +26,9 @@ pub struct Report {
     pub uncontended: Option<Uncontended>,
     pub many: Option<Many>,
     pub contended: Option<ContendedSection>,
+    /// The kinds workload (issue 25): read-lock and permit cycles, each beside its same-layout bare
+    /// loop.
+    pub kinds: Option<KindsSection>,
     /// `--sweep`: (b) at 1 … 64 tasks.
     pub sweep: Option<crate::sweep::Sweep>,
     /// `--workload hold`: N locks held while the watchdog renews them.
@@ -149,6 +152,18 @@ pub struct Uncontended {
     pub distlock: Option<CycleFigures>,
     /// The bare-client loop (Redis), the peer lock (etcd), the flock floor (file).
     pub baselines: Vec<CycleFigures>,
+}
+
+/// The kinds workload: one task, one name for each kind; the baselines are the same-layout bare loops
+/// (none on engines without one).
+#[derive(Debug, Serialize)]
+pub struct KindsSection {
+    /// The permits of the semaphore the permit cycles take one of.
+    pub permit_limit: u32,
+    /// Read-lock cycles (`read_write(name).read()` + release).
+    pub read: Uncontended,
+    /// Permit cycles (`semaphore(name, permit_limit).acquire()` + release).
+    pub permit: Uncontended,
 }
 
 /// (b) many tasks, each on its own names.
@@ -383,6 +398,19 @@ pub fn render(report: &Report) -> String {
             contended(o, f);
         }
     }
+    if let Some(k) = &report.kinds {
+        let _ = writeln!(
+            o,
+            "\n(kinds) read lock: 1 task, one name, read acquire + release"
+        );
+        render_cycles_with_ratio(o, &k.read, has_rtt);
+        let _ = writeln!(
+            o,
+            "\n(kinds) permit: 1 task, one name, a semaphore of {} permits, acquire + release",
+            k.permit_limit
+        );
+        render_cycles_with_ratio(o, &k.permit, has_rtt);
+    }
     if let Some(sweep) = &report.sweep {
         render_sweep(o, sweep);
     }
@@ -540,6 +568,12 @@ fn render_round_trip(o: &mut String, rtt: &RoundTrip) {
 
 fn render_uncontended(o: &mut String, a: &Uncontended, has_rtt: bool) {
     let _ = writeln!(o, "\n(a) uncontended: 1 task, one name, acquire + release");
+    render_cycles_with_ratio(o, a, has_rtt);
+}
+
+/// distlock's row and the baselines', distlock's mean cycle as a ratio to the first baseline's, and
+/// the histograms.
+fn render_cycles_with_ratio(o: &mut String, a: &Uncontended, has_rtt: bool) {
     cycle_table(o, a.distlock.iter().chain(&a.baselines), has_rtt);
     if let (Some(d), Some(b)) = (&a.distlock, a.baselines.first()) {
         if b.latency.mean_us > 0.0 {

@@ -42,8 +42,8 @@ impl Scripts {
 }
 
 /// One client of the same-scripts loop: distlock's acquire script (`KEYS` the lock and its fencing
-/// counter; `ARGV` the lease in ms and the owner), then its release script (`KEYS` the lock and its
-/// channel; `ARGV` the owner, `publish`, the unlock message), nothing else: no local gate, no
+/// counter; `ARGV` the lease in ms and the owner), then its release script (`KEYS` the lock; `ARGV` the
+/// owner, `publish`, the unlock message and the channel), nothing else: no local gate, no
 /// watchdog, no timers.
 #[derive(Debug)]
 pub struct SameScripts {
@@ -105,10 +105,10 @@ impl Cycler for SameScripts {
             .scripts
             .release
             .key(&self.lock_key)
-            .key(&self.channel)
             .arg(&self.owner)
             .arg("publish")
             .arg(layout::UNLOCK_MESSAGE)
+            .arg(&self.channel)
             .invoke_async(&mut conn)
             .await
             .map_err(redis_failure)?;
@@ -133,7 +133,7 @@ impl Run<'_> {
     }
 
     /// The owner of client `i`, in the shape of distlock's `<process uuid>:<n>`.
-    fn owner(&self, i: usize) -> String {
+    pub(crate) fn owner(&self, i: usize) -> String {
         format!("{}:{i}", self.config.run)
     }
 
@@ -251,5 +251,201 @@ impl Run<'_> {
             &result,
             self.round_trip,
         ))
+    }
+}
+
+/// The read-lock and permit scripts of [`distlock::redis::layout`], compiled once per run.
+#[derive(Debug)]
+pub struct KindScripts {
+    read_acquire: redis::Script,
+    read_release: redis::Script,
+    permit_acquire: redis::Script,
+    permit_release: redis::Script,
+}
+
+impl KindScripts {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            read_acquire: redis::Script::new(layout::READ_ACQUIRE),
+            read_release: redis::Script::new(layout::READ_RELEASE),
+            permit_acquire: redis::Script::new(layout::PERMIT_ACQUIRE),
+            permit_release: redis::Script::new(layout::PERMIT_RELEASE),
+        })
+    }
+}
+
+/// The same-layout loop of the read lock (issue 25): distlock's read acquire script (`KEYS` the lock
+/// and its token key; `ARGV` the lease in ms, the owner, its write field and its timeout prefix), then
+/// its read release script (`KEYS` the lock; `ARGV` the owner, `publish`, the unlock message, the
+/// read-write channel, the timeout prefix and the name's suffix base), the keys and arguments the
+/// backend sends: one `EVALSHA` per acquire and one per release, nothing else.
+#[derive(Debug)]
+pub struct SameReadScripts {
+    conn: redis::aio::MultiplexedConnection,
+    scripts: Arc<KindScripts>,
+    lock_key: String,
+    token_key: String,
+    channel: String,
+    owner: String,
+    write_field: String,
+    timeout_prefix: String,
+    suffix_base: String,
+}
+
+impl SameReadScripts {
+    pub fn new(
+        conn: redis::aio::MultiplexedConnection,
+        scripts: Arc<KindScripts>,
+        name: &str,
+        owner: String,
+    ) -> Self {
+        Self {
+            conn,
+            scripts,
+            lock_key: layout::lock_key(name).to_string(),
+            token_key: layout::token_key(name),
+            channel: layout::rw_channel(name),
+            write_field: layout::write_field(&owner),
+            timeout_prefix: layout::read_timeout_prefix(name, &owner),
+            suffix_base: layout::suffix_base(name),
+            owner,
+        }
+    }
+}
+
+/// A grant reply of distlock's acquire scripts: `{1, token, lease}`; the name is the client's alone, so
+/// anything else is a fault.
+fn granted(what: &str, key: &str, reply: &Value) -> Result<Option<()>, Error> {
+    match reply {
+        Value::Array(items) if matches!(items.first(), Some(Value::Int(1))) => Ok(Some(())),
+        other => Err(Error::unavailable(format!(
+            "{what}: key {key:?} not granted: {other:?}"
+        ))),
+    }
+}
+
+fn released(what: &str, key: &str, released: i64) -> Result<(), Error> {
+    if released == 1 {
+        Ok(())
+    } else {
+        Err(Error::unavailable(format!(
+            "{what}: key {key:?} was not ours at release"
+        )))
+    }
+}
+
+impl Cycler for SameReadScripts {
+    type Held = ();
+
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
+        let mut conn = self.conn.clone();
+        let reply: Value = self
+            .scripts
+            .read_acquire
+            .key(&self.lock_key)
+            .key(&self.token_key)
+            .arg(LEASE_MS)
+            .arg(&self.owner)
+            .arg(&self.write_field)
+            .arg(&self.timeout_prefix)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_failure)?;
+        granted("same read scripts", &self.lock_key, &reply)
+    }
+
+    async fn release(&self, (): ()) -> Result<(), Error> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .scripts
+            .read_release
+            .key(&self.lock_key)
+            .arg(&self.owner)
+            .arg("publish")
+            .arg(layout::UNLOCK_MESSAGE)
+            .arg(&self.channel)
+            .arg(&self.timeout_prefix)
+            .arg(&self.suffix_base)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_failure)?;
+        released("same read scripts", &self.lock_key, n)
+    }
+}
+
+/// The same-layout loop of a permit (issue 25): distlock's permit acquire script (`KEYS` the counter,
+/// the permits' sorted set and the token key; `ARGV` the limit, the lease in ms, the permit id (16 raw
+/// bytes), `publish` and the semaphore's channel), then its permit release script (`KEYS` the counter
+/// and the permits; `ARGV` the id, `publish`, the channel): one `EVALSHA` per acquire and one per
+/// release, nothing else.
+#[derive(Debug)]
+pub struct SamePermitScripts {
+    conn: redis::aio::MultiplexedConnection,
+    scripts: Arc<KindScripts>,
+    counter_key: String,
+    permits_key: String,
+    token_key: String,
+    channel: String,
+    limit: u32,
+    permit_id: [u8; 16],
+}
+
+impl SamePermitScripts {
+    pub fn new(
+        conn: redis::aio::MultiplexedConnection,
+        scripts: Arc<KindScripts>,
+        name: &str,
+        owner: &str,
+        limit: u32,
+    ) -> Self {
+        Self {
+            conn,
+            scripts,
+            counter_key: layout::lock_key(name).to_string(),
+            permits_key: layout::semaphore_timeout_key(name),
+            token_key: layout::token_key(name),
+            channel: layout::semaphore_channel(name),
+            limit,
+            permit_id: layout::permit_id(owner),
+        }
+    }
+}
+
+impl Cycler for SamePermitScripts {
+    type Held = ();
+
+    async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
+        let mut conn = self.conn.clone();
+        let reply: Value = self
+            .scripts
+            .permit_acquire
+            .key(&self.counter_key)
+            .key(&self.permits_key)
+            .key(&self.token_key)
+            .arg(self.limit)
+            .arg(LEASE_MS)
+            .arg(&self.permit_id[..])
+            .arg("publish")
+            .arg(&self.channel)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_failure)?;
+        granted("same permit scripts", &self.counter_key, &reply)
+    }
+
+    async fn release(&self, (): ()) -> Result<(), Error> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .scripts
+            .permit_release
+            .key(&self.counter_key)
+            .key(&self.permits_key)
+            .arg(&self.permit_id[..])
+            .arg("publish")
+            .arg(&self.channel)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_failure)?;
+        released("same permit scripts", &self.counter_key, n)
     }
 }

@@ -44,8 +44,10 @@ const URL_HELP: &str = "Lock service URL (file:///dir, redis://host:port, …). 
 const RUN_ABOUT: &str = "\
 Run a command while holding a lock; the command never outlives the hold.
 
-The command gets DISTLOCK_NAME and DISTLOCK_TOKEN (the fencing token, when the backend mints one) in \
-its environment and runs in its own process group, under a small supervisor process (a child \
+By default the lock is NAME's mutex; --read and --write take a side of NAME's read-write lock, \
+--permits N one of N permits of NAME's semaphore. The command gets DISTLOCK_NAME and DISTLOCK_TOKEN \
+(the fencing token, when the backend mints one; a reader's is the last writer's), and with --permits \
+DISTLOCK_PERMIT (which permit it holds), in its environment and runs in its own process group, under a small supervisor process (a child \
 subreaper) that tracks every process it starts, at any depth and in any process group. Nothing it \
 starts outlives the hold: if distlock dies (even by SIGKILL), the supervisor SIGKILLs them all at once \
 (on file:// it holds the lock until they are gone); if the lock is lost, --on-lost decides what \
@@ -84,6 +86,19 @@ pub struct RunArgs {
     /// after a loss (--on-lost term), and what the command leaves running when it exits.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
     pub grace: Duration,
+    /// Hold the read side of NAME's read-write lock: other readers may hold it at once, no writer
+    /// (as flock -s).
+    #[arg(long, conflicts_with_all = ["write", "permits"])]
+    pub read: bool,
+    /// Hold the write side of NAME's read-write lock: no reader and no other writer (as flock -x).
+    /// Where the engine keeps a name's mutex and read-write lock in one object (file://, postgres://),
+    /// this is the same lock as a plain `run NAME`.
+    #[arg(long, conflicts_with = "permits")]
+    pub write: bool,
+    /// Hold one of N permits of NAME's semaphore: at most N commands run at once. The command gets
+    /// DISTLOCK_PERMIT (which permit it holds). Every user of NAME must give the same N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(distlock_core::MAX_PERMITS)))]
+    pub permits: Option<u32>,
     /// The lock name.
     #[arg(value_name = "NAME")]
     pub name: String,

@@ -75,7 +75,11 @@ impl Code {
     /// "this service cannot be used as asked" (69), as is being unreachable.
     pub fn from_kind(kind: ErrorKind) -> Code {
         match kind {
-            ErrorKind::InvalidConfig | ErrorKind::InvalidName => Code::Usage,
+            ErrorKind::InvalidConfig
+            | ErrorKind::InvalidName
+            | ErrorKind::LimitMismatch { .. }
+            | ErrorKind::KindConflict
+            | ErrorKind::WouldDeadlock => Code::Usage,
             ErrorKind::Timeout => Code::Timeout,
             ErrorKind::LockLost | ErrorKind::NotHeld => Code::Lost,
             ErrorKind::Unavailable

@@ -66,8 +66,9 @@ async fn hold(
     wait: Option<Duration>,
     signals: &mut Signals,
 ) -> Result<i32, Failure> {
-    let lock = locks.lock(&args.name)?;
-    let guard = match or_signal(signals, acquire(&lock, wait, args.lease)).await {
+    let handle = LockHandle::new(locks, args)?;
+    let lock = handle.lock();
+    let guard = match or_signal(signals, acquire(lock, wait, args.lease)).await {
         Ok(Ok(Some(guard))) => guard,
         Ok(Ok(None)) => {
             let flag = if args.no_wait {
@@ -80,7 +81,7 @@ async fn hold(
                 format!("lock {:?}: held elsewhere ({flag})", args.name),
             ));
         }
-        Ok(Err(e)) => return Err(e.into()),
+        Ok(Err(e)) => return Err(kind_failure(e, args)),
         // Dropping the acquire is cancel safe: nothing is left queued or held.
         Err(signal) => return Ok(exit::signal_code(signal.as_raw())),
     };
@@ -102,6 +103,10 @@ async fn hold(
         Some(token) => set_env.push(("DISTLOCK_TOKEN", token.to_string())),
         // An inherited token (from an outer `distlock run`) must not pass for this hold's.
         None => remove_env.push("DISTLOCK_TOKEN"),
+    }
+    match guard.permit() {
+        Some(permit) => set_env.push(("DISTLOCK_PERMIT", permit.to_string())),
+        None => remove_env.push("DISTLOCK_PERMIT"),
     }
     let terminal = terminal();
     let spec = Spec {
@@ -174,6 +179,61 @@ fn code_after_release(command_code: i32, released: &distlock::Result<()>) -> i32
             command_code
         }
         Ok(()) => command_code,
+    }
+}
+
+/// What `run` holds: NAME's mutex, a side of its read-write lock, or one of its semaphore's permits.
+enum LockHandle {
+    Mutex(Lock),
+    Read(distlock::RwLock),
+    Write(distlock::RwLock),
+    Permit(Lock),
+}
+
+impl LockHandle {
+    /// The handle `--read`, `--write` or `--permits` asks for. A backend without that kind is a usage
+    /// error (64), named with the kinds it has.
+    fn new(locks: &distlock::Locks, args: &RunArgs) -> Result<Self, Failure> {
+        let made = if args.read {
+            locks.read_write(&args.name).map(LockHandle::Read)
+        } else if args.write {
+            locks.read_write(&args.name).map(LockHandle::Write)
+        } else if let Some(permits) = args.permits {
+            locks
+                .semaphore(&args.name, permits)
+                .map(|semaphore| LockHandle::Permit(semaphore.permit()))
+        } else {
+            locks.lock(&args.name).map(LockHandle::Mutex)
+        };
+        made.map_err(|e| kind_failure(e, args))
+    }
+
+    fn lock(&self) -> &Lock {
+        match self {
+            LockHandle::Mutex(lock) | LockHandle::Permit(lock) => lock,
+            LockHandle::Read(rw) => rw.reader(),
+            LockHandle::Write(rw) => rw.writer(),
+        }
+    }
+}
+
+/// A library error, with the kind-related ones as usage errors (64): a kind the engine lacks, another
+/// number of permits than the one stored, a name in use as another kind. The command is not run.
+fn kind_failure(error: distlock::Error, args: &RunArgs) -> Failure {
+    use distlock::ErrorKind;
+    let asked_for_kind = args.read || args.write || args.permits.is_some();
+    match error.kind() {
+        ErrorKind::Unsupported if asked_for_kind => Failure::new(Code::Usage, error.to_string()),
+        ErrorKind::LimitMismatch { stored, requested } => Failure::new(
+            Code::Usage,
+            format!(
+                "lock {:?}: the semaphore has {stored} permits, not {requested} (--permits {requested}); every user must give the same number ({})",
+                args.name,
+                error.message()
+            ),
+        ),
+        ErrorKind::KindConflict => Failure::new(Code::Usage, error.to_string()),
+        _ => error.into(),
     }
 }
 

@@ -1,8 +1,10 @@
 //! `distlock status`: what the lock service knows about a lock, as stable `key: value` lines.
 //!
-//! Lines, in this order, each only when the engine knows the value: `name`, `backend`, `state`
-//! (`held` or `free`), then for a held lock `token`, `owner`, `pid`, `host`, `since` (RFC 3339, UTC),
-//! `held_for`, `remaining_lease`; then `last_token`, `waiters` and, for Redlock, one `node: ADDRESS OWNER PTTL`
+//! Lines, in this order, each only when the engine knows the value: `name`, `backend`, `kind`
+//! (`mutex`, `write`, `read`, `semaphore` with `permits: N`; only while held, where the engine tells),
+//! `state` (`held` or `free`), then for an exclusive holder `token`, `owner`, `pid`, `host`, `since`
+//! (RFC 3339, UTC), `held_for`, `remaining_lease`; for readers and permit holders, per holder a
+//! `holder: OWNER` line (and `permit: P`) followed by the same fields; then `last_token`, `waiters` and, for Redlock, one `node: ADDRESS OWNER PTTL`
 //! (or `ADDRESS free`, `ADDRESS error …`) per node. Control characters in values are
 //! escaped so every record stays one line.
 
@@ -43,37 +45,33 @@ pub fn render(name: &str, backend: &str, info: &LockInfo, now: SystemTime) -> St
     };
     line("name", name);
     line("backend", backend);
-    match &info.holder {
-        None => line("state", "free"),
-        Some(holder) => {
-            line("state", "held");
-            if let Some(token) = holder.token {
-                line("token", &token.to_string());
-            }
-            if let Some(owner) = &holder.owner {
-                line("owner", owner);
-            }
-            if let Some(pid) = holder.pid {
-                line("pid", &pid.to_string());
-            }
-            if let Some(host) = &holder.host {
-                line("host", host);
-            }
-            if let Some(since) = holder.since {
-                if let Some(text) = rfc3339(since) {
-                    line("since", &text);
-                }
-                if let Ok(held) = now.duration_since(since) {
-                    line("held_for", &distlock_core::duration::format(held));
-                }
-            }
-            if let Some(remaining) = holder.remaining_lease {
-                line(
-                    "remaining_lease",
-                    &distlock_core::duration::format(remaining),
-                );
-            }
+    match info.kind {
+        Some(distlock::LockKind::Permit { limit }) => {
+            line("kind", "semaphore");
+            line("permits", &limit.to_string());
         }
+        Some(distlock::LockKind::Read) => line("kind", "read"),
+        Some(distlock::LockKind::Write) => line("kind", "write"),
+        Some(kind) => line("kind", kind.as_str()),
+        None => {}
+    }
+    let held = info.holder.is_some() || !info.holders.is_empty();
+    line("state", if held { "held" } else { "free" });
+    if let Some(holder) = &info.holder {
+        holder_lines(&mut line, holder, now);
+    }
+    // Readers or permit holders: one `holder: …` line each, then its fields as `key: value` under it.
+    for holder in &info.holders {
+        let who = match (&holder.owner, holder.pid) {
+            (Some(owner), _) => owner.clone(),
+            (None, Some(pid)) => format!("pid {pid}"),
+            (None, None) => "unknown".to_string(),
+        };
+        line("holder", &who);
+        if let Some(permit) = &holder.permit {
+            line("permit", permit);
+        }
+        holder_lines(&mut line, holder, now);
     }
     if let Some(token) = info.last_token {
         line("last_token", &token.to_string());
@@ -94,6 +92,36 @@ pub fn render(name: &str, backend: &str, info: &LockInfo, now: SystemTime) -> St
         line("node", &format!("{} {what}", node.address));
     }
     out
+}
+
+/// One holder's fields, each only when the engine knows it.
+fn holder_lines(line: &mut impl FnMut(&str, &str), holder: &distlock::HolderInfo, now: SystemTime) {
+    if let Some(token) = holder.token {
+        line("token", &token.to_string());
+    }
+    if let Some(owner) = &holder.owner {
+        line("owner", owner);
+    }
+    if let Some(pid) = holder.pid {
+        line("pid", &pid.to_string());
+    }
+    if let Some(host) = &holder.host {
+        line("host", host);
+    }
+    if let Some(since) = holder.since {
+        if let Some(text) = rfc3339(since) {
+            line("since", &text);
+        }
+        if let Ok(held) = now.duration_since(since) {
+            line("held_for", &distlock_core::duration::format(held));
+        }
+    }
+    if let Some(remaining) = holder.remaining_lease {
+        line(
+            "remaining_lease",
+            &distlock_core::duration::format(remaining),
+        );
+    }
 }
 
 /// Escapes control characters (a name may hold a newline) so a value cannot break the line format.

@@ -7,6 +7,7 @@
 use std::process::{Command, Output};
 
 use distlock_testkit::etcd::EtcdServer;
+use distlock_testkit::postgres::PostgresServer;
 use distlock_testkit::redis::RedisServer;
 use distlock_testkit::tls::TestCa;
 use serde_json::Value;
@@ -319,6 +320,19 @@ fn many_fields(v: &Value, at: &str) {
     );
 }
 
+fn kinds_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("permit_limit", Num),
+            ("read", Obj(uncontended_fields)),
+            ("permit", Obj(uncontended_fields)),
+        ],
+    );
+}
+
 fn contended_section_fields(v: &Value, at: &str) {
     use Kind::*;
     fields(
@@ -352,6 +366,7 @@ fn check_fields(r: &Value) {
             ("uncontended", OptObj(uncontended_fields)),
             ("many", OptObj(many_fields)),
             ("contended", OptObj(contended_section_fields)),
+            ("kinds", OptObj(kinds_fields)),
             ("sweep", OptObj(sweep_fields)),
             ("hold", OptObj(hold_fields)),
             ("targets", Arr(target_fields)),
@@ -509,6 +524,53 @@ fn check_report(r: &Value, backend: &str, has_rtt: bool) {
     for t in r["targets"].as_array().expect("targets") {
         assert!(t["met"].is_boolean(), "{t}");
     }
+
+    // The kinds workload: distlock's read-lock and permit cycles where the backend has those kinds
+    // (all but etcd's, so far).
+    let k = &r["kinds"];
+    assert_eq!(k["permit_limit"], 4, "{k}");
+    for kind in ["read", "permit"] {
+        if backend != "etcd" || !k[kind]["distlock"].is_null() {
+            check_cycles(&k[kind]["distlock"], has_rtt);
+            assert_eq!(k[kind]["distlock"]["tasks"], 1, "{k}");
+        }
+        for f in k[kind]["baselines"].as_array().expect("baselines") {
+            check_cycles(f, has_rtt);
+        }
+    }
+}
+
+/// The kinds workload's bare loops: one per kind, labelled as expected; and, where the engine has a
+/// target for them, the two target rows (distlock / the same-layout bare loop, with the CPU ratio),
+/// each a finite positive ratio. Never a speed.
+fn check_kinds(r: &Value, read_label: &str, permit_label: &str, target_engine: Option<&str>) {
+    let k = &r["kinds"];
+    for (kind, label) in [("read", read_label), ("permit", permit_label)] {
+        let baselines = k[kind]["baselines"].as_array().expect("baselines");
+        assert_eq!(baselines.len(), 1, "{kind}: {k}");
+        assert!(
+            baselines[0]["label"]
+                .as_str()
+                .is_some_and(|l| l.contains(label)),
+            "{kind}: {k}"
+        );
+    }
+    let Some(engine) = target_engine else {
+        return;
+    };
+    for kind in ["read-lock", "permit"] {
+        let row = format!("{engine} (kinds) distlock {kind} cycle");
+        check_target_rows(r, &[&row]);
+        let target = r["targets"]
+            .as_array()
+            .expect("targets")
+            .iter()
+            .find(|t| t["what"].as_str().is_some_and(|w| w.starts_with(&row)))
+            .expect("target");
+        let value = num(target, "value");
+        assert!(value.is_finite() && value > 0.0, "{target}");
+        assert_eq!(num(target, "limit"), 1.1, "{target}");
+    }
 }
 
 #[test]
@@ -533,6 +595,8 @@ fn file_report_has_every_workload_and_the_flock_floor() {
         .is_some_and(|l| l.contains("flock")));
     check_server_cpu(&r, "none: in-process");
     check_target_rows(&r, &["file (a)", "file (b)"]);
+    // The reader's floor and a permit slot file's; no kinds target on file.
+    check_kinds(&r, "flock LOCK_SH", "slot file: bare flock", None);
 }
 
 #[test]
@@ -716,6 +780,115 @@ fn redis_report_has_ratios_and_the_bare_loop() {
     for peer in ["same-scripts loop", "rslock"] {
         assert!(targets.iter().any(|t| t.contains(peer)), "{targets:?}");
     }
+    check_kinds(
+        &r,
+        "same read scripts as distlock (EVALSHA)",
+        "same permit scripts as distlock (EVALSHA)",
+        Some("Redis"),
+    );
+}
+
+/// The Redis kinds loops cost one script call per acquire and one per release, distlock's and the
+/// same-layout bare loops' alike: with `--cycles 40` (after 200 warm-up cycles) each of the read and
+/// permit loops runs 240 cycles, so the server counts 4 × 240 script calls that ran, in a run of
+/// distlock alone and in a run of the bare loops alone.
+#[test]
+fn redis_kinds_cycles_cost_one_script_call_per_acquire_and_per_release() {
+    let server = RedisServer::start_or_panic();
+    let run = |only: &str| -> u64 {
+        let before = scripts_run(&server);
+        let out = bench(&[
+            "--url",
+            &server.url(),
+            "--workload",
+            "kinds",
+            "--cycles",
+            "40",
+            "--only",
+            only,
+            "--json",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+        let r: Value = serde_json::from_slice(&out.stdout).expect("json");
+        check_fields(&r);
+        for kind in ["read", "permit"] {
+            let k = &r["kinds"][kind];
+            let measured = if only == "distlock" {
+                &k["distlock"]
+            } else {
+                &k["baselines"][0]
+            };
+            assert_eq!(measured["cycles"], 40, "{only} {kind}: {k}");
+        }
+        scripts_run(&server) - before
+    };
+    assert_eq!(run("baselines"), 4 * 240, "the same-layout bare loops");
+    assert_eq!(
+        run("distlock"),
+        4 * 240,
+        "distlock's read and permit cycles"
+    );
+}
+
+/// `EVALSHA` and `EVAL` calls that ran (`calls` less `failed_calls`: an `EVALSHA` answered `NOSCRIPT`
+/// is sent again as `EVAL`).
+fn scripts_run(server: &RedisServer) -> u64 {
+    let info = server.command(&["INFO", "commandstats"]).expect("INFO");
+    let info = info.as_str().unwrap_or_default().to_string();
+    let field = |line: &str, name: &str| -> u64 {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    ["evalsha", "eval"]
+        .iter()
+        .map(|command| {
+            let prefix = format!("cmdstat_{command}:");
+            info.lines()
+                .find_map(|line| line.strip_prefix(&prefix))
+                .map_or(0, |line| {
+                    field(line, "calls=") - field(line, "failed_calls=")
+                })
+        })
+        .sum()
+}
+
+/// PostgreSQL in advisory mode (the default): the kinds workload's bare loops (the shared pair with
+/// the reader's token read, and the permit's bare statements) beside distlock's read-lock and permit
+/// cycles, with their targets.
+#[test]
+fn postgres_report_has_the_kinds_and_their_bare_loops() {
+    let server = PostgresServer::start_or_panic();
+    let out = bench(&[
+        "--url",
+        &server.url(),
+        "--workload",
+        "kinds",
+        "--duration",
+        "200ms",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).expect("json");
+    check_fields(&r);
+    assert!(
+        r["uncontended"].is_null() && r["contended"].is_null(),
+        "{r}"
+    );
+    let k = &r["kinds"];
+    for kind in ["read", "permit"] {
+        check_cycles(&k[kind]["distlock"], true);
+        check_cycles(&k[kind]["baselines"][0], true);
+    }
+    check_kinds(
+        &r,
+        "bare pg_advisory_lock_shared + token read",
+        "bare try key shared + slot key + counter bump",
+        Some("PostgreSQL"),
+    );
 }
 
 /// The label of the Redis (c) floor (`measure::PING_MUTEX_FLOOR`).
