@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use distlock_core::raw::{
     AcquireRequest, Attempt, Backend, Grant, LossReport, Released, Renewal, RenewalId, Renewed,
 };
-use distlock_core::{Capabilities, LockState, Locks, Result};
+use distlock_core::{Capabilities, ErrorKind, LockState, Locks, Result};
 
 /// Grants every acquire (names are not shared between tests) and keeps each grant's report.
 #[derive(Clone, Default)]
@@ -19,6 +19,8 @@ struct Reporting {
     report_at_grant: Arc<Mutex<Option<String>>>,
     /// One report for every grant (a report per session), instead of one per grant.
     shared: Option<LossReport>,
+    /// Every release answers `Unavailable` (its reply was lost: outcome unknown).
+    release_unknown: bool,
 }
 
 impl Reporting {
@@ -69,8 +71,37 @@ impl Backend for Reporting {
     }
 
     async fn release(&self, _: &(), _: &str, _: &str) -> Result<Released> {
+        if self.release_unknown {
+            return Err(distlock_core::Error::new(
+                ErrorKind::Unavailable,
+                "the release got no answer: outcome unknown",
+            ));
+        }
         Ok(Released::Released)
     }
+}
+
+#[tokio::test]
+async fn an_unknown_release_outcome_is_not_held_once_the_hold_was_reported_lost() {
+    let backend = Reporting {
+        release_unknown: true,
+        ..Reporting::default()
+    };
+    let locks = Locks::new(backend.clone());
+    // Still held: an unknown outcome stays Unavailable (the lock may still be on the server).
+    let guard = locks.lock("unknown-held").unwrap().acquire().await.unwrap();
+    let err = guard.release().await.expect_err("an unknown outcome");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    // Reported lost before the release: the caller was told the lock was gone, so NotHeld, with
+    // the loss reason (a cut-off lease that healed finds a successor and cannot tell more).
+    let guard = locks.lock("unknown-lost").unwrap().acquire().await.unwrap();
+    backend.last().report("the lease expired while cut off");
+    let err = guard.release().await.expect_err("lost before the release");
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert!(
+        err.to_string().contains("the lease expired while cut off"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
