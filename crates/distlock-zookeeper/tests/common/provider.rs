@@ -98,13 +98,15 @@ async fn warm_up(url: &str) {
         let locks = Locks::new(backend);
         for i in 0..10 {
             let lock = locks.lock(&format!("warm-up/{round}-{i}")).expect("name");
-            let guard = lock
-                .options()
-                .lease(Duration::from_secs(1))
-                .acquire()
-                .await
-                .expect("warm-up acquire");
-            guard.release().await.expect("warm-up release");
+            // Only the JIT's work matters here: a cold server's grant can arrive after a short
+            // validity window (an ensemble trusts a renewal through a follower for less than the
+            // lease), which is what warming up is for; the suite's steps check the outcomes.
+            match lock.options().lease(Duration::from_secs(1)).acquire().await {
+                Ok(guard) => {
+                    let _ = guard.release().await;
+                }
+                Err(e) => eprintln!("warm-up acquire (not counted): {e}"),
+            }
         }
     }
 }
