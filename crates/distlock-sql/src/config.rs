@@ -192,7 +192,8 @@ impl SqlConfig {
     /// let k = SqlConfig::from_url("postgresql:///db?host=/tmp&key=7,-3")?;
     /// assert_eq!((k.url.as_str(), k.key), ("postgresql:///db?host=/tmp", Some(AdvisoryKey::Pair(7, -3))));
     /// for bad in ["postgres://h/db?mode=bogus", "postgres://h?table=a;b", "postgres://h?key=x",
-    ///             "postgres://h?schema=", "postgres://h?request_timeout=0s"] {
+    ///             "postgres://h?schema=", "postgres://h?request_timeout=0s",
+    ///             "postgres://h?mode=row&key=7", "mysql://h?key=7"] {
     ///     assert_eq!(SqlConfig::from_url(bad).unwrap_err().kind(), distlock_core::ErrorKind::InvalidConfig, "{bad}");
     /// }
     /// // Errors name the engine of the URL's scheme, as the backend's own errors do.
@@ -286,8 +287,29 @@ impl SqlConfig {
                 Some(schema) => check_identifier("schema", schema),
                 None => Ok(()),
             })
+            .and_then(|()| self.check_key())
             .and_then(|()| self.connection.validate());
         checked.map_err(|e| e.with_backend(engine_of(&self.url)))
+    }
+
+    /// `key` picks a PostgreSQL advisory key: refused where nothing would read it, rather than ignored.
+    fn check_key(&self) -> Result<()> {
+        let refuse = |why: &str| {
+            Err(SqlError::Config(format!("URL parameter key: {why}"))
+                .into_core(UNKNOWN_ENGINE, None))
+        };
+        match (self.key, engine_of(&self.url), self.mode) {
+            (None, _, _) => Ok(()),
+            (Some(_), "mysql", _) => refuse(
+                "MariaDB/MySQL has no numeric advisory keys (GET_LOCK takes a name, derived from the lock \
+                 name); remove it",
+            ),
+            (Some(_), _, Mode::Advisory) => Ok(()),
+            (Some(_), _, mode) => refuse(&format!(
+                "a numeric advisory key applies to mode=advisory only, not mode={mode}; remove it or use \
+                 mode=advisory"
+            )),
+        }
     }
 }
 
