@@ -1,6 +1,6 @@
 //! `advisory` mode: `GET_LOCK(advisory_name(name), …)` on a dedicated session held for the guard's life.
 //!
-//! * A try is `GET_LOCK(n, 0)`; a wait is `GET_LOCK(n, 30)` in a task of its own that owns the session,
+//! * A try is `GET_LOCK(n, 0)`; a wait is `GET_LOCK(n, 10)` (10 s slices) in a task of its own that owns the session,
 //!   so a dropped wait future leaves the session whole. `abandon` ends a wait still in the server with
 //!   `KILL QUERY <id>` on the control connection, then collects the session: a wait that won in the
 //!   meantime is released with `RELEASE_LOCK`, so a cancelled wait never takes the lock later.

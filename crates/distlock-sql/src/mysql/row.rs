@@ -8,7 +8,7 @@
 //!   bumping the locked row from another session would wait for it.
 //! * **Try**: a plain read of the lock row and, when missing, `INSERT IGNORE` of it (autocommit), `START TRANSACTION`, `SELECT … FOR UPDATE
 //!   NOWAIT` (busy: error 1205, MySQL 3572, then `ROLLBACK`). **Wait**: the same without `NOWAIT` in a
-//!   task that owns the session, bounded by the session's `innodb_lock_wait_timeout` (30 s slices);
+//!   task that owns the session, bounded by the session's `innodb_lock_wait_timeout` (10 s slices);
 //!   `abandon` ends it with `KILL QUERY` and rolls back. Probes and the loss deadline are the advisory
 //!   mode's (`SELECT CONNECTION_ID(), @@in_transaction`).
 
