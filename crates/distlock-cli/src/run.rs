@@ -15,10 +15,12 @@ use crate::exit::{self, Code, Failure};
 /// Runs `distlock run`; `Ok` is the exit code to use.
 pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     // Everything the user typed is checked before any lock is touched.
-    LockOptions::default()
-        .with_lease(args.lease)
-        .validate()
-        .map_err(|e| Failure::new(Code::Usage, format!("invalid --lease: {}", e.message())))?;
+    if let Some(lease) = args.lease {
+        LockOptions::default()
+            .with_lease(lease)
+            .validate()
+            .map_err(|e| Failure::new(Code::Usage, format!("invalid --lease: {}", e.message())))?;
+    }
     distlock_core::name::validate(&args.name)?;
     let Some((program, program_args)) = args.command.split_first() else {
         return Err(Failure::new(
@@ -242,9 +244,13 @@ fn kind_failure(error: distlock::Error, args: &RunArgs) -> Failure {
 async fn acquire(
     lock: &Lock,
     wait: Option<Duration>,
-    lease: Duration,
+    lease: Option<Duration>,
 ) -> distlock::Result<Option<LockGuard>> {
-    let options = lock.options().lease(lease);
+    // Without --lease, the connection's default: the URL's `?lease=`, else the engine's.
+    let mut options = lock.options();
+    if let Some(lease) = lease {
+        options = options.lease(lease);
+    }
     match wait {
         Some(limit) if limit.is_zero() => options.try_acquire().await,
         Some(limit) => options.wait(limit).acquire().await.map(Some),
