@@ -36,6 +36,29 @@ pub enum Command {
     /// engine's own round trip and a bare-client baseline.
     #[command(long_about = distlock_bench::ABOUT)]
     Bench(BenchArgs),
+    /// Print the man page of distlock, or of one subcommand (roff: `distlock man > distlock.1`,
+    /// `distlock man run > distlock-run.1`).
+    Man(ManArgs),
+    /// Print the completion script for a shell (bash: `distlock completions bash >
+    /// /etc/bash_completion.d/distlock`; zsh: into a directory of $fpath as `_distlock`; fish: into
+    /// ~/.config/fish/completions/distlock.fish).
+    Completions(CompletionsArgs),
+}
+
+/// `distlock man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// The subcommand whose page to print (run, status, bench, …); without it, distlock's own page.
+    #[arg(value_name = "SUBCOMMAND")]
+    pub subcommand: Option<String>,
+}
+
+/// `distlock completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
 }
 
 const URL_HELP: &str = "Lock service URL (file:///dir, redis://host:port, …). Default: $DISTLOCK_URL, else \
@@ -75,9 +98,10 @@ pub struct RunArgs {
     /// Do not wait: exit 75 if the lock is held elsewhere (the same as --wait 0).
     #[arg(long)]
     pub no_wait: bool,
-    /// The lease on the server, renewed every third of it while the command runs.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
-    pub lease: Duration,
+    /// The lease on the server, renewed every third of it while the command runs. Default: the URL's
+    /// ?lease=, else the engine's own (30 s; ZooKeeper: the session timeout; etcd: the session TTL).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub lease: Option<Duration>,
     /// What to do with the command and every process it started if the lock is lost: SIGTERM (then
     /// SIGKILL after --grace), SIGKILL at once, or let it finish. distlock exits 76 in every case.
     #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnLost::Term)]
@@ -248,7 +272,7 @@ mod tests {
             panic!("run")
         };
         assert_eq!(run.wait, Some(Duration::from_millis(500)));
-        assert_eq!(run.lease, Duration::from_secs(30));
+        assert_eq!(run.lease, None);
         assert_eq!(run.grace, Duration::from_secs(10));
         assert_eq!(run.on_lost, OnLost::Term);
         assert_eq!(run.command, ["true"]);
@@ -263,7 +287,7 @@ mod tests {
             panic!("run")
         };
         assert_eq!(run.command, ["sh", "-c", "--lease"]);
-        assert_eq!(run.lease, Duration::from_secs(30));
+        assert_eq!(run.lease, None);
     }
 
     #[test]

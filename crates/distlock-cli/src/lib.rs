@@ -1,6 +1,7 @@
 //! The `distlock` command-line tool: `distlock run NAME -- CMD…` runs a command while holding a lock
 //! (like flock(1), across machines); `distlock status NAME` shows who holds it; `distlock bench`
-//! measures a lock service.
+//! measures a lock service; `distlock man` and `distlock completions SHELL` print the man pages and
+//! completion scripts.
 //!
 //! The binary is a thin `main`; this library holds the command so its pieces (the exit-code table,
 //! argument parsing) can be tested and shown in `--help` from one place.
@@ -9,6 +10,7 @@ pub mod bench;
 pub mod child;
 pub mod cli;
 pub mod exit;
+pub mod reference;
 pub mod run;
 pub mod status;
 pub mod supervisor;
@@ -45,6 +47,13 @@ pub fn main_exit_code() -> i32 {
             cli::Command::Run(args) => run::run(args).await,
             cli::Command::Status(args) => status::status(args).await,
             cli::Command::Bench(args) => bench::bench(args).await,
+            cli::Command::Man(args) => {
+                reference::man(args.subcommand.as_deref(), &mut std::io::stdout().lock())
+                    .map(|()| 0)
+            }
+            cli::Command::Completions(args) => {
+                reference::completions(args.shell, &mut std::io::stdout().lock()).map(|()| 0)
+            }
         }
     });
     // Nothing is left to finish (the lock was released explicitly); do not wait for stray blocking
