@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What CI runs (.ci/run) and what a developer runs before pushing: setup, then formatting, the whole
-# workspace's tests against real servers (one nextest run), doctests, and clippy. Every step runs
-# even if an earlier one failed, so one run reports everything; the exit status is non-zero if any failed.
+# workspace's tests against real servers (one nextest run), doctests, clippy and the API docs. Every
+# step runs even if an earlier one failed, so one run reports everything; the exit status is non-zero
+# if any failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -64,10 +65,12 @@ step tests cargo nextest run --workspace --all-features --no-fail-fast --profile
 step doctests cargo test --workspace --doc --all-features
 step examples cargo run -q -p distlock --all-features --example basic
 step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
+# The API docs build without a warning (a broken or private link, a missing doc on a published crate).
+step docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --lib
 
 echo
 if [ "${#failed[@]}" -eq 0 ]; then
-    echo "test.sh: ALL PASSED (fmt, first-command, tests, doctests, examples, clippy) in ${SECONDS}s"
+    echo "test.sh: ALL PASSED (fmt, first-command, tests, doctests, examples, clippy, docs) in ${SECONDS}s"
 else
     echo "test.sh: FAILED: ${failed[*]} (after ${SECONDS}s)"
     exit 1

@@ -43,7 +43,7 @@ const ACQUIRE_WAIT: Duration = Duration::from_secs(30);
 pub struct HoldSection {
     pub locks: usize,
     pub lease_ms: f64,
-    /// How long acquiring every lock took, with [`CONCURRENCY`] acquires in flight.
+    /// How long acquiring every lock took, with `CONCURRENCY` acquires in flight.
     pub acquire_s: f64,
     pub acquire_concurrency: usize,
     /// The measured hold, from the last grant to the state check.

@@ -5,7 +5,7 @@
 //! The measuring is generic over [`distlock::Locks`]; only the baselines know their engine.
 //!
 //! This crate is the library behind the `distlock bench` subcommand of `distlock-cli`: the command
-//! parses [`Options`] (a `clap::Args`), resolves the lock URL, calls [`bench`] and prints the
+//! parses [`Options`] (a `clap::Args`), resolves the lock URL, calls [`bench()`] and prints the
 //! [`Report`] ([`render`] for people, [`Report::to_json`] for scripts).
 
 mod cpu;

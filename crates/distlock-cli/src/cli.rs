@@ -90,6 +90,7 @@ job; fg resumes it.";
     after_help = exit::help_table()
 )]
 pub struct RunArgs {
+    /// `--url`: the lock service (else `$DISTLOCK_URL`, else the per-user file backend).
     #[arg(long, value_name = "URL", help = URL_HELP)]
     pub url: Option<String>,
     /// Wait at most this long for the lock (500ms, 10s, 2m), then exit 124. Default: wait forever.
@@ -135,6 +136,7 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 #[command(after_help = exit::help_table())]
 pub struct StatusArgs {
+    /// `--url`: the lock service (else `$DISTLOCK_URL`, else the per-user file backend).
     #[arg(long, value_name = "URL", help = URL_HELP)]
     pub url: Option<String>,
     /// The lock name.
@@ -146,8 +148,10 @@ pub struct StatusArgs {
 #[derive(Debug, Args)]
 #[command(after_help = exit::help_table())]
 pub struct BenchArgs {
+    /// `--url`: the lock service (else `$DISTLOCK_URL`, else the per-user file backend).
     #[arg(long, value_name = "URL", help = URL_HELP)]
     pub url: Option<String>,
+    /// The benchmark's own flags.
     #[command(flatten)]
     pub options: distlock_bench::Options,
 }

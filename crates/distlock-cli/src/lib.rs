@@ -6,6 +6,7 @@
 //! The binary is a thin `main`; this library holds the command so its pieces (the exit-code table,
 //! argument parsing) can be tested and shown in `--help` from one place.
 
+#![deny(missing_docs)]
 pub mod bench;
 pub mod child;
 pub mod cli;

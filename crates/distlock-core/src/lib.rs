@@ -21,6 +21,7 @@
 //! Cargo feature `testing` (off by default; the testkit turns it on): fault-injection hooks on
 //! [`MemoryBackend`] (`freeze`, `delay_renewals`, …), `memory://…?freeze_after=`, and a simulated
 //! suspend of the machine (`clock::testing::suspend`).
+#![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
 mod capabilities;

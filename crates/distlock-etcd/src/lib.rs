@@ -33,6 +33,7 @@
 //!   transaction as the holder read) before the lock is reported held (etcd issue 11456); release deletes
 //!   the own key only while its create_revision matches (22082); a waiter whose session dies stops with
 //!   an error (19597); a cancelled acquire deletes its queued key.
+#![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
 mod acquire;

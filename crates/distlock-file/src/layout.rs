@@ -262,6 +262,8 @@ fn escaped(b: u8) -> [u8; 3] {
     [b'%', HEX[(b >> 4) as usize], HEX[(b & 0xF) as usize]]
 }
 
+/// What a lock file (or a semaphore's slot file) says: the name's fencing counter and, while someone
+/// holds it, who (the `key=value` lines described in the module docs).
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Record {

@@ -89,6 +89,7 @@
 //! # Ok(())
 //! # }
 //! ```
+#![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
 mod acquire;

@@ -33,6 +33,7 @@
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
+#![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
 mod acquire;

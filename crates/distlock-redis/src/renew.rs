@@ -19,7 +19,7 @@ use crate::rpc::{int, request_error, server_error};
 use crate::RedisBackend;
 
 /// The most renewals sent in one pipeline: a larger group goes as several, back to back on the same
-/// connection (see [`RedisBackend::renew_group`]). 512 renew calls are ≈ 90 KB on the wire.
+/// connection (see `RedisBackend::renew_group`). 512 renew calls are ≈ 90 KB on the wire.
 pub const RENEWALS_PER_PIPELINE: usize = 512;
 
 /// Outcomes of one group of renewals.

@@ -17,6 +17,7 @@
 //!   version is the fencing token; works through transaction-pooling proxies.
 //!
 //! Every mode mints a fencing token: a per-name counter committed before the grant is reported.
+#![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
 mod config;

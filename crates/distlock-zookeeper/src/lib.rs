@@ -28,6 +28,7 @@
 //!   `SharedCount` writes it; token: the lease node's czxid, permit id: its name. A session's end frees
 //!   a reader or a permit; a semaphore and a mutex or read-write lock of one name refuse each other
 //!   (`KindConflict`). See [`layout`] and docs/DESIGN.md.
+#![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
 mod acquire;

@@ -50,6 +50,7 @@
 //! Cargo feature `testing` (off by default; for tests only) adds fault-injection hooks: `freeze`,
 //! `delay_renewals` and friends on [`memory::MemoryBackend`], `memory://…?freeze_after=`, and the test
 //! hooks of the Redis and etcd backends.
+#![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
 mod connect;

@@ -93,7 +93,7 @@ impl RedlockBackend {
     /// node at once and fails with `Unavailable` unless a quorum answers (a wrong password anywhere
     /// fails with `PermissionDenied`); nodes down now are retried on every request. Then refuses
     /// (`InvalidConfig`) two listed nodes that are one server (see
-    /// [`check_distinct_servers`](Self::check_distinct_servers)).
+    /// `check_distinct_servers`).
     pub async fn from_config(config: RedlockConfig) -> Result<Self> {
         config.validate()?;
         let nodes = config.nodes.iter().map(|n| Node::new(n, &config)).collect();

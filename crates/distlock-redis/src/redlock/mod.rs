@@ -3,7 +3,7 @@
 //! rslock do, on their layout (see [`layout`]), so their clients and distlock exclude each other.
 //!
 //! * **Acquire** sends the acquire script to every node in parallel, each node on its own connection
-//!   (`conn.rs`'s [`Link`](crate::conn) per node) bounded by `node_timeout`, succeeds on a quorum
+//!   (`conn.rs`'s `Link` per node) bounded by `node_timeout`, succeeds on a quorum
 //!   arriving before the core's validity deadline, else releases on every node and retries after a
 //!   jittered backoff bounded by the Q-th smallest pttl (no notification across independent nodes).
 //! * **Renewal** needs a quorum; **release** goes to every node.

@@ -2,7 +2,7 @@
 //! self-test `servers_die_with_a_sigkilled_test_process` SIGKILLs it and checks that its servers die
 //! with it (PR_SET_PDEATHSIG from the testkit's long-lived spawner thread).
 //!
-//! Usage: `testkit-server-holder PIDFILE` — writes "<redis pid> <nobody sleep pid>" to PIDFILE.
+//! Usage: `testkit-server-holder PIDFILE` — writes "REDIS_PID NOBODY_SLEEP_PID" to PIDFILE.
 
 use std::sync::Arc;
 use std::time::Duration;
