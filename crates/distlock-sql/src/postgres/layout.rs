@@ -305,12 +305,7 @@ impl Tables {
     /// use) stops at its first slot.
     ///
     /// `probe` is [`probe_columns`], the row's last three columns.
-    pub(crate) fn try_permit(
-        &self,
-        key: AdvisoryKey,
-        first_slot: AdvisoryKey,
-        probe: &str,
-    ) -> String {
+    pub(crate) fn try_permit(&self, key: AdvisoryKey, first_slot: AdvisoryKey, probe: &str) -> String {
         let (a, b) = pair(first_slot);
         format!(
             "WITH g AS (SELECT lim.stored, CASE WHEN lim.stored = $2 THEN \
@@ -466,7 +461,8 @@ pub(crate) fn probe_columns(ttl_ms: u64) -> String {
 }
 
 /// [`RESET_BOUND`] as select-list columns, for a release's unlock statement.
-pub(crate) const RESET_BOUND_COLUMNS: &str = "set_config('idle_session_timeout', '0', false), \
+pub(crate) const RESET_BOUND_COLUMNS: &str =
+    "set_config('idle_session_timeout', '0', false), \
      set_config('idle_in_transaction_session_timeout', '0', false)";
 
 /// Appended to a release that leaves the session clean, before the connection is reused: the idle
