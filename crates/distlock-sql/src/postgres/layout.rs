@@ -251,37 +251,14 @@ impl Tables {
     /// answer). Returns one row: whether it got the lock, and the new token (`NULL` when busy). A
     /// session advisory lock ignores transactions, so the lock stays if the bump fails: the caller
     /// closes the connection then.
-    /// `probe` is [`probe_columns`], the row's last three columns.
-    pub(crate) fn try_lock_and_next_token(&self, key: AdvisoryKey, probe: &str) -> String {
+    pub(crate) fn try_lock_and_next_token(&self, key: AdvisoryKey) -> String {
         let lock = advisory_call(key, "pg_try_advisory_lock");
         format!(
             "WITH l AS (SELECT {lock} AS got), \
              t AS (INSERT INTO {fence} AS f (name, token) SELECT $1, 1 FROM l WHERE l.got \
              ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token) \
-             SELECT l.got, (SELECT token FROM t), {probe} FROM l",
+             SELECT l.got, (SELECT token FROM t) FROM l",
             fence = self.fence
-        )
-    }
-
-    /// A read lock's try: `pg_try_advisory_lock_shared` of `key` and the probe ([`probe_columns`]) in
-    /// one statement. The last write's token and the kind check are read by
-    /// [`read_grant`](Self::read_grant), a statement of its own (pipelined behind this one), so its
-    /// snapshot is taken after the lock is granted.
-    pub(crate) fn try_lock_shared(key: AdvisoryKey, probe: &str) -> String {
-        format!(
-            "SELECT {}, {probe}",
-            advisory_call(key, "pg_try_advisory_lock_shared")
-        )
-    }
-
-    /// What a read grant reads once its lock is granted: the last token minted for `$1` (the last write
-    /// grant's) and the semaphore limit stored for `$1`, if any (a name that is a semaphore is no read
-    /// lock). Both tables in one statement: where the limit table is missing, the caller reads the
-    /// token alone ([`last_token`](Self::last_token)).
-    pub(crate) fn read_grant(&self) -> String {
-        format!(
-            "SELECT (SELECT token FROM {} WHERE name = $1), (SELECT permits FROM {} WHERE name = $1)",
-            self.fence, self.limit
         )
     }
 
@@ -303,9 +280,7 @@ impl Tables {
     /// when the limit differs), and the new token. `CASE` and `COALESCE` evaluate only what they need,
     /// so nothing is locked unless the limit agrees, and the slot subquery (an init plan, run on first
     /// use) stops at its first slot.
-    ///
-    /// `probe` is [`probe_columns`], the row's last three columns.
-    pub(crate) fn try_permit(&self, key: AdvisoryKey, first_slot: AdvisoryKey, probe: &str) -> String {
+    pub(crate) fn try_permit(&self, key: AdvisoryKey, first_slot: AdvisoryKey) -> String {
         let (a, b) = pair(first_slot);
         format!(
             "WITH g AS (SELECT lim.stored, CASE WHEN lim.stored = $2 THEN \
@@ -316,7 +291,7 @@ impl Tables {
                FROM (SELECT (SELECT permits FROM {limit} WHERE name = $1) AS stored) AS lim), \
              t AS (INSERT INTO {fence} AS f (name, token) SELECT $1, 1 FROM g WHERE g.slot >= 0 \
                ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token) \
-             SELECT g.stored, g.slot, (SELECT token FROM t), {probe} FROM g",
+             SELECT g.stored, g.slot, (SELECT token FROM t) FROM g",
             shared = advisory_call(key, "pg_try_advisory_lock_shared"),
             unshare = advisory_call(key, "pg_advisory_unlock_shared"),
             limit = self.limit,
@@ -340,11 +315,10 @@ impl Tables {
     }
 
     /// A permit's release: its slot's key and the name's shared key, and a wake-up for waiters
-    /// (`NOTIFY`, with `$1`, the name, as payload; sent at the statement's commit, after the unlocks),
-    /// and the idle bounds back to off ([`RESET_BOUND_COLUMNS`]) for the connection's next user.
+    /// (`NOTIFY`, with `$1`, the name, as payload; sent at the statement's commit, after the unlocks).
     pub(crate) fn release_permit(&self, key: AdvisoryKey, slot: AdvisoryKey) -> String {
         format!(
-            "SELECT {}, {}, pg_notify('{}', $1), {RESET_BOUND_COLUMNS}",
+            "SELECT {}, {}, pg_notify('{}', $1)",
             advisory_call(slot, "pg_advisory_unlock"),
             advisory_call(key, "pg_advisory_unlock_shared"),
             self.channel
@@ -448,22 +422,6 @@ pub(crate) fn session_bound(ttl_ms: u64) -> String {
          SELECT pg_backend_pid()"
     )
 }
-
-/// The probe of [`session_bound`] as select-list columns (two `set_config` results, then
-/// `pg_backend_pid()`), for the lock statements of a grant: the bound is set and the pid read by the
-/// statement that takes the lock, one statement where the probe alone is three (a try's server work is
-/// mostly per statement).
-pub(crate) fn probe_columns(ttl_ms: u64) -> String {
-    format!(
-        "set_config('idle_session_timeout', '{ttl_ms}', false), \
-         set_config('idle_in_transaction_session_timeout', '{ttl_ms}', false), pg_backend_pid()"
-    )
-}
-
-/// [`RESET_BOUND`] as select-list columns, for a release's unlock statement.
-pub(crate) const RESET_BOUND_COLUMNS: &str =
-    "set_config('idle_session_timeout', '0', false), \
-     set_config('idle_in_transaction_session_timeout', '0', false)";
 
 /// Appended to a release that leaves the session clean, before the connection is reused: the idle
 /// bounds back to off (not `RESET`, which would restore the server's or role's default, whatever it is).

@@ -2,7 +2,7 @@
 //! name's key shared, both held by a dedicated connection's session for the life of the guard, as a
 //! session lock is (same connection handling, idle bound, probe, renewal and abandon as `session.rs`).
 //!
-//! **Try** (one statement, the probe's columns in it, [`Tables::try_permit`]): if the stored limit
+//! **Try** (one round trip: the probe and one statement, [`Tables::try_permit`]): if the stored limit
 //! is the one asked for, the name's key shared, then the first free slot, then the fencing counter's
 //! bump, committed before the answer. No limit stored yet: the name's key exclusive and the limit row
 //! (once per name, [`Tables::store_limit`]), then the try again. Another limit: `LimitMismatch`, nothing
@@ -83,20 +83,21 @@ pub(crate) async fn try_acquire(
     let mut stored_now = false;
     loop {
         let conn = session::conn_of(session)?;
-        let sql = inner
-            .tables
-            .try_permit(key, first_slot, &session::probe_columns(request.lease)?);
-        let answered = Conn::bounded(
-            "taking a permit",
-            bound,
-            conn.client
-                .query_typed_one(&sql, &[(&name, Type::TEXT), (&requested, Type::INT4)]),
+        let sql = inner.tables.try_permit(key, first_slot);
+        let (probed, answered) = futures_util::future::join(
+            session::probe(conn, request.lease, bound, conn.pid, None),
+            Conn::bounded(
+                "taking a permit",
+                bound,
+                conn.client
+                    .query_typed_one(&sql, &[(&name, Type::TEXT), (&requested, Type::INT4)]),
+            ),
         )
         .await;
         // On an error the session may hold a slot and the key: `clean` stays false, so the abandon
         // unlocks everything of the session before it closes the connection.
+        probed?;
         let row = answered.map_err(|e| limit_table_error(inner, e))?;
-        session::check_pid_column(&row, 5, conn.pid)?;
         match outcome(&row, name, limit)? {
             Outcome::Granted(slot, token) => {
                 let Some(conn) = session.conn.take() else {

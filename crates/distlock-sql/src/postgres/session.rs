@@ -103,17 +103,6 @@ fn ttl_ms(ttl: Duration) -> u64 {
 
 /// The statements that set the session's idle bound to `ttl` and read `pg_backend_pid()`.
 fn bound_sql(ttl: Duration) -> Result<String, SqlError> {
-    Ok(layout::session_bound(bound_ms(ttl)?))
-}
-
-/// The same probe as columns of a grant's lock statement ([`layout::probe_columns`]); the pid is read
-/// back by [`check_pid_column`].
-pub(super) fn probe_columns(ttl: Duration) -> Result<String, SqlError> {
-    Ok(layout::probe_columns(bound_ms(ttl)?))
-}
-
-/// The idle bound of a lease of `ttl`, in ms, if the server can keep it.
-fn bound_ms(ttl: Duration) -> Result<u64, SqlError> {
     let ms = ttl_ms(ttl);
     if ms > i32::MAX as u64 {
         // The server refuses a longer idle bound, so it could not end a cut-off holder's session.
@@ -124,7 +113,7 @@ fn bound_ms(ttl: Duration) -> Result<u64, SqlError> {
             i32::MAX
         )));
     }
-    Ok(ms)
+    Ok(layout::session_bound(ms))
 }
 
 /// Reads the answer of [`bound_sql`] (plus what followed it): refuses another pid than `expected`,
@@ -135,23 +124,8 @@ fn check_pid(messages: &[SimpleQueryMessage], expected: i32) -> Result<Option<St
         _ => None,
     });
     let pid = rows.next().flatten().and_then(|p| p.parse::<i32>().ok());
-    same_pid(pid, expected)?;
-    Ok(rows.next().flatten())
-}
-
-/// Reads the pid of [`probe_columns`] from column `index` of a grant's row: refuses another pid than
-/// `expected`.
-pub(super) fn check_pid_column(
-    row: &tokio_postgres::Row,
-    index: usize,
-    expected: i32,
-) -> Result<(), SqlError> {
-    same_pid(row.try_get::<_, i32>(index).ok(), expected)
-}
-
-fn same_pid(pid: Option<i32>, expected: i32) -> Result<(), SqlError> {
     match pid {
-        Some(pid) if pid == expected => Ok(()),
+        Some(pid) if pid == expected => Ok(rows.next().flatten()),
         Some(pid) => Err(SqlError::SessionChanged(format!(
             "pg_backend_pid() changed from {expected} to {pid} on one connection: a transaction pooler \
              (PgBouncer in transaction mode) sits between distlock and PostgreSQL, so session locks are not \
@@ -264,26 +238,22 @@ pub(crate) async fn try_acquire(
             token?
         }
         (_, Some(key)) if shared => {
-            // The try with the probe, then (pipelined, so read after the lock is granted) the last
-            // write's token and the kind check; the second is wasted when the lock is busy.
-            let sql = layout::Tables::try_lock_shared(key, &probe_columns(lease)?);
-            let read = inner.tables.read_grant();
-            let (locked, read) = futures_util::future::join(
+            // The try, then (pipelined, so read after the lock is granted) the last write's token
+            // and the kind check; the last two are wasted when the lock is busy.
+            let sql = layout::advisory(key, "pg_try_advisory_lock_shared");
+            let (probed, locked, token, limit) = futures_util::future::join4(
+                probe(conn, lease, bound, conn.pid, None),
                 Conn::bounded(
                     "pg_try_advisory_lock_shared",
                     bound,
                     conn.client.query_typed_one(&sql, &[]),
                 ),
-                Conn::bounded(
-                    "reading the fencing counter and the semaphore limit",
-                    bound,
-                    conn.client.query_typed_one(&read, &[(&name, Type::TEXT)]),
-                ),
+                read_token(inner, conn, name),
+                stored_limit(inner, conn, name, true),
             )
             .await;
-            let locked = locked?;
-            check_pid_column(&locked, 3, conn.pid)?;
-            let got: bool = locked.try_get(0).map_err(|e| {
+            probed?;
+            let got: bool = locked?.try_get(0).map_err(|e| {
                 SqlError::Protocol(format!("pg_try_advisory_lock_shared returned {e}"))
             })?;
             if !got {
@@ -291,33 +261,24 @@ pub(crate) async fn try_acquire(
                 return Ok(Attempt::Busy { retry_after: None });
             }
             // Held shared from here: a refusal leaves it to the abandon, which unlocks it.
-            match read {
-                Ok(row) => {
-                    let protocol = |e| SqlError::Protocol(format!("the read grant returned {e}"));
-                    let limit: Option<i32> = row.try_get(1).map_err(protocol)?;
-                    refuse_semaphore(inner, name, limit)?;
-                    let token: Option<i64> = row.try_get(0).map_err(protocol)?;
-                    reader_token(token.unwrap_or(0), name)?
-                }
-                // No limit table (a role that could not create it): no name is a semaphore.
-                Err(SqlError::TableShape(_)) => read_token(inner, conn, name).await?,
-                Err(e) => return Err(e),
-            }
+            refuse_semaphore(inner, name, limit?)?;
+            token?
         }
         (_, Some(key)) => {
-            let sql = inner
-                .tables
-                .try_lock_and_next_token(key, &probe_columns(lease)?);
-            let locked = Conn::bounded(
-                "pg_try_advisory_lock",
-                bound,
-                conn.client.query_typed_one(&sql, &[(&name, Type::TEXT)]),
+            let sql = inner.tables.try_lock_and_next_token(key);
+            let (probed, locked) = futures_util::future::join(
+                probe(conn, lease, bound, conn.pid, None),
+                Conn::bounded(
+                    "pg_try_advisory_lock",
+                    bound,
+                    conn.client.query_typed_one(&sql, &[(&name, Type::TEXT)]),
+                ),
             )
             .await;
             // On an error the connection may hold the lock: the core abandons the acquire, which
             // closes it (`clean` stays false).
+            probed?;
             let row = locked?;
-            check_pid_column(&row, 4, conn.pid)?;
             let got: bool = row
                 .try_get(0)
                 .map_err(|e| SqlError::Protocol(format!("pg_try_advisory_lock returned {e}")))?;
@@ -453,11 +414,6 @@ async fn read_token(inner: &Inner, conn: &Conn, name: &str) -> Result<FencingTok
             .map_err(|e| SqlError::Protocol(format!("the fencing counter returned {e}")))?,
         None => 0,
     };
-    reader_token(token, name)
-}
-
-/// The counter as a reader's token (0: the name was never written).
-fn reader_token(token: i64, name: &str) -> Result<FencingToken, SqlError> {
     u64::try_from(token)
         .map(FencingToken::new)
         .map_err(|_| SqlError::Protocol(format!("the fencing counter of {name:?} is {token}")))
@@ -745,9 +701,8 @@ pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Re
         Hold::Permit { key, slot } => release_permit(inner, &conn, key, slot, name).await,
         hold => {
             let sql = match hold {
-                // The unlock and the idle bound's reset, one statement.
                 Hold::Advisory { key, shared } => format!(
-                    "{}, {}",
+                    "{}; {}",
                     layout::advisory(
                         key,
                         if shared {
@@ -756,7 +711,7 @@ pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Re
                             "pg_advisory_unlock"
                         }
                     ),
-                    layout::RESET_BOUND_COLUMNS
+                    layout::RESET_BOUND
                 ),
                 _ => format!("ROLLBACK; {}", layout::RESET_BOUND),
             };
@@ -819,8 +774,8 @@ pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Re
     }
 }
 
-/// A permit's release: both keys, the wake-up and the idle bound's reset in one statement. Whether
-/// the slot was this session's.
+/// A permit's release: both keys and the wake-up in one statement, the idle bound's reset pipelined
+/// behind it. Whether the slot was this session's.
 async fn release_permit(
     inner: &Inner,
     conn: &Conn,
@@ -829,12 +784,21 @@ async fn release_permit(
     name: &str,
 ) -> Result<bool, SqlError> {
     let sql = inner.tables.release_permit(key, slot);
-    let row = Conn::bounded(
-        "releasing",
-        inner.request_timeout(),
-        conn.client.query_typed_one(&sql, &[(&name, Type::TEXT)]),
+    let (released, reset) = futures_util::future::join(
+        Conn::bounded(
+            "releasing",
+            inner.request_timeout(),
+            conn.client.query_typed_one(&sql, &[(&name, Type::TEXT)]),
+        ),
+        Conn::bounded(
+            "releasing",
+            inner.request_timeout(),
+            conn.client.batch_execute(layout::RESET_BOUND),
+        ),
     )
-    .await?;
+    .await;
+    let row = released?;
+    reset?;
     let protocol = |e| SqlError::Protocol(format!("the permit's release returned {e}"));
     let slot_unlocked: bool = row.try_get(0).map_err(protocol)?;
     let key_unlocked: bool = row.try_get(1).map_err(protocol)?;
