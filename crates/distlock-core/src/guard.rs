@@ -771,21 +771,6 @@ impl Holding {
                 kind,
                 name,
             )),
-            // The hold was reported Lost before the release began: whatever the release did on the
-            // server, the caller was already told the lock was gone, so an unknown outcome is NotHeld
-            // (a lease cut off and healed can find a successor at another version, and cannot tell
-            // whether its own release or the expiry came first).
-            Err(e) if lost_before && e.kind() == ErrorKind::Unavailable => Err(tag(
-                Error::new(
-                    ErrorKind::NotHeld,
-                    format!(
-                        "the lock was no longer held at release: {}; the release itself: {e}",
-                        lost.as_deref().unwrap_or("lost")
-                    ),
-                ),
-                kind,
-                name,
-            )),
             Err(e) => Err(tag(e, kind, name)),
         }
     }

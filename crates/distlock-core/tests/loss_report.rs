@@ -81,27 +81,25 @@ impl Backend for Reporting {
     }
 }
 
+/// A release whose outcome is unknown stays `Unavailable` even when the hold was already reported
+/// lost: the server may still hold it (a client-side deadline passes before the server's expiry), so
+/// `NotHeld`, a definite answer, would be false. (A core rule that turned it into `NotHeld` was tried
+/// and reverted: a deadline passing during the release made `distlock run` exit 76 for a command that
+/// ran under the lock.)
 #[tokio::test]
-async fn an_unknown_release_outcome_is_not_held_once_the_hold_was_reported_lost() {
+async fn an_unknown_release_outcome_stays_unavailable_even_after_a_reported_loss() {
     let backend = Reporting {
         release_unknown: true,
         ..Reporting::default()
     };
     let locks = Locks::new(backend.clone());
-    // Still held: an unknown outcome stays Unavailable (the lock may still be on the server).
     let guard = locks.lock("unknown-held").unwrap().acquire().await.unwrap();
     let err = guard.release().await.expect_err("an unknown outcome");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    // Reported lost before the release: the caller was told the lock was gone, so NotHeld, with
-    // the loss reason (a cut-off lease that healed finds a successor and cannot tell more).
     let guard = locks.lock("unknown-lost").unwrap().acquire().await.unwrap();
     backend.last().report("the lease expired while cut off");
     let err = guard.release().await.expect_err("lost before the release");
-    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
-    assert!(
-        err.to_string().contains("the lease expired while cut off"),
-        "{err}"
-    );
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 //! proxies (`LISTEN` then needs a session: without one, waiters fall back to the expiry hint).
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, RenewalId, Renewed};
 use distlock_core::FencingToken;
@@ -28,10 +28,52 @@ pub(crate) struct Acquiring {
     wakeups: Option<broadcast::Receiver<String>>,
 }
 
-/// A held lease: its version (the token).
+/// A held lease: its version (the token), and a local upper bound of when the database expires it.
 #[derive(Debug)]
 pub(crate) struct Held {
     version: i64,
+    /// No later than this the lease has expired on the database: the reply of the last statement that
+    /// set `expires_at = now() + ttl` (the grant or a renewal) came after the database read `now()`, so
+    /// reply time + ttl is at or after the database's expiry, up to the two clocks' rate difference
+    /// ([`CLOCK_RATE_SLACK`]). A release sent after it cannot have cleared the lease (the update skips
+    /// an expired one), which settles what a resend finds.
+    expired_by: std::sync::Mutex<Instant>,
+}
+
+/// The most the database's clock may run slower than ours over one lease (1,000 ppm, twice what NTP
+/// lets a clock slew), plus a fixed 5 ms.
+const CLOCK_RATE_SLACK: (u32, Duration) = (1_000, Duration::from_millis(5));
+
+impl Held {
+    fn new(version: i64, ttl: Duration) -> Self {
+        Held {
+            version,
+            expired_by: std::sync::Mutex::new(expiry_bound(ttl)),
+        }
+    }
+
+    /// A renewal of `ttl` was confirmed just now.
+    fn extended(&self, ttl: Duration) {
+        let bound = expiry_bound(ttl);
+        let mut expired_by = self
+            .expired_by
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *expired_by = (*expired_by).max(bound);
+    }
+
+    fn expired_by(&self) -> Instant {
+        *self
+            .expired_by
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Now (a reply just came) + `ttl` + the clocks' slack.
+fn expiry_bound(ttl: Duration) -> Instant {
+    let (ppm, fixed) = CLOCK_RATE_SLACK;
+    Instant::now() + ttl + ttl / (1_000_000 / ppm) + fixed
 }
 
 fn ms(d: Duration) -> i64 {
@@ -92,7 +134,7 @@ pub(crate) async fn try_acquire(
                 SqlError::Protocol(format!("the lease version of {name:?} is {version}"))
             })?;
         return Ok(Attempt::Acquired(
-            Grant::new(PgLease(LeaseKind::Lease(Held { version })))
+            Grant::new(PgLease(LeaseKind::Lease(Held::new(version, request.lease))))
                 .with_token(token)
                 .with_ttl(request.lease),
         ));
@@ -217,8 +259,9 @@ pub(crate) async fn renew(
             let alive: HashSet<String> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
             batch
                 .iter()
-                .map(|(entry, _)| {
+                .map(|(entry, held)| {
                     let outcome = if alive.contains(entry.name) {
+                        held.extended(entry.ttl);
                         Renewed::Extended { ttl: entry.ttl }
                     } else {
                         Renewed::Gone {
@@ -254,18 +297,21 @@ pub(crate) async fn renew(
 /// sent on a control connection that broke (a reset link, or no answer within the bound) is sent once
 /// more on a new one: the update is conditional on owner and version, so sending it twice is harmless,
 /// and the resend reads what the first one did: the owner cleared at our version is our release
-/// (`Released`); our lease expired is `NotHeld`; another version (taken over after our release or after
-/// expiry, which cannot be told apart) is `Unavailable`, outcome unknown, never `NotHeld`.
+/// (`Released`); our lease expired is `NotHeld`; another version is `NotHeld` when the first release
+/// was sent after [`Held::expired_by`] (it found the lease expired, so it cleared nothing and the
+/// takeover came after the expiry), else `Unavailable`, outcome unknown (taken over after our release
+/// or after the expiry, which cannot be told apart), never `NotHeld`.
 pub(crate) async fn release(
     inner: &Inner,
     held: &Held,
     name: &str,
     owner: &str,
 ) -> Result<Released, SqlError> {
-    match release_once(inner, held, name, owner, false).await {
+    let sent_after_expiry = Instant::now() > held.expired_by();
+    match release_once(inner, held, name, owner, None).await {
         Err(e) if conn::connection_closed(&e) || matches!(e, SqlError::Timeout { .. }) => {
             tracing::debug!(lock = %name, error = %e, "the release got no answer; sending it again");
-            release_once(inner, held, name, owner, true).await
+            release_once(inner, held, name, owner, Some(sent_after_expiry)).await
         }
         released => released,
     }
@@ -276,7 +322,8 @@ async fn release_once(
     held: &Held,
     name: &str,
     owner: &str,
-    resent: bool,
+    // A resend: whether the first release was sent after the lease had expired on the database.
+    resent: Option<bool>,
 ) -> Result<Released, SqlError> {
     let conn = inner.control().await?;
     let sql = inner.tables.release_lease();
@@ -303,7 +350,7 @@ async fn release_once(
         return Ok(Released::Released);
     }
     if was_version != Some(held.version) {
-        if resent {
+        if resent == Some(false) {
             return Err(SqlError::Unavailable {
                 action: "releasing the lease",
                 message: "the first release got no answer and the resend found the lease taken over at \
@@ -313,7 +360,8 @@ async fn release_once(
                 source: None,
             });
         }
-        // Nothing of ours was released before: the lease expired and was taken over.
+        // Nothing of ours was released before (no earlier attempt, or it was sent after the lease
+        // expired, so it cleared nothing): the lease expired and was taken over.
         return Ok(Released::NotHeld);
     }
     match (was_owner.as_deref(), was_expired) {
