@@ -6,6 +6,17 @@
 //! The binary is a thin `main`; this library holds the command so its pieces (the exit-code table,
 //! argument parsing) can be tested and shown in `--help` from one place.
 
+//!
+//! ```
+//! use distlock_cli::cli::{parse_from, Command};
+//!
+//! let cli = parse_from(["distlock", "run", "--permits", "4", "encoder", "--", "./encode"])
+//!     .expect("valid arguments");
+//! let Command::Run(run) = cli.command else { unreachable!() };
+//! assert_eq!((run.name.as_str(), run.permits), ("encoder", Some(4)));
+//! // Usage errors are exit code 64, reported on stderr as one line.
+//! assert_eq!(parse_from(["distlock", "run", "--permits", "0", "x", "true"]).err(), Some(64));
+//! ```
 #![deny(missing_docs)]
 pub mod bench;
 pub mod child;

@@ -21,6 +21,24 @@
 //! Cargo feature `testing` (off by default; the testkit turns it on): fault-injection hooks on
 //! [`MemoryBackend`] (`freeze`, `delay_renewals`, …), `memory://…?freeze_after=`, and a simulated
 //! suspend of the machine (`clock::testing::suspend`).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> distlock_core::Result<()> {
+//! use distlock_core::{LockState, Locks, MemoryBackend};
+//!
+//! let locks = Locks::new(MemoryBackend::new());
+//! let guard = locks.lock("orders/42")?.acquire().await?;
+//! assert_eq!(guard.state(), LockState::Held);
+//! let token = guard.token().expect("the memory backend mints tokens");
+//! // Each `Lock` is one owner: another finds the name held, then gets a higher token.
+//! let other = locks.lock("orders/42")?;
+//! assert!(other.try_acquire().await?.is_none());
+//! guard.release().await?;
+//! let next = other.try_acquire().await?.expect("free after the release");
+//! assert!(next.token().expect("a token") > token);
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 

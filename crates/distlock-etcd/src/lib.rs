@@ -33,6 +33,23 @@
 //!   transaction as the holder read) before the lock is reported held (etcd issue 11456); release deletes
 //!   the own key only while its create_revision matches (22082); a waiter whose session dies stops with
 //!   an error (19597); a cancelled acquire deletes its queued key.
+//!
+//! Users reach this crate through `distlock::connect("etcd://…")`; directly it is (against a running
+//! etcd):
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> distlock_core::Result<()> {
+//! use distlock_core::{url::LockUrl, Locks};
+//!
+//! let backend = distlock_etcd::connect(&LockUrl::parse("etcd://127.0.0.1:2379")?).await?;
+//! // The backend's defaults: the lease is the session TTL (`?session_ttl=`, 60 s).
+//! let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+//! let guard = locks.lock("nightly-report")?.acquire().await?;
+//! let _revision = guard.token(); // the key's create_revision, as `etcdctl get -w fields` shows it
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 

@@ -17,6 +17,25 @@
 //!   version is the fencing token; works through transaction-pooling proxies.
 //!
 //! Every mode mints a fencing token: a per-name counter committed before the grant is reported.
+//!
+//! Users reach this crate through `distlock::connect("postgres://…")` (or `mysql://…`); directly it
+//! is (against a running server):
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> distlock_core::Result<()> {
+//! use distlock_core::Locks;
+//!
+//! let backend = distlock_sql::postgres::connect("postgres://app:pw@127.0.0.1/app").await?;
+//! let locks = Locks::new(backend);
+//! let guard = locks.lock("nightly-report")?.acquire().await?;
+//! let _token = guard.token(); // the name's counter, committed before the grant
+//! guard.release().await?;
+//! # Ok(()) }
+//! # #[cfg(not(feature = "postgres"))]
+//! # fn main() {}
+//! ```
 #![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 

@@ -28,6 +28,23 @@
 //!   `SharedCount` writes it; token: the lease node's czxid, permit id: its name. A session's end frees
 //!   a reader or a permit; a semaphore and a mutex or read-write lock of one name refuse each other
 //!   (`KindConflict`). See [`layout`] and docs/DESIGN.md.
+//!
+//! Users reach this crate through `distlock::connect("zk://…")`; directly it is (against a running
+//! ZooKeeper):
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> distlock_core::Result<()> {
+//! use distlock_core::{url::LockUrl, Locks};
+//!
+//! let backend = distlock_zookeeper::connect(&LockUrl::parse("zk://127.0.0.1:2181/app")?).await?;
+//! // The backend's defaults: the lease is the negotiated session timeout.
+//! let locks = Locks::with_defaults(backend.clone(), backend.default_options());
+//! let guard = locks.lock("nightly-report")?.acquire().await?;
+//! let _czxid = guard.token(); // the lock node's czxid (`zkCli.sh stat`)
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
 #![cfg_attr(not(test), forbid(clippy::print_stdout, clippy::print_stderr))]
 
