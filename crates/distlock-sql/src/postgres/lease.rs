@@ -38,6 +38,9 @@ pub(crate) struct Held {
     /// ([`CLOCK_RATE_SLACK`]). A release sent after it cannot have cleared the lease (the update skips
     /// an expired one), which settles what a resend finds.
     expired_by: std::sync::Mutex<Instant>,
+    /// A renewal of this lease went unanswered: the database may have applied it at any time since, so
+    /// `expired_by` is no bound any more and a resend can never conclude `NotHeld`.
+    renewal_unanswered: std::sync::atomic::AtomicBool,
 }
 
 /// The most the database's clock may run slower than ours over one lease (1,000 ppm, twice what NTP
@@ -49,7 +52,22 @@ impl Held {
         Held {
             version,
             expired_by: std::sync::Mutex::new(expiry_bound(ttl)),
+            renewal_unanswered: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// A renewal got no answer (it may have been applied).
+    fn renewal_unanswered(&self) {
+        self.renewal_unanswered
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the lease has certainly expired on the database by now.
+    fn certainly_expired(&self) -> bool {
+        !self
+            .renewal_unanswered
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && Instant::now() > self.expired_by()
     }
 
     /// A renewal of `ttl` was confirmed just now.
@@ -277,7 +295,8 @@ pub(crate) async fn renew(
             let message = e.to_string();
             batch
                 .iter()
-                .map(|(entry, _)| {
+                .map(|(entry, held)| {
+                    held.renewal_unanswered();
                     (
                         entry.id,
                         Err(SqlError::Unavailable {
@@ -307,7 +326,7 @@ pub(crate) async fn release(
     name: &str,
     owner: &str,
 ) -> Result<Released, SqlError> {
-    let sent_after_expiry = Instant::now() > held.expired_by();
+    let sent_after_expiry = held.certainly_expired();
     match release_once(inner, held, name, owner, None).await {
         Err(e) if conn::connection_closed(&e) || matches!(e, SqlError::Timeout { .. }) => {
             tracing::debug!(lock = %name, error = %e, "the release got no answer; sending it again");
@@ -375,5 +394,29 @@ async fn release_once(
             message: "the lease row changed while the release ran: outcome unknown".into(),
             source: None,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_is_certain_only_past_the_bound_and_never_after_an_unanswered_renewal() {
+        let held = Held::new(1, Duration::from_millis(1));
+        assert!(!held.certainly_expired(), "inside lease + slack");
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(held.certainly_expired(), "past lease + slack");
+        // A renewal that may have been applied moves the database's expiry out of our sight.
+        held.renewal_unanswered();
+        assert!(!held.certainly_expired());
+        // A confirmed renewal moves the bound later, never earlier.
+        let held = Held::new(1, Duration::from_secs(60));
+        held.extended(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            !held.certainly_expired(),
+            "the grant's 60 s bound still stands"
+        );
     }
 }
