@@ -848,7 +848,7 @@ pub async fn killed_holder_process_frees_lock(provider: &impl Provider) {
 /// (not `shared_across_processes`), or with no server that could expire or end a hold (no `server_ttl`:
 /// every backend that talks to a server has a lease or a session the server ends). A networked client
 /// without proxies fails here, loudly, with the provider's reason if it gave one.
-fn connections_in_reach(client: &Client, case: &str) -> bool {
+pub(crate) fn connections_in_reach(client: &Client, case: &str) -> bool {
     if !client.proxies().is_empty() {
         return true;
     }
@@ -867,7 +867,7 @@ fn connections_in_reach(client: &Client, case: &str) -> bool {
 /// One acquire and release cycle with `lease` on a name of its own, so the client's connections,
 /// sessions and server-side scripts for that lease exist before a fault is timed against one request
 /// (a first request that must also connect or load a script takes several round trips).
-async fn warm_up(client: &Client, case: &str, lease: Duration) {
+pub(crate) async fn warm_up(client: &Client, case: &str, lease: Duration) {
     let guard = client
         .hold(&unique_name(&format!("{case}-warm-up")), lease)
         .await;
@@ -890,7 +890,7 @@ async fn wait_for_bytes_sent(client: &Client, before: u64, what: &str) {
 /// The outcome a release may have when a fault hit its connection: done, or unknown (`Unavailable`).
 /// `NotHeld` would say the lock was not ours, which is false, and would make `distlock run` exit 76
 /// ("lock lost") for a command that ran under the lock to the end.
-fn assert_ok_or_unavailable(outcome: &distlock_core::Result<()>, case: &str) {
+pub(crate) fn assert_ok_or_unavailable(outcome: &distlock_core::Result<()>, case: &str) {
     if let Err(e) = outcome {
         assert_eq!(
             e.kind(),

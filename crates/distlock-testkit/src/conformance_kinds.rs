@@ -16,10 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock_core::{
-    ErrorKind, Fencing, LockGuard, LockKind, LockState, ReadWriteOrder, Result, RwLock,
+    ErrorKind, Fencing, Lock, LockGuard, LockKind, LockState, ReadWriteOrder, Result, RwLock,
 };
 
-use crate::conformance::{unique_name, Client, Provider, PROMPT};
+use crate::conformance::{
+    assert_ok_or_unavailable, connections_in_reach, unique_name, warm_up, Client, Provider, PROMPT,
+};
 use crate::holder::HolderProcess;
 
 /// A try's outcome where the name is in use as another kind: never a grant. `KindConflict` (the
@@ -49,12 +51,14 @@ async fn cancel_after_a_while(acquire: impl std::future::Future<Output = Result<
 pub async fn read_write(provider: &impl Provider) {
     read_write_basics(provider).await;
     read_write_writer_not_starved(provider).await;
+    lost_release_reply_of(provider, SharedSide::Read).await;
 }
 
 /// The semaphore's cases, on one provider.
 pub async fn semaphore(provider: &impl Provider) {
     semaphore_basics(provider).await;
     semaphore_crashed_holders(provider).await;
+    lost_release_reply_of(provider, SharedSide::Permit).await;
 }
 
 /// The token's value where the backend mints them.
@@ -741,4 +745,149 @@ async fn try_within(semaphore: &distlock_core::Semaphore, within: Duration) -> O
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The shared hold a [`lost_release_reply_of`] case releases.
+#[derive(Debug, Clone, Copy)]
+pub enum SharedSide {
+    /// A read hold; a writer getting in shows its release applied.
+    Read,
+    /// The one permit of a 1-permit semaphore; another client's permit shows its release applied.
+    Permit,
+}
+
+/// The mutex's `lost_release_reply` for the shared kinds: a read hold's or a permit's release reaches
+/// the server and is applied, but its reply is lost (the holder's proxies hold every byte 1 s both ways,
+/// and once another client gets in they pass and reset, dropping the held reply). The release must
+/// return `Ok` or `Unavailable`, never `NotHeld`; whatever the holder resends must leave the next
+/// holder alone (it stays Held, a third client is kept out meanwhile, its release is `Ok`); and the
+/// holder's `Lock` acquires again afterwards. Backends without connections to lose a reply on
+/// (memory, file) have nothing to run; a kind the backend lacks is skipped (its refusal is checked
+/// by the basics).
+pub async fn lost_release_reply_of(provider: &impl Provider, side: SharedSide) {
+    let case = match side {
+        SharedSide::Read => "rw_lost_release_reply",
+        SharedSide::Permit => "sem_lost_release_reply",
+    };
+    let a = provider.client().await;
+    let kinds = a.locks.capabilities().kinds;
+    let supported = match side {
+        SharedSide::Read => kinds.read_write,
+        SharedSide::Permit => kinds.semaphore,
+    };
+    if !supported || !connections_in_reach(&a, case) {
+        return;
+    }
+    let b = provider.client().await;
+    let c = provider.client().await;
+    let lease = Duration::from_secs(30);
+    warm_up(&a, case, lease).await;
+    // Under load the reply may get through before the reset; then again with a fresh name.
+    for attempt in 1..=3 {
+        let name = unique_name(case);
+        let reply_lost = match side {
+            SharedSide::Read => {
+                let rw = |client: &Client| client.locks.read_write(&name).expect("read_write");
+                let (ra, rb, rc) = (rw(&a), rw(&b), rw(&c));
+                lose_a_release_reply(&a, ra.reader(), rb.writer(), rc.reader(), case).await
+            }
+            SharedSide::Permit => {
+                let permit = |client: &Client| {
+                    client
+                        .locks
+                        .semaphore(&name, 1)
+                        .expect("semaphore")
+                        .permit()
+                };
+                let (pa, pb, pc) = (permit(&a), permit(&b), permit(&c));
+                lose_a_release_reply(&a, &pa, &pb, &pc, case).await
+            }
+        };
+        if reply_lost {
+            return;
+        }
+        eprintln!("{case}: attempt {attempt}: the reply got through before the reset; again");
+    }
+    panic!("{case}: the release's reply got through before the reset in 3 attempts");
+}
+
+/// One try of [`lost_release_reply_of`]: `mine` (of `holder`) holds and releases under held replies,
+/// `next` gets in once the release is applied, `third` must stay out while `next` holds. Whether the
+/// reply was really lost (the release had not returned when `next` got in).
+async fn lose_a_release_reply(
+    holder: &Client,
+    mine: &Lock,
+    next: &Lock,
+    third: &Lock,
+    case: &str,
+) -> bool {
+    let lease = Duration::from_secs(30);
+    let guard = mine
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire");
+    holder.on_proxies(|p| p.delay(Duration::from_secs(1))).await;
+    let release = tokio::spawn(guard.release());
+    let started = Instant::now();
+    let theirs = loop {
+        if let Some(got) = next
+            .options()
+            .lease(lease)
+            .try_acquire()
+            .await
+            .expect("try")
+        {
+            break got;
+        }
+        assert!(
+            started.elapsed() < PROMPT * 2,
+            "{case}: the delayed release never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let reply_lost = !release.is_finished();
+    holder
+        .on_proxies(|p| p.pass().and_then(|()| p.reset()))
+        .await;
+    let outcome = tokio::time::timeout(lease / 2, release)
+        .await
+        .expect("the release must return well inside the lease")
+        .expect("release task");
+    if let Err(e) = &outcome {
+        assert_ne!(
+            e.kind(),
+            ErrorKind::NotHeld,
+            "{case}: the release was applied (another client got in) but reported NotHeld: {e}"
+        );
+    }
+    assert_ok_or_unavailable(&outcome, case);
+    // Whatever the holder's client resent, the next hold stays: watch it a while.
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_secs(2) {
+        assert_eq!(
+            theirs.state(),
+            LockState::Held,
+            "{case}: the next holder lost its hold after a resent release: {:?}",
+            theirs.loss_reason()
+        );
+        assert!(
+            third.try_acquire().await.expect("try").is_none(),
+            "{case}: a resent release let a third client in beside the next holder"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    theirs
+        .release()
+        .await
+        .expect("the next holder's release, after the old holder's resend");
+    let again = mine
+        .options()
+        .wait(PROMPT * 2)
+        .acquire()
+        .await
+        .expect("the released Lock acquires again");
+    again.release().await.expect("release");
+    reply_lost
 }
