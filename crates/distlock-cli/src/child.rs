@@ -16,6 +16,41 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::supervisor::{Invocation, SUBCOMMAND};
 
 /// What the child is started with.
+///
+/// [`spawn`] starts the running program again as the supervisor (`<program> __supervise …`), so a
+/// program that spawns must hand that command line to [`crate::supervisor::main`] first thing in
+/// `main`, as distlock's own does (the hidden lines of these examples do too).
+///
+/// ```
+/// # fn main() -> std::io::Result<()> {
+/// # // `spawn` starts this program again as `<program> __supervise …`: hand that to the supervisor,
+/// # // as distlock's own `main` does.
+/// # let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+/// # if argv.get(1).is_some_and(|a| a == distlock_cli::supervisor::SUBCOMMAND) {
+/// #     std::process::exit(distlock_cli::supervisor::main(&argv[2..]));
+/// # }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// use distlock_cli::child::{self, Event, Spec};
+/// # use std::{ffi::OsString, time::Duration};
+///
+/// let args: [OsString; 2] = ["-c".into(), "exit $DISTLOCK_TOKEN".into()];
+/// let spec = Spec {
+///     program: "sh".as_ref(),
+///     args: &args,
+///     set_env: vec![("DISTLOCK_TOKEN", "7".to_string())],
+///     remove_env: vec!["DISTLOCK_PERMIT"], // an inherited one is not this hold's
+///     lock: None, // the file backend's `flock`ed descriptor: the supervisor keeps it open
+///     grace: Duration::from_secs(10),
+///     terminal: false,
+///     terminal_on_demand: false,
+/// };
+/// let mut child = child::spawn(spec).await?;
+/// let Event::Exited(status) = child.next_event().await? else { unreachable!() };
+/// assert_eq!(child::exit_code(status), 7);
+/// # assert!(matches!(child.next_event().await?, Event::TreeGone));
+/// # Ok::<(), std::io::Error>(()) })
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Spec<'a> {
     /// The program (looked up in `PATH` when it has no `/`).
@@ -38,6 +73,41 @@ pub struct Spec<'a> {
 }
 
 /// What the supervisor reports.
+///
+/// The command's exit comes first, while the lock is still held; the lock may be released only once
+/// the whole tree is gone:
+///
+/// ```
+/// # fn main() -> std::io::Result<()> {
+/// # // `spawn` starts this program again as `<program> __supervise …`: hand that to the supervisor,
+/// # // as distlock's own `main` does.
+/// # let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+/// # if argv.get(1).is_some_and(|a| a == distlock_cli::supervisor::SUBCOMMAND) {
+/// #     std::process::exit(distlock_cli::supervisor::main(&argv[2..]));
+/// # }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// use distlock_cli::child::{self, Event, Spec};
+/// # let args: [std::ffi::OsString; 2] = ["-c".into(), "exit 3".into()];
+/// # let spec = Spec { program: "sh".as_ref(), args: &args, set_env: vec![], remove_env: vec![],
+/// #     lock: None, grace: std::time::Duration::from_secs(10), terminal: false,
+/// #     terminal_on_demand: false };
+///
+/// let mut child = child::spawn(spec).await?; // sh -c 'exit 3'
+/// let mut code = None;
+/// loop {
+///     match child.next_event().await? {
+///         Event::Exited(status) => code = Some(child::exit_code(status)),
+///         Event::TreeGone => break,
+///         Event::Stopped(signo) => {
+///             child::stop_self(signo); // Ctrl-Z: the job stops as a whole
+///             child.resume();
+///         }
+///     }
+/// }
+/// assert_eq!(code, Some(3));
+/// # Ok::<(), std::io::Error>(()) })
+/// # }
+/// ```
 #[derive(Debug)]
 pub enum Event {
     /// The command, which had the terminal, was stopped by this signal (Ctrl-Z); the terminal is
@@ -51,6 +121,32 @@ pub enum Event {
 
 /// A running command: the leader of its own process group, under a supervisor that is a child
 /// subreaper.
+///
+/// ```
+/// # fn main() -> std::io::Result<()> {
+/// # // `spawn` starts this program again as `<program> __supervise …`: hand that to the supervisor,
+/// # // as distlock's own `main` does.
+/// # let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+/// # if argv.get(1).is_some_and(|a| a == distlock_cli::supervisor::SUBCOMMAND) {
+/// #     std::process::exit(distlock_cli::supervisor::main(&argv[2..]));
+/// # }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// use distlock_cli::child::{self, Event, Spec};
+/// # let args: [std::ffi::OsString; 2] = ["-c".into(), "sleep 60".into()];
+/// # let spec = Spec { program: "sh".as_ref(), args: &args, set_env: vec![], remove_env: vec![],
+/// #     lock: None, grace: std::time::Duration::from_secs(10), terminal: false,
+/// #     terminal_on_demand: false };
+///
+/// let mut child = child::spawn(spec).await?; // sh -c 'sleep 60'
+/// assert!(child.id() > 0); // its pid, also its process group's id
+/// // The lock was lost (`--on-lost term`): SIGTERM to all it started, SIGKILL after the grace.
+/// child.terminate_tree();
+/// let Event::Exited(status) = child.next_event().await? else { unreachable!() };
+/// assert_eq!(child::exit_code(status), 128 + 15); // killed by SIGTERM
+/// assert!(matches!(child.next_event().await?, Event::TreeGone)); // now the lock may be released
+/// # Ok::<(), std::io::Error>(()) })
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Child {
     supervisor: tokio::process::Child,
@@ -294,6 +390,22 @@ pub fn signal_name(signo: i32) -> String {
 /// SIGINT, SIGTERM, SIGHUP and SIGQUIT, caught from the moment they are installed so that each can be
 /// passed on to the command exactly once (the command runs in its own process group, so a terminal's
 /// Ctrl-C reaches only `distlock`, which forwards it).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use distlock_cli::child::Signals;
+/// use rustix::process::{getpid, kill_process, Signal};
+/// use std::time::Duration;
+///
+/// let mut signals = Signals::install()?; // before the command starts
+/// kill_process(getpid(), Signal::TERM)?; // as systemd stopping the service would
+/// // Caught, not fatal: `run` passes it on with `child.signal_group(signal)`.
+/// let signal = tokio::time::timeout(Duration::from_secs(5), signals.recv()).await?;
+/// assert_eq!(signal, Signal::TERM);
+/// assert_eq!(signals.pending().await, None); // each signal is taken once
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Signals {
     /// `None` for a signal ignored when distlock started (`nohup`, a shell's `trap ''`): it stays

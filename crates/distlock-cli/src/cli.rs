@@ -12,6 +12,23 @@ use crate::exit::{self, Code, Failure};
 pub const URL_ENV: &str = "DISTLOCK_URL";
 
 /// Distributed locks from the shell: run a command while holding a lock, like flock(1) across machines.
+// clap reads this type's doc comment as the `--help` text: the example is given to rustdoc only.
+#[cfg_attr(
+    doc,
+    doc = r#"
+What `main` does first: parse, then dispatch on the [`Command`]; `Err` is already the exit code.
+
+```
+use distlock_cli::cli::{parse_from, Command};
+
+let cli = parse_from(["distlock", "status", "-vv", "nightly"]).expect("valid arguments");
+assert_eq!(cli.verbose, 2); // global: before or after the subcommand
+let Command::Status(status) = cli.command else { unreachable!() };
+assert_eq!(status.name, "nightly");
+// A usage error is reported on stderr as one line, and is exit code 64.
+assert_eq!(parse_from(["distlock", "--bogus"]).err(), Some(64));
+```"#
+)]
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, after_help = exit::help_table())]
 pub struct Cli {
@@ -25,6 +42,22 @@ pub struct Cli {
 }
 
 /// The subcommands.
+///
+/// `main` dispatches on the variant; each carries its subcommand's arguments:
+///
+/// ```
+/// use distlock_cli::cli::{parse_from, Command};
+///
+/// let what = |args: &[&str]| match parse_from(args.iter().copied()).expect("valid").command {
+///     Command::Run(run) => format!("run {}", run.name),
+///     Command::Status(status) => format!("status {}", status.name),
+///     Command::Bench(_) => "bench".to_string(),
+///     Command::Man(man) => format!("man {}", man.subcommand.unwrap_or_default()),
+///     Command::Completions(completions) => format!("completions {}", completions.shell),
+/// };
+/// assert_eq!(what(&["distlock", "run", "nightly", "--", "./report"]), "run nightly");
+/// assert_eq!(what(&["distlock", "completions", "zsh"]), "completions zsh");
+/// ```
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a command while holding a lock; the command never outlives the hold.
@@ -46,6 +79,20 @@ pub enum Command {
 }
 
 /// `distlock man`.
+///
+/// The page is rendered from the same clap definitions as `--help`, so it cannot drift from it:
+///
+/// ```
+/// # fn main() -> Result<(), distlock_cli::exit::Failure> {
+/// use distlock_cli::cli::{parse_from, Command};
+///
+/// let cli = parse_from(["distlock", "man", "run"]).expect("valid arguments");
+/// let Command::Man(args) = cli.command else { unreachable!() };
+/// let mut page = Vec::new();
+/// distlock_cli::reference::man(args.subcommand.as_deref(), &mut page)?; // roff, section 1
+/// assert!(String::from_utf8_lossy(&page).contains(".TH distlock-run 1"));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Args)]
 pub struct ManArgs {
     /// The subcommand whose page to print (run, status, bench, …); without it, distlock's own page.
@@ -54,6 +101,23 @@ pub struct ManArgs {
 }
 
 /// `distlock completions`.
+///
+/// The shell is checked by clap (an unknown one is a usage error, 64); the script is generated from
+/// the same clap definitions as `--help`:
+///
+/// ```
+/// # fn main() -> Result<(), distlock_cli::exit::Failure> {
+/// use distlock_cli::cli::{parse_from, Command};
+///
+/// let cli = parse_from(["distlock", "completions", "bash"]).expect("valid arguments");
+/// let Command::Completions(args) = cli.command else { unreachable!() };
+/// assert_eq!(args.shell, clap_complete::Shell::Bash);
+/// let mut script = Vec::new();
+/// distlock_cli::reference::completions(args.shell, &mut script)?;
+/// assert!(String::from_utf8_lossy(&script).contains("complete -F _distlock"));
+/// assert_eq!(parse_from(["distlock", "completions", "cmd.exe"]).err(), Some(64));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Args)]
 pub struct CompletionsArgs {
     /// The shell.
@@ -84,6 +148,23 @@ pipeline, the command gets it only once it needs it, as for a password prompt. C
 job; fg resumes it.";
 
 /// `distlock run`.
+///
+/// Durations are parsed as the user wrote them; what is not given stays `None`, for the URL or the
+/// engine to decide (`--lease`: the URL's `?lease=`, else the engine's default):
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_cli::cli::{parse_from, Command, OnLost};
+///
+/// let cli = parse_from(["distlock", "run", "--read", "--wait", "30s", "reports", "--", "./export"])
+///     .expect("valid arguments");
+/// let Command::Run(run) = cli.command else { unreachable!() };
+/// assert!(run.read && !run.write);
+/// assert_eq!((run.wait, run.lease), (Some(Duration::from_secs(30)), None));
+/// assert_eq!(run.on_lost, OnLost::Term); // the default
+/// // One side at a time: --read with --write is a usage error (exit 64), before any lock is touched.
+/// assert_eq!(parse_from(["distlock", "run", "--read", "--write", "x", "true"]).err(), Some(64));
+/// ```
 #[derive(Debug, Args)]
 #[command(
     override_usage = "distlock run [OPTIONS] NAME [--] CMD [ARGS]...",
@@ -133,6 +214,21 @@ pub struct RunArgs {
 }
 
 /// `distlock status`.
+///
+/// The URL is resolved when the subcommand runs, not by clap: `--url`, else `$DISTLOCK_URL`, else the
+/// per-user file directory ([`lock_url`]):
+///
+/// ```
+/// # fn main() -> Result<(), distlock_cli::exit::Failure> {
+/// use distlock_cli::cli::{lock_url, parse_from, Command};
+///
+/// let cli = parse_from(["distlock", "status", "--url", "redis://cache:6379", "nightly"])
+///     .expect("valid arguments");
+/// let Command::Status(args) = cli.command else { unreachable!() };
+/// assert_eq!(args.name, "nightly");
+/// assert_eq!(lock_url(args.url.as_deref())?, "redis://cache:6379");
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Args)]
 #[command(after_help = exit::help_table())]
 pub struct StatusArgs {
@@ -145,6 +241,18 @@ pub struct StatusArgs {
 }
 
 /// `distlock bench`: the flags are [`distlock_bench::Options`].
+///
+/// ```
+/// use distlock_cli::cli::{parse_from, Command};
+/// use std::time::Duration;
+///
+/// let args = ["distlock", "bench", "--url", "redis://cache:6379", "--duration", "2s", "--json"];
+/// let cli = parse_from(args).expect("valid arguments");
+/// let Command::Bench(args) = cli.command else { unreachable!() };
+/// assert_eq!(args.url.as_deref(), Some("redis://cache:6379"));
+/// assert_eq!(args.options.duration, Duration::from_secs(2));
+/// assert!(args.options.json); // one JSON object on stdout instead of the report
+/// ```
 #[derive(Debug, Args)]
 #[command(after_help = exit::help_table())]
 pub struct BenchArgs {
@@ -157,6 +265,18 @@ pub struct BenchArgs {
 }
 
 /// What `run` does with the command when the lock is lost.
+///
+/// ```
+/// use distlock_cli::cli::{parse_from, Command, OnLost};
+///
+/// let on_lost = |args: &[&str]| match parse_from(args.iter().copied()).expect("valid").command {
+///     Command::Run(run) => run.on_lost,
+///     _ => unreachable!(),
+/// };
+/// assert_eq!(on_lost(&["distlock", "run", "--on-lost", "kill", "job", "./work"]), OnLost::Kill);
+/// // The default: SIGTERM first, SIGKILL after --grace.
+/// assert_eq!(on_lost(&["distlock", "run", "job", "./work"]), OnLost::Term);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnLost {
     /// SIGTERM to every process the command started, SIGKILL after the grace.

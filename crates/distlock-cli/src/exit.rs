@@ -10,6 +10,20 @@ use std::fmt;
 use distlock::ErrorKind;
 
 /// The codes `distlock` itself exits with (the command's own code aside).
+///
+/// A library error's kind picks the code scripts test for:
+///
+/// ```
+/// use distlock::ErrorKind;
+/// use distlock_cli::exit::Code;
+///
+/// let code = Code::from_kind(ErrorKind::Timeout);
+/// assert_eq!((code, code.as_i32()), (Code::Timeout, 124)); // as timeout(1)
+/// assert_eq!(Code::from_kind(ErrorKind::InvalidName).as_i32(), 64);
+/// assert_eq!(Code::Busy.as_i32(), 75); // --no-wait, and the lock is held elsewhere
+/// // None is above 127, so none reads as "the command was killed by a signal".
+/// assert!(Code::ALL.iter().all(|code| code.as_i32() < 128));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Code {
     /// Bad flag, URL, name, duration, lease, or a missing command (sysexits `EX_USAGE`).
@@ -111,6 +125,21 @@ pub fn help_table() -> String {
 }
 
 /// A failure of `distlock` itself: an exit code and one line for stderr.
+///
+/// Library errors convert with `?` (the code from their kind); `main` prints it with [`report`] and
+/// exits with [`code`](Failure::code):
+///
+/// ```
+/// use distlock::{Error, ErrorKind};
+/// use distlock_cli::exit::{Code, Failure};
+///
+/// let failure = Failure::from(Error::new(ErrorKind::Timeout, "not acquired within 10s"));
+/// assert_eq!((failure.code(), failure.code().as_i32()), (Code::Timeout, 124));
+/// assert_eq!(failure.message(), "not acquired within 10s");
+/// // Shown as one `distlock: …` line, however many lines the message has.
+/// let failure = Failure::new(Code::Unavailable, "connection refused\n  is the server up?");
+/// assert_eq!(failure.to_string(), "connection refused is the server up?");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
     code: Code,

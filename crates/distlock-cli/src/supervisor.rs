@@ -40,6 +40,23 @@ use std::time::{Duration, Instant};
 pub const SUBCOMMAND: &str = "__supervise";
 
 /// What `distlock` starts the supervisor with.
+///
+/// [`crate::child::spawn`] passes it on the supervisor's command line, `distlock __supervise <args> CMD
+/// ARGS…`, where [`main`] parses it back:
+///
+/// ```
+/// use distlock_cli::supervisor::Invocation;
+/// use std::time::Duration;
+///
+/// let invocation = Invocation {
+///     control: 5, // the supervisor's end of the socket pair, inherited
+///     lock: None, // no descriptor to keep (not the file backend)
+///     grace: Duration::from_secs(10),
+///     terminal: false,
+///     terminal_on_demand: false,
+/// };
+/// assert_eq!(invocation.to_args(), ["5", "-", "10000", "0", "--"]);
+/// ```
 #[derive(Debug)]
 pub struct Invocation {
     /// The supervisor's end of the control socket.

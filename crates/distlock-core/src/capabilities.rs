@@ -3,6 +3,14 @@
 use crate::kinds::LockKind;
 
 /// How far a backend's fencing tokens can be trusted.
+///
+/// ```
+/// use distlock_core::{Fencing, Locks, MemoryBackend};
+///
+/// // A resource that needs strict fencing refuses to run on a backend that cannot give it.
+/// let locks = Locks::new(MemoryBackend::new());
+/// assert_eq!(locks.capabilities().fencing, Fencing::Strict);
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Fencing {
@@ -17,6 +25,16 @@ pub enum Fencing {
 }
 
 /// How a backend's read-write lock orders readers and writers.
+///
+/// ```
+/// use distlock_core::{Locks, MemoryBackend, ReadWriteOrder};
+///
+/// // Whether a stream of readers can keep a writer out: ask before relying on it.
+/// let kinds = Locks::new(MemoryBackend::new()).capabilities().kinds;
+/// assert!(kinds.read_write);
+/// let writer_may_starve = kinds.read_write_order == ReadWriteOrder::ReadersFirst;
+/// # let _ = writer_may_starve;
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ReadWriteOrder {
@@ -37,6 +55,16 @@ pub enum ReadWriteOrder {
 /// How long a crashed holder of any kind (a reader, a permit holder) blocks others is the mutex's:
 /// until its process dies where [`Capabilities::frees_on_process_death`], else until its lease or
 /// session ends.
+///
+/// ```
+/// use distlock_core::{LockKinds, ReadWriteOrder};
+///
+/// // What a backend with readers-first read-write locks and semaphores announces.
+/// let kinds = LockKinds::mutex_only()
+///     .with_read_write(ReadWriteOrder::ReadersFirst)
+///     .with_semaphore();
+/// assert!(kinds.mutex && kinds.read_write && kinds.semaphore && !kinds.leader_election);
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct LockKinds {
@@ -118,6 +146,15 @@ impl LockKinds {
 
 /// What a backend can promise; behaviours that differ between backends are decided from this, never
 /// from the backend's name.
+///
+/// ```
+/// use distlock_core::{Capabilities, Locks, MemoryBackend};
+///
+/// let caps: Capabilities = Locks::new(MemoryBackend::new()).capabilities();
+/// // A lock that must not outlive a crashed holder by more than its lease needs a server TTL.
+/// assert!(caps.server_ttl && caps.kinds.mutex);
+/// assert!(!caps.shared_across_processes); // memory:// is one process's
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Capabilities {

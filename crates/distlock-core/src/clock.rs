@@ -30,6 +30,18 @@ use crate::sync::lock;
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// A point on the boot clock.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::clock;
+///
+/// // A validity deadline: counted from before the request went out, on a clock that a suspend
+/// // does not stop.
+/// let sent = clock::now();
+/// let validity_deadline = sent + Duration::from_secs(30);
+/// assert!(validity_deadline.remaining() <= Duration::from_secs(30));
+/// assert!(validity_deadline > sent);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Instant(Duration);
 
@@ -137,6 +149,21 @@ pub fn sleep(duration: Duration) -> Sleep {
 /// no wake-up before its deadline). Where no timerfd can be made (a kernel before 3.15, a sandbox that
 /// forbids it), sleeps fall back to tokio timers (which then need a runtime with time enabled) and
 /// re-check the boot clock when they fire: late after a suspend, as every timer was before.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::clock;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let mut expiry = clock::sleep(Duration::from_secs(3600));
+/// // A renewal moved the expiry closer (or further): the same sleep, reset.
+/// let deadline = clock::now() + Duration::from_millis(5);
+/// expiry.reset(deadline);
+/// expiry.await;
+/// assert!(clock::now() >= deadline);
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Sleep {
     deadline: Instant,

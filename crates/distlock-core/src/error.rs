@@ -6,6 +6,24 @@ use std::fmt;
 /// What went wrong, in terms a caller can act on.
 ///
 /// Contention is not an error: `try_acquire` returns `Ok(None)` when the lock is held elsewhere.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::{ErrorKind, Locks, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// let locks = Locks::new(MemoryBackend::new());
+/// let _held = locks.lock("nightly")?.acquire().await?;
+/// match locks.lock("nightly")?.options().wait(Duration::from_millis(20)).acquire().await {
+///     Ok(_guard) => unreachable!("held above"),
+///     Err(e) if e.kind() == ErrorKind::Timeout => { /* someone else is on it: skip this run */ }
+///     Err(e) if e.is_temporary() => { /* the server is away: try again later */ }
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
@@ -79,6 +97,15 @@ impl fmt::Display for ErrorKind {
 
 /// An error from distlock: a kind, the backend and lock it concerns, a message a user can act on, and
 /// the driver's error as `source` for downcasting.
+///
+/// ```
+/// use distlock_core::{ErrorKind, Locks, MemoryBackend};
+///
+/// let locks = Locks::new(MemoryBackend::new());
+/// let err = locks.lock("").expect_err("an empty name is refused before any I/O");
+/// assert_eq!(err.kind(), ErrorKind::InvalidName);
+/// assert!(!err.message().is_empty()); // says what to do about it
+/// ```
 pub struct Error {
     kind: ErrorKind,
     backend: &'static str,

@@ -785,6 +785,25 @@ impl Holding {
 /// Release-on-drop is not immediate: it is handed to a background task on the current runtime, or,
 /// dropped outside any runtime, on the latest acquire's if that is a multi-thread runtime (otherwise, or
 /// if that runtime is gone, on distlock's background runtime). Call `release().await` to know it happened.
+///
+/// ```
+/// use distlock_core::{LockState, Locks, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// let locks = Locks::new(MemoryBackend::new());
+/// let guard = locks.lock("nightly")?.acquire().await?;
+/// let token = guard.token(); // pass it with every write to the resource
+/// tokio::select! {
+///     () = async { /* the work, fenced with `token` */ } => {}
+///     () = guard.lost() => { /* ownership can no longer be assumed: stop the work */ }
+/// }
+/// assert_eq!(guard.state(), LockState::Held);
+/// guard.release().await?; // or drop it: released in the background
+/// # let _ = token;
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "if unused the lock is released at once"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {

@@ -616,6 +616,25 @@ impl Drop for FirstPoll {
 /// One owner of one lock name. Not `Clone`: tasks that must exclude each other each call
 /// [`Locks::lock`]. Acquiring again while one of its guards lives is reentrant: it returns another guard
 /// with the same token, and the lock is released when the last guard goes.
+///
+/// ```
+/// use distlock_core::{Locks, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// let locks = Locks::new(MemoryBackend::new());
+/// let lock = locks.lock("orders/42")?;
+/// let outer = lock.acquire().await?;
+/// let inner = lock.acquire().await?; // reentrant: same owner, same token
+/// assert_eq!(inner.token(), outer.token());
+/// // Another owner of the same name is excluded.
+/// assert!(locks.lock("orders/42")?.try_acquire().await?.is_none());
+/// inner.release().await?;
+/// assert!(lock.is_held()); // until the last guard goes
+/// outer.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Lock {
     shared: Arc<LockShared>,
 }
@@ -1034,6 +1053,26 @@ impl Drop for Pending {
 }
 
 /// Options for one acquire, from [`Lock::options`].
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::{Locks, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// let locks = Locks::new(MemoryBackend::new());
+/// let lock = locks.lock("migrations")?;
+/// let guard = lock
+///     .options()
+///     .wait(Duration::from_secs(5))       // then ErrorKind::Timeout
+///     .lease(Duration::from_secs(10))     // the server's TTL, renewed every third of it
+///     .max_hold(Duration::from_secs(600)) // Lost after ten minutes, whatever happens
+///     .acquire()
+///     .await?;
+/// # guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "options do nothing until .acquire() or .try_acquire() is awaited"]
 pub struct AcquireOptions<'a> {
     lock: &'a Lock,

@@ -34,6 +34,22 @@ use crate::url::LockUrl;
 /// the store grant less than asked (as etcd caps a lock's lease by its session's remaining time and
 /// ZooKeeper clamps a session timeout), `renewal_requests` counts the renewals that reached the store,
 /// and `delay_releases` makes the next releases reach the store late.
+///
+/// ```
+/// use distlock_core::{Locks, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// // Two handles on one named store contend as two processes would on a server.
+/// let first = Locks::new(MemoryBackend::namespace("example"));
+/// let second = Locks::new(MemoryBackend::namespace("example"));
+/// let guard = first.lock("report")?.acquire().await?;
+/// assert!(second.lock("report")?.try_acquire().await?.is_none());
+/// guard.release().await?;
+/// assert!(second.lock("report")?.try_acquire().await?.is_some());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct MemoryBackend {
     store: Arc<Store>,

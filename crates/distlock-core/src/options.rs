@@ -12,6 +12,15 @@ pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub(crate) const MIN_LEASE: Duration = Duration::from_millis(100);
 
 /// How long an acquire may wait for a lock held elsewhere.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::{LockOptions, Wait};
+///
+/// // Every lock of a `Locks` waits at most 5 s unless an acquire says otherwise.
+/// let defaults = LockOptions::default().with_wait(Wait::Limit(Duration::from_secs(5)));
+/// assert_eq!(defaults.wait, Wait::Limit(Duration::from_secs(5)));
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
@@ -22,6 +31,21 @@ pub enum Wait {
 }
 
 /// Options of one acquire: how long to wait, the lease on the server, and a cap on the whole hold.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::{LockOptions, Locks, MemoryBackend, Wait};
+///
+/// // Defaults for every lock of one `Locks`: a 10 s lease, a 2 s wait, never held over an hour.
+/// let defaults = LockOptions::default()
+///     .with_lease(Duration::from_secs(10))
+///     .with_wait(Wait::Limit(Duration::from_secs(2)))
+///     .with_max_hold(Some(Duration::from_secs(3600)));
+/// defaults.validate()?; // a zero or too-short lease is refused before any I/O
+/// let locks = Locks::with_defaults(MemoryBackend::new(), defaults);
+/// assert_eq!(locks.defaults().lease, Duration::from_secs(10));
+/// # Ok::<(), distlock_core::Error>(())
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LockOptions {

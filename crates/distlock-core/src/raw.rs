@@ -33,6 +33,17 @@ use crate::kinds::LockKind;
 use crate::token::FencingToken;
 
 /// One acquire as the backend sees it.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::raw::AcquireRequest;
+/// use distlock_core::LockKind;
+///
+/// // What a backend's own test of its trait impl hands it: the read side of "orders/42".
+/// let request = AcquireRequest::new("orders/42", "owner-1", Duration::from_secs(30))
+///     .with_kind(LockKind::Read);
+/// assert_eq!((request.name.as_str(), request.kind), ("orders/42", LockKind::Read));
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcquireRequest {
@@ -80,6 +91,22 @@ impl AcquireRequest {
 ///
 /// A signal that never fires (its report dropped, its future pending for ever) reports nothing:
 /// what feeds a signal going away is never a loss by itself.
+///
+/// ```
+/// use distlock_core::raw::{Grant, LossSignal};
+///
+/// // A lock that lives as long as its connection: the connection's task says why it closed.
+/// let (closed, closed_reason) = tokio::sync::oneshot::channel::<String>();
+/// let loss = LossSignal::from_future(async move {
+///     match closed_reason.await {
+///         Ok(reason) => reason,
+///         Err(_) => std::future::pending().await, // the task went away without a word: no loss
+///     }
+/// });
+/// let grant = Grant::new(()).with_loss(loss);
+/// assert!(grant.loss.is_some());
+/// # drop(closed);
+/// ```
 pub struct LossSignal(LossSource);
 
 enum LossSource {
@@ -248,6 +275,19 @@ pub fn background_runtime() -> Option<tokio::runtime::Handle> {
 }
 
 /// A granted lock.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::raw::Grant;
+/// use distlock_core::FencingToken;
+///
+/// // A key-value grant: the key to release is the lease, the counter's value the token, the key's
+/// // expiry the ttl (the core's validity deadline counts from before the request was sent).
+/// let grant = Grant::new("lock:orders/42".to_string())
+///     .with_token(FencingToken::new(7))
+///     .with_ttl(Duration::from_secs(30));
+/// assert_eq!((grant.token, grant.ttl), (Some(FencingToken::new(7)), Some(Duration::from_secs(30))));
+/// ```
 #[non_exhaustive]
 pub struct Grant<L> {
     /// What the backend needs to renew and release it.
@@ -324,6 +364,21 @@ impl<L> std::fmt::Debug for Grant<L> {
 }
 
 /// The outcome of one try.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::raw::{Attempt, Grant};
+///
+/// // A `SET NX PX` reply: granted, or busy with the holder's pttl, which bounds the wait.
+/// fn attempt(set: bool, holder_pttl_ms: u64) -> Attempt<()> {
+///     if set {
+///         Attempt::Acquired(Grant::new(()))
+///     } else {
+///         Attempt::Busy { retry_after: Some(Duration::from_millis(holder_pttl_ms)) }
+///     }
+/// }
+/// assert!(matches!(attempt(false, 1200), Attempt::Busy { retry_after: Some(d) } if d.as_millis() == 1200));
+/// ```
 #[non_exhaustive]
 #[derive(Debug)]
 pub enum Attempt<L> {
@@ -338,6 +393,28 @@ pub enum Attempt<L> {
 }
 
 /// One lease in a renewal batch.
+///
+/// ```
+/// use distlock_core::raw::{Renewal, RenewalId, Renewed};
+/// use distlock_core::Result;
+///
+/// // The engine answered the batch in order (1: extended, else another owner's): one outcome per
+/// // entry, under the entry's id.
+/// fn outcomes(batch: &[Renewal<'_, String>], replies: &[i64]) -> Vec<(RenewalId, Result<Renewed>)> {
+///     batch
+///         .iter()
+///         .zip(replies)
+///         .map(|(entry, reply)| {
+///             let outcome = match reply {
+///                 1 => Renewed::Extended { ttl: entry.ttl },
+///                 _ => Renewed::Gone { reason: format!("{} is no longer ours", entry.name) },
+///             };
+///             (entry.id, Ok(outcome))
+///         })
+///         .collect()
+/// }
+/// assert!(outcomes(&[], &[]).is_empty());
+/// ```
 #[non_exhaustive]
 #[derive(Debug)]
 pub struct Renewal<'a, L> {
@@ -356,10 +433,35 @@ pub struct Renewal<'a, L> {
 /// Which entry of a renewal batch an outcome is for. Made by the core; a backend hands it back with the
 /// entry's outcome, in any order (a backend that renews per server or per slot answers as the replies
 /// come). An entry left without an outcome counts as unanswered (Jeopardy, retried).
+///
+/// ```
+/// use distlock_core::raw::{Renewal, RenewalId};
+///
+/// // A backend that renews per connection answers as each group's reply comes: it keeps the ids.
+/// fn ids(group: &[Renewal<'_, ()>]) -> Vec<RenewalId> {
+///     group.iter().map(|entry| entry.id).collect()
+/// }
+/// assert!(ids(&[]).is_empty());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RenewalId(pub(crate) usize);
 
 /// The outcome of renewing one lease. An `Err` means "unknown" (the guard goes to Jeopardy).
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::raw::Renewed;
+///
+/// // A renewal script's answer: extended, or gone with the reason the guard's loss reports.
+/// fn renewed(answer: i64, ttl: Duration) -> Renewed {
+///     match answer {
+///         1 => Renewed::Extended { ttl },
+///         0 => Renewed::Gone { reason: "another owner holds the lock".into() },
+///         _ => Renewed::Gone { reason: "the lock's key expired".into() },
+///     }
+/// }
+/// assert_eq!(renewed(-1, Duration::ZERO), Renewed::Gone { reason: "the lock's key expired".into() });
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Renewed {
@@ -376,6 +478,17 @@ pub enum Renewed {
 }
 
 /// The outcome of a release.
+///
+/// ```
+/// use distlock_core::raw::Released;
+///
+/// // A compare-and-delete that deleted nothing is "not ours any more", not an error: so a resent
+/// // release stays idempotent.
+/// fn released(deleted: i64) -> Released {
+///     if deleted == 1 { Released::Released } else { Released::NotHeld }
+/// }
+/// assert_eq!(released(0), Released::NotHeld);
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Released {
@@ -386,6 +499,21 @@ pub enum Released {
 }
 
 /// The outcome of [`Backend::hand_off`].
+///
+/// ```
+/// use distlock_core::raw::{Grant, HandOff, Released};
+///
+/// // One script released the holder's key and set the next owner's, or found a waiter queued on
+/// // the server first and only released.
+/// fn handed(next_got_it: bool) -> HandOff<()> {
+///     if next_got_it {
+///         HandOff::Handed(Grant::new(()))
+///     } else {
+///         HandOff::Released(Released::Released)
+///     }
+/// }
+/// assert!(matches!(handed(false), HandOff::Released(Released::Released)));
+/// ```
 #[non_exhaustive]
 #[derive(Debug)]
 pub enum HandOff<L> {
@@ -398,6 +526,21 @@ pub enum HandOff<L> {
 }
 
 /// What `status` shows about a lock.
+///
+/// ```
+/// use distlock_core::{LockKind, Locks, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// let locks = Locks::new(MemoryBackend::new());
+/// let guard = locks.lock("nightly")?.acquire().await?;
+/// let info = locks.inspect("nightly").await?;
+/// assert_eq!(info.kind, Some(LockKind::Mutex));
+/// assert_eq!(info.holder.and_then(|h| h.token), guard.token());
+/// # guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LockInfo {
@@ -419,6 +562,19 @@ pub struct LockInfo {
 }
 
 /// What one node of a quorum backend (Redlock) holds for a lock.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::raw::NodeInfo;
+///
+/// // A Redlock backend's `inspect` reports each node: one holds the key, one did not answer.
+/// let mut holding = NodeInfo::new("127.0.0.1:6379");
+/// holding.owner = Some("7f0c…:1".into());
+/// holding.remaining_lease = Some(Duration::from_secs(12));
+/// let mut down = NodeInfo::new("127.0.0.1:6380");
+/// down.error = Some("connection refused".into());
+/// assert!(holding.error.is_none() && down.owner.is_none());
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeInfo {
@@ -443,6 +599,21 @@ impl NodeInfo {
 }
 
 /// What is known of a lock's holder; every field is optional because engines record different things.
+///
+/// ```
+/// use distlock_core::{Locks, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// let locks = Locks::new(MemoryBackend::new());
+/// let lock = locks.lock("nightly")?;
+/// let guard = lock.acquire().await?;
+/// let holder = locks.inspect("nightly").await?.holder.expect("held");
+/// assert_eq!(holder.owner.as_deref(), Some(lock.owner()));
+/// # guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HolderInfo {
@@ -466,6 +637,79 @@ pub struct HolderInfo {
 ///
 /// Every method may be called concurrently for different locks. The core never calls two methods for
 /// the same acquisition at once.
+///
+/// A whole backend, in-process, to show the contract's shape: a table of owners as the "engine", a
+/// counter for tokens, a notification for waiters. The core does the rest (reentrancy, the local
+/// queue, deadlines, the watchdog, undoing cancelled acquires).
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+/// use std::time::Duration;
+///
+/// use async_trait::async_trait;
+/// use distlock_core::raw::{
+///     AcquireRequest, Attempt, Backend, Grant, Released, Renewal, RenewalId, Renewed,
+/// };
+/// use distlock_core::{Capabilities, Fencing, FencingToken, Locks, Result};
+///
+/// #[derive(Default)]
+/// struct Table {
+///     owners: Mutex<(HashMap<String, String>, u64)>, // name -> owner, last token
+///     released: tokio::sync::Notify,
+/// }
+///
+/// #[async_trait]
+/// impl Backend for Table {
+///     type Lease = (); // the owner id is all a release needs here
+///     type Acquisition = ();
+///
+///     fn kind(&self) -> &'static str { "table" }
+///     fn capabilities(&self) -> Capabilities {
+///         Capabilities::mutex().with_fencing(Fencing::Strict).with_notify_wait(true)
+///     }
+///     fn begin(&self, _: &AcquireRequest) -> Result<()> { Ok(()) }
+///     async fn try_acquire(&self, _: &mut (), request: &AcquireRequest) -> Result<Attempt<()>> {
+///         let mut table = self.owners.lock().unwrap();
+///         if table.0.contains_key(&request.name) {
+///             return Ok(Attempt::Busy { retry_after: None });
+///         }
+///         table.0.insert(request.name.clone(), request.owner.clone());
+///         table.1 += 1;
+///         Ok(Attempt::Acquired(Grant::new(()).with_token(FencingToken::new(table.1))))
+///     }
+///     async fn wait(&self, _: &mut (), _: &AcquireRequest, _: Option<Duration>) -> Result<()> {
+///         self.released.notified().await; // woken, never polled (the core bounds the wait)
+///         Ok(())
+///     }
+///     async fn abandon(&self, _: (), _: &AcquireRequest) {} // a try leaves nothing behind
+///     async fn renew(&self, batch: &[Renewal<'_, ()>]) -> Vec<(RenewalId, Result<Renewed>)> {
+///         let ttl = Duration::MAX; // nothing expires here; the core renews only server_ttl locks
+///         batch.iter().map(|r| (r.id, Ok(Renewed::Extended { ttl }))).collect()
+///     }
+///     async fn release(&self, _: &(), name: &str, owner: &str) -> Result<Released> {
+///         let mut table = self.owners.lock().unwrap();
+///         if table.0.get(name).map(String::as_str) != Some(owner) {
+///             return Ok(Released::NotHeld); // owner-only, and idempotent
+///         }
+///         table.0.remove(name);
+///         self.released.notify_waiters();
+///         Ok(Released::Released)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// let locks = Locks::new(Table::default());
+/// let first = locks.lock("report")?.acquire().await?;
+/// assert!(locks.lock("report")?.try_acquire().await?.is_none()); // another owner
+/// first.release().await?;
+/// let second = locks.lock("report")?.acquire().await?;
+/// assert_eq!(second.token(), Some(FencingToken::new(2)));
+/// # second.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// What the backend keeps for a held lock (a key and revision, an open file, a znode path).

@@ -114,6 +114,18 @@ impl Backoff {
 /// past the request's deadline. Every network backend's config takes one (`with_retry`); which
 /// failures are worth another attempt is the backend's call (a refusal is never retried). Backends run
 /// it with `retry` or [`start`](Self::start).
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::connection::ConnectionOptions;
+/// use distlock_core::retry::RetryPolicy;
+///
+/// // Three more attempts, 50 ms, 100 ms, 200 ms apart (jittered), for every request of a backend.
+/// let retry = RetryPolicy::new(3, Duration::from_millis(50), Duration::from_millis(200));
+/// let options = ConnectionOptions::new(Duration::from_secs(3), Duration::from_secs(5), RetryPolicy::NEVER)
+///     .with_retry(retry);
+/// assert_eq!(options.retry.max_retries, 3);
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -152,6 +164,18 @@ impl RetryPolicy {
 
 /// The retries left to one request: ask [`next_delay`](Self::next_delay) after each failure worth
 /// retrying. For loops that keep their own state between attempts; [`retry`] wraps the common case.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::retry::RetryPolicy;
+///
+/// let policy = RetryPolicy::new(2, Duration::from_millis(10), Duration::from_millis(40));
+/// let mut retries = policy.start(None); // no deadline: only the count limits it
+/// let first = retries.next_delay().expect("a first retry");
+/// assert!(first >= Duration::from_millis(5) && first <= Duration::from_millis(10)); // jittered
+/// assert!(retries.next_delay().is_some());
+/// assert_eq!((retries.next_delay(), retries.retried()), (None, 2)); // used up
+/// ```
 #[derive(Debug, Clone)]
 pub struct Retries {
     backoff: Backoff,

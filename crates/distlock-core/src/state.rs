@@ -5,6 +5,25 @@ use std::fmt;
 /// Whether a guard's holder may still assume it owns the lock.
 ///
 /// `Held → Jeopardy → Held` (a renewal confirmed before the deadline) or `→ Lost`; `Lost` is final.
+///
+/// ```
+/// use distlock_core::{LockState, Locks, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// let locks = Locks::new(MemoryBackend::new());
+/// let guard = locks.lock("nightly")?.acquire().await?;
+/// // Before each step that must run under the lock (the fencing token protects the rest).
+/// match guard.state() {
+///     LockState::Held => { /* go on */ }
+///     LockState::Jeopardy => { /* finish or pause what cannot be undone; a renewal may still come */ }
+///     _ => { /* Lost: stop */ }
+/// }
+/// assert_eq!(guard.state().as_str(), "held");
+/// # guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LockState {

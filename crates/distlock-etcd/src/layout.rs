@@ -165,6 +165,22 @@ pub fn is_contender(prefix: &str, key: &[u8]) -> bool {
 
 /// What a key of a name is, by its shape ([`classify`]): the four kinds share the name's prefix and
 /// one queue ordered by create_revision.
+///
+/// A reader of the name's keys (a `status`, a tool of its own) sorts them by kind to tell who
+/// excludes whom; keys of other locks under the prefix are `None`:
+///
+/// ```
+/// use distlock_etcd::layout::{self, classify, NameKey};
+///
+/// let prefix = layout::prefix("jobs");
+/// let writer = layout::write_key("jobs", 1_733_540_000_123_456_789);
+/// let kind = classify(&prefix, writer.as_bytes()).expect("a key of `jobs`");
+/// assert_eq!(kind, NameKey::Write);
+/// assert!(kind.is_exclusive()); // as a mutex: no reader, no permit, no other writer
+/// let reader = layout::read_key("jobs", 1_733_540_000_123_456_790);
+/// assert!(!classify(&prefix, reader.as_bytes()).is_some_and(NameKey::is_exclusive));
+/// assert_eq!(classify(&prefix, layout::key("jobs/nested", 0x1a).as_bytes()), None);
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NameKey {

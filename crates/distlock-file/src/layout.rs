@@ -264,6 +264,26 @@ fn escaped(b: u8) -> [u8; 3] {
 
 /// What a lock file (or a semaphore's slot file) says: the name's fencing counter and, while someone
 /// holds it, who (the `key=value` lines described in the module docs).
+///
+/// Reading one is how a tool outside distlock finds a name's last token and its (last) holder; a
+/// release keeps the counter and drops the holder, so tokens never restart:
+///
+/// ```
+/// # fn main() -> Result<(), String> {
+/// use distlock_file::layout::{Record, HEADER};
+///
+/// let file = format!("{HEADER}\ntoken=42\nowner=6f1c:3\npid=1234\nhost=build-7\nend\n");
+/// let record = Record::parse(file.as_bytes())?;
+/// assert_eq!((record.token, record.pid), (42, Some(1234)));
+/// assert!(record.has_holder());
+///
+/// let released = record.released_keeping(record.token);
+/// assert_eq!(released.render(), format!("{HEADER}\ntoken=42\nend\n"));
+/// assert!(!released.has_holder());
+/// // Content with no token line has lost its counter: corrupt, never read as a fresh 0.
+/// assert!(Record::parse(b"owner=6f1c:3\n").is_err());
+/// # Ok(()) }
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Record {

@@ -64,6 +64,22 @@ use crate::pubsub::Hub;
 use crate::undo::PendingUndos;
 
 /// The Redis backend: standalone, Sentinel or Cluster. Cheap to clone (clones share connections).
+///
+/// ```no_run
+/// # async fn f() -> distlock_core::Result<()> {
+/// use std::time::Duration;
+/// use distlock_core::{url::Endpoint, Locks};
+/// use distlock_redis::{RedisBackend, RedisConfig};
+///
+/// // Built in code rather than from a URL: a Sentinel-managed master, writes acknowledged by a replica.
+/// let sentinels = vec![Endpoint::new("127.0.0.1", 26379), Endpoint::new("127.0.0.2", 26379)];
+/// let config = RedisConfig::sentinel(sentinels, "mymaster")
+///     .with_wait_replicas(1, Duration::from_millis(200));
+/// let locks = Locks::new(RedisBackend::from_config(config).await?);
+/// let guard = locks.lock("orders/42")?.acquire().await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct RedisBackend {
     pub(crate) inner: Arc<Inner>,

@@ -31,6 +31,16 @@ pub const DEFAULT_RETRY: RetryPolicy =
     RetryPolicy::new(1, Duration::from_millis(10), Duration::from_secs(1));
 
 /// Where the servers are.
+///
+/// ```
+/// use distlock_core::url::LockUrl;
+/// use distlock_redis::{RedisConfig, Topology};
+///
+/// let url = LockUrl::parse("redis+cluster://127.0.0.1:7000,127.0.0.1:7001")?;
+/// let config = RedisConfig::from_url(&url)?;
+/// assert!(matches!(&config.topology, Topology::Cluster { nodes } if nodes.len() == 2));
+/// # Ok::<(), distlock_core::Error>(())
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Topology {

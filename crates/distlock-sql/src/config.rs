@@ -39,6 +39,16 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_IDENTIFIER_LEN: usize = 63;
 
 /// How a name is locked. See the crate docs for what each mode promises.
+///
+/// ```
+/// use distlock_sql::{Mode, SqlConfig};
+///
+/// // A lease row, for a database behind a transaction pooler (no session survives a statement).
+/// let config = SqlConfig::from_url("postgres://app@db.internal/app?mode=lease")?;
+/// assert_eq!(config.mode, Mode::Lease);
+/// assert_eq!(SqlConfig::new("postgres://app@db.internal/app").mode, Mode::Advisory); // the default
+/// # Ok::<(), distlock_core::Error>(())
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Mode {
@@ -89,6 +99,15 @@ impl FromStr for Mode {
 
 /// A numeric advisory-lock key given in the URL (`?key=42` or `?key=1,2`), locked instead of the
 /// name's hash: PostgreSQL's one-`bigint` and two-`int` key spaces, which never overlap.
+///
+/// ```
+/// use distlock_sql::{AdvisoryKey, SqlConfig};
+///
+/// // Lock the key an existing job already takes with pg_advisory_lock(7, 42), so both exclude each other.
+/// let config = SqlConfig::from_url("postgres://app@db.internal/app?key=7,42")?;
+/// assert_eq!(config.key, Some(AdvisoryKey::Pair(7, 42)));
+/// # Ok::<(), distlock_core::Error>(())
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AdvisoryKey {
@@ -123,6 +142,18 @@ impl FromStr for AdvisoryKey {
 /// (`PostgresBackend::from_config`, `MysqlBackend::from_config`).
 ///
 /// `Debug` never shows the password.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_sql::{Mode, SqlConfig};
+///
+/// let config = SqlConfig::from_url("postgres://app:s3cret@db.internal/app?mode=row&table=locks")?
+///     .with_request_timeout(Duration::from_secs(2));
+/// assert_eq!((config.mode, config.table.as_str()), (Mode::Row, "locks"));
+/// assert_eq!(config.url, "postgres://app:s3cret@db.internal/app"); // the driver's part only
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// # Ok::<(), distlock_core::Error>(())
+/// ```
 #[non_exhaustive]
 #[derive(Clone, PartialEq, Eq)]
 pub struct SqlConfig {

@@ -16,6 +16,9 @@
 //! reached only by signature whose name some module also imports from another crate (names are matched,
 //! not resolved).
 //!
+//! The same walk, from the facade and from `distlock-sql` and the CLI's library, checks that every
+//! public type and trait shows a code example in its docs (`every_public_type_has_an_example`).
+//!
 //! After an intended change of the API, regenerate the snapshot and review its diff:
 //!
 //! ```sh
@@ -30,13 +33,18 @@ use proc_macro2::{Delimiter, Group, Ident, Spacing, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::{Attribute, ImplItem, Item, TraitItem, UseTree, Visibility};
 
-/// The crates the facade re-exports from, by the name code uses, with their `lib.rs`.
+/// The crates the facade re-exports from, and the published ones it does not (`distlock-sql`,
+/// reached through `connect`; the CLI's library), walked for the example check; by the name code
+/// uses, with their directory.
 const CRATES: &[(&str, &str)] = &[
     ("distlock", "distlock"),
     ("distlock_core", "distlock-core"),
     ("distlock_file", "distlock-file"),
     ("distlock_redis", "distlock-redis"),
     ("distlock_etcd", "distlock-etcd"),
+    ("distlock_zookeeper", "distlock-zookeeper"),
+    ("distlock_sql", "distlock-sql"),
+    ("distlock_cli", "distlock-cli"),
 ];
 
 /// One module of one crate: its items.
@@ -113,6 +121,8 @@ struct Walker {
     lines: BTreeSet<String>,
     /// The types and traits described so far, by crate and name.
     described: BTreeSet<(String, String)>,
+    /// The described types and traits whose docs show no code example, by full path.
+    without_example: BTreeSet<String>,
 }
 
 /// Where a name leads: a module (to list) or an item (to describe).
@@ -327,6 +337,14 @@ impl Walker {
         }
         let name = rename.unwrap_or_else(|| segments.last().cloned().unwrap_or_default());
         let full = format!("{shown}::{name}");
+        // `pub use tokio_postgres;`: a whole external crate (a local item needs no `use` of one
+        // segment), listed by path only; resolving it would find this `use` again.
+        if let [only] = segments {
+            if !self.crates.contains_key(only) {
+                self.emit(cfgs, &full, &format!("pub use {only}"));
+                return;
+            }
+        }
         match self.resolve(krate, at, segments) {
             Some(Target::Module(k, p)) => {
                 self.emit(cfgs, &full, "mod");
@@ -448,6 +466,9 @@ impl Walker {
             _ => None,
         } {
             self.described.insert((krate.to_string(), name));
+            if !has_example(item_attrs(item)) {
+                self.without_example.insert(full.to_string());
+            }
         }
         match item {
             Item::Struct(s) => {
@@ -862,7 +883,17 @@ fn item_attrs(item: &Item) -> &[Attribute] {
     }
 }
 
-fn listing() -> String {
+/// Whether the docs hold a code block: in a doc comment, or in `#[cfg_attr(doc, doc = "…")]` (docs
+/// that clap must not turn into `--help` text).
+fn has_example(attrs: &[Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        (a.path().is_ident("doc") || a.path().is_ident("cfg_attr"))
+            && a.meta.to_token_stream().to_string().contains("```")
+    })
+}
+
+/// Everything public from the `roots` crates down.
+fn walk(roots: &[&str]) -> Walker {
     let crates_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let crates = CRATES
         .iter()
@@ -877,9 +908,18 @@ fn listing() -> String {
         crates,
         lines: BTreeSet::new(),
         described: BTreeSet::new(),
+        without_example: BTreeSet::new(),
     };
-    walker.walk_module("distlock", &[], "distlock", &[]);
+    for root in roots {
+        walker.walk_module(root, &[], root, &[]);
+    }
     walker.describe_reachable();
+    walker
+}
+
+/// The facade's API, one line per item.
+fn listing() -> String {
+    let walker = walk(&["distlock"]);
     let mut out = String::new();
     for line in &walker.lines {
         out.push_str(line);
@@ -947,4 +987,46 @@ fn the_listing_sees_items_hooks_and_not_internals() {
             "{internal:?} is public:\n{listing}"
         );
     }
+}
+
+/// Every public type and trait of the published crates shows a code example in its docs (issue 30),
+/// reached from the facade and from the crates it does not re-export (`distlock-sql`, whose backends
+/// `connect` builds; the CLI's library). etcd's protobuf messages, which a few signatures of its gRPC
+/// client name, are generated from etcd's `.proto` files and documented there.
+#[test]
+fn every_public_type_has_an_example() {
+    let walker = walk(&["distlock", "distlock_sql", "distlock_cli"]);
+    let missing: Vec<&String> = walker
+        .without_example
+        .iter()
+        .filter(|path| !path.contains("::generated::"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "these public types have no code example in their docs (add a runnable one):\n{}",
+        missing
+            .iter()
+            .map(|p| format!("  {p}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // The walk reached the types, and the check tells docs with a code block from docs without.
+    assert!(walker
+        .described
+        .contains(&("distlock_core".into(), "Locks".into())));
+    assert!(walker
+        .described
+        .contains(&("distlock_sql".into(), "SqlConfig".into())));
+    let without: syn::ItemStruct = syn::parse_quote! {
+        #[doc = " A lock."]
+        pub struct S;
+    };
+    let with: syn::ItemStruct = syn::parse_quote! {
+        #[doc = " A lock."]
+        #[doc = " ```"]
+        #[doc = " let s = S;"]
+        #[doc = " ```"]
+        pub struct S;
+    };
+    assert!(!has_example(&without.attrs) && has_example(&with.attrs));
 }

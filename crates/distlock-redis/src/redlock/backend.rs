@@ -40,6 +40,19 @@ use crate::redlock::node::{node_error, Node};
 use crate::rpc::int;
 
 /// The Redlock backend: N independent Redis masters, a quorum of N/2 + 1. Cheap to clone.
+///
+/// ```no_run
+/// # async fn f() -> distlock_core::Result<()> {
+/// use distlock_core::{url::LockUrl, Locks};
+/// use distlock_redis::redlock::RedlockBackend;
+///
+/// let url = LockUrl::parse("redlock://127.0.0.1:6379,127.0.0.1:6380,127.0.0.1:6381")?;
+/// let locks = Locks::new(RedlockBackend::connect(&url).await?);
+/// let guard = locks.lock("orders/42")?.acquire().await?;
+/// assert!(guard.token().is_none()); // Redlock mints no fencing token
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct RedlockBackend {
     inner: Arc<Inner>,

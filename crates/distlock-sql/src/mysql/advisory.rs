@@ -110,6 +110,19 @@ impl Flavor {
 }
 
 /// A held advisory or row lock: the session that holds it.
+///
+/// Reached only inside a [`MysqlLease`](super::MysqlLease), which code over the raw trait matches to
+/// tell what a hold keeps on the server:
+///
+/// ```
+/// use distlock_sql::mysql::MysqlLease;
+///
+/// // A session (and its connection) stays open for the whole hold in these two modes.
+/// fn holds_a_session(lease: &MysqlLease) -> bool {
+///     matches!(lease, MysqlLease::Advisory(_) | MysqlLease::Row(_))
+/// }
+/// # let _ = holds_a_session;
+/// ```
 #[derive(Debug)]
 pub struct Held {
     session: Arc<Mutex<Option<Session>>>,

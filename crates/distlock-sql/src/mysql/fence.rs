@@ -55,6 +55,22 @@ pub fn add_column_sql(table: &str) -> String {
 }
 
 /// What a guarded write did.
+///
+/// A refusal is no error: it says the lock has passed to a newer holder, so this one must stop
+/// writing, not retry:
+///
+/// ```
+/// use distlock_sql::mysql::fence::FenceOutcome;
+///
+/// fn still_ours(outcome: FenceOutcome) -> Result<u64, &'static str> {
+///     match outcome {
+///         FenceOutcome::Applied { rows } => Ok(rows),
+///         _ => Err("a newer holder has written: stop"),
+///     }
+/// }
+/// assert_eq!(still_ours(FenceOutcome::Applied { rows: 1 }), Ok(1));
+/// assert!(still_ours(FenceOutcome::Refused).is_err());
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FenceOutcome {
@@ -69,6 +85,20 @@ pub enum FenceOutcome {
 }
 
 /// An application `UPDATE` guarded by a fencing token (see the [module docs](self)).
+///
+/// Made once, then executed by each holder with its own token; the token column may have another
+/// name than [`DEFAULT_COLUMN`] (an existing version column):
+///
+/// ```
+/// use distlock_core::FencingToken;
+/// use distlock_sql::mysql::fence::FencedUpdate;
+///
+/// let debit = FencedUpdate::new("accounts", "balance = balance - ?", "id = ?").with_column("version");
+/// assert_eq!(
+///     debit.sql(FencingToken::new(42)),
+///     "UPDATE accounts SET balance = balance - ?, version = 42 WHERE (id = ?) AND version <= 42"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FencedUpdate {
     table: String,

@@ -35,6 +35,18 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// A held lease row: its version (the token).
+///
+/// Reached only inside a [`MysqlLease`](super::MysqlLease):
+///
+/// ```
+/// use distlock_sql::mysql::MysqlLease;
+///
+/// // No connection is held in lease mode: the row's expiry, renewed by the watchdog, is the lock.
+/// fn holds_no_connection(lease: &MysqlLease) -> bool {
+///     matches!(lease, MysqlLease::Lease(_))
+/// }
+/// # let _ = holds_no_connection;
+/// ```
 #[derive(Debug)]
 pub struct Held {
     fence: u64,

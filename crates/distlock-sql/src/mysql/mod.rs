@@ -80,6 +80,25 @@ use conn::{bounded, Limits, Pool};
 pub(crate) const KIND: &str = "mysql";
 
 /// A MySQL / MariaDB lock service. Cheap to clone; clones share the idle sessions.
+///
+/// Made from a URL (or a [`SqlConfig`] built in code) and handed to `distlock_core::Locks`, which
+/// acquires, renews and releases through it (against a running server):
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// use distlock_core::Locks;
+/// use distlock_sql::{mysql::MysqlBackend, Mode, SqlConfig};
+///
+/// let config = SqlConfig::from_url("mariadb://app:pw@127.0.0.1/app?mode=lease&table=locks")?;
+/// let backend = MysqlBackend::from_config(config).await?; // creates the table if missing
+/// assert_eq!(backend.mode(), Mode::Lease);
+/// let locks = Locks::new(backend);
+/// let guard = locks.lock("nightly-report")?.acquire().await?;
+/// let _token = guard.token().expect("SQL locks mint tokens"); // for `fence::FencedUpdate`
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct MysqlBackend {
     inner: Arc<Inner>,
@@ -289,6 +308,20 @@ impl Inner {
 }
 
 /// What is kept while an acquire is under way.
+///
+/// Opaque: [`MysqlBackend`]'s `Backend::begin` makes it (no I/O) and the core hands it back to every
+/// try and wait of that acquire, then to `abandon` if the acquire gives up, which undoes what a try
+/// left on the server. Code over the raw trait (a wrapper backend, a test) names it through
+/// `Backend::Acquisition`:
+///
+/// ```
+/// use distlock_core::raw::Backend;
+/// use distlock_sql::mysql::{MysqlAcquisition, MysqlBackend};
+///
+/// fn forwards<B: Backend<Acquisition = MysqlAcquisition>>() {}
+/// forwards::<MysqlBackend>();
+/// let _fresh = MysqlAcquisition::default(); // as `begin` makes it: nothing to undo yet
+/// ```
 #[derive(Debug, Default)]
 pub struct MysqlAcquisition {
     advisory: advisory::Waiting,
@@ -300,6 +333,30 @@ pub struct MysqlAcquisition {
 }
 
 /// What is kept for a held lock.
+///
+/// The variant is the URL's `?mode=`. `Locks` keeps it inside the guard; code that drives the raw
+/// trait itself gets it in the grant and passes it back to `renew` and `release` (against a running
+/// server):
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_core::Result<()> {
+/// use distlock_core::raw::{AcquireRequest, Attempt, Backend};
+/// use distlock_sql::mysql::MysqlLease;
+/// use std::time::Duration;
+///
+/// let backend = distlock_sql::mysql::connect("mysql://app:pw@127.0.0.1/app?mode=lease").await?;
+/// let request = AcquireRequest::new("nightly-report", "owner-1", Duration::from_secs(30));
+/// let mut acquisition = backend.begin(&request)?;
+/// match backend.try_acquire(&mut acquisition, &request).await? {
+///     Attempt::Acquired(grant) => {
+///         assert!(matches!(grant.lease, MysqlLease::Lease(_)));
+///         backend.release(&grant.lease, &request.name, &request.owner).await?;
+///     }
+///     _ => backend.abandon(acquisition, &request).await, // held elsewhere: undo the try
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub enum MysqlLease {
     /// `GET_LOCK` on a held session.

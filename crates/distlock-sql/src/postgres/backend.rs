@@ -23,6 +23,21 @@ pub(crate) const BACKEND: &str = "postgres";
 
 /// The PostgreSQL backend: `postgres://` / `postgresql://` URLs (see the [module docs](super)).
 /// Cheap to clone; clones share the control connection.
+///
+/// ```no_run
+/// # async fn f() -> distlock_core::Result<()> {
+/// use distlock_core::Locks;
+/// use distlock_sql::postgres::PostgresBackend;
+/// use distlock_sql::SqlConfig;
+///
+/// let config = SqlConfig::from_url("postgres://app@127.0.0.1:5432/app?mode=advisory")?;
+/// let locks = Locks::new(PostgresBackend::from_config(config).await?);
+/// let guard = locks.lock("orders/42")?.acquire().await?;
+/// let token = guard.token(); // the name's counter row, committed before the grant
+/// guard.release().await?;
+/// # let _ = token;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct PostgresBackend {
     pub(crate) inner: Arc<Inner>,
@@ -384,6 +399,17 @@ impl PostgresBackend {
 }
 
 /// What the backend keeps for a held lock.
+///
+/// Opaque: the core keeps it inside the guard and hands it back to renew and release. Code over the
+/// raw trait (a wrapper backend, a test) names it through `Backend::Lease`:
+///
+/// ```
+/// use distlock_core::raw::Backend;
+/// use distlock_sql::postgres::{PgLease, PostgresBackend};
+///
+/// fn forwards<B: Backend<Lease = PgLease>>() {}
+/// forwards::<PostgresBackend>();
+/// ```
 pub struct PgLease(pub(crate) LeaseKind);
 
 pub(crate) enum LeaseKind {
@@ -398,6 +424,19 @@ impl std::fmt::Debug for PgLease {
 }
 
 /// What the backend keeps while an acquire is under way.
+///
+/// Opaque: `Backend::begin` makes it (no I/O), every try and wait of that acquire gets it, and
+/// `abandon` undoes what a try left (a connection that may hold the lock is closed). Code over the
+/// raw trait names it through `Backend::Acquisition`:
+///
+/// ```
+/// use distlock_core::raw::Backend;
+/// use distlock_sql::postgres::{PgAcquisition, PostgresBackend};
+///
+/// fn forwards<B: Backend<Acquisition = PgAcquisition>>() {}
+/// forwards::<PostgresBackend>();
+/// let _fresh = PgAcquisition::default(); // as `begin` makes it: nothing to undo yet
+/// ```
 #[derive(Debug, Default)]
 pub struct PgAcquisition {
     pub(crate) session: session::Acquiring,

@@ -47,6 +47,19 @@ use tokio_postgres::GenericClient;
 /// A fenced `UPDATE`: which table, which fence column, your `SET` list and your filter. The fragments
 /// are SQL written by you (never user input); your parameters are numbered from `$2`, `$1` being the
 /// token.
+///
+/// Made once, then run by each holder with its own token ([`execute_fenced`]):
+///
+/// ```
+/// use distlock_sql::postgres::fence::FencedUpdate;
+///
+/// let credit = FencedUpdate::new("accounts", "fence_token", "balance = balance + $2", "id = $3");
+/// assert_eq!(
+///     credit.sql(),
+///     "UPDATE accounts SET fence_token = $1, balance = balance + $2 \
+///      WHERE (id = $3) AND fence_token <= $1"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FencedUpdate {
     sql: String,
@@ -69,6 +82,22 @@ impl FencedUpdate {
 }
 
 /// What a fenced update did.
+///
+/// A refusal is no error: it says the lock has passed to a newer holder, so this one must stop
+/// writing, not retry:
+///
+/// ```
+/// use distlock_sql::postgres::fence::Fenced;
+///
+/// fn still_ours(outcome: Fenced) -> Result<u64, &'static str> {
+///     match outcome {
+///         Fenced::Applied(rows) => Ok(rows),
+///         _ => Err("a newer holder has written: stop"),
+///     }
+/// }
+/// assert_eq!(still_ours(Fenced::Applied(1)), Ok(1));
+/// assert!(still_ours(Fenced::Refused).is_err());
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fenced {
