@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use distlock_sql::postgres::tokio_postgres::{self, Client, NoTls};
+use distlock_sql::postgres::tokio_postgres::types::Type;
+use distlock_sql::postgres::tokio_postgres::{self, Client, NoTls, Statement};
 
 use crate::harness::Cycler;
 use crate::Error;
@@ -158,12 +159,13 @@ pub fn host_port(url: &str) -> Option<(String, u16)> {
 
 /// The same-layout loop of an advisory read lock (issue 25): `pg_advisory_lock_shared` on the name's
 /// key and, pipelined with it (one round trip, as distlock sends them), the reader's token read (the
-/// fencing counter's row of the name); then `pg_advisory_unlock_shared`. On a connection of its own.
+/// fencing counter's row of the name); then `pg_advisory_unlock_shared`. On a connection of its own,
+/// each statement prepared once (the best a hand-written loop does, as the Redis loops' `EVALSHA`).
 pub struct BareShared {
     pub client: Client,
-    lock: String,
-    token: String,
-    unlock: String,
+    lock: Statement,
+    token: Statement,
+    unlock: Statement,
     name: String,
 }
 
@@ -173,11 +175,29 @@ impl BareShared {
         let client = connect(url).await?;
         create_fence_table(&client).await?;
         let key = distlock_sql::postgres::layout::advisory_key(name);
+        let lock = prepare(
+            &client,
+            &format!("SELECT pg_advisory_lock_shared(({key})::bigint)"),
+            &[],
+        )
+        .await?;
+        let token = prepare(
+            &client,
+            &format!("SELECT token FROM {FENCE_TABLE} WHERE name = $1"),
+            &[Type::TEXT],
+        )
+        .await?;
+        let unlock = prepare(
+            &client,
+            &format!("SELECT pg_advisory_unlock_shared(({key})::bigint)"),
+            &[],
+        )
+        .await?;
         Ok(BareShared {
             client,
-            lock: format!("SELECT pg_advisory_lock_shared(({key})::bigint)"),
-            token: format!("SELECT token FROM {FENCE_TABLE} WHERE name = $1"),
-            unlock: format!("SELECT pg_advisory_unlock_shared(({key})::bigint)"),
+            lock,
+            token,
+            unlock,
             name: name.to_string(),
         })
     }
@@ -187,11 +207,10 @@ impl Cycler for BareShared {
     type Held = ();
 
     async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), _); 1] =
-            [(&self.name, tokio_postgres::types::Type::TEXT)];
+        let name: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.name];
         let (locked, token) = tokio::join!(
-            self.client.simple_query(&self.lock),
-            self.client.query_typed(&self.token, &params),
+            self.client.query(&self.lock, &[]),
+            self.client.query(&self.token, &name),
         );
         locked.map_err(failure)?;
         token.map_err(failure)?;
@@ -200,7 +219,7 @@ impl Cycler for BareShared {
 
     async fn release(&self, (): ()) -> Result<(), Error> {
         self.client
-            .simple_query(&self.unlock)
+            .query(&self.unlock, &[])
             .await
             .map_err(failure)?;
         Ok(())
@@ -212,11 +231,12 @@ impl Cycler for BareShared {
 /// (`pg_try_advisory_lock_shared`), the first slot's key (`layout::permit_key(name, 0)`, two-int key
 /// space, `pg_try_advisory_lock`) and, when both were got, bumps the name's fencing counter; then one
 /// that unlocks both keys and `NOTIFY`s (the layout's wake-up for permit waiters). On a connection of
-/// its own. distlock's statement also reads the stored limit and walks the slots.
+/// its own, both statements prepared once. distlock's statement also reads the stored limit and walks
+/// the slots.
 pub struct BarePermit {
     pub client: Client,
-    take: String,
-    give_back: String,
+    take: Statement,
+    give_back: Statement,
     name: String,
 }
 
@@ -245,6 +265,8 @@ impl BarePermit {
             "SELECT pg_advisory_unlock(({a})::integer, ({b})::integer), \
              pg_advisory_unlock_shared(({key})::bigint), pg_notify('{FENCE_TABLE}', $1)"
         );
+        let take = prepare(&client, &take, &[Type::TEXT]).await?;
+        let give_back = prepare(&client, &give_back, &[Type::TEXT]).await?;
         Ok(BarePermit {
             client,
             take,
@@ -260,10 +282,7 @@ impl Cycler for BarePermit {
     async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         let row = self
             .client
-            .query_typed_one(
-                &self.take,
-                &[(&self.name, tokio_postgres::types::Type::TEXT)],
-            )
+            .query_one(&self.take, &[&self.name])
             .await
             .map_err(failure)?;
         let got: bool = row.try_get(0).map_err(failure)?;
@@ -279,14 +298,16 @@ impl Cycler for BarePermit {
 
     async fn release(&self, (): ()) -> Result<(), Error> {
         self.client
-            .query_typed(
-                &self.give_back,
-                &[(&self.name, tokio_postgres::types::Type::TEXT)],
-            )
+            .query(&self.give_back, &[&self.name])
             .await
             .map_err(failure)?;
         Ok(())
     }
+}
+
+/// `sql` prepared on `client` with these parameter types.
+async fn prepare(client: &Client, sql: &str, types: &[Type]) -> Result<Statement, Error> {
+    client.prepare_typed(sql, types).await.map_err(failure)
 }
 
 async fn create_fence_table(client: &Client) -> Result<(), Error> {

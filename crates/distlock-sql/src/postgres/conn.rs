@@ -8,9 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_core::raw::{LossReport, LossSignal};
 use tokio::sync::{broadcast, watch};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, CancelToken, Client, SimpleQueryMessage};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, CancelToken, Client, Row, SimpleQueryMessage, Statement};
 
 use super::layout;
 use super::tls::{self, MakeRustls};
@@ -32,6 +34,11 @@ pub(crate) struct Conn {
     /// The server ended the session itself (it sent an error, e.g. FATAL on `idle_session_timeout` or
     /// `pg_terminate_backend`, before closing); set before `closed`.
     ended_by_server: Arc<AtomicBool>,
+    /// The loss report of the hold this connection carries, reported by the driver task when it ends
+    /// (closed, reset, or aborted because distlock dropped the connection): no task per hold.
+    hold_loss: HoldLoss,
+    /// The hot statements prepared on this connection, by their text ([`Conn::query_one_cached`]).
+    statements: std::sync::Mutex<std::collections::HashMap<String, Statement>>,
     /// The task driving the connection future: aborted on drop, so the socket closes at once even
     /// with a statement still waiting in the server (dropping only the client would keep the socket
     /// open until that statement answers).
@@ -44,6 +51,33 @@ impl Drop for Conn {
     }
 }
 
+/// Where a connection's driver task finds the loss report of the hold the connection carries.
+type HoldLoss = Arc<std::sync::Mutex<Option<LossReport>>>;
+
+fn lock_hold_loss(slot: &HoldLoss) -> std::sync::MutexGuard<'_, Option<LossReport>> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Reports the connection's end into the hold it carries when the driver task ends, also when it is
+/// aborted (dropped with the connection): the reason found, or "closed".
+struct ReportOnEnd {
+    slot: HoldLoss,
+    reason: Option<String>,
+}
+
+impl Drop for ReportOnEnd {
+    fn drop(&mut self) {
+        if let Some(report) = lock_hold_loss(&self.slot).take() {
+            report.report(
+                self.reason
+                    .take()
+                    .unwrap_or_else(|| "the connection to PostgreSQL was closed".to_string()),
+            );
+        }
+    }
+}
+
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
@@ -51,6 +85,9 @@ impl std::fmt::Debug for Conn {
             .finish_non_exhaustive()
     }
 }
+
+/// The most statements [`Conn::query_one_cached`] keeps prepared on one connection.
+pub(crate) const MAX_PREPARED: usize = 64;
 
 /// Idle time before the first TCP keepalive probe (see [`driver_config`]).
 pub(crate) const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
@@ -121,6 +158,11 @@ impl Conn {
         let (closed_tx, closed) = watch::channel(None);
         let ended_by_server = Arc::new(AtomicBool::new(false));
         let server_ended = ended_by_server.clone();
+        let hold_loss = HoldLoss::default();
+        let mut on_end = ReportOnEnd {
+            slot: hold_loss.clone(),
+            reason: None,
+        };
         let driver = tokio::spawn(async move {
             let reason = loop {
                 match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
@@ -140,7 +182,10 @@ impl Conn {
                 }
             };
             tracing::debug!(%reason, "postgres connection ended");
-            let _ = closed_tx.send(Some(reason));
+            // `closed` first: a hold given the connection after this sees it closed (`loss_signal`).
+            let _ = closed_tx.send(Some(reason.clone()));
+            on_end.reason = Some(reason);
+            drop(on_end);
         })
         .abort_handle();
         let cancel = client.cancel_token();
@@ -173,6 +218,8 @@ impl Conn {
             tls,
             closed,
             ended_by_server,
+            hold_loss,
+            statements: std::sync::Mutex::default(),
             driver,
         })
     }
@@ -205,6 +252,63 @@ impl Conn {
     /// [`closed_reason`](Self::closed_reason) is `Some`.
     pub(crate) fn ended_by_server(&self) -> bool {
         self.ended_by_server.load(Ordering::Acquire)
+    }
+
+    /// The loss signal of a hold this connection now carries: fires when the connection ends, from
+    /// its driver task (no task of its own). Replaces the previous hold's.
+    pub(crate) fn loss_signal(&self) -> LossSignal {
+        let report = LossReport::new();
+        *lock_hold_loss(&self.hold_loss) = Some(report.clone());
+        // Ended before the report was in place: the driver task found none to report into.
+        if let Some(reason) = self.closed_reason() {
+            report.report(reason);
+        }
+        report.signal()
+    }
+
+    /// The connection no longer carries a hold (released, or handed back to the pool).
+    pub(crate) fn clear_loss(&self) {
+        lock_hold_loss(&self.hold_loss).take();
+    }
+
+    /// Runs `sql` (one row expected) as a statement prepared on this connection: a statement the
+    /// server has parsed and planned once costs it a bind and an execute, not a parse and a plan each
+    /// time (distlock's permit and lock statements plan in more time than they run). The first use
+    /// sends the prepare pipelined behind the statement itself, so it costs no round trip of its own;
+    /// later uses run the prepared one. At most [`MAX_PREPARED`] statements per connection (they are
+    /// per name: the keys are literals), the oldest set dropped when full.
+    pub(crate) async fn query_one_cached(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Row, tokio_postgres::Error> {
+        let prepared = self.lock_statements().get(sql).cloned();
+        if let Some(statement) = prepared {
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            return self.client.query_one(&statement, &values).await;
+        }
+        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+        let (row, prepared) = futures_util::future::join(
+            self.client.query_typed_one(sql, params),
+            self.client.prepare_typed(sql, &types),
+        )
+        .await;
+        if let Ok(statement) = prepared {
+            let mut statements = self.lock_statements();
+            if statements.len() >= MAX_PREPARED {
+                statements.clear();
+            }
+            statements.insert(sql.to_string(), statement);
+        }
+        row
+    }
+
+    fn lock_statements(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Statement>> {
+        self.statements
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Resolves with the reason once the connection ends.

@@ -267,6 +267,15 @@ impl Tables {
         format!("SELECT token FROM {} WHERE name = $1", self.fence)
     }
 
+    /// A reader's token and kind check in one statement: the last token minted for `$1` and the
+    /// semaphore limit stored for it, each `NULL` when there is none.
+    pub(crate) fn last_token_and_limit(&self) -> String {
+        format!(
+            "SELECT (SELECT token FROM {} WHERE name = $1), (SELECT permits FROM {} WHERE name = $1)",
+            self.fence, self.limit
+        )
+    }
+
     /// The semaphore limit stored for `$1`, if any.
     pub(crate) fn stored_limit(&self) -> String {
         format!("SELECT permits FROM {} WHERE name = $1", self.limit)
@@ -277,7 +286,8 @@ impl Tables {
     /// first is `first_slot`), and, only when a slot was taken, the fencing counter bump. The key is
     /// let go again when no slot is free. Returns one row: the stored limit (`NULL`: none yet), the
     /// slot taken (`-1`: all taken, `-2`: the key is held exclusive or a writer waits for it; `NULL`
-    /// when the limit differs), and the new token. `CASE` and `COALESCE` evaluate only what they need,
+    /// when the limit differs), the new token, and the probe's columns ([`bound_calls`], the idle bound
+    /// in `$3`). `CASE` and `COALESCE` evaluate only what they need,
     /// so nothing is locked unless the limit agrees, and the slot subquery (an init plan, run on first
     /// use) stops at its first slot.
     pub(crate) fn try_permit(&self, key: AdvisoryKey, first_slot: AdvisoryKey) -> String {
@@ -291,11 +301,12 @@ impl Tables {
                FROM (SELECT (SELECT permits FROM {limit} WHERE name = $1) AS stored) AS lim), \
              t AS (INSERT INTO {fence} AS f (name, token) SELECT $1, 1 FROM g WHERE g.slot >= 0 \
                ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token) \
-             SELECT g.stored, g.slot, (SELECT token FROM t) FROM g",
+             SELECT g.stored, g.slot, (SELECT token FROM t), {probe} FROM g",
             shared = advisory_call(key, "pg_try_advisory_lock_shared"),
             unshare = advisory_call(key, "pg_advisory_unlock_shared"),
             limit = self.limit,
-            fence = self.fence
+            fence = self.fence,
+            probe = bound_calls(3)
         )
     }
 
@@ -318,7 +329,7 @@ impl Tables {
     /// (`NOTIFY`, with `$1`, the name, as payload; sent at the statement's commit, after the unlocks).
     pub(crate) fn release_permit(&self, key: AdvisoryKey, slot: AdvisoryKey) -> String {
         format!(
-            "SELECT {}, {}, pg_notify('{}', $1)",
+            "SELECT {}, {}, pg_notify('{}', $1), {RESET_BOUND_CALLS}",
             advisory_call(slot, "pg_advisory_unlock"),
             advisory_call(key, "pg_advisory_unlock_shared"),
             self.channel
@@ -416,17 +427,55 @@ impl Tables {
 
 /// The session settings of a connection that holds a lock, and the probe: `ttl_ms` is the idle limit
 /// after which the server ends the session (and frees its locks) unless another statement comes.
+/// One statement (`set_config(…, false)` is `SET`, transactional alike), so a probe costs the server
+/// one statement, not three.
 pub(crate) fn session_bound(ttl_ms: u64) -> String {
     format!(
-        "SET idle_session_timeout = {ttl_ms}; SET idle_in_transaction_session_timeout = {ttl_ms}; \
-         SELECT pg_backend_pid()"
+        "SELECT pg_backend_pid(), set_config('idle_session_timeout', '{ttl_ms}', false), \
+         set_config('idle_in_transaction_session_timeout', '{ttl_ms}', false)"
     )
 }
 
-/// Appended to a release that leaves the session clean, before the connection is reused: the idle
-/// bounds back to off (not `RESET`, which would restore the server's or role's default, whatever it is).
-pub(crate) const RESET_BOUND: &str =
-    "SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0";
+/// The probe as columns of a grant's own statement: `pg_backend_pid()` and the idle bounds set to
+/// `$n` (text, milliseconds), so a try and its probe are one statement. A statement that fails rolls
+/// its `set_config`s back with it (as it would `SET`s); the acquire is then abandoned, which closes the
+/// connection.
+pub(crate) fn bound_calls(n: usize) -> String {
+    format!(
+        "pg_backend_pid(), set_config('idle_session_timeout', ${n}, false), \
+         set_config('idle_in_transaction_session_timeout', ${n}, false)"
+    )
+}
+
+/// A read lock's try with its probe: `pg_try_advisory_lock_shared` on `key`, then [`bound_calls`]
+/// with the idle bound in `$1`. One row: got, pid, and the two settings.
+pub(crate) fn try_shared_with_bound(key: AdvisoryKey) -> String {
+    format!(
+        "SELECT {}, {}",
+        advisory_call(key, "pg_try_advisory_lock_shared"),
+        bound_calls(1)
+    )
+}
+
+/// The idle bounds back to off (not `RESET`, which would restore the server's or role's default,
+/// whatever it is), as columns of a release's `SELECT`: a release that leaves the session clean, before
+/// the connection is reused, costs one statement.
+pub(crate) const RESET_BOUND_CALLS: &str = "set_config('idle_session_timeout', '0', false), \
+     set_config('idle_in_transaction_session_timeout', '0', false)";
+
+/// [`RESET_BOUND_CALLS`] as a statement of its own.
+pub(crate) fn reset_bound() -> String {
+    format!("SELECT {RESET_BOUND_CALLS}")
+}
+
+/// A session lock's release: `function` (`pg_advisory_unlock` or `_shared`) on `key`, whose answer is
+/// the first column, and the idle bounds reset, in one statement.
+pub(crate) fn advisory_release(key: AdvisoryKey, function: &str) -> String {
+    format!(
+        "SELECT {}, {RESET_BOUND_CALLS}",
+        advisory_call(key, function)
+    )
+}
 
 /// Set by every session distlock opens, first thing, so no server, database or role default breaks
 /// its statements: READ COMMITTED (a lease upsert under REPEATABLE READ or SERIALIZABLE fails with a

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::raw::{AcquireRequest, Attempt, Grant, LossSignal};
+use distlock_core::raw::{AcquireRequest, Attempt, Grant};
 use distlock_core::FencingToken;
 use tokio::sync::broadcast;
 use tokio_postgres::types::Type;
@@ -83,27 +83,35 @@ pub(crate) async fn try_acquire(
     let mut stored_now = false;
     loop {
         let conn = session::conn_of(session)?;
+        // The try and the probe are one statement.
         let sql = inner.tables.try_permit(key, first_slot);
-        let (probed, answered) = futures_util::future::join(
-            session::probe(conn, request.lease, bound, conn.pid, None),
-            Conn::bounded(
-                "taking a permit",
-                bound,
-                conn.client
-                    .query_typed_one(&sql, &[(&name, Type::TEXT), (&requested, Type::INT4)]),
+        let idle_bound = session::bound_param(request.lease)?;
+        let answered = Conn::bounded(
+            "taking a permit",
+            bound,
+            conn.query_one_cached(
+                &sql,
+                &[
+                    (&name, Type::TEXT),
+                    (&requested, Type::INT4),
+                    (&idle_bound, Type::TEXT),
+                ],
             ),
         )
         .await;
         // On an error the session may hold a slot and the key: `clean` stays false, so the abandon
         // unlocks everything of the session before it closes the connection.
-        probed?;
         let row = answered.map_err(|e| limit_table_error(inner, e))?;
+        let pid = row
+            .try_get(3)
+            .map_err(|e| SqlError::Protocol(format!("the permit statement returned {e}")))?;
+        session::same_session(pid, conn.pid)?;
         match outcome(&row, name, limit)? {
             Outcome::Granted(slot, token) => {
                 let Some(conn) = session.conn.take() else {
                     return Err(SqlError::Protocol("internal error: no connection".into()));
                 };
-                let loss = conn.closed();
+                let loss = conn.loss_signal();
                 let hold = Hold::Permit {
                     key,
                     slot: layout::permit_key(name, slot),
@@ -114,7 +122,7 @@ pub(crate) async fn try_acquire(
                         .with_token(token)
                         .with_ttl(request.lease)
                         .with_permit(slot.to_string())
-                        .with_loss(LossSignal::from_future(loss)),
+                        .with_loss(loss),
                 ));
             }
             Outcome::Busy => {

@@ -26,9 +26,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::raw::{
-    AcquireRequest, Attempt, Grant, LossSignal, Released, Renewal, RenewalId, Renewed,
-};
+use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, RenewalId, Renewed};
 use distlock_core::{FencingToken, LockKind};
 use futures_util::future::join_all;
 use tokio::sync::Mutex;
@@ -103,6 +101,16 @@ fn ttl_ms(ttl: Duration) -> u64 {
 
 /// The statements that set the session's idle bound to `ttl` and read `pg_backend_pid()`.
 fn bound_sql(ttl: Duration) -> Result<String, SqlError> {
+    Ok(layout::session_bound(bound_ms(ttl)?))
+}
+
+/// The idle bound of a lease of `ttl`, in milliseconds, as a statement parameter ([`layout::bound_calls`]).
+pub(super) fn bound_param(ttl: Duration) -> Result<String, SqlError> {
+    Ok(bound_ms(ttl)?.to_string())
+}
+
+/// The idle bound of a lease of `ttl`, in milliseconds; refused above what the server accepts.
+fn bound_ms(ttl: Duration) -> Result<u64, SqlError> {
     let ms = ttl_ms(ttl);
     if ms > i32::MAX as u64 {
         // The server refuses a longer idle bound, so it could not end a cut-off holder's session.
@@ -113,7 +121,7 @@ fn bound_sql(ttl: Duration) -> Result<String, SqlError> {
             i32::MAX
         )));
     }
-    Ok(layout::session_bound(ms))
+    Ok(ms)
 }
 
 /// Reads the answer of [`bound_sql`] (plus what followed it): refuses another pid than `expected`,
@@ -124,8 +132,14 @@ fn check_pid(messages: &[SimpleQueryMessage], expected: i32) -> Result<Option<St
         _ => None,
     });
     let pid = rows.next().flatten().and_then(|p| p.parse::<i32>().ok());
+    same_session(pid, expected)?;
+    Ok(rows.next().flatten())
+}
+
+/// Refuses a probe's `pg_backend_pid()` other than `expected` (or none).
+pub(super) fn same_session(pid: Option<i32>, expected: i32) -> Result<(), SqlError> {
     match pid {
-        Some(pid) if pid == expected => Ok(rows.next().flatten()),
+        Some(pid) if pid == expected => Ok(()),
         Some(pid) => Err(SqlError::SessionChanged(format!(
             "pg_backend_pid() changed from {expected} to {pid} on one connection: a transaction pooler \
              (PgBouncer in transaction mode) sits between distlock and PostgreSQL, so session locks are not \
@@ -217,15 +231,15 @@ pub(crate) async fn try_acquire(
         (Stage::Locked, _) if shared => {
             // The wait got the lock shared: the probe, the last write's token and (advisory) the
             // kind check, read now that the lock is granted.
-            let (probed, token, limit) = futures_util::future::join3(
+            let (probed, read) = futures_util::future::join(
                 probe(conn, lease, bound, conn.pid, None),
-                read_token(inner, conn, name),
-                stored_limit(inner, conn, name, key.is_some()),
+                read_token_and_limit(inner, conn, name, key.is_some()),
             )
             .await;
             probed?;
-            refuse_semaphore(inner, name, limit?)?;
-            token?
+            let (token, limit) = read?;
+            refuse_semaphore(inner, name, limit)?;
+            token
         }
         (Stage::Locked, _) => {
             // The wait got the lock: the probe and the counter bump.
@@ -238,31 +252,32 @@ pub(crate) async fn try_acquire(
             token?
         }
         (_, Some(key)) if shared => {
-            // The try, then (pipelined, so read after the lock is granted) the last write's token
-            // and the kind check; the last two are wasted when the lock is busy.
-            let sql = layout::advisory(key, "pg_try_advisory_lock_shared");
-            let (probed, locked, token, limit) = futures_util::future::join4(
-                probe(conn, lease, bound, conn.pid, None),
+            // The try with the probe in one statement, then (pipelined, so read after the lock is
+            // granted) the last write's token and the kind check, wasted when the lock is busy.
+            let sql = layout::try_shared_with_bound(key);
+            let idle_bound = bound_param(lease)?;
+            let (locked, read) = futures_util::future::join(
                 Conn::bounded(
                     "pg_try_advisory_lock_shared",
                     bound,
-                    conn.client.query_typed_one(&sql, &[]),
+                    conn.query_one_cached(&sql, &[(&idle_bound, Type::TEXT)]),
                 ),
-                read_token(inner, conn, name),
-                stored_limit(inner, conn, name, true),
+                read_token_and_limit(inner, conn, name, true),
             )
             .await;
-            probed?;
-            let got: bool = locked?.try_get(0).map_err(|e| {
-                SqlError::Protocol(format!("pg_try_advisory_lock_shared returned {e}"))
-            })?;
+            let row = locked?;
+            let protocol =
+                |e| SqlError::Protocol(format!("pg_try_advisory_lock_shared returned {e}"));
+            same_session(row.try_get(1).map_err(protocol)?, conn.pid)?;
+            let got: bool = row.try_get(0).map_err(protocol)?;
             if !got {
                 acquiring.clean = true;
                 return Ok(Attempt::Busy { retry_after: None });
             }
             // Held shared from here: a refusal leaves it to the abandon, which unlocks it.
-            refuse_semaphore(inner, name, limit?)?;
-            token?
+            let (token, limit) = read?;
+            refuse_semaphore(inner, name, limit)?;
+            token
         }
         (_, Some(key)) => {
             let sql = inner.tables.try_lock_and_next_token(key);
@@ -271,7 +286,7 @@ pub(crate) async fn try_acquire(
                 Conn::bounded(
                     "pg_try_advisory_lock",
                     bound,
-                    conn.client.query_typed_one(&sql, &[(&name, Type::TEXT)]),
+                    conn.query_one_cached(&sql, &[(&name, Type::TEXT)]),
                 ),
             )
             .await;
@@ -303,7 +318,7 @@ pub(crate) async fn try_acquire(
             }
         }
     };
-    let loss = conn.closed();
+    let loss = conn.loss_signal();
     let Some(conn) = acquiring.conn.take() else {
         return Err(SqlError::Protocol("internal error: no connection".into()));
     };
@@ -317,7 +332,7 @@ pub(crate) async fn try_acquire(
         Grant::new(PgLease(LeaseKind::Session(Box::new(held))))
             .with_token(token)
             .with_ttl(request.lease)
-            .with_loss(LossSignal::from_future(loss)),
+            .with_loss(loss),
     ))
 }
 
@@ -417,6 +432,44 @@ async fn read_token(inner: &Inner, conn: &Conn, name: &str) -> Result<FencingTok
     u64::try_from(token)
         .map(FencingToken::new)
         .map_err(|_| SqlError::Protocol(format!("the fencing counter of {name:?} is {token}")))
+}
+
+/// A reader's token ([`read_token`]) and, where `check` (advisory mode), the semaphore limit stored
+/// for `name` ([`stored_limit`]), in one statement. Without a limit table (a role that could not
+/// create it: no name is a semaphore then) the token alone, in a statement of its own.
+async fn read_token_and_limit(
+    inner: &Inner,
+    conn: &Conn,
+    name: &str,
+    check: bool,
+) -> Result<(FencingToken, Option<i32>), SqlError> {
+    if !check {
+        return Ok((read_token(inner, conn, name).await?, None));
+    }
+    let sql = inner.tables.last_token_and_limit();
+    let read = tokio::time::timeout(
+        inner.request_timeout(),
+        conn.query_one_cached(&sql, &[(&name, Type::TEXT)]),
+    )
+    .await
+    .map_err(|_| SqlError::Timeout {
+        action: "reading the fencing counter and the semaphore limit",
+        after: inner.request_timeout(),
+    })?;
+    let row = match read {
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+            return Ok((read_token(inner, conn, name).await?, None));
+        }
+        row => row.map_err(|e| map_error("reading the fencing counter", e))?,
+    };
+    let protocol = |e| SqlError::Protocol(format!("the fencing counter returned {e}"));
+    let token: Option<i64> = row.try_get(0).map_err(protocol)?;
+    let limit: Option<i32> = row.try_get(1).map_err(protocol)?;
+    let token = token.unwrap_or(0);
+    let token = u64::try_from(token)
+        .map(FencingToken::new)
+        .map_err(|_| SqlError::Protocol(format!("the fencing counter of {name:?} is {token}")))?;
+    Ok((token, limit))
 }
 
 /// The semaphore limit stored for `name`, read on `conn` (advisory mode only: `check`); `None` when
@@ -641,7 +694,8 @@ pub(super) async fn park(inner: &Inner, acquiring: &mut Acquiring) {
     }
     if let Some(conn) = acquiring.conn.take() {
         acquiring.clean = false;
-        let reset = conn.client.batch_execute(layout::RESET_BOUND);
+        let reset_sql = layout::reset_bound();
+        let reset = conn.client.batch_execute(&reset_sql);
         if Conn::bounded("resetting the session", inner.request_timeout(), reset)
             .await
             .is_ok()
@@ -693,6 +747,8 @@ pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Re
     let Some(conn) = held.conn.lock().await.take() else {
         return Ok(Released::NotHeld);
     };
+    // The hold ends with this release, whatever it answers: the connection's end is no loss of it.
+    conn.clear_loss();
     if conn.closed_reason().is_some() {
         return Ok(Released::NotHeld);
     }
@@ -700,31 +756,31 @@ pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Re
     let outcome = match held.hold {
         Hold::Permit { key, slot } => release_permit(inner, &conn, key, slot, name).await,
         hold => {
-            let sql = match hold {
-                Hold::Advisory { key, shared } => format!(
-                    "{}; {}",
-                    layout::advisory(
+            match hold {
+                Hold::Advisory { key, shared } => {
+                    let sql = layout::advisory_release(
                         key,
                         if shared {
                             "pg_advisory_unlock_shared"
                         } else {
                             "pg_advisory_unlock"
-                        }
-                    ),
-                    layout::RESET_BOUND
-                ),
-                _ => format!("ROLLBACK; {}", layout::RESET_BOUND),
-            };
-            Conn::bounded("releasing", bound, conn.client.simple_query(&sql))
-                .await
-                .map(|messages| {
-                    let unlocked = messages.iter().find_map(|m| match m {
-                        SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
-                        _ => None,
-                    });
-                    // Row mode answers no row: the ROLLBACK ended the transaction and its row lock.
-                    unlocked.unwrap_or(matches!(hold, Hold::Row))
-                })
+                        },
+                    );
+                    Conn::bounded("releasing", bound, conn.query_one_cached(&sql, &[]))
+                        .await
+                        .and_then(|row| {
+                            row.try_get::<_, bool>(0)
+                                .map_err(|e| SqlError::Protocol(format!("the unlock returned {e}")))
+                        })
+                }
+                _ => {
+                    let sql = format!("ROLLBACK; {}", layout::reset_bound());
+                    // The ROLLBACK ended the transaction and its row lock.
+                    Conn::bounded("releasing", bound, conn.client.batch_execute(&sql))
+                        .await
+                        .map(|()| true)
+                }
+            }
         }
     };
     match outcome {
@@ -774,8 +830,8 @@ pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Re
     }
 }
 
-/// A permit's release: both keys and the wake-up in one statement, the idle bound's reset pipelined
-/// behind it. Whether the slot was this session's.
+/// A permit's release: both keys, the wake-up and the idle bound's reset in one statement. Whether the
+/// slot was this session's.
 async fn release_permit(
     inner: &Inner,
     conn: &Conn,
@@ -784,21 +840,12 @@ async fn release_permit(
     name: &str,
 ) -> Result<bool, SqlError> {
     let sql = inner.tables.release_permit(key, slot);
-    let (released, reset) = futures_util::future::join(
-        Conn::bounded(
-            "releasing",
-            inner.request_timeout(),
-            conn.client.query_typed_one(&sql, &[(&name, Type::TEXT)]),
-        ),
-        Conn::bounded(
-            "releasing",
-            inner.request_timeout(),
-            conn.client.batch_execute(layout::RESET_BOUND),
-        ),
+    let row = Conn::bounded(
+        "releasing",
+        inner.request_timeout(),
+        conn.query_one_cached(&sql, &[(&name, Type::TEXT)]),
     )
-    .await;
-    let row = released?;
-    reset?;
+    .await?;
     let protocol = |e| SqlError::Protocol(format!("the permit's release returned {e}"));
     let slot_unlocked: bool = row.try_get(0).map_err(protocol)?;
     let key_unlocked: bool = row.try_get(1).map_err(protocol)?;
@@ -860,9 +907,9 @@ pub(crate) async fn downgrade(
              exclusive"
         )));
     }
-    let loss = conn.closed();
+    let loss = conn.loss_signal();
     let held = Held::new(conn, Hold::Advisory { key, shared: true });
     Ok(Grant::new(PgLease(LeaseKind::Session(Box::new(held))))
         .with_ttl(read.lease)
-        .with_loss(LossSignal::from_future(loss)))
+        .with_loss(loss))
 }
