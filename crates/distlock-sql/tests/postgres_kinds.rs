@@ -614,3 +614,70 @@ async fn a_killed_session_frees_its_read_lock_and_its_permit_at_once_fault() {
     assert!(semaphore.try_acquire().await.unwrap().is_none());
     back.release().await.unwrap();
 }
+
+/// A URL's numeric key (`?key=a,b`, and a one-`bigint` key at the type's edge) is what every kind's
+/// statement locks: the statements take the key as parameters (one prepared text per key shape), so
+/// both shapes are run through the mutex, the write and the read side, checked from a plain client
+/// that calls the advisory functions on the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_key_of_either_shape_is_the_key_every_kind_locks() {
+    let server = PostgresServer::start_or_panic();
+    let (raw, _notifications) = raw(&server).await;
+    for (query, exclusive, shared, unlock, unlock_shared) in [
+        (
+            "7,42",
+            "SELECT pg_try_advisory_lock(7, 42)",
+            "SELECT pg_try_advisory_lock_shared(7, 42)",
+            "SELECT pg_advisory_unlock(7, 42)",
+            "SELECT pg_advisory_unlock_shared(7, 42)",
+        ),
+        (
+            "-9223372036854775808",
+            "SELECT pg_try_advisory_lock((-9223372036854775808)::bigint)",
+            "SELECT pg_try_advisory_lock_shared((-9223372036854775808)::bigint)",
+            "SELECT pg_advisory_unlock((-9223372036854775808)::bigint)",
+            "SELECT pg_advisory_unlock_shared((-9223372036854775808)::bigint)",
+        ),
+    ] {
+        let locks = Locks::new(
+            PostgresBackend::connect(&format!("{}?mode=advisory&key={query}", server.url()))
+                .await
+                .expect("connect"),
+        );
+        let got = |sql: &'static str| {
+            let raw = &raw;
+            async move {
+                raw.query_one(sql, &[])
+                    .await
+                    .expect("raw advisory call")
+                    .get::<_, bool>(0)
+            }
+        };
+        // Twice each, so the second use runs the statement prepared by the first.
+        for round in 0..2 {
+            let mutex = locks
+                .lock(&unique("url-key"))
+                .expect("lock")
+                .acquire()
+                .await
+                .expect("mutex");
+            assert!(!got(exclusive).await, "key={query} round {round}: the mutex holds the key");
+            mutex.release().await.expect("release");
+            assert!(got(exclusive).await, "key={query}: released");
+            assert!(got(unlock).await);
+
+            let rw = locks.read_write(&unique("url-key")).expect("read_write");
+            let read = rw.read().await.expect("read");
+            assert!(!got(exclusive).await, "key={query} round {round}: a reader holds the key shared");
+            assert!(got(shared).await, "key={query}: readers share it");
+            assert!(got(unlock_shared).await);
+            read.release().await.expect("release");
+            let write = rw.write().await.expect("write");
+            assert!(!got(shared).await, "key={query} round {round}: the writer holds the key");
+            write.release().await.expect("release");
+            assert!(got(exclusive).await, "key={query}: all released");
+            assert!(got(unlock).await);
+        }
+        locks.close().await;
+    }
+}

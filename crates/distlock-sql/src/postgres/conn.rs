@@ -16,6 +16,7 @@ use tokio_postgres::{AsyncMessage, CancelToken, Client, Row, SimpleQueryMessage,
 
 use super::layout;
 use super::tls::{self, MakeRustls};
+use crate::config::AdvisoryKey;
 use crate::error::SqlError;
 use crate::SqlConfig;
 
@@ -68,7 +69,9 @@ struct ReportOnEnd {
 
 impl Drop for ReportOnEnd {
     fn drop(&mut self) {
-        if let Some(report) = lock_hold_loss(&self.slot).take() {
+        // Taken out first: the report runs with the slot unlocked.
+        let report = lock_hold_loss(&self.slot).take();
+        if let Some(report) = report {
             report.report(
                 self.reason
                     .take()
@@ -83,6 +86,47 @@ impl std::fmt::Debug for Conn {
         f.debug_struct("Conn")
             .field("pid", &self.pid)
             .finish_non_exhaustive()
+    }
+}
+
+/// Owned parameters of one statement, with their types, for [`Conn::query_one_cached`].
+#[derive(Default)]
+pub(crate) struct Params {
+    values: Vec<(Box<dyn ToSql + Sync + Send>, Type)>,
+}
+
+impl Params {
+    /// A `text` parameter.
+    pub(crate) fn text(mut self, value: impl Into<String>) -> Self {
+        self.values.push((Box::new(value.into()), Type::TEXT));
+        self
+    }
+
+    /// An `integer` parameter.
+    pub(crate) fn int4(mut self, value: i32) -> Self {
+        self.values.push((Box::new(value), Type::INT4));
+        self
+    }
+
+    /// An advisory key's parameters, as `layout`'s statements read them: one `bigint`, or two
+    /// `integer`s.
+    pub(crate) fn key(mut self, key: AdvisoryKey) -> Self {
+        match key {
+            AdvisoryKey::Single(k) => self.values.push((Box::new(k), Type::INT8)),
+            AdvisoryKey::Pair(a, b) => {
+                self.values.push((Box::new(a), Type::INT4));
+                self.values.push((Box::new(b), Type::INT4));
+            }
+        }
+        self
+    }
+
+    /// As the driver takes them.
+    pub(crate) fn refs(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
+        self.values
+            .iter()
+            .map(|(value, ty)| (value.as_ref() as &(dyn ToSql + Sync), ty.clone()))
+            .collect()
     }
 }
 
@@ -275,8 +319,8 @@ impl Conn {
     /// server has parsed and planned once costs it a bind and an execute, not a parse and a plan each
     /// time (distlock's permit and lock statements plan in more time than they run). The first use
     /// sends the prepare pipelined behind the statement itself, so it costs no round trip of its own;
-    /// later uses run the prepared one. At most [`MAX_PREPARED`] statements per connection (they are
-    /// per name: the keys are literals), the oldest set dropped when full.
+    /// later uses run the prepared one. The texts are per statement shape (keys and names are
+    /// parameters), a handful per connection; [`MAX_PREPARED`] bounds them all the same.
     pub(crate) async fn query_one_cached(
         &self,
         sql: &str,

@@ -251,8 +251,10 @@ impl Tables {
     /// answer). Returns one row: whether it got the lock, and the new token (`NULL` when busy). A
     /// session advisory lock ignores transactions, so the lock stays if the bump fails: the caller
     /// closes the connection then.
+    /// The key is a parameter from `$2` (`Params::key`), so the text is one per key shape, prepared once
+    /// per connection.
     pub(crate) fn try_lock_and_next_token(&self, key: AdvisoryKey) -> String {
-        let lock = advisory_call(key, "pg_try_advisory_lock");
+        let lock = advisory_call_at(key, "pg_try_advisory_lock", 2);
         format!(
             "WITH l AS (SELECT {lock} AS got), \
              t AS (INSERT INTO {fence} AS f (name, token) SELECT $1, 1 FROM l WHERE l.got \
@@ -289,21 +291,23 @@ impl Tables {
     /// when the limit differs), the new token, and the probe's columns ([`bound_calls`], the idle bound
     /// in `$3`). `CASE` and `COALESCE` evaluate only what they need,
     /// so nothing is locked unless the limit agrees, and the slot subquery (an init plan, run on first
-    /// use) stops at its first slot.
-    pub(crate) fn try_permit(&self, key: AdvisoryKey, first_slot: AdvisoryKey) -> String {
-        let (a, b) = pair(first_slot);
+    /// use) stops at its first slot. The name's key is a parameter from `$4`, then the first slot's two
+    /// ints (`Params::key` of both, in that order).
+    pub(crate) fn try_permit(&self, key: AdvisoryKey) -> String {
+        let slot_at = 4 + key_arity(key);
+        let (a, b) = (slot_at, slot_at + 1);
         format!(
             "WITH g AS (SELECT lim.stored, CASE WHEN lim.stored = $2 THEN \
                CASE WHEN {shared} THEN COALESCE(\
-                 (SELECT s FROM generate_series(0, $2 - 1) AS s WHERE pg_try_advisory_lock(({a})::integer, ({b})::integer + s) LIMIT 1), \
+                 (SELECT s FROM generate_series(0, $2 - 1) AS s WHERE pg_try_advisory_lock(${a}::integer, ${b}::integer + s) LIMIT 1), \
                  CASE WHEN {unshare} THEN -1 END) \
                ELSE -2 END END AS slot \
                FROM (SELECT (SELECT permits FROM {limit} WHERE name = $1) AS stored) AS lim), \
              t AS (INSERT INTO {fence} AS f (name, token) SELECT $1, 1 FROM g WHERE g.slot >= 0 \
                ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token) \
              SELECT g.stored, g.slot, (SELECT token FROM t), {probe} FROM g",
-            shared = advisory_call(key, "pg_try_advisory_lock_shared"),
-            unshare = advisory_call(key, "pg_advisory_unlock_shared"),
+            shared = advisory_call_at(key, "pg_try_advisory_lock_shared", 4),
+            unshare = advisory_call_at(key, "pg_advisory_unlock_shared", 4),
             limit = self.limit,
             fence = self.fence,
             probe = bound_calls(3)
@@ -327,11 +331,12 @@ impl Tables {
 
     /// A permit's release: its slot's key and the name's shared key, and a wake-up for waiters
     /// (`NOTIFY`, with `$1`, the name, as payload; sent at the statement's commit, after the unlocks).
-    pub(crate) fn release_permit(&self, key: AdvisoryKey, slot: AdvisoryKey) -> String {
+    /// The slot's two ints are parameters from `$2`, then the name's key (`Params::key` of both).
+    pub(crate) fn release_permit(&self, key: AdvisoryKey) -> String {
         format!(
             "SELECT {}, {}, pg_notify('{}', $1), {RESET_BOUND_CALLS}",
-            advisory_call(slot, "pg_advisory_unlock"),
-            advisory_call(key, "pg_advisory_unlock_shared"),
+            advisory_call_at(AdvisoryKey::Pair(0, 0), "pg_advisory_unlock", 2),
+            advisory_call_at(key, "pg_advisory_unlock_shared", 4),
             self.channel
         )
     }
@@ -447,12 +452,13 @@ pub(crate) fn bound_calls(n: usize) -> String {
     )
 }
 
-/// A read lock's try with its probe: `pg_try_advisory_lock_shared` on `key`, then [`bound_calls`]
-/// with the idle bound in `$1`. One row: got, pid, and the two settings.
+/// A read lock's try with its probe: `pg_try_advisory_lock_shared` on the key in the parameters from
+/// `$2` (`Params::key`), then [`bound_calls`] with the idle bound in `$1`. One row: got, pid, and the
+/// two settings.
 pub(crate) fn try_shared_with_bound(key: AdvisoryKey) -> String {
     format!(
         "SELECT {}, {}",
-        advisory_call(key, "pg_try_advisory_lock_shared"),
+        advisory_call_at(key, "pg_try_advisory_lock_shared", 2),
         bound_calls(1)
     )
 }
@@ -468,27 +474,48 @@ pub(crate) fn reset_bound() -> String {
     format!("SELECT {RESET_BOUND_CALLS}")
 }
 
-/// A session lock's release: `function` (`pg_advisory_unlock` or `_shared`) on `key`, whose answer is
-/// the first column, and the idle bounds reset, in one statement.
+/// A session lock's release: `function` (`pg_advisory_unlock` or `_shared`) on the key in the
+/// parameters from `$1` (`Params::key`), whose answer is the first column, and the idle bounds reset, in
+/// one statement.
 pub(crate) fn advisory_release(key: AdvisoryKey, function: &str) -> String {
     format!(
         "SELECT {}, {RESET_BOUND_CALLS}",
-        advisory_call(key, function)
+        advisory_call_at(key, function, 1)
     )
+}
+
+/// `function` on a key passed as parameters from `$n`: `$n` a `bigint` for a one-`bigint` key, `$n`
+/// and `$n+1` `integer`s for a two-int key. The statement's text depends on the key's shape only, so
+/// one prepared statement serves every name.
+fn advisory_call_at(key: AdvisoryKey, function: &str, n: usize) -> String {
+    match key {
+        AdvisoryKey::Single(_) => format!("{function}(${n}::bigint)"),
+        AdvisoryKey::Pair(..) => format!("{function}(${n}::integer, ${}::integer)", n + 1),
+    }
+}
+
+/// How many parameters a key takes ([`advisory_call_at`]).
+fn key_arity(key: AdvisoryKey) -> usize {
+    match key {
+        AdvisoryKey::Single(_) => 1,
+        AdvisoryKey::Pair(..) => 2,
+    }
 }
 
 /// Set by every session distlock opens, first thing, so no server, database or role default breaks
 /// its statements: READ COMMITTED (a lease upsert under REPEATABLE READ or SERIALIZABLE fails with a
 /// serialization error when waiters race; the row lock's `FOR UPDATE` relies on it too), no statement or
 /// lock timeout (every statement has distlock's own client-side bound, and waits are sliced by
-/// [`wait_slice`]), and no idle limits (a held session sets its own, see [`session_bound`]).
+/// [`wait_slice`]), no idle limits (a held session sets its own, see [`session_bound`]), and generic
+/// plans for the prepared statements (`Conn::query_one_cached`): their keys are parameters, and a
+/// custom plan per execution would plan them each time, which preparing them is there to avoid.
 /// `set_config` through `pg_settings` sets only what the server knows, so PostgreSQL before 14 (no
 /// `idle_session_timeout`) is not refused in lease mode.
 pub(crate) const SESSION_SETTINGS: &str =
     "SELECT count(set_config(name, value, false)) FROM (VALUES \
      ('default_transaction_isolation', 'read committed'), ('statement_timeout', '0'), \
      ('lock_timeout', '0'), ('idle_in_transaction_session_timeout', '0'), \
-     ('idle_session_timeout', '0')) AS s(name, value) \
+     ('idle_session_timeout', '0'), ('plan_cache_mode', 'force_generic_plan')) AS s(name, value) \
      WHERE name IN (SELECT name FROM pg_settings)";
 
 /// Set once on a connection that holds or waits for a lock: a waiting query notices its client is
@@ -530,7 +557,7 @@ pub(crate) fn downgrade(key: AdvisoryKey, slice_ms: u64) -> String {
 }
 
 /// The two ints of a two-int key (a one-`bigint` key as its halves, as `pg_locks` shows it).
-fn pair(key: AdvisoryKey) -> (i32, i32) {
+pub(crate) fn pair(key: AdvisoryKey) -> (i32, i32) {
     match key {
         AdvisoryKey::Pair(a, b) => (a, b),
         AdvisoryKey::Single(k) => ((k >> 32) as i32, k as i32),

@@ -27,7 +27,7 @@ use tokio::sync::broadcast;
 use tokio_postgres::types::Type;
 
 use super::backend::{Inner, LeaseKind, PgLease};
-use super::conn::Conn;
+use super::conn::{Conn, Params};
 use super::layout;
 use super::session::{self, Held, Hold};
 use crate::config::AdvisoryKey;
@@ -84,19 +84,18 @@ pub(crate) async fn try_acquire(
     loop {
         let conn = session::conn_of(session)?;
         // The try and the probe are one statement.
-        let sql = inner.tables.try_permit(key, first_slot);
-        let idle_bound = session::bound_param(request.lease)?;
+        let sql = inner.tables.try_permit(key);
+        let (slot_a, slot_b) = layout::pair(first_slot);
+        let params = Params::default()
+            .text(name)
+            .int4(requested)
+            .text(session::bound_param(request.lease)?)
+            .key(key)
+            .key(AdvisoryKey::Pair(slot_a, slot_b));
         let answered = Conn::bounded(
             "taking a permit",
             bound,
-            conn.query_one_cached(
-                &sql,
-                &[
-                    (&name, Type::TEXT),
-                    (&requested, Type::INT4),
-                    (&idle_bound, Type::TEXT),
-                ],
-            ),
+            conn.query_one_cached(&sql, &params.refs()),
         )
         .await;
         // On an error the session may hold a slot and the key: `clean` stays false, so the abandon

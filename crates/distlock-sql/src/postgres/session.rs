@@ -35,7 +35,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::SimpleQueryMessage;
 
 use super::backend::{Inner, LeaseKind, PgLease};
-use super::conn::{is_fatal, is_lock_not_available, map_error, Conn};
+use super::conn::{is_fatal, is_lock_not_available, map_error, Conn, Params};
 use super::layout;
 use crate::config::{AdvisoryKey, Mode};
 use crate::error::SqlError;
@@ -255,12 +255,12 @@ pub(crate) async fn try_acquire(
             // The try with the probe in one statement, then (pipelined, so read after the lock is
             // granted) the last write's token and the kind check, wasted when the lock is busy.
             let sql = layout::try_shared_with_bound(key);
-            let idle_bound = bound_param(lease)?;
+            let params = Params::default().text(bound_param(lease)?).key(key);
             let (locked, read) = futures_util::future::join(
                 Conn::bounded(
                     "pg_try_advisory_lock_shared",
                     bound,
-                    conn.query_one_cached(&sql, &[(&idle_bound, Type::TEXT)]),
+                    conn.query_one_cached(&sql, &params.refs()),
                 ),
                 read_token_and_limit(inner, conn, name, true),
             )
@@ -271,7 +271,9 @@ pub(crate) async fn try_acquire(
             same_session(row.try_get(1).map_err(protocol)?, conn.pid)?;
             let got: bool = row.try_get(0).map_err(protocol)?;
             if !got {
-                acquiring.clean = true;
+                // A read that failed (a timeout may have left a prepared statement the client never
+                // learned of) keeps the connection out of the idle pool.
+                acquiring.clean = read.is_ok();
                 return Ok(Attempt::Busy { retry_after: None });
             }
             // Held shared from here: a refusal leaves it to the abandon, which unlocks it.
@@ -281,12 +283,13 @@ pub(crate) async fn try_acquire(
         }
         (_, Some(key)) => {
             let sql = inner.tables.try_lock_and_next_token(key);
+            let params = Params::default().text(name).key(key);
             let (probed, locked) = futures_util::future::join(
                 probe(conn, lease, bound, conn.pid, None),
                 Conn::bounded(
                     "pg_try_advisory_lock",
                     bound,
-                    conn.query_one_cached(&sql, &[(&name, Type::TEXT)]),
+                    conn.query_one_cached(&sql, &params.refs()),
                 ),
             )
             .await;
@@ -766,12 +769,17 @@ pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Re
                             "pg_advisory_unlock"
                         },
                     );
-                    Conn::bounded("releasing", bound, conn.query_one_cached(&sql, &[]))
-                        .await
-                        .and_then(|row| {
-                            row.try_get::<_, bool>(0)
-                                .map_err(|e| SqlError::Protocol(format!("the unlock returned {e}")))
-                        })
+                    let params = Params::default().key(key);
+                    Conn::bounded(
+                        "releasing",
+                        bound,
+                        conn.query_one_cached(&sql, &params.refs()),
+                    )
+                    .await
+                    .and_then(|row| {
+                        row.try_get::<_, bool>(0)
+                            .map_err(|e| SqlError::Protocol(format!("the unlock returned {e}")))
+                    })
                 }
                 _ => {
                     let sql = format!("ROLLBACK; {}", layout::reset_bound());
@@ -839,11 +847,16 @@ async fn release_permit(
     slot: AdvisoryKey,
     name: &str,
 ) -> Result<bool, SqlError> {
-    let sql = inner.tables.release_permit(key, slot);
+    let sql = inner.tables.release_permit(key);
+    let (a, b) = layout::pair(slot);
+    let params = Params::default()
+        .text(name)
+        .key(AdvisoryKey::Pair(a, b))
+        .key(key);
     let row = Conn::bounded(
         "releasing",
         inner.request_timeout(),
-        conn.query_one_cached(&sql, &[(&name, Type::TEXT)]),
+        conn.query_one_cached(&sql, &params.refs()),
     )
     .await?;
     let protocol = |e| SqlError::Protocol(format!("the permit's release returned {e}"));
