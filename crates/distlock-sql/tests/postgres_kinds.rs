@@ -661,19 +661,28 @@ async fn a_url_key_of_either_shape_is_the_key_every_kind_locks() {
                 .acquire()
                 .await
                 .expect("mutex");
-            assert!(!got(exclusive).await, "key={query} round {round}: the mutex holds the key");
+            assert!(
+                !got(exclusive).await,
+                "key={query} round {round}: the mutex holds the key"
+            );
             mutex.release().await.expect("release");
             assert!(got(exclusive).await, "key={query}: released");
             assert!(got(unlock).await);
 
             let rw = locks.read_write(&unique("url-key")).expect("read_write");
             let read = rw.read().await.expect("read");
-            assert!(!got(exclusive).await, "key={query} round {round}: a reader holds the key shared");
+            assert!(
+                !got(exclusive).await,
+                "key={query} round {round}: a reader holds the key shared"
+            );
             assert!(got(shared).await, "key={query}: readers share it");
             assert!(got(unlock_shared).await);
             read.release().await.expect("release");
             let write = rw.write().await.expect("write");
-            assert!(!got(shared).await, "key={query} round {round}: the writer holds the key");
+            assert!(
+                !got(shared).await,
+                "key={query} round {round}: the writer holds the key"
+            );
             write.release().await.expect("release");
             assert!(got(exclusive).await, "key={query}: all released");
             assert!(got(unlock).await);
