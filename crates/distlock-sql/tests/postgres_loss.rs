@@ -98,3 +98,79 @@ async fn blackholed_holder_is_lost_at_its_deadline_and_freed_by_the_server_fault
         drop(guard);
     }
 }
+
+/// A try whose statement fails on the server after its lock function ran (here the fencing counter's
+/// bump: a trigger sleeps 1 s, then raises), with the client cut off meanwhile, so the acquire's undo
+/// cannot reach the server: the session holds the lock, and only its idle bound frees it. The probe
+/// that sets the bound is a statement of its own ahead of the try, committed whatever the try does;
+/// folded into the try (as session 33 and session 34 once did), the failed statement rolled the
+/// bound back and the lock stayed until the server's TCP keepalive, hours at the defaults. Mutex and
+/// permit, whose tries bump the counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_that_fails_after_taking_the_lock_while_cut_off_is_freed_within_the_lease_fault() {
+    for kind in ["mutex", "permit"] {
+        let server = PostgresServer::start_or_panic();
+        let proxy = std::sync::Arc::new(Proxy::start(server.addr()).unwrap());
+        let url = format!("{}?mode=advisory", server.url_for(proxy.addr()));
+        let locks = Locks::new(PostgresBackend::connect(&url).await.unwrap());
+        let name = format!("failed-try/{kind}");
+        let try_once = |locks: Locks, name: String| async move {
+            match kind {
+                "mutex" => {
+                    let lock = locks.lock(&name).unwrap();
+                    lock.options().lease(LEASE).try_acquire().await
+                }
+                _ => {
+                    let permit = locks.semaphore(&name, 2).unwrap().permit();
+                    permit.options().lease(LEASE).try_acquire().await
+                }
+            }
+        };
+        // One whole cycle first (it stores the semaphore's limit): the failing try then runs on a
+        // connection back from the pool, whose idle bound is off, as a later acquire's would.
+        try_once(locks.clone(), name.clone())
+            .await
+            .unwrap()
+            .expect("free")
+            .release()
+            .await
+            .unwrap();
+        server
+            .psql(&format!(
+                "CREATE FUNCTION distlock_test_fail() RETURNS trigger AS $$ \
+                 BEGIN PERFORM pg_sleep(1); RAISE EXCEPTION 'injected failure after the lock'; END \
+                 $$ LANGUAGE plpgsql; \
+                 CREATE TRIGGER distlock_test_fail BEFORE INSERT OR UPDATE ON distlock_locks_fence \
+                 FOR EACH ROW WHEN (NEW.name = '{name}') EXECUTE FUNCTION distlock_test_fail()"
+            ))
+            .unwrap();
+        let acquire = tokio::spawn(try_once(locks.clone(), name.clone()));
+        // The try holds the key while the trigger sleeps: cut the client off then.
+        let started = Instant::now();
+        while !held_on_server(&server, "advisory", &name) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{kind}: the try never took the lock"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::task::spawn_blocking({
+            let p = proxy.clone();
+            move || p.blackhole().unwrap()
+        })
+        .await
+        .unwrap();
+        let cut = Instant::now();
+        // The statement fails 1 s after the lock; the session's idle bound (the lease) ends it.
+        let bound = Duration::from_secs(1) + LEASE + Duration::from_secs(3);
+        while held_on_server(&server, "advisory", &name) {
+            assert!(
+                cut.elapsed() < bound,
+                "{kind}: the lock of a failed try stayed with the cut-off session past its idle bound"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!("{kind}: freed {:?} after the cut", cut.elapsed());
+        acquire.abort();
+    }
+}

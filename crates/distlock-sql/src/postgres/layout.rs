@@ -288,13 +288,12 @@ impl Tables {
     /// first is `first_slot`), and, only when a slot was taken, the fencing counter bump. The key is
     /// let go again when no slot is free. Returns one row: the stored limit (`NULL`: none yet), the
     /// slot taken (`-1`: all taken, `-2`: the key is held exclusive or a writer waits for it; `NULL`
-    /// when the limit differs), the new token, and the probe's columns ([`bound_calls`], the idle bound
-    /// in `$3`). `CASE` and `COALESCE` evaluate only what they need,
+    /// when the limit differs), and the new token. `CASE` and `COALESCE` evaluate only what they need,
     /// so nothing is locked unless the limit agrees, and the slot subquery (an init plan, run on first
-    /// use) stops at its first slot. The name's key is a parameter from `$4`, then the first slot's two
+    /// use) stops at its first slot. The name's key is a parameter from `$3`, then the first slot's two
     /// ints (`Params::key` of both, in that order).
     pub(crate) fn try_permit(&self, key: AdvisoryKey) -> String {
-        let slot_at = 4 + key_arity(key);
+        let slot_at = 3 + key_arity(key);
         let (a, b) = (slot_at, slot_at + 1);
         format!(
             "WITH g AS (SELECT lim.stored, CASE WHEN lim.stored = $2 THEN \
@@ -305,12 +304,11 @@ impl Tables {
                FROM (SELECT (SELECT permits FROM {limit} WHERE name = $1) AS stored) AS lim), \
              t AS (INSERT INTO {fence} AS f (name, token) SELECT $1, 1 FROM g WHERE g.slot >= 0 \
                ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token) \
-             SELECT g.stored, g.slot, (SELECT token FROM t), {probe} FROM g",
-            shared = advisory_call_at(key, "pg_try_advisory_lock_shared", 4),
-            unshare = advisory_call_at(key, "pg_advisory_unlock_shared", 4),
+             SELECT g.stored, g.slot, (SELECT token FROM t) FROM g",
+            shared = advisory_call_at(key, "pg_try_advisory_lock_shared", 3),
+            unshare = advisory_call_at(key, "pg_advisory_unlock_shared", 3),
             limit = self.limit,
-            fence = self.fence,
-            probe = bound_calls(3)
+            fence = self.fence
         )
     }
 
@@ -441,25 +439,22 @@ pub(crate) fn session_bound(ttl_ms: u64) -> String {
     )
 }
 
-/// The probe as columns of a grant's own statement: `pg_backend_pid()` and the idle bounds set to
-/// `$n` (text, milliseconds), so a try and its probe are one statement. A statement that fails rolls
-/// its `set_config`s back with it (as it would `SET`s); the acquire is then abandoned, which closes the
-/// connection.
-pub(crate) fn bound_calls(n: usize) -> String {
-    format!(
-        "pg_backend_pid(), set_config('idle_session_timeout', ${n}, false), \
-         set_config('idle_in_transaction_session_timeout', ${n}, false)"
-    )
-}
+/// [`session_bound`] as a prepared statement: the idle bound is `$1` (text, milliseconds). It stays a
+/// statement of its own, sent ahead of a try's lock statement in the same round trip, so the bound is
+/// committed whatever that statement does: folded into it, an error after its lock function (a
+/// cancel, a failed counter bump) would roll the bound back with the lock still held, and a client
+/// cut off then would keep the lock until the server's TCP keepalive (session 33 found it; a fold in
+/// session 34 brought it back and was undone).
+pub(crate) const PROBE: &str =
+    "SELECT pg_backend_pid(), set_config('idle_session_timeout', $1, false), \
+     set_config('idle_in_transaction_session_timeout', $1, false)";
 
-/// A read lock's try with its probe: `pg_try_advisory_lock_shared` on the key in the parameters from
-/// `$2` (`Params::key`), then [`bound_calls`] with the idle bound in `$1`. One row: got, pid, and the
-/// two settings.
-pub(crate) fn try_shared_with_bound(key: AdvisoryKey) -> String {
+/// A read lock's try: `pg_try_advisory_lock_shared` on the key in the parameters from `$1`
+/// (`Params::key`).
+pub(crate) fn try_lock_shared(key: AdvisoryKey) -> String {
     format!(
-        "SELECT {}, {}",
-        advisory_call_at(key, "pg_try_advisory_lock_shared", 2),
-        bound_calls(1)
+        "SELECT {}",
+        advisory_call_at(key, "pg_try_advisory_lock_shared", 1)
     )
 }
 

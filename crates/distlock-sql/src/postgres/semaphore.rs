@@ -83,28 +83,26 @@ pub(crate) async fn try_acquire(
     let mut stored_now = false;
     loop {
         let conn = session::conn_of(session)?;
-        // The try and the probe are one statement.
         let sql = inner.tables.try_permit(key);
         let (slot_a, slot_b) = layout::pair(first_slot);
         let params = Params::default()
             .text(name)
             .int4(requested)
-            .text(session::bound_param(request.lease)?)
             .key(key)
             .key(AdvisoryKey::Pair(slot_a, slot_b));
-        let answered = Conn::bounded(
-            "taking a permit",
-            bound,
-            conn.query_one_cached(&sql, &params.refs()),
+        let (probed, answered) = futures_util::future::join(
+            session::probe(conn, request.lease, bound, conn.pid, None),
+            Conn::bounded(
+                "taking a permit",
+                bound,
+                conn.query_one_cached(&sql, &params.refs()),
+            ),
         )
         .await;
         // On an error the session may hold a slot and the key: `clean` stays false, so the abandon
         // unlocks everything of the session before it closes the connection.
+        probed?;
         let row = answered.map_err(|e| limit_table_error(inner, e))?;
-        let pid = row
-            .try_get(3)
-            .map_err(|e| SqlError::Protocol(format!("the permit statement returned {e}")))?;
-        session::same_session(pid, conn.pid)?;
         match outcome(&row, name, limit)? {
             Outcome::Granted(slot, token) => {
                 let Some(conn) = session.conn.take() else {

@@ -104,11 +104,6 @@ fn bound_sql(ttl: Duration) -> Result<String, SqlError> {
     Ok(layout::session_bound(bound_ms(ttl)?))
 }
 
-/// The idle bound of a lease of `ttl`, in milliseconds, as a statement parameter ([`layout::bound_calls`]).
-pub(super) fn bound_param(ttl: Duration) -> Result<String, SqlError> {
-    Ok(bound_ms(ttl)?.to_string())
-}
-
 /// The idle bound of a lease of `ttl`, in milliseconds; refused above what the server accepts.
 fn bound_ms(ttl: Duration) -> Result<u64, SqlError> {
     let ms = ttl_ms(ttl);
@@ -159,6 +154,21 @@ pub(super) async fn probe(
     expected: i32,
     then: Option<&str>,
 ) -> Result<Option<String>, SqlError> {
+    if then.is_none() {
+        // Alone, it is the prepared statement (the try pipelined behind it is one of its own).
+        let params = Params::default().text(bound_ms(ttl)?.to_string());
+        let row = Conn::bounded(
+            "probing the session",
+            bound,
+            conn.query_one_cached(layout::PROBE, &params.refs()),
+        )
+        .await?;
+        let pid = row
+            .try_get(0)
+            .map_err(|e| SqlError::Protocol(format!("the probe returned {e}")))?;
+        same_session(pid, expected)?;
+        return Ok(None);
+    }
     let mut sql = bound_sql(ttl)?;
     if let Some(then) = then {
         sql = format!("{sql}; {then}");
@@ -252,11 +262,12 @@ pub(crate) async fn try_acquire(
             token?
         }
         (_, Some(key)) if shared => {
-            // The try with the probe in one statement, then (pipelined, so read after the lock is
-            // granted) the last write's token and the kind check, wasted when the lock is busy.
-            let sql = layout::try_shared_with_bound(key);
-            let params = Params::default().text(bound_param(lease)?).key(key);
-            let (locked, read) = futures_util::future::join(
+            // The probe, the try, then (pipelined, so read after the lock is granted) the last
+            // write's token and the kind check, wasted when the lock is busy: one round trip.
+            let sql = layout::try_lock_shared(key);
+            let params = Params::default().key(key);
+            let (probed, locked, read) = futures_util::future::join3(
+                probe(conn, lease, bound, conn.pid, None),
                 Conn::bounded(
                     "pg_try_advisory_lock_shared",
                     bound,
@@ -265,11 +276,10 @@ pub(crate) async fn try_acquire(
                 read_token_and_limit(inner, conn, name, true),
             )
             .await;
-            let row = locked?;
-            let protocol =
-                |e| SqlError::Protocol(format!("pg_try_advisory_lock_shared returned {e}"));
-            same_session(row.try_get(1).map_err(protocol)?, conn.pid)?;
-            let got: bool = row.try_get(0).map_err(protocol)?;
+            probed?;
+            let got: bool = locked?.try_get(0).map_err(|e| {
+                SqlError::Protocol(format!("pg_try_advisory_lock_shared returned {e}"))
+            })?;
             if !got {
                 // A read that failed (a timeout may have left a prepared statement the client never
                 // learned of) keeps the connection out of the idle pool.
@@ -432,6 +442,11 @@ async fn read_token(inner: &Inner, conn: &Conn, name: &str) -> Result<FencingTok
             .map_err(|e| SqlError::Protocol(format!("the fencing counter returned {e}")))?,
         None => 0,
     };
+    reader_token(token, name)
+}
+
+/// The counter as a reader's token (0: the name was never written).
+fn reader_token(token: i64, name: &str) -> Result<FencingToken, SqlError> {
     u64::try_from(token)
         .map(FencingToken::new)
         .map_err(|_| SqlError::Protocol(format!("the fencing counter of {name:?} is {token}")))
@@ -450,29 +465,20 @@ async fn read_token_and_limit(
         return Ok((read_token(inner, conn, name).await?, None));
     }
     let sql = inner.tables.last_token_and_limit();
-    let read = tokio::time::timeout(
+    let read = Conn::bounded(
+        "reading the fencing counter and the semaphore limit",
         inner.request_timeout(),
         conn.query_one_cached(&sql, &[(&name, Type::TEXT)]),
     )
-    .await
-    .map_err(|_| SqlError::Timeout {
-        action: "reading the fencing counter and the semaphore limit",
-        after: inner.request_timeout(),
-    })?;
+    .await;
     let row = match read {
-        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
-            return Ok((read_token(inner, conn, name).await?, None));
-        }
-        row => row.map_err(|e| map_error("reading the fencing counter", e))?,
+        Err(SqlError::TableShape(_)) => return Ok((read_token(inner, conn, name).await?, None)),
+        row => row?,
     };
     let protocol = |e| SqlError::Protocol(format!("the fencing counter returned {e}"));
     let token: Option<i64> = row.try_get(0).map_err(protocol)?;
     let limit: Option<i32> = row.try_get(1).map_err(protocol)?;
-    let token = token.unwrap_or(0);
-    let token = u64::try_from(token)
-        .map(FencingToken::new)
-        .map_err(|_| SqlError::Protocol(format!("the fencing counter of {name:?} is {token}")))?;
-    Ok((token, limit))
+    Ok((reader_token(token.unwrap_or(0), name)?, limit))
 }
 
 /// The semaphore limit stored for `name`, read on `conn` (advisory mode only: `check`); `None` when
