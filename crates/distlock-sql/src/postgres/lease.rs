@@ -6,8 +6,9 @@
 //! proxies (`LISTEN` then needs a session: without one, waiters fall back to the expiry hint).
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use distlock_core::clock::{self, Instant};
 use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, RenewalId, Renewed};
 use distlock_core::FencingToken;
 use tokio::sync::broadcast;
@@ -67,7 +68,7 @@ impl Held {
         !self
             .renewal_unanswered
             .load(std::sync::atomic::Ordering::Relaxed)
-            && Instant::now() > self.expired_by()
+            && clock::now() > self.expired_by()
     }
 
     /// A renewal of `ttl` was confirmed just now.
@@ -88,10 +89,11 @@ impl Held {
     }
 }
 
-/// Now (a reply just came) + `ttl` + the clocks' slack.
+/// Now (a reply just came) + `ttl` + the clocks' slack, on the core's boot clock, which keeps counting
+/// through a suspend as the database's clock does.
 fn expiry_bound(ttl: Duration) -> Instant {
     let (ppm, fixed) = CLOCK_RATE_SLACK;
-    Instant::now() + ttl + ttl / (1_000_000 / ppm) + fixed
+    clock::now() + ttl + ttl / (1_000_000 / ppm) + fixed
 }
 
 fn ms(d: Duration) -> i64 {
