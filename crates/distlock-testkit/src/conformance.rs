@@ -890,7 +890,7 @@ async fn wait_for_bytes_sent(client: &Client, before: u64, what: &str) {
 /// The outcome a release may have when a fault hit its connection: done, or unknown (`Unavailable`).
 /// `NotHeld` would say the lock was not ours, which is false, and would make `distlock run` exit 76
 /// ("lock lost") for a command that ran under the lock to the end.
-pub(crate) fn assert_ok_or_unavailable(outcome: &distlock_core::Result<()>, case: &str) {
+fn assert_ok_or_unavailable(outcome: &distlock_core::Result<()>, case: &str) {
     if let Err(e) = outcome {
         assert_eq!(
             e.kind(),
@@ -998,83 +998,94 @@ pub async fn lost_release_reply(provider: &impl Provider) {
     // Under load the reply may get through before the reset; then try again with a fresh lock.
     for attempt in 1..=3 {
         let name = unique_name(case);
-        let lock = a.lock(&name);
-        let guard = lock
-            .options()
-            .lease(lease)
-            .acquire()
-            .await
-            .expect("acquire");
-        let other = b.lock(&name);
-        a.on_proxies(|p| p.delay(Duration::from_secs(1))).await;
-        let release = tokio::spawn(guard.release());
-        let started = Instant::now();
-        let theirs = loop {
-            if let Some(got) = other
-                .options()
-                .lease(lease)
-                .try_acquire()
-                .await
-                .expect("try")
-            {
-                break got;
-            }
-            assert!(
-                started.elapsed() < PROMPT * 2,
-                "the delayed release never reached the server"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
-        let (reply_lost, applied_after) = (!release.is_finished(), started.elapsed());
-        a.on_proxies(|p| p.pass().and_then(|()| p.reset())).await;
-        let outcome = tokio::time::timeout(lease / 2, release)
-            .await
-            .expect("the release must return well inside the lease")
-            .expect("release task");
-        if let Err(e) = &outcome {
-            assert_ne!(
-                e.kind(),
-                ErrorKind::NotHeld,
-                "{case}: the release was applied (another client got the lock) but reported \
-                 NotHeld: {e}"
-            );
-        }
-        assert_ok_or_unavailable(&outcome, case);
-        // Whatever the holder's client resent, the new hold stays: watch it a while.
-        let watch = Instant::now();
-        while watch.elapsed() < Duration::from_secs(2) {
-            assert_eq!(
-                theirs.state(),
-                LockState::Held,
-                "the new holder lost the lock after a resent release: {:?}",
-                theirs.loss_reason()
-            );
-            assert!(
-                c.lock(&name).try_acquire().await.expect("try").is_none(),
-                "a resent release freed the new holder's lock"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        theirs
-            .release()
-            .await
-            .expect("the new holder's release, after the old holder's resend");
-        let again = lock
-            .options()
-            .wait(PROMPT * 2)
-            .acquire()
-            .await
-            .expect("the released Lock acquires again");
-        again.release().await.expect("release");
-        if reply_lost {
+        let (mine, next, third) = (a.lock(&name), b.lock(&name), c.lock(&name));
+        if lose_a_release_reply(&a, &mine, &next, &third, case).await {
             return;
         }
-        eprintln!(
-            "{case}: attempt {attempt}: the reply got through before the reset (the release was \
-             seen applied {applied_after:?} after it was sent; it returned {outcome:?}); again"
-        );
+        eprintln!("{case}: attempt {attempt}: the reply got through before the reset; again");
     }
     panic!("{case}: the release's reply got through before the reset in 3 attempts");
+}
+
+/// One try of [`lost_release_reply`] (and of the shared kinds' `lost_release_reply_of`): `mine` (of `holder`) holds and releases under held replies,
+/// `next` gets in once the release is applied, `third` must stay out while `next` holds. Whether the
+/// reply was really lost (the release had not returned when `next` got in).
+pub(crate) async fn lose_a_release_reply(
+    holder: &Client,
+    mine: &Lock,
+    next: &Lock,
+    third: &Lock,
+    case: &str,
+) -> bool {
+    let lease = Duration::from_secs(30);
+    let guard = mine
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire");
+    holder.on_proxies(|p| p.delay(Duration::from_secs(1))).await;
+    let release = tokio::spawn(guard.release());
+    let started = Instant::now();
+    let theirs = loop {
+        if let Some(got) = next
+            .options()
+            .lease(lease)
+            .try_acquire()
+            .await
+            .expect("try")
+        {
+            break got;
+        }
+        assert!(
+            started.elapsed() < PROMPT * 2,
+            "{case}: the delayed release never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let reply_lost = !release.is_finished();
+    holder
+        .on_proxies(|p| p.pass().and_then(|()| p.reset()))
+        .await;
+    let outcome = tokio::time::timeout(lease / 2, release)
+        .await
+        .expect("the release must return well inside the lease")
+        .expect("release task");
+    if let Err(e) = &outcome {
+        assert_ne!(
+            e.kind(),
+            ErrorKind::NotHeld,
+            "{case}: the release was applied (another client got in) but reported NotHeld: {e}"
+        );
+    }
+    assert_ok_or_unavailable(&outcome, case);
+    // Whatever the holder's client resent, the next hold stays: watch it a while.
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_secs(2) {
+        assert_eq!(
+            theirs.state(),
+            LockState::Held,
+            "{case}: the next holder lost its hold after a resent release: {:?}",
+            theirs.loss_reason()
+        );
+        assert!(
+            third.try_acquire().await.expect("try").is_none(),
+            "{case}: a resent release let a third client in beside the next holder"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    theirs
+        .release()
+        .await
+        .expect("the next holder's release, after the old holder's resend");
+    let again = mine
+        .options()
+        .wait(PROMPT * 2)
+        .acquire()
+        .await
+        .expect("the released Lock acquires again");
+    again.release().await.expect("release");
+    reply_lost
 }
 
 /// Expands the whole suite for one backend: one `#[tokio::test]` per case, named after it.

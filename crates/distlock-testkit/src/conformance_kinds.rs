@@ -16,11 +16,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock_core::{
-    ErrorKind, Fencing, Lock, LockGuard, LockKind, LockState, ReadWriteOrder, Result, RwLock,
+    ErrorKind, Fencing, LockGuard, LockKind, LockState, ReadWriteOrder, Result, RwLock,
 };
 
 use crate::conformance::{
-    assert_ok_or_unavailable, connections_in_reach, unique_name, warm_up, Client, Provider, PROMPT,
+    connections_in_reach, lose_a_release_reply, unique_name, warm_up, Client, Provider, PROMPT,
 };
 use crate::holder::HolderProcess;
 
@@ -809,85 +809,4 @@ pub async fn lost_release_reply_of(provider: &impl Provider, side: SharedSide) {
         eprintln!("{case}: attempt {attempt}: the reply got through before the reset; again");
     }
     panic!("{case}: the release's reply got through before the reset in 3 attempts");
-}
-
-/// One try of [`lost_release_reply_of`]: `mine` (of `holder`) holds and releases under held replies,
-/// `next` gets in once the release is applied, `third` must stay out while `next` holds. Whether the
-/// reply was really lost (the release had not returned when `next` got in).
-async fn lose_a_release_reply(
-    holder: &Client,
-    mine: &Lock,
-    next: &Lock,
-    third: &Lock,
-    case: &str,
-) -> bool {
-    let lease = Duration::from_secs(30);
-    let guard = mine
-        .options()
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
-    holder.on_proxies(|p| p.delay(Duration::from_secs(1))).await;
-    let release = tokio::spawn(guard.release());
-    let started = Instant::now();
-    let theirs = loop {
-        if let Some(got) = next
-            .options()
-            .lease(lease)
-            .try_acquire()
-            .await
-            .expect("try")
-        {
-            break got;
-        }
-        assert!(
-            started.elapsed() < PROMPT * 2,
-            "{case}: the delayed release never reached the server"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    let reply_lost = !release.is_finished();
-    holder
-        .on_proxies(|p| p.pass().and_then(|()| p.reset()))
-        .await;
-    let outcome = tokio::time::timeout(lease / 2, release)
-        .await
-        .expect("the release must return well inside the lease")
-        .expect("release task");
-    if let Err(e) = &outcome {
-        assert_ne!(
-            e.kind(),
-            ErrorKind::NotHeld,
-            "{case}: the release was applied (another client got in) but reported NotHeld: {e}"
-        );
-    }
-    assert_ok_or_unavailable(&outcome, case);
-    // Whatever the holder's client resent, the next hold stays: watch it a while.
-    let watch = Instant::now();
-    while watch.elapsed() < Duration::from_secs(2) {
-        assert_eq!(
-            theirs.state(),
-            LockState::Held,
-            "{case}: the next holder lost its hold after a resent release: {:?}",
-            theirs.loss_reason()
-        );
-        assert!(
-            third.try_acquire().await.expect("try").is_none(),
-            "{case}: a resent release let a third client in beside the next holder"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    theirs
-        .release()
-        .await
-        .expect("the next holder's release, after the old holder's resend");
-    let again = mine
-        .options()
-        .wait(PROMPT * 2)
-        .acquire()
-        .await
-        .expect("the released Lock acquires again");
-    again.release().await.expect("release");
-    reply_lost
 }
