@@ -6,9 +6,8 @@
 //! proxies (`LISTEN` then needs a session: without one, waiters fall back to the expiry hint).
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use distlock_core::clock::{self, Instant};
 use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, RenewalId, Renewed};
 use distlock_core::FencingToken;
 use tokio::sync::broadcast;
@@ -68,7 +67,7 @@ impl Held {
         !self
             .renewal_unanswered
             .load(std::sync::atomic::Ordering::Relaxed)
-            && clock::now() > self.expired_by()
+            && Instant::now() > self.expired_by()
     }
 
     /// A renewal of `ttl` was confirmed just now.
@@ -89,11 +88,10 @@ impl Held {
     }
 }
 
-/// Now (a reply just came) + `ttl` + the clocks' slack, on the core's boot clock, which keeps counting
-/// through a suspend as the database's clock does.
+/// Now (a reply just came) + `ttl` + the clocks' slack.
 fn expiry_bound(ttl: Duration) -> Instant {
     let (ppm, fixed) = CLOCK_RATE_SLACK;
-    clock::now() + ttl + ttl / (1_000_000 / ppm) + fixed
+    Instant::now() + ttl + ttl / (1_000_000 / ppm) + fixed
 }
 
 fn ms(d: Duration) -> i64 {
