@@ -44,7 +44,11 @@ pub(crate) struct Held {
 }
 
 /// The most the database's clock may run slower than ours over one lease (1,000 ppm, twice what NTP
-/// lets a clock slew), plus a fixed 5 ms.
+/// lets a clock slew), plus a fixed 5 ms. The bound is on `std::time::Instant` (monotonic), not the
+/// core's boot clock, on purpose: it says the lease *has* expired, so it needs the clock that never
+/// runs ahead of the database's. The monotonic clock stops while this machine is suspended, so it can
+/// only under-count; the boot clock counts the suspend, which a database in a VM on the same host
+/// does not see until its clock is corrected, and would let a release conclude `NotHeld` early.
 const CLOCK_RATE_SLACK: (u32, Duration) = (1_000, Duration::from_millis(5));
 
 impl Held {
