@@ -324,7 +324,8 @@ fn postgres_run_leftover_descendants_die_before_the_release() {
 
 /// A lease longer than `idle_session_timeout` can hold (2,147,483,647 ms, about 24.8 days) cannot get
 /// a server-enforced loss deadline: such an acquire is refused as bad input (InvalidConfig naming the
-/// limit, not a transient-looking server error), and leaves nothing locked.
+/// limit, not a transient-looking server error), before any statement is sent (no fencing token is
+/// spent), and leaves nothing locked. The mutex in both session modes, and a permit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_beyond_idle_session_timeouts_range_is_refused_and_leaves_nothing_locked() {
     let server = PostgresServer::start_or_panic();
@@ -349,6 +350,35 @@ async fn a_lease_beyond_idle_session_timeouts_range_is_refused_and_leaves_nothin
             "{mode}: {err}"
         );
         assert_eq!(advisory_holders(&server, &name), 0, "{mode}: left locked");
+        // Refused before any statement went out: no try ran, so no fencing token was spent.
+        let bumped = server
+            .psql(&format!(
+                "SELECT count(*) FROM distlock_locks_fence WHERE name = '{name}'"
+            ))
+            .unwrap();
+        assert_eq!(
+            bumped, "0",
+            "{mode}: the refused acquire bumped the counter"
+        );
+        if mode == "advisory" {
+            let permit = locks.semaphore(&name, 2).unwrap().permit();
+            let err = permit
+                .options()
+                .lease(Duration::from_secs(30 * 24 * 3600))
+                .try_acquire()
+                .await
+                .expect_err("a 30-day permit the server cannot enforce was granted");
+            assert_eq!(err.kind(), distlock_core::ErrorKind::InvalidConfig, "{err}");
+            let bumped = server
+                .psql(&format!(
+                    "SELECT count(*) FROM distlock_locks_fence WHERE name = '{name}'"
+                ))
+                .unwrap();
+            assert_eq!(
+                bumped, "0",
+                "permit: the refused acquire bumped the counter"
+            );
+        }
         let g = locks.lock(&name).unwrap().try_acquire().await.unwrap();
         g.expect("free").release().await.unwrap();
         let state = distlock_server_state(&server);

@@ -74,6 +74,8 @@ pub(crate) async fn try_acquire(
     }
     let requested = i32::try_from(limit)
         .map_err(|_| SqlError::Config(format!("a semaphore of {limit} permits")))?;
+    // Refused before anything is sent (see `session::try_acquire`).
+    session::check_lease(request.lease)?;
     let key = layout::key_for(&request.name, inner.config.key);
     let first_slot = layout::permit_key(&request.name, 0);
     let name = request.name.as_str();

@@ -104,6 +104,11 @@ fn bound_sql(ttl: Duration) -> Result<String, SqlError> {
     Ok(layout::session_bound(bound_ms(ttl)?))
 }
 
+/// Refuses a lease longer than the server's idle bound can be ([`bound_ms`]), before any I/O.
+pub(super) fn check_lease(ttl: Duration) -> Result<(), SqlError> {
+    bound_ms(ttl).map(drop)
+}
+
 /// The idle bound of a lease of `ttl`, in milliseconds; refused above what the server accepts.
 fn bound_ms(ttl: Duration) -> Result<u64, SqlError> {
     let ms = ttl_ms(ttl);
@@ -221,6 +226,9 @@ pub(crate) async fn try_acquire(
         }
         _ => false,
     };
+    // A lease the idle bound cannot express is refused before anything is sent: the probe would
+    // refuse it, but only after the try pipelined behind it went out and maybe took the lock.
+    check_lease(request.lease)?;
     let key = (inner.config.mode == Mode::Advisory)
         .then(|| layout::key_for(&request.name, inner.config.key));
     let bound = inner.request_timeout();
