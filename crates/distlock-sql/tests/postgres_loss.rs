@@ -100,7 +100,7 @@ async fn blackholed_holder_is_lost_at_its_deadline_and_freed_by_the_server_fault
 }
 
 /// A try whose statement fails on the server after its lock function ran (here the fencing counter's
-/// bump: a trigger sleeps 1 s, then raises), with the client cut off meanwhile, so the acquire's undo
+/// bump: a trigger sleeps 3 s, then raises), with the client cut off meanwhile, so the acquire's undo
 /// cannot reach the server: the session holds the lock, and only its idle bound frees it. The probe
 /// that sets the bound is a statement of its own ahead of the try, committed whatever the try does;
 /// folded into the try (as session 33 and session 34 once did), the failed statement rolled the
@@ -138,7 +138,7 @@ async fn a_try_that_fails_after_taking_the_lock_while_cut_off_is_freed_within_th
         server
             .psql(&format!(
                 "CREATE FUNCTION distlock_test_fail() RETURNS trigger AS $$ \
-                 BEGIN PERFORM pg_sleep(1); RAISE EXCEPTION 'injected failure after the lock'; END \
+                 BEGIN PERFORM pg_sleep(3); RAISE EXCEPTION 'injected failure after the lock'; END \
                  $$ LANGUAGE plpgsql; \
                  CREATE TRIGGER distlock_test_fail BEFORE INSERT OR UPDATE ON distlock_locks_fence \
                  FOR EACH ROW WHEN (NEW.name = '{name}') EXECUTE FUNCTION distlock_test_fail()"
@@ -161,8 +161,20 @@ async fn a_try_that_fails_after_taking_the_lock_while_cut_off_is_freed_within_th
         .await
         .unwrap();
         let cut = Instant::now();
-        // The statement fails 1 s after the lock; the session's idle bound (the lease) ends it.
-        let bound = Duration::from_secs(1) + LEASE + Duration::from_secs(3);
+        // The cut came while the statement still runs (so its error, and the acquire's undo, cannot
+        // reach the client's side): otherwise the undo could free the lock and the case proves nothing.
+        let sleeping = server
+            .psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'distlock' \
+                 AND wait_event = 'PgSleep'",
+            )
+            .unwrap();
+        assert_eq!(
+            sleeping, "1",
+            "{kind}: the try's statement ended before the cut"
+        );
+        // The statement fails within 3 s; the session's idle bound (the lease) then ends it.
+        let bound = Duration::from_secs(3) + LEASE + Duration::from_secs(3);
         while held_on_server(&server, "advisory", &name) {
             assert!(
                 cut.elapsed() < bound,
@@ -170,6 +182,12 @@ async fn a_try_that_fails_after_taking_the_lock_while_cut_off_is_freed_within_th
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // Freed by the idle bound, a lease after the statement ended, not by anything sooner.
+        assert!(
+            cut.elapsed() >= LEASE,
+            "{kind}: freed {:?} after the cut, sooner than the idle bound could",
+            cut.elapsed()
+        );
         eprintln!("{kind}: freed {:?} after the cut", cut.elapsed());
         acquire.abort();
     }
