@@ -145,12 +145,21 @@ async fn a_try_that_fails_after_taking_the_lock_while_cut_off_is_freed_within_th
             ))
             .unwrap();
         let acquire = tokio::spawn(try_once(locks.clone(), name.clone()));
-        // The try holds the key while the trigger sleeps: cut the client off then.
         let started = Instant::now();
-        while !held_on_server(&server, "advisory", &name) {
+        // Sleeping in the trigger, after the lock function: the moment to cut.
+        let sleeping = || {
+            server
+                .psql(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'distlock' \
+                     AND wait_event = 'PgSleep'",
+                )
+                .unwrap()
+                == "1"
+        };
+        while !(sleeping() && held_on_server(&server, "advisory", &name)) {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
-                "{kind}: the try never took the lock"
+                "{kind}: the try never took the lock and reached the trigger's sleep"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -163,14 +172,8 @@ async fn a_try_that_fails_after_taking_the_lock_while_cut_off_is_freed_within_th
         let cut = Instant::now();
         // The cut came while the statement still runs (so its error, and the acquire's undo, cannot
         // reach the client's side): otherwise the undo could free the lock and the case proves nothing.
-        let sleeping = server
-            .psql(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'distlock' \
-                 AND wait_event = 'PgSleep'",
-            )
-            .unwrap();
-        assert_eq!(
-            sleeping, "1",
+        assert!(
+            sleeping(),
             "{kind}: the try's statement ended before the cut"
         );
         // The statement fails within 3 s; the session's idle bound (the lease) then ends it.
