@@ -105,30 +105,37 @@ async fn blackholed_holder_is_lost_at_its_deadline_and_freed_by_the_server_fault
 /// that sets the bound is a statement of its own ahead of the try, committed whatever the try does;
 /// folded into the try (as session 33 and session 34 once did), the failed statement rolled the
 /// bound back and the lock stayed until the server's TCP keepalive, hours at the defaults. Mutex and
-/// permit, whose tries bump the counter.
+/// permit, whose tries bump the counter; each on a pooled connection that keeps the bound of an
+/// earlier hold with the same lease (no probe is sent then: the bound is already in force) and on one
+/// whose bound is another lease's (the probe sets it, ahead of the try).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_that_fails_after_taking_the_lock_while_cut_off_is_freed_within_the_lease_fault() {
-    for kind in ["mutex", "permit"] {
+    for (kind, first_lease) in [
+        ("mutex", LEASE),
+        ("permit", LEASE),
+        ("mutex", LEASE * 3),
+        ("permit", LEASE * 3),
+    ] {
         let server = PostgresServer::start_or_panic();
         let proxy = std::sync::Arc::new(Proxy::start(server.addr()).unwrap());
         let url = format!("{}?mode=advisory", server.url_for(proxy.addr()));
         let locks = Locks::new(PostgresBackend::connect(&url).await.unwrap());
         let name = format!("failed-try/{kind}");
-        let try_once = |locks: Locks, name: String| async move {
+        let try_once = |locks: Locks, name: String, lease: Duration| async move {
             match kind {
                 "mutex" => {
                     let lock = locks.lock(&name).unwrap();
-                    lock.options().lease(LEASE).try_acquire().await
+                    lock.options().lease(lease).try_acquire().await
                 }
                 _ => {
                     let permit = locks.semaphore(&name, 2).unwrap().permit();
-                    permit.options().lease(LEASE).try_acquire().await
+                    permit.options().lease(lease).try_acquire().await
                 }
             }
         };
-        // One whole cycle first (it stores the semaphore's limit): the failing try then runs on a
-        // connection back from the pool, whose idle bound is off, as a later acquire's would.
-        try_once(locks.clone(), name.clone())
+        // One whole cycle first (it stores the semaphore's limit): the failing try then runs on the
+        // connection it handed back to the pool, with that hold's idle bound, as a later acquire's would.
+        try_once(locks.clone(), name.clone(), first_lease)
             .await
             .unwrap()
             .expect("free")
@@ -144,7 +151,7 @@ async fn a_try_that_fails_after_taking_the_lock_while_cut_off_is_freed_within_th
                  FOR EACH ROW WHEN (NEW.name = '{name}') EXECUTE FUNCTION distlock_test_fail()"
             ))
             .unwrap();
-        let acquire = tokio::spawn(try_once(locks.clone(), name.clone()));
+        let acquire = tokio::spawn(try_once(locks.clone(), name.clone(), LEASE));
         let started = Instant::now();
         // Sleeping in the trigger, after the lock function: the moment to cut.
         let sleeping = || {
@@ -159,7 +166,7 @@ async fn a_try_that_fails_after_taking_the_lock_while_cut_off_is_freed_within_th
         while !(sleeping() && held_on_server(&server, "advisory", &name)) {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
-                "{kind}: the try never took the lock and reached the trigger's sleep"
+                "{kind} after a {first_lease:?} hold: the try never took the lock and reached the trigger's sleep"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -174,24 +181,144 @@ async fn a_try_that_fails_after_taking_the_lock_while_cut_off_is_freed_within_th
         // reach the client's side): otherwise the undo could free the lock and the case proves nothing.
         assert!(
             sleeping(),
-            "{kind}: the try's statement ended before the cut"
+            "{kind} after a {first_lease:?} hold: the try's statement ended before the cut"
         );
         // The statement fails within 3 s; the session's idle bound (the lease) then ends it.
         let bound = Duration::from_secs(3) + LEASE + Duration::from_secs(3);
         while held_on_server(&server, "advisory", &name) {
             assert!(
                 cut.elapsed() < bound,
-                "{kind}: the lock of a failed try stayed with the cut-off session past its idle bound"
+                "{kind} after a {first_lease:?} hold: the lock of a failed try stayed with the cut-off session \
+                 past its idle bound"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Freed by the idle bound, a lease after the statement ended, not by anything sooner.
         assert!(
             cut.elapsed() >= LEASE,
-            "{kind}: freed {:?} after the cut, sooner than the idle bound could",
+            "{kind} after a {first_lease:?} hold: freed {:?} after the cut, sooner than the idle bound could",
             cut.elapsed()
         );
-        eprintln!("{kind}: freed {:?} after the cut", cut.elapsed());
+        eprintln!(
+            "{kind} after a {first_lease:?} hold: freed {:?} after the cut",
+            cut.elapsed()
+        );
         acquire.abort();
+    }
+}
+
+/// The pids of distlock's sessions on `server`.
+fn distlock_sessions(server: &PostgresServer) -> Vec<String> {
+    let pids = server
+        .psql("SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity WHERE application_name = 'distlock'")
+        .unwrap();
+    pids.split(',')
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// A released connection goes back to the idle pool with its idle bound (the lease) still set, so the
+/// next try with that lease sends no probe; the pool resets the bound once the connection has waited
+/// half of it, before the server would end the idle session. Here the pooled sessions outlive three
+/// leases of idleness (without the reset the server ends each at one), and the next acquire, on one of
+/// them, works. The reset is timed by the bound itself (half of it), so the default lease (30 s) runs
+/// the same mechanism 15 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_connections_outlive_their_idle_bound() {
+    let server = PostgresServer::start_or_panic();
+    let url = format!("{}?mode=advisory", server.url());
+    let locks = Locks::new(PostgresBackend::connect(&url).await.unwrap());
+    let lease = Duration::from_secs(1);
+    for (i, kind) in ["mutex", "read", "permit"].into_iter().enumerate() {
+        let name = format!("pooled/{kind}");
+        match kind {
+            "mutex" => {
+                let lock = locks.lock(&name).unwrap();
+                let guard = lock.options().lease(lease).try_acquire().await.unwrap();
+                guard.expect("free").release().await.unwrap();
+            }
+            "read" => {
+                let rw = locks.read_write(&name).unwrap();
+                let guard = rw
+                    .reader()
+                    .options()
+                    .lease(lease)
+                    .try_acquire()
+                    .await
+                    .unwrap();
+                guard.expect("free").release().await.unwrap();
+            }
+            _ => {
+                let permit = locks.semaphore(&name, 2).unwrap().permit();
+                let guard = permit.options().lease(lease).try_acquire().await.unwrap();
+                guard.expect("free").release().await.unwrap();
+            }
+        }
+        let before = distlock_sessions(&server);
+        assert!(
+            !before.is_empty(),
+            "{kind}: no distlock session on the server"
+        );
+        tokio::time::sleep(lease * 3).await;
+        let after = distlock_sessions(&server);
+        for pid in &before {
+            assert!(
+                after.contains(pid),
+                "{kind} (round {i}): session {pid} was ended while idle in the pool (before {before:?}, after {after:?})"
+            );
+        }
+    }
+    let again = locks.lock("pooled/mutex").unwrap();
+    let guard = again.options().lease(lease).try_acquire().await.unwrap();
+    guard.expect("free").release().await.unwrap();
+}
+
+/// A try on a pooled connection whose session the server ended while it waited in the pool, before
+/// the driver read the close (here the runtime's one thread is busy while the session is terminated),
+/// runs again on a new connection instead of failing: nothing was held on the ended session.
+#[tokio::test(flavor = "current_thread")]
+async fn a_try_on_a_pooled_connection_the_server_ended_runs_on_a_new_one() {
+    let server = PostgresServer::start_or_panic();
+    let url = format!("{}?mode=advisory", server.url());
+    let locks = Locks::new(PostgresBackend::connect(&url).await.unwrap());
+    for kind in ["mutex", "permit"] {
+        let name = format!("ended/{kind}");
+        let cycle = |locks: Locks, name: String| async move {
+            let guard = match kind {
+                "mutex" => locks.lock(&name).unwrap().try_acquire().await,
+                _ => {
+                    locks
+                        .semaphore(&name, 2)
+                        .unwrap()
+                        .permit()
+                        .try_acquire()
+                        .await
+                }
+            };
+            guard
+        };
+        cycle(locks.clone(), name.clone())
+            .await
+            .unwrap()
+            .expect("free")
+            .release()
+            .await
+            .unwrap();
+        // Blocking calls: the driver tasks cannot run until the try below awaits.
+        let ended = server
+            .psql(
+                "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity \
+                 WHERE application_name = 'distlock' AND state = 'idle'",
+            )
+            .unwrap();
+        assert_ne!(ended, "0", "{kind}: no idle distlock session to end");
+        let guard = cycle(locks.clone(), name.clone())
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{kind}: the try failed on the ended pooled connection: {e}")
+            })
+            .expect("free");
+        guard.release().await.unwrap();
     }
 }

@@ -1,8 +1,9 @@
 //! [`PostgresBackend`]: the `raw::Backend` impl, thin; the modes live in `session.rs` (advisory and
 //! row: a dedicated connection per held lock) and `lease.rs` (the versioned lease row).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_core::raw::{
@@ -66,6 +67,14 @@ pub(crate) struct Inner {
     idle: std::sync::Mutex<Vec<Conn>>,
     /// The tables exist with distlock's shape (checked at connect).
     schema_checked: std::sync::atomic::AtomicBool,
+    /// A task resets the idle bound of pooled connections before the server would end them
+    /// ([`Inner::recycle`]); at most one runs.
+    resetter_running: std::sync::atomic::AtomicBool,
+    /// When the running resetter wakes next, and its wake-up for a connection due before that.
+    resetter_wakes_at: std::sync::Mutex<Option<Instant>>,
+    resetter_wake: std::sync::Mutex<Option<Arc<tokio::sync::Notify>>>,
+    /// This backend, for the tasks it starts (which must not keep it alive).
+    me: std::sync::Weak<Inner>,
 }
 
 /// The most idle dedicated connections a backend keeps.
@@ -84,8 +93,9 @@ impl Inner {
     }
 
     /// A connection for a lock: an idle one if one is still open, else a new one; when none is left
-    /// idle, another is opened in the background.
-    pub(crate) async fn dedicated(self: &Arc<Self>) -> std::result::Result<Conn, SqlError> {
+    /// idle, another is opened in the background. Says whether it came from the idle pool (where the
+    /// server may have ended it without the driver having noticed yet).
+    pub(crate) async fn dedicated(self: &Arc<Self>) -> std::result::Result<(Conn, bool), SqlError> {
         let reused = {
             let mut idle = self.lock_idle();
             let mut found = None;
@@ -99,8 +109,11 @@ impl Inner {
         };
         self.refill_spare();
         match reused {
-            Some(conn) => Ok(conn),
-            None => self.open_dedicated().await,
+            Some(conn) => {
+                conn.unpark();
+                Ok((conn, true))
+            }
+            None => Ok((self.open_dedicated().await?, false)),
         }
     }
 
@@ -110,15 +123,90 @@ impl Inner {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Hands back a dedicated connection whose session holds nothing any more.
+    /// Hands back a dedicated connection whose session holds nothing any more. Its idle bound goes
+    /// with it (a release keeps it, so the next try with that lease sends no probe); a task resets it
+    /// once the connection has waited half the bound, before the server would end the idle session
+    /// (a FATAL in the server's log for each). A connection whose bound is unknown is closed instead.
     pub(crate) fn recycle(&self, conn: Conn) {
-        if conn.closed_reason().is_some() {
+        if conn.closed_reason().is_some() || conn.idle_bound().ms.is_none() {
             return;
         }
-        let mut idle = self.lock_idle();
-        if idle.len() < MAX_IDLE {
+        conn.park();
+        let Some(stale_at) = conn.idle_bound().stale_at() else {
+            let mut idle = self.lock_idle();
+            if idle.len() < MAX_IDLE {
+                idle.push(conn);
+            }
+            return;
+        };
+        {
+            let mut idle = self.lock_idle();
+            if idle.len() >= MAX_IDLE {
+                return;
+            }
             idle.push(conn);
+            // A lease shorter than the ones the resetter sleeps for: wake it sooner.
+            if lock(&self.resetter_wakes_at).is_some_and(|at| stale_at < at) {
+                if let Some(wake) = lock(&self.resetter_wake).as_ref() {
+                    // Stored as a permit if the task is not asleep yet.
+                    wake.notify_one();
+                }
+            }
         }
+        if !self.resetter_running.swap(true, Ordering::AcqRel) {
+            self.start_resetter();
+        }
+    }
+
+    /// The task that resets the idle bound of pooled connections at their [`IdleBound::stale_at`]:
+    /// it sleeps until the earliest, takes those out, resets each (closing it if that fails) and puts
+    /// it back; it ends when no pooled connection has a bound left (or the backend is dropped).
+    fn start_resetter(&self) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            self.resetter_running.store(false, Ordering::Release);
+            return;
+        }
+        let weak = self.me.clone();
+        tokio::spawn(async move {
+            loop {
+                // The backend is held only between sleeps: a dropped backend ends the task.
+                let (next, woken) = {
+                    let Some(inner) = weak.upgrade() else { return };
+                    let idle = inner.lock_idle();
+                    let next = idle.iter().filter_map(|c| c.idle_bound().stale_at()).min();
+                    *lock(&inner.resetter_wakes_at) = next;
+                    let Some(next) = next else {
+                        // Under the pool's lock: a recycle after this starts a new task.
+                        inner.resetter_running.store(false, Ordering::Release);
+                        return;
+                    };
+                    // Registered under the pool's lock: a recycle's wake-up after it is not missed.
+                    let wake = Arc::new(tokio::sync::Notify::new());
+                    *lock(&inner.resetter_wake) = Some(wake.clone());
+                    (next, wake)
+                };
+                tokio::select! {
+                    () = tokio::time::sleep_until(next.into()) => {}
+                    () = woken.notified() => {}
+                }
+                let Some(inner) = weak.upgrade() else { return };
+                let now = Instant::now();
+                let stale: Vec<Conn> = {
+                    let mut idle = inner.lock_idle();
+                    let (stale, fresh) = std::mem::take(&mut *idle)
+                        .into_iter()
+                        .partition(|c| c.idle_bound().stale_at().is_some_and(|at| at <= now));
+                    *idle = fresh;
+                    stale
+                };
+                for conn in stale {
+                    conn.unpark();
+                    if session::reset_bound(&inner, &conn).await.is_ok() {
+                        inner.recycle(conn);
+                    }
+                }
+            }
+        });
     }
 
     async fn open_dedicated(&self) -> std::result::Result<Conn, SqlError> {
@@ -352,7 +440,7 @@ impl PostgresBackend {
         let tables = Tables::new(config.schema.as_deref(), &config.table);
         let (notify, _) = broadcast::channel(1024);
         let backend = PostgresBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me| Inner {
                 config,
                 driver,
                 tables,
@@ -360,6 +448,10 @@ impl PostgresBackend {
                 notify,
                 idle: std::sync::Mutex::new(Vec::new()),
                 schema_checked: std::sync::atomic::AtomicBool::new(false),
+                resetter_running: std::sync::atomic::AtomicBool::new(false),
+                resetter_wakes_at: std::sync::Mutex::new(None),
+                resetter_wake: std::sync::Mutex::new(None),
+                me: me.clone(),
             }),
         };
         let inner = &backend.inner;
@@ -500,21 +592,40 @@ impl Backend for PostgresBackend {
             ))
             .into_core(BACKEND, Some(&request.name)));
         }
-        let attempt = match (inner.config.mode, request.kind) {
-            (Mode::Lease, _) => lease::try_acquire(inner, &mut acquisition.lease, request).await,
-            (_, LockKind::Permit { limit }) => {
-                semaphore::try_acquire(
-                    inner,
-                    &mut acquisition.session,
-                    &mut acquisition.permit,
-                    request,
-                    limit,
-                )
+        if inner.config.mode == Mode::Lease {
+            return lease::try_acquire(inner, &mut acquisition.lease, request)
                 .await
+                .map_err(|e| e.into_core(BACKEND, Some(&request.name)));
+        }
+        let mut retried = false;
+        loop {
+            let attempt = match request.kind {
+                LockKind::Permit { limit } => {
+                    semaphore::try_acquire(
+                        inner,
+                        &mut acquisition.session,
+                        &mut acquisition.permit,
+                        request,
+                        limit,
+                    )
+                    .await
+                }
+                _ => session::try_acquire(inner, &mut acquisition.session, request).await,
+            };
+            match attempt {
+                // Once, on a new connection: the pooled one had ended while it waited.
+                Err(_)
+                    if !retried
+                        && session::pooled_connection_ended(&mut acquisition.session).await =>
+                {
+                    retried = true;
+                }
+                attempt => {
+                    acquisition.session.from_pool = false;
+                    return attempt.map_err(|e| e.into_core(BACKEND, Some(&request.name)));
+                }
             }
-            _ => session::try_acquire(&self.inner, &mut acquisition.session, request).await,
-        };
-        attempt.map_err(|e| e.into_core(BACKEND, Some(&request.name)))
+        }
     }
 
     async fn wait(
@@ -595,4 +706,11 @@ impl Backend for PostgresBackend {
             .await
             .map_err(|e| e.into_core(BACKEND, Some(name)))
     }
+}
+
+/// `mutex` locked, whether or not a holder panicked (the data stays consistent: plain values).
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use std::time::Instant;
 
 use distlock_core::raw::{LossReport, LossSignal};
 use tokio::sync::{broadcast, watch};
@@ -38,6 +39,9 @@ pub(crate) struct Conn {
     /// The loss report of the hold this connection carries, reported by the driver task when it ends
     /// (closed, reset, or aborted because distlock dropped the connection): no task per hold.
     hold_loss: HoldLoss,
+    /// The idle bound the session runs with, as distlock last set it, and since when the connection
+    /// has waited in the idle pool ([`IdleBound`]).
+    idle_bound: std::sync::Mutex<IdleBound>,
     /// The hot statements prepared on this connection, by their text ([`Conn::query_one_cached`]).
     statements: std::sync::Mutex<std::collections::HashMap<String, Statement>>,
     /// The task driving the connection future: aborted on drop, so the socket closes at once even
@@ -49,6 +53,28 @@ pub(crate) struct Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         self.driver.abort();
+    }
+}
+
+/// The session's idle bound (`idle_session_timeout`, in ms) as the last confirmed statement set it;
+/// `None` while a statement that may change it is in flight or failed. A held session keeps its
+/// bound after its release, so the next try with the same lease on this connection need not send the
+/// probe again: the try is itself the statement that restarts the server's idle clock. A connection
+/// idle in the pool for half its bound is treated as unknown (the server may end it at the bound), and
+/// the pool resets such a connection's bound before the server would (`Inner::recycle`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct IdleBound {
+    pub(crate) ms: Option<u64>,
+    /// When the connection was handed to the idle pool; `None` while in use.
+    pub(crate) parked_at: Option<Instant>,
+}
+
+impl IdleBound {
+    /// When a connection parked with this bound must leave the pool's trust: half the bound after it
+    /// was parked (`None`: no bound runs, nothing ends it).
+    pub(crate) fn stale_at(&self) -> Option<Instant> {
+        let ms = self.ms.filter(|ms| *ms > 0)?;
+        Some(self.parked_at? + Duration::from_millis(ms / 2))
     }
 }
 
@@ -263,6 +289,11 @@ impl Conn {
             closed,
             ended_by_server,
             hold_loss,
+            // The setup above set it off.
+            idle_bound: std::sync::Mutex::new(IdleBound {
+                ms: Some(0),
+                parked_at: None,
+            }),
             statements: std::sync::Mutex::default(),
             driver,
         })
@@ -308,6 +339,38 @@ impl Conn {
             report.report(reason);
         }
         report.signal()
+    }
+
+    /// The session's idle bound as distlock knows it.
+    pub(crate) fn idle_bound(&self) -> IdleBound {
+        *self.lock_idle_bound()
+    }
+
+    /// Records the idle bound a confirmed statement set (`None`: unknown, before a statement that may
+    /// change it, or after one that failed).
+    pub(crate) fn set_idle_bound(&self, ms: Option<u64>) {
+        self.lock_idle_bound().ms = ms;
+    }
+
+    /// Handed to the idle pool now.
+    pub(crate) fn park(&self) {
+        self.lock_idle_bound().parked_at = Some(Instant::now());
+    }
+
+    /// Taken out of the idle pool: a bound that may run out soon (parked for half of it) is no longer
+    /// trusted, so the next try sends the probe. Returns whether the connection had been parked.
+    pub(crate) fn unpark(&self) -> bool {
+        let mut bound = self.lock_idle_bound();
+        if bound.stale_at().is_some_and(|at| at <= Instant::now()) {
+            bound.ms = None;
+        }
+        bound.parked_at.take().is_some()
+    }
+
+    fn lock_idle_bound(&self) -> std::sync::MutexGuard<'_, IdleBound> {
+        self.idle_bound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The connection no longer carries a hold (released, or handed back to the pool).

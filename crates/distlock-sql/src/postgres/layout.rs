@@ -329,10 +329,11 @@ impl Tables {
 
     /// A permit's release: its slot's key and the name's shared key, and a wake-up for waiters
     /// (`NOTIFY`, with `$1`, the name, as payload; sent at the statement's commit, after the unlocks).
-    /// The slot's two ints are parameters from `$2`, then the name's key (`Params::key` of both).
+    /// The slot's two ints are parameters from `$2`, then the name's key (`Params::key` of both). The
+    /// idle bound stays (see [`advisory_release`]).
     pub(crate) fn release_permit(&self, key: AdvisoryKey) -> String {
         format!(
-            "SELECT {}, {}, pg_notify('{}', $1), {RESET_BOUND_CALLS}",
+            "SELECT {}, {}, pg_notify('{}', $1)",
             advisory_call_at(AdvisoryKey::Pair(0, 0), "pg_advisory_unlock", 2),
             advisory_call_at(key, "pg_advisory_unlock_shared", 4),
             self.channel
@@ -459,24 +460,19 @@ pub(crate) fn try_lock_shared(key: AdvisoryKey) -> String {
 }
 
 /// The idle bounds back to off (not `RESET`, which would restore the server's or role's default,
-/// whatever it is), as columns of a release's `SELECT`: a release that leaves the session clean, before
-/// the connection is reused, costs one statement.
-pub(crate) const RESET_BOUND_CALLS: &str = "set_config('idle_session_timeout', '0', false), \
-     set_config('idle_in_transaction_session_timeout', '0', false)";
-
-/// [`RESET_BOUND_CALLS`] as a statement of its own.
+/// whatever it is).
 pub(crate) fn reset_bound() -> String {
-    format!("SELECT {RESET_BOUND_CALLS}")
+    "SELECT set_config('idle_session_timeout', '0', false), \
+     set_config('idle_in_transaction_session_timeout', '0', false)"
+        .to_string()
 }
 
 /// A session lock's release: `function` (`pg_advisory_unlock` or `_shared`) on the key in the
-/// parameters from `$1` (`Params::key`), whose answer is the first column, and the idle bounds reset, in
-/// one statement.
+/// parameters from `$1` (`Params::key`). The idle bound stays: the connection goes back to the pool
+/// with it, so the next try with the same lease sends no probe, and the pool resets it before the
+/// server would end the idle session.
 pub(crate) fn advisory_release(key: AdvisoryKey, function: &str) -> String {
-    format!(
-        "SELECT {}, {RESET_BOUND_CALLS}",
-        advisory_call_at(key, function, 1)
-    )
+    format!("SELECT {}", advisory_call_at(key, function, 1))
 }
 
 /// `function` on a key passed as parameters from `$n`: `$n` a `bigint` for a one-`bigint` key, `$n`

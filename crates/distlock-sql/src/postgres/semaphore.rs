@@ -93,7 +93,7 @@ pub(crate) async fn try_acquire(
             .key(key)
             .key(AdvisoryKey::Pair(slot_a, slot_b));
         let (probed, answered) = futures_util::future::join(
-            session::probe(conn, request.lease, bound, conn.pid, None),
+            session::probe_for_try(conn, request.lease, bound),
             Conn::bounded(
                 "taking a permit",
                 bound,

@@ -63,6 +63,8 @@ pub(crate) struct Acquiring {
     /// The last try found the lock busy and nothing is in flight: the session holds nothing, so an
     /// abandon may hand the connection back instead of closing it.
     pub(super) clean: bool,
+    /// The connection came from the idle pool and has not answered a statement of this acquire yet.
+    pub(super) from_pool: bool,
 }
 
 /// What a held session holds.
@@ -159,9 +161,12 @@ pub(super) async fn probe(
     expected: i32,
     then: Option<&str>,
 ) -> Result<Option<String>, SqlError> {
+    let ms = bound_ms(ttl)?;
+    // Unknown until the answer says it was set (a failure may leave either value).
+    conn.set_idle_bound(None);
     if then.is_none() {
         // Alone, it is the prepared statement (the try pipelined behind it is one of its own).
-        let params = Params::default().text(bound_ms(ttl)?.to_string());
+        let params = Params::default().text(ms.to_string());
         let row = Conn::bounded(
             "probing the session",
             bound,
@@ -172,8 +177,11 @@ pub(super) async fn probe(
             .try_get(0)
             .map_err(|e| SqlError::Protocol(format!("the probe returned {e}")))?;
         same_session(pid, expected)?;
+        conn.set_idle_bound(Some(ms));
         return Ok(None);
     }
+    // With statements after it the bound may be rolled back with them (a transaction they open and
+    // end): it stays unknown.
     let mut sql = bound_sql(ttl)?;
     if let Some(then) = then {
         sql = format!("{sql}; {then}");
@@ -181,6 +189,21 @@ pub(super) async fn probe(
     let messages =
         Conn::bounded("probing the session", bound, conn.client.simple_query(&sql)).await?;
     check_pid(&messages, expected)
+}
+
+/// A try's probe, or nothing when the session already runs with the idle bound of `ttl`
+/// ([`IdleBound`](super::conn::IdleBound)): the try itself is then the statement that restarts the
+/// server's idle clock, sent after the core read its clock as the probe would be, so the server still
+/// frees the lock no earlier than the validity deadline the grant reports.
+pub(super) async fn probe_for_try(
+    conn: &Conn,
+    ttl: Duration,
+    bound: Duration,
+) -> Result<(), SqlError> {
+    if conn.idle_bound().ms == Some(bound_ms(ttl)?) {
+        return Ok(());
+    }
+    probe(conn, ttl, bound, conn.pid, None).await.map(drop)
 }
 
 /// The dedicated connection of this acquire, opened (with the holder settings and the idle bound) on
@@ -198,9 +221,34 @@ pub(super) async fn connection(
         acquiring.stage = Stage::Idle;
     }
     if acquiring.conn.is_none() {
-        acquiring.conn = Some(inner.dedicated().await?);
+        let (conn, reused) = inner.dedicated().await?;
+        acquiring.conn = Some(conn);
+        acquiring.from_pool = reused;
     }
     Ok(())
+}
+
+/// After a try failed: whether it failed because its connection, taken from the idle pool for it,
+/// had ended while it waited there (the server ended it, or a reset the driver had not read yet), in
+/// which case it is dropped and the try may run again on a new one. Such a connection has no live
+/// session, or one the server ends as soon as it reads the close: the lock it may have taken is freed
+/// without this acquire, and the next try finds it busy until then, never held twice.
+pub(super) async fn pooled_connection_ended(acquiring: &mut Acquiring) -> bool {
+    if !std::mem::take(&mut acquiring.from_pool) || acquiring.stage != Stage::Idle {
+        return false;
+    }
+    let Some(conn) = acquiring.conn.as_ref() else {
+        return false;
+    };
+    // The driver task may read the close just after the statement failed.
+    let ended = tokio::time::timeout(Duration::from_millis(200), conn.closed())
+        .await
+        .is_ok();
+    if ended {
+        acquiring.conn = None;
+        acquiring.clean = false;
+    }
+    ended
 }
 
 pub(super) fn conn_of(acquiring: &Acquiring) -> Result<&Conn, SqlError> {
@@ -250,7 +298,7 @@ pub(crate) async fn try_acquire(
             // The wait got the lock shared: the probe, the last write's token and (advisory) the
             // kind check, read now that the lock is granted.
             let (probed, read) = futures_util::future::join(
-                probe(conn, lease, bound, conn.pid, None),
+                probe_for_try(conn, lease, bound),
                 read_token_and_limit(inner, conn, name, key.is_some()),
             )
             .await;
@@ -262,7 +310,7 @@ pub(crate) async fn try_acquire(
         (Stage::Locked, _) => {
             // The wait got the lock: the probe and the counter bump.
             let (probed, token) = futures_util::future::join(
-                probe(conn, lease, bound, conn.pid, None),
+                probe_for_try(conn, lease, bound),
                 next_token(inner, conn, key.is_some(), name),
             )
             .await;
@@ -275,7 +323,7 @@ pub(crate) async fn try_acquire(
             let sql = layout::try_lock_shared(key);
             let params = Params::default().key(key);
             let (probed, locked, read) = futures_util::future::join3(
-                probe(conn, lease, bound, conn.pid, None),
+                probe_for_try(conn, lease, bound),
                 Conn::bounded(
                     "pg_try_advisory_lock_shared",
                     bound,
@@ -303,7 +351,7 @@ pub(crate) async fn try_acquire(
             let sql = inner.tables.try_lock_and_next_token(key);
             let params = Params::default().text(name).key(key);
             let (probed, locked) = futures_util::future::join(
-                probe(conn, lease, bound, conn.pid, None),
+                probe_for_try(conn, lease, bound),
                 Conn::bounded(
                     "pg_try_advisory_lock",
                     bound,
@@ -590,6 +638,8 @@ pub(crate) async fn wait(
         );
         acquiring.stage = Stage::Waiting;
         let conn = conn_of(acquiring)?;
+        // Set by the message, or rolled back with its slice: the next try probes.
+        conn.set_idle_bound(None);
         let pid = conn.pid;
         let waited = match tokio::time::timeout(silent_after, conn.client.simple_query(&sql)).await
         {
@@ -711,15 +761,25 @@ pub(super) async fn park(inner: &Inner, acquiring: &mut Acquiring) {
     }
     if let Some(conn) = acquiring.conn.take() {
         acquiring.clean = false;
-        let reset_sql = layout::reset_bound();
-        let reset = conn.client.batch_execute(&reset_sql);
-        if Conn::bounded("resetting the session", inner.request_timeout(), reset)
-            .await
-            .is_ok()
-        {
+        if conn.idle_bound().ms.is_some() {
+            // A known bound goes to the pool with it (the pool resets it before it runs out).
+            inner.recycle(conn);
+            return;
+        }
+        if reset_bound(inner, &conn).await.is_ok() {
             inner.recycle(conn);
         }
     }
+}
+
+/// Sets the session's idle bound back to off and records it.
+pub(crate) async fn reset_bound(inner: &Inner, conn: &Conn) -> Result<(), SqlError> {
+    conn.set_idle_bound(None);
+    let reset_sql = layout::reset_bound();
+    let reset = conn.client.batch_execute(&reset_sql);
+    Conn::bounded("resetting the session", inner.request_timeout(), reset).await?;
+    conn.set_idle_bound(Some(0));
+    Ok(())
 }
 
 /// One probe per held connection, all at once.
@@ -798,9 +858,12 @@ pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Re
                 _ => {
                     let sql = format!("ROLLBACK; {}", layout::reset_bound());
                     // The ROLLBACK ended the transaction and its row lock.
-                    Conn::bounded("releasing", bound, conn.client.batch_execute(&sql))
-                        .await
-                        .map(|()| true)
+                    let rolled_back =
+                        Conn::bounded("releasing", bound, conn.client.batch_execute(&sql)).await;
+                    if rolled_back.is_ok() {
+                        conn.set_idle_bound(Some(0));
+                    }
+                    rolled_back.map(|()| true)
                 }
             }
         }
@@ -913,6 +976,7 @@ pub(crate) async fn downgrade(
         bound_sql(read.lease)?,
         layout::downgrade(key, ttl_ms(WAIT_SLICE))
     );
+    conn.set_idle_bound(None);
     let bound = inner.request_timeout();
     let messages = Conn::bounded(
         "downgrading",
