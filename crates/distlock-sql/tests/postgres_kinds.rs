@@ -690,3 +690,164 @@ async fn a_url_key_of_either_shape_is_the_key_every_kind_locks() {
         locks.close().await;
     }
 }
+
+/// The statements the server ran, as `log_statement = all` wrote them to `log` from byte `from` on:
+/// one line per execution (`execute <name>: …` for the extended protocol, `statement: …` for a simple
+/// query).
+fn statements_logged(log: &std::path::Path, from: u64) -> Vec<String> {
+    let text = std::fs::read(log).expect("the server's log");
+    String::from_utf8_lossy(&text[usize::try_from(from).unwrap()..])
+        .lines()
+        .filter(|l| l.contains("LOG:  execute ") || l.contains("LOG:  statement: "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// An uncontended cycle of each kind, at the default lease, sends the fewest statements its layout
+/// needs: a mutex its try-and-bump and its unlock, a read lock its try, its token-and-kind read and
+/// its unlock, a permit its try and its release. No probe (the connection keeps the idle bound of the
+/// lease from the last hold), no `LISTEN` or `UNLISTEN` (nobody waits), nothing on another connection.
+/// Counted from the server's own log, so a statement added to the hot path fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_cycles_send_the_fewest_statements() {
+    let mut server = PostgresServer::start_with(&["log_statement=all"]).expect("postgres");
+    let log = server.process_mut().log_path().to_path_buf();
+    let locks = locks(&server, "advisory").await;
+    const CYCLES: usize = 10;
+    for (kind, per_cycle) in [("mutex", 2), ("read", 3), ("permit", 2)] {
+        let name = unique(&format!("statements-{kind}"));
+        let cycle = || async {
+            let guard = match kind {
+                "mutex" => locks.lock(&name).unwrap().try_acquire().await,
+                "read" => {
+                    locks
+                        .read_write(&name)
+                        .unwrap()
+                        .reader()
+                        .try_acquire()
+                        .await
+                }
+                _ => {
+                    locks
+                        .semaphore(&name, 3)
+                        .unwrap()
+                        .permit()
+                        .try_acquire()
+                        .await
+                }
+            };
+            guard.unwrap().expect("free").release().await.unwrap();
+        };
+        // The first cycles prepare the statements, store the limit, set the idle bound and fill
+        // the pool (a spare opens in the background).
+        for _ in 0..3 {
+            cycle().await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cycle().await;
+        let from = std::fs::metadata(&log).unwrap().len();
+        for _ in 0..CYCLES {
+            cycle().await;
+        }
+        let sent = statements_logged(&log, from);
+        assert_eq!(
+            sent.len(),
+            CYCLES * per_cycle,
+            "{kind}: {} statements for {CYCLES} cycles, not {per_cycle} a cycle:\n{}",
+            sent.len(),
+            sent.join("\n")
+        );
+        for line in &sent {
+            assert!(
+                !line.contains("idle_session_timeout") && !line.contains("LISTEN"),
+                "{kind}: a probe or a LISTEN in an uncontended cycle: {line}"
+            );
+        }
+    }
+}
+
+/// The log from byte `from` on.
+fn log_since(log: &std::path::Path, from: u64) -> String {
+    let text = std::fs::read(log).expect("the server's log");
+    String::from_utf8_lossy(&text[usize::try_from(from).unwrap()..]).into_owned()
+}
+
+/// Waits until `done` holds for the log written since `from`.
+async fn until_logged(log: &std::path::Path, from: u64, what: &str, done: impl Fn(&str) -> bool) {
+    let started = Instant::now();
+    while !done(&log_since(log, from)) {
+        assert!(started.elapsed() < PATIENCE, "never logged: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The control connection `LISTEN`s only while a waiter wants release notifications (a permit, or a
+/// lease-mode lock): not while locks are taken uncontended, from a waiter's first wait on, and
+/// `UNLISTEN`s once the last waiter has left (after a linger of 1 s). A waiter asleep after its try
+/// is woken by the release's `NOTIFY`, well before its poll (a permit waiter sleeps 0.5 to 1 s, a
+/// lease-mode one 2 s): the release comes only once the waiter's try after its `LISTEN` is logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_listen_only_while_they_wait_and_are_woken_by_the_release() {
+    let mut server = PostgresServer::start_with(&["log_statement=all"]).expect("postgres");
+    let log = server.process_mut().log_path().to_path_buf();
+    // (mode, the text of its try, how much sooner than the poll a notified waiter must be granted)
+    for (mode, try_text, woken_within) in [
+        ("advisory", "lim.stored", Duration::from_millis(400)),
+        (
+            "lease",
+            "(name, owner, expires_at, version)",
+            Duration::from_millis(1500),
+        ),
+    ] {
+        let holder = locks(&server, mode).await;
+        let waiter = locks(&server, mode).await;
+        let name = unique(&format!("listen-{mode}"));
+        let acquire = |locks: Locks, name: String| async move {
+            if mode == "advisory" {
+                let permit = locks.semaphore(&name, 1).unwrap().permit();
+                permit.options().wait(PATIENCE).acquire().await
+            } else {
+                let lock = locks.lock(&name).unwrap();
+                lock.options().wait(PATIENCE).acquire().await
+            }
+        };
+        let from = std::fs::metadata(&log).unwrap().len();
+        let held = acquire(holder.clone(), name.clone()).await.unwrap();
+        let uncontended = log_since(&log, from);
+        assert!(
+            !uncontended.contains("LISTEN"),
+            "{mode}: an uncontended acquire listened:\n{uncontended}"
+        );
+        let from = std::fs::metadata(&log).unwrap().len();
+        let waiting = tokio::spawn(acquire(waiter.clone(), name.clone()));
+        // Its LISTEN, then its try after it (it sleeps after that one).
+        until_logged(
+            &log,
+            from,
+            "the waiter's LISTEN and its try after it",
+            |text| {
+                text.split_once("LISTEN")
+                    .is_some_and(|(_, after)| after.contains(try_text))
+            },
+        )
+        .await;
+        let released_at = Instant::now();
+        held.release().await.unwrap();
+        let got = tokio::time::timeout(PATIENCE, waiting)
+            .await
+            .expect("the waiter")
+            .unwrap()
+            .expect("granted");
+        let woken_after = released_at.elapsed();
+        assert!(
+            woken_after < woken_within,
+            "{mode}: the waiter was granted {woken_after:?} after the release: not by its NOTIFY"
+        );
+        got.release().await.unwrap();
+        // Nobody waits any more: UNLISTEN after the linger.
+        until_logged(&log, from, "UNLISTEN after the last waiter left", |text| {
+            text.contains("UNLISTEN")
+        })
+        .await;
+    }
+}

@@ -3,13 +3,14 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
     AcquireRequest, Attempt, Backend, Grant, LockInfo, Released, Renewal, RenewalId, Renewed,
 };
 use distlock_core::{Capabilities, Fencing, LockKind, LockKinds, ReadWriteOrder, Result};
+use futures_util::future::join_all;
 use tokio::sync::{broadcast, Mutex};
 use tokio_postgres::types::Type;
 
@@ -71,10 +72,70 @@ pub(crate) struct Inner {
     /// ([`Inner::recycle`]); at most one runs.
     resetter_running: std::sync::atomic::AtomicBool,
     /// When the running resetter wakes next, and its wake-up for a connection due before that.
-    resetter_wakes_at: std::sync::Mutex<Option<Instant>>,
+    resetter_wakes_at: std::sync::Mutex<Option<tokio::time::Instant>>,
     resetter_wake: std::sync::Mutex<Option<Arc<tokio::sync::Notify>>>,
     /// This backend, for the tasks it starts (which must not keep it alive).
     me: std::sync::Weak<Inner>,
+    /// Waiters registered for release notifications ([`Inner::listen`]).
+    waiters: std::sync::atomic::AtomicUsize,
+    /// A spare connection is being opened ([`Inner::refill_spare`]).
+    opening_spare: std::sync::atomic::AtomicBool,
+}
+
+/// Clears [`Inner::resetter_running`] when the resetter task is dropped without having cleared it
+/// (its runtime shut down, or it panicked), so the next recycle starts another.
+struct ResetterRunning {
+    inner: std::sync::Weak<Inner>,
+    armed: bool,
+}
+
+impl Drop for ResetterRunning {
+    fn drop(&mut self) {
+        if let (true, Some(inner)) = (self.armed, self.inner.upgrade()) {
+            inner.resetter_running.store(false, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The resetter sleeps until its next connection is due, up to half the longest lease: wake it
+        // to find the backend gone.
+        if let Some(wake) = lock(&self.resetter_wake).as_ref() {
+            wake.notify_one();
+        }
+    }
+}
+
+/// How long the control connection keeps listening after the last waiter left: a name under steady
+/// contention does not `LISTEN` and `UNLISTEN` for every waiter.
+pub(crate) const LISTEN_LINGER: Duration = Duration::from_secs(1);
+
+/// A waiter's registration for release notifications ([`Inner::listen`]); dropping it ends it.
+#[derive(Debug)]
+pub(crate) struct Listening {
+    inner: std::sync::Weak<Inner>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        if inner.waiters.fetch_sub(1, Ordering::AcqRel) != 1
+            || tokio::runtime::Handle::try_current().is_err()
+        {
+            return;
+        }
+        let weak = self.inner.clone();
+        drop(inner);
+        tokio::spawn(async move {
+            tokio::time::sleep(LISTEN_LINGER).await;
+            if let Some(inner) = weak.upgrade() {
+                inner.unlisten_if_unwanted().await;
+            }
+        });
+    }
 }
 
 /// The most idle dedicated connections a backend keeps.
@@ -159,15 +220,24 @@ impl Inner {
     }
 
     /// The task that resets the idle bound of pooled connections at their [`IdleBound::stale_at`]:
-    /// it sleeps until the earliest, takes those out, resets each (closing it if that fails) and puts
-    /// it back; it ends when no pooled connection has a bound left (or the backend is dropped).
+    /// it sleeps until the earliest, takes those out, resets them (all at once; one that fails is
+    /// closed) and puts them back; it ends when no pooled connection has a bound left, or the backend
+    /// is dropped (which wakes it). If its runtime shuts down, the next recycle starts another.
+    ///
+    /// [`IdleBound::stale_at`]: super::conn::IdleBound::stale_at
     fn start_resetter(&self) {
         if tokio::runtime::Handle::try_current().is_err() {
             self.resetter_running.store(false, Ordering::Release);
             return;
         }
         let weak = self.me.clone();
+        let running = ResetterRunning {
+            inner: weak.clone(),
+            armed: true,
+        };
         tokio::spawn(async move {
+            // The whole guard moves into the task (a closure would capture only the field it sets).
+            let mut running = running;
             loop {
                 // The backend is held only between sleeps: a dropped backend ends the task.
                 let (next, woken) = {
@@ -177,6 +247,7 @@ impl Inner {
                     *lock(&inner.resetter_wakes_at) = next;
                     let Some(next) = next else {
                         // Under the pool's lock: a recycle after this starts a new task.
+                        running.armed = false;
                         inner.resetter_running.store(false, Ordering::Release);
                         return;
                     };
@@ -186,11 +257,11 @@ impl Inner {
                     (next, wake)
                 };
                 tokio::select! {
-                    () = tokio::time::sleep_until(next.into()) => {}
+                    () = tokio::time::sleep_until(next) => {}
                     () = woken.notified() => {}
                 }
                 let Some(inner) = weak.upgrade() else { return };
-                let now = Instant::now();
+                let now = tokio::time::Instant::now();
                 let stale: Vec<Conn> = {
                     let mut idle = inner.lock_idle();
                     let (stale, fresh) = std::mem::take(&mut *idle)
@@ -199,12 +270,14 @@ impl Inner {
                     *idle = fresh;
                     stale
                 };
-                for conn in stale {
+                let inner = &inner;
+                join_all(stale.into_iter().map(|conn| async move {
                     conn.unpark();
-                    if session::reset_bound(&inner, &conn).await.is_ok() {
+                    if session::reset_bound(inner, &conn).await.is_ok() {
                         inner.recycle(conn);
                     }
-                }
+                }))
+                .await;
             }
         });
     }
@@ -226,17 +299,32 @@ impl Inner {
         if self.config.mode == Mode::Lease || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        if self.lock_idle().iter().any(|c| c.closed_reason().is_none()) {
+        if self.lock_idle().iter().any(|c| c.closed_reason().is_none())
+            || self.opening_spare.swap(true, Ordering::AcqRel)
+        {
+            // One spare at a time: acquires that find the pool empty meanwhile open their own.
             return;
         }
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let Some(inner) = weak.upgrade() else { return };
-            match inner.open_dedicated().await {
-                Ok(conn) => inner.recycle(conn),
+            let opened = inner.open_dedicated().await;
+            inner.opening_spare.store(false, Ordering::Release);
+            match opened {
+                Ok(conn) => inner.recycle_spare(conn),
                 Err(e) => tracing::debug!(error = %e, "could not open a spare connection"),
             }
         });
+    }
+
+    /// Puts a new connection at the bottom of the idle pool, so the ones that have run distlock's
+    /// statements (prepared, with the idle bound of a lease) are taken first.
+    fn recycle_spare(&self, conn: Conn) {
+        let mut idle = self.lock_idle();
+        if idle.len() < MAX_IDLE {
+            conn.park();
+            idle.insert(0, conn);
+        }
     }
 
     /// The control connection, reconnected if it has closed.
@@ -247,9 +335,8 @@ impl Inner {
                 return Ok(conn.clone());
             }
         }
-        // Every mode listens: lease-mode releases and (advisory) permit releases notify.
-        let listen = true;
-        let conn = Arc::new(self.open(listen).await?);
+        // It forwards the NOTIFYs it gets; it LISTENs only while a waiter wants them ([`Inner::listen`]).
+        let conn = Arc::new(self.open(true).await?);
         if self
             .schema_checked
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -262,17 +349,69 @@ impl Inner {
             )
             .await?;
         }
-        if listen {
-            let sql = self.tables.listen();
-            Conn::bounded(
-                "LISTEN",
-                self.request_timeout(),
-                conn.client.batch_execute(&sql),
-            )
-            .await?;
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            self.set_listening(&conn, true).await?;
         }
         *slot = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// Registers a waiter that wants the release notifications (a permit or lease-mode wait): the
+    /// control connection `LISTEN`s from before this returns until [`LISTEN_LINGER`] after the last
+    /// registration is dropped. Nobody listens while nobody waits, so an uncontended release's `NOTIFY`
+    /// wakes no server process (each listening backend of the database is signalled and reads the
+    /// queue, whatever channel it listens on) and no driver task. A release committed before this
+    /// returns may have notified nobody: the caller tries again before it sleeps.
+    pub(crate) async fn listen(&self) -> std::result::Result<Listening, SqlError> {
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+        let registration = Listening {
+            inner: self.me.clone(),
+        };
+        // `control` LISTENs on a connection it opens now (the count is up); one already open may not.
+        self.control().await?;
+        let slot = self.control.lock().await;
+        // Closed or dropped since `control` returned: the next `control` opens one, listening.
+        if let Some(conn) = slot
+            .as_ref()
+            .filter(|c| c.closed_reason().is_none() && !c.listening())
+        {
+            self.set_listening(conn, true).await?;
+        }
+        Ok(registration)
+    }
+
+    /// `LISTEN` or `UNLISTEN` on `conn`, recorded on it once confirmed.
+    async fn set_listening(&self, conn: &Conn, on: bool) -> std::result::Result<(), SqlError> {
+        let sql = if on {
+            self.tables.listen()
+        } else {
+            self.tables.unlisten()
+        };
+        Conn::bounded(
+            if on { "LISTEN" } else { "UNLISTEN" },
+            self.request_timeout(),
+            conn.client.batch_execute(&sql),
+        )
+        .await?;
+        conn.set_listening(on);
+        Ok(())
+    }
+
+    /// `UNLISTEN` once no waiter is registered (under the control slot's lock, so a registration that
+    /// comes meanwhile either sees the connection still listening or `LISTEN`s after this).
+    async fn unlisten_if_unwanted(&self) {
+        let slot = self.control.lock().await;
+        let Some(conn) = slot.as_ref() else { return };
+        if self.waiters.load(Ordering::Acquire) > 0
+            || !conn.listening()
+            || conn.closed_reason().is_some()
+        {
+            return;
+        }
+        if let Err(e) = self.set_listening(conn, false).await {
+            // Listening on costs wake-ups only.
+            tracing::debug!(error = %e, "UNLISTEN failed");
+        }
     }
 
     /// Passes `result` (of a statement on the control connection `conn`) through; a statement that got
@@ -451,6 +590,8 @@ impl PostgresBackend {
                 resetter_running: std::sync::atomic::AtomicBool::new(false),
                 resetter_wakes_at: std::sync::Mutex::new(None),
                 resetter_wake: std::sync::Mutex::new(None),
+                waiters: std::sync::atomic::AtomicUsize::new(0),
+                opening_spare: std::sync::atomic::AtomicBool::new(false),
                 me: me.clone(),
             }),
         };
@@ -467,7 +608,7 @@ impl PostgresBackend {
                 .open_dedicated()
                 .await
                 .map_err(|e| e.into_core(BACKEND, None))?;
-            inner.recycle(conn);
+            inner.recycle_spare(conn);
         }
         Ok(backend)
     }
@@ -593,7 +734,7 @@ impl Backend for PostgresBackend {
             .into_core(BACKEND, Some(&request.name)));
         }
         if inner.config.mode == Mode::Lease {
-            return lease::try_acquire(inner, &mut acquisition.lease, request)
+            return lease::try_acquire(inner, request)
                 .await
                 .map_err(|e| e.into_core(BACKEND, Some(&request.name)));
         }
@@ -601,22 +742,15 @@ impl Backend for PostgresBackend {
         loop {
             let attempt = match request.kind {
                 LockKind::Permit { limit } => {
-                    semaphore::try_acquire(
-                        inner,
-                        &mut acquisition.session,
-                        &mut acquisition.permit,
-                        request,
-                        limit,
-                    )
-                    .await
+                    semaphore::try_acquire(inner, &mut acquisition.session, request, limit).await
                 }
                 _ => session::try_acquire(inner, &mut acquisition.session, request).await,
             };
             match attempt {
                 // Once, on a new connection: the pooled one had ended while it waited.
-                Err(_)
+                Err(ref e)
                     if !retried
-                        && session::pooled_connection_ended(&mut acquisition.session).await =>
+                        && session::pooled_connection_ended(&mut acquisition.session, e).await =>
                 {
                     retried = true;
                 }
@@ -637,7 +771,7 @@ impl Backend for PostgresBackend {
         let inner = &self.inner;
         let waited = match (inner.config.mode, request.kind) {
             (Mode::Lease, _) => {
-                lease::wait(&mut acquisition.lease, request, retry_after).await;
+                lease::wait(inner, &mut acquisition.lease, request, retry_after).await;
                 Ok(())
             }
             (_, LockKind::Permit { .. }) => {

@@ -7,10 +7,10 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use std::time::Instant;
 
 use distlock_core::raw::{LossReport, LossSignal};
 use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Row, SimpleQueryMessage, Statement};
@@ -42,6 +42,8 @@ pub(crate) struct Conn {
     /// The idle bound the session runs with, as distlock last set it, and since when the connection
     /// has waited in the idle pool ([`IdleBound`]).
     idle_bound: std::sync::Mutex<IdleBound>,
+    /// The session `LISTEN`s on the wake-up channel (the control connection, while waiters want it).
+    listening: AtomicBool,
     /// The hot statements prepared on this connection, by their text ([`Conn::query_one_cached`]).
     statements: std::sync::Mutex<std::collections::HashMap<String, Statement>>,
     /// The task driving the connection future: aborted on drop, so the socket closes at once even
@@ -71,10 +73,12 @@ pub(crate) struct IdleBound {
 
 impl IdleBound {
     /// When a connection parked with this bound must leave the pool's trust: half the bound after it
-    /// was parked (`None`: no bound runs, nothing ends it).
+    /// was parked, less a quarter of that half (at most 200 ms) for the reply that preceded the parking
+    /// and the reset's own round trip (`None`: no bound runs, nothing ends it).
     pub(crate) fn stale_at(&self) -> Option<Instant> {
         let ms = self.ms.filter(|ms| *ms > 0)?;
-        Some(self.parked_at? + Duration::from_millis(ms / 2))
+        let half = Duration::from_millis(ms / 2);
+        Some(self.parked_at? + half - (half / 4).min(Duration::from_millis(200)))
     }
 }
 
@@ -294,6 +298,7 @@ impl Conn {
                 ms: Some(0),
                 parked_at: None,
             }),
+            listening: AtomicBool::new(false),
             statements: std::sync::Mutex::default(),
             driver,
         })
@@ -339,6 +344,15 @@ impl Conn {
             report.report(reason);
         }
         report.signal()
+    }
+
+    /// Whether the session `LISTEN`s on the wake-up channel (as last confirmed).
+    pub(crate) fn listening(&self) -> bool {
+        self.listening.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_listening(&self, on: bool) {
+        self.listening.store(on, Ordering::Release);
     }
 
     /// The session's idle bound as distlock knows it.

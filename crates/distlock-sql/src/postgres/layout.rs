@@ -427,6 +427,11 @@ impl Tables {
     pub(crate) fn listen(&self) -> String {
         format!("LISTEN \"{}\"", self.channel)
     }
+
+    /// `UNLISTEN` on the wake-up channel.
+    pub(crate) fn unlisten(&self) -> String {
+        format!("UNLISTEN \"{}\"", self.channel)
+    }
 }
 
 /// The session settings of a connection that holds a lock, and the probe: `ttl_ms` is the idle limit

@@ -13,7 +13,7 @@ use distlock_core::FencingToken;
 use tokio::sync::broadcast;
 use tokio_postgres::types::Type;
 
-use super::backend::{Inner, LeaseKind, PgLease};
+use super::backend::{Inner, LeaseKind, Listening, PgLease};
 use super::conn::{self, Conn};
 use crate::error::SqlError;
 
@@ -21,11 +21,14 @@ use crate::error::SqlError;
 /// reconnect of the control connection must not strand it until the holder's lease ends).
 const MAX_NAP: Duration = Duration::from_secs(2);
 
-/// An acquire under way in lease mode: subscribed to the wake-ups before its first try, so a release
-/// between the try and the wait is not missed.
+/// An acquire under way in lease mode: subscribed to the wake-ups, and registered for the control
+/// connection's `LISTEN`, at its first wait, which returns at once so the next try sees a release
+/// that came before the `LISTEN` took effect.
 #[derive(Debug, Default)]
 pub(crate) struct Acquiring {
     wakeups: Option<broadcast::Receiver<String>>,
+    registered: bool,
+    listening: Option<Listening>,
 }
 
 /// A held lease: its version (the token), and a local upper bound of when the database expires it.
@@ -104,12 +107,8 @@ fn ms(d: Duration) -> i64 {
 
 pub(crate) async fn try_acquire(
     inner: &Inner,
-    acquiring: &mut Acquiring,
     request: &AcquireRequest,
 ) -> Result<Attempt<PgLease>, SqlError> {
-    if acquiring.wakeups.is_none() {
-        acquiring.wakeups = Some(inner.notify.subscribe());
-    }
     let conn = inner.control().await?;
     let bound = inner.request_timeout();
     let take = inner.tables.take_lease();
@@ -192,10 +191,27 @@ fn is_contention(e: &tokio_postgres::Error) -> bool {
 /// Sleeps until a release of this name is notified, or the holder's lease ends (`retry_after`), or
 /// [`MAX_NAP`].
 pub(crate) async fn wait(
+    inner: &Inner,
     acquiring: &mut Acquiring,
     request: &AcquireRequest,
     retry_after: Option<Duration>,
 ) {
+    if !acquiring.registered {
+        // As a permit's first wait (`semaphore::wait`): subscribed and listening, then the next try
+        // at once.
+        acquiring.registered = true;
+        acquiring.wakeups = Some(inner.notify.subscribe());
+        match inner.listen().await {
+            Ok(listening) => {
+                acquiring.listening = Some(listening);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "could not LISTEN; lease waits poll");
+                acquiring.wakeups = None;
+            }
+        }
+    }
     let nap = retry_after.unwrap_or(MAX_NAP).min(MAX_NAP) + Duration::from_millis(5);
     let Some(wakeups) = acquiring.wakeups.as_mut() else {
         tokio::time::sleep(nap).await;

@@ -10,8 +10,10 @@
 //!
 //! **Wait**: no server-side wait fits "the first of N keys", so a waiter hands its connection back to
 //! the idle pool (a waiting permit holds no server session) and sleeps until a permit release of the
-//! name is notified (`NOTIFY` on the table's channel, `LISTEN`ed on the control connection, subscribed
-//! before the first try) or [`POLL`] (jittered down to half) has passed: a holder whose session ended
+//! name is notified (`NOTIFY` on the table's channel, `LISTEN`ed on the control connection only while
+//! a waiter is registered, `Inner::listen`; the first wait registers and returns at once, so the try
+//! after it sees a release that came before the `LISTEN`) or [`POLL`] (jittered down to half) has
+//! passed: a holder whose session ended
 //! (a killed process, `pg_terminate_backend`, its idle bound) frees its slot at once on the server but
 //! notifies nobody, and a mutex or writer that lets the key go notifies nobody either.
 //!
@@ -26,7 +28,7 @@ use distlock_core::FencingToken;
 use tokio::sync::broadcast;
 use tokio_postgres::types::Type;
 
-use super::backend::{Inner, LeaseKind, PgLease};
+use super::backend::{Inner, LeaseKind, Listening, PgLease};
 use super::conn::{Conn, Params};
 use super::layout;
 use super::session::{self, Held, Hold};
@@ -38,11 +40,16 @@ use crate::error::SqlError;
 /// on noticing a permit freed without a release (its holder's session ended).
 pub(crate) const POLL: Duration = Duration::from_secs(1);
 
-/// A permit acquire's wake-ups: subscribed before its first try, so a release between the try and
-/// the wait is not missed.
+/// A permit acquire's wake-ups: subscribed, and registered for the control connection's `LISTEN`, at
+/// its first wait, which then returns at once so the next try sees a release that came before the
+/// `LISTEN` took effect (an uncontended acquire never listens).
 #[derive(Debug, Default)]
 pub(crate) struct Acquiring {
     wakeups: Option<broadcast::Receiver<String>>,
+    /// Registered (or tried to be: `listening` stays `None` when the control connection could not
+    /// listen, and the waits poll).
+    registered: bool,
+    listening: Option<Listening>,
 }
 
 /// What one permit statement answered.
@@ -60,18 +67,9 @@ enum Outcome {
 pub(crate) async fn try_acquire(
     inner: &Arc<Inner>,
     session: &mut session::Acquiring,
-    acquiring: &mut Acquiring,
     request: &AcquireRequest,
     limit: u32,
 ) -> Result<Attempt<PgLease>, SqlError> {
-    if acquiring.wakeups.is_none() {
-        acquiring.wakeups = Some(inner.notify.subscribe());
-        // The control connection LISTENs from when it opens; make sure it is open before the first
-        // try. If it cannot be, the poll bound still wakes the waiter.
-        if let Err(e) = inner.control().await {
-            tracing::debug!(error = %e, "no control connection to LISTEN on; permit waits poll");
-        }
-    }
     let requested = i32::try_from(limit)
         .map_err(|_| SqlError::Config(format!("a semaphore of {limit} permits")))?;
     // Refused before anything is sent (see `session::try_acquire`).
@@ -259,6 +257,21 @@ pub(crate) async fn wait(
     request: &AcquireRequest,
 ) {
     session::park(inner, session).await;
+    if !acquiring.registered {
+        acquiring.registered = true;
+        acquiring.wakeups = Some(inner.notify.subscribe());
+        match inner.listen().await {
+            // Try again at once: a release before the LISTEN took effect notified nobody.
+            Ok(listening) => {
+                acquiring.listening = Some(listening);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "no control connection to LISTEN on; permit waits poll");
+                acquiring.wakeups = None;
+            }
+        }
+    }
     let nap = distlock_core::retry::jitter(POLL);
     let Some(wakeups) = acquiring.wakeups.as_mut() else {
         tokio::time::sleep(nap).await;

@@ -228,13 +228,19 @@ pub(super) async fn connection(
     Ok(())
 }
 
-/// After a try failed: whether it failed because its connection, taken from the idle pool for it,
-/// had ended while it waited there (the server ended it, or a reset the driver had not read yet), in
-/// which case it is dropped and the try may run again on a new one. Such a connection has no live
-/// session, or one the server ends as soon as it reads the close: the lock it may have taken is freed
-/// without this acquire, and the next try finds it busy until then, never held twice.
-pub(super) async fn pooled_connection_ended(acquiring: &mut Acquiring) -> bool {
-    if !std::mem::take(&mut acquiring.from_pool) || acquiring.stage != Stage::Idle {
+/// After a try failed with `error`: whether it failed because its connection, taken from the idle
+/// pool for it, had ended while it waited there (the server ended it, or a reset the driver had not
+/// read yet), in which case it is dropped and the try may run again on a new one. Such a connection
+/// has no live session, or one that ends when the server reads the close or, at the latest, when its
+/// idle bound (a lease) runs out; whatever its try took stays with that session until then. A mutex or
+/// write lock is then busy for the retry (never held twice); a read lock or a permit may be held a
+/// second time by the retry meanwhile, so one acquire can occupy two of a semaphore's permits for up
+/// to a lease (the limit is the server's and still holds; the orphan's token is never used).
+pub(super) async fn pooled_connection_ended(acquiring: &mut Acquiring, error: &SqlError) -> bool {
+    if !std::mem::take(&mut acquiring.from_pool)
+        || acquiring.stage != Stage::Idle
+        || !matches!(error, SqlError::Unavailable { .. })
+    {
         return false;
     }
     let Some(conn) = acquiring.conn.as_ref() else {
@@ -245,6 +251,7 @@ pub(super) async fn pooled_connection_ended(acquiring: &mut Acquiring) -> bool {
         .await
         .is_ok();
     if ended {
+        tracing::debug!(%error, "a pooled connection had ended; trying again on a new one");
         acquiring.conn = None;
         acquiring.clean = false;
     }
@@ -614,6 +621,8 @@ pub(crate) async fn wait(
     let slice_ms = ttl_ms(WAIT_SLICE);
     let silent_after = WAIT_SLICE + bound;
     connection(inner, acquiring).await?;
+    // Only a try runs again on a new connection (`pooled_connection_ended`).
+    acquiring.from_pool = false;
     // From here on the session may be in a transaction or hold the lock: never handed back as clean.
     acquiring.clean = false;
     let name = request.name.as_str();
@@ -761,15 +770,17 @@ pub(super) async fn park(inner: &Inner, acquiring: &mut Acquiring) {
     }
     if let Some(conn) = acquiring.conn.take() {
         acquiring.clean = false;
-        if conn.idle_bound().ms.is_some() {
-            // A known bound goes to the pool with it (the pool resets it before it runs out).
-            inner.recycle(conn);
-            return;
-        }
-        if reset_bound(inner, &conn).await.is_ok() {
-            inner.recycle(conn);
-        }
+        recycle(inner, conn).await;
     }
+}
+
+/// Hands a connection whose session holds nothing to the idle pool: with its idle bound when known
+/// (the pool resets it before it runs out), else after a reset (closed if that fails).
+async fn recycle(inner: &Inner, conn: Conn) {
+    if conn.idle_bound().ms.is_none() && reset_bound(inner, &conn).await.is_err() {
+        return;
+    }
+    inner.recycle(conn);
 }
 
 /// Sets the session's idle bound back to off and records it.
@@ -871,7 +882,7 @@ pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Re
     match outcome {
         Ok(true) => {
             // The session holds nothing now: the next lock may use it.
-            inner.recycle(conn);
+            recycle(inner, conn).await;
             Ok(Released::Released)
         }
         Ok(false) => {
