@@ -743,7 +743,18 @@ async fn uncontended_cycles_send_the_fewest_statements() {
         for _ in 0..3 {
             cycle().await;
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The spare opens in the background: its setup must not land in the counted window.
+        let started = Instant::now();
+        while server
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'distlock'")
+            .unwrap()
+            .parse::<u32>()
+            .unwrap()
+            < 3
+        {
+            assert!(started.elapsed() < PATIENCE, "no spare connection opened");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         cycle().await;
         let from = std::fs::metadata(&log).unwrap().len();
         for _ in 0..CYCLES {
@@ -782,10 +793,11 @@ async fn until_logged(log: &std::path::Path, from: u64, what: &str, done: impl F
 }
 
 /// The control connection `LISTEN`s only while a waiter wants release notifications (a permit, or a
-/// lease-mode lock): not while locks are taken uncontended, from a waiter's first wait on, and
-/// `UNLISTEN`s once the last waiter has left (after a linger of 1 s). A waiter asleep after its try
-/// is woken by the release's `NOTIFY`, well before its poll (a permit waiter sleeps 0.5 to 1 s, a
-/// lease-mode one 2 s): the release comes only once the waiter's try after its `LISTEN` is logged.
+/// lease-mode lock): not while locks are taken uncontended, from a waiter's first wait on (which
+/// tries again at once after its `LISTEN`), all the while it waits (2.5 s here, past the 1 s linger
+/// and the polls), and `UNLISTEN`s once the last waiter has left. A waiter asleep after its try is
+/// woken by the release's `NOTIFY`, well before its poll (a permit waiter sleeps 0.5 to 1 s, a
+/// lease-mode one 2 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_listen_only_while_they_wait_and_are_woken_by_the_release() {
     let mut server = PostgresServer::start_with(&["log_statement=all"]).expect("postgres");
@@ -820,17 +832,29 @@ async fn waiters_listen_only_while_they_wait_and_are_woken_by_the_release() {
         );
         let from = std::fs::metadata(&log).unwrap().len();
         let waiting = tokio::spawn(acquire(waiter.clone(), name.clone()));
-        // Its LISTEN, then its try after it (it sleeps after that one).
-        until_logged(
-            &log,
-            from,
-            "the waiter's LISTEN and its try after it",
-            |text| {
-                text.split_once("LISTEN")
-                    .is_some_and(|(_, after)| after.contains(try_text))
-            },
-        )
+        // Its LISTEN, then at once (not after a poll: 0.5 s at the soonest) its try after it.
+        until_logged(&log, from, "the waiter's LISTEN", |text| {
+            text.contains("LISTEN")
+        })
         .await;
+        let listened_at = Instant::now();
+        until_logged(&log, from, "the waiter's try after its LISTEN", |text| {
+            text.split_once("LISTEN")
+                .is_some_and(|(_, after)| after.contains(try_text))
+        })
+        .await;
+        assert!(
+            listened_at.elapsed() < Duration::from_millis(400),
+            "{mode}: the try after the LISTEN came {:?} later: not at once",
+            listened_at.elapsed()
+        );
+        // Still listening while it waits, past the linger and past a poll or two.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let waited = log_since(&log, from);
+        assert!(
+            !waited.contains("UNLISTEN"),
+            "{mode}: the control connection stopped listening while a waiter waits:\n{waited}"
+        );
         let released_at = Instant::now();
         held.release().await.unwrap();
         let got = tokio::time::timeout(PATIENCE, waiting)

@@ -78,6 +78,8 @@ pub(crate) struct Inner {
     me: std::sync::Weak<Inner>,
     /// Waiters registered for release notifications ([`Inner::listen`]).
     waiters: std::sync::atomic::AtomicUsize,
+    /// Registrations so far: the linger after the last one left ends only if none came since.
+    listen_generation: std::sync::atomic::AtomicU64,
     /// A spare connection is being opened ([`Inner::refill_spare`]).
     opening_spare: std::sync::atomic::AtomicBool,
 }
@@ -127,12 +129,15 @@ impl Drop for Listening {
         {
             return;
         }
+        // The linger counts from the last registration's drop: a registration after this one
+        // (a later generation) leaves the UNLISTEN to its own drop.
+        let generation = inner.listen_generation.load(Ordering::Acquire);
         let weak = self.inner.clone();
         drop(inner);
         tokio::spawn(async move {
             tokio::time::sleep(LISTEN_LINGER).await;
             if let Some(inner) = weak.upgrade() {
-                inner.unlisten_if_unwanted().await;
+                inner.unlisten_if_unwanted(generation).await;
             }
         });
     }
@@ -282,7 +287,7 @@ impl Inner {
         });
     }
 
-    async fn open_dedicated(&self) -> std::result::Result<Conn, SqlError> {
+    pub(crate) async fn open_dedicated(&self) -> std::result::Result<Conn, SqlError> {
         let conn = self.open(false).await?;
         conn.refuse_pooler()?;
         let setup = format!("{}; {}", layout::HOLDER_SETTINGS, self.tables.warm_up());
@@ -330,6 +335,14 @@ impl Inner {
     /// The control connection, reconnected if it has closed.
     pub(crate) async fn control(&self) -> std::result::Result<Arc<Conn>, SqlError> {
         let mut slot = self.control.lock().await;
+        self.control_in(&mut slot).await
+    }
+
+    /// [`Inner::control`] with its slot locked by the caller.
+    async fn control_in(
+        &self,
+        slot: &mut Option<Arc<Conn>>,
+    ) -> std::result::Result<Arc<Conn>, SqlError> {
         if let Some(conn) = slot.as_ref() {
             if conn.closed_reason().is_none() {
                 return Ok(conn.clone());
@@ -350,7 +363,11 @@ impl Inner {
             .await?;
         }
         if self.waiters.load(Ordering::Acquire) > 0 {
-            self.set_listening(&conn, true).await?;
+            if let Err(e) = self.set_listening(&conn, true).await {
+                // The statement in hand needs no notification; the next wait LISTENs again
+                // (`ensure_listening`).
+                tracing::debug!(error = %e, "LISTEN failed on a new control connection");
+            }
         }
         *slot = Some(conn.clone());
         Ok(conn)
@@ -364,27 +381,40 @@ impl Inner {
     /// returns may have notified nobody: the caller tries again before it sleeps.
     pub(crate) async fn listen(&self) -> std::result::Result<Listening, SqlError> {
         self.waiters.fetch_add(1, Ordering::AcqRel);
+        self.listen_generation.fetch_add(1, Ordering::AcqRel);
         let registration = Listening {
             inner: self.me.clone(),
         };
-        // `control` LISTENs on a connection it opens now (the count is up); one already open may not.
-        self.control().await?;
-        let slot = self.control.lock().await;
-        // Closed or dropped since `control` returned: the next `control` opens one, listening.
-        if let Some(conn) = slot
-            .as_ref()
-            .filter(|c| c.closed_reason().is_none() && !c.listening())
-        {
-            self.set_listening(conn, true).await?;
-        }
+        self.ensure_listening().await?;
         Ok(registration)
     }
 
-    /// `LISTEN` or `UNLISTEN` on `conn`, recorded on it once confirmed.
+    /// Makes sure the control connection is open and `LISTEN`s (a registered waiter calls it before
+    /// each sleep: the connection may have closed, or a `LISTEN` failed, since). `Ok(true)`: it was
+    /// listening all along; `Ok(false)`: it listens now but was not, so notifications may have been
+    /// lost and the waiter tries again at once.
+    pub(crate) async fn ensure_listening(&self) -> std::result::Result<bool, SqlError> {
+        let mut slot = self.control.lock().await;
+        let conn = self.control_in(&mut slot).await?;
+        if conn.listening() {
+            return Ok(true);
+        }
+        if let Err(e) = self.set_listening(&conn, true).await {
+            // Its state is unknown now: a new connection next time.
+            *slot = None;
+            return Err(e);
+        }
+        Ok(false)
+    }
+
+    /// `LISTEN` or `UNLISTEN` on `conn`: recorded once a `LISTEN` is confirmed, and before an
+    /// `UNLISTEN` is sent (a timed-out one may still run later; a `LISTEN` more is harmless, a
+    /// waiter that thinks the connection listens when it does not is deaf).
     async fn set_listening(&self, conn: &Conn, on: bool) -> std::result::Result<(), SqlError> {
         let sql = if on {
             self.tables.listen()
         } else {
+            conn.set_listening(false);
             self.tables.unlisten()
         };
         Conn::bounded(
@@ -397,20 +427,24 @@ impl Inner {
         Ok(())
     }
 
-    /// `UNLISTEN` once no waiter is registered (under the control slot's lock, so a registration that
+    /// `UNLISTEN` once no waiter has registered since the registration whose drop scheduled this
+    /// (`generation`) and none is registered (under the control slot's lock, so a registration that
     /// comes meanwhile either sees the connection still listening or `LISTEN`s after this).
-    async fn unlisten_if_unwanted(&self) {
-        let slot = self.control.lock().await;
-        let Some(conn) = slot.as_ref() else { return };
+    async fn unlisten_if_unwanted(&self, generation: u64) {
+        let mut slot = self.control.lock().await;
+        let Some(conn) = slot.as_ref().cloned() else {
+            return;
+        };
         if self.waiters.load(Ordering::Acquire) > 0
+            || self.listen_generation.load(Ordering::Acquire) != generation
             || !conn.listening()
             || conn.closed_reason().is_some()
         {
             return;
         }
-        if let Err(e) = self.set_listening(conn, false).await {
-            // Listening on costs wake-ups only.
-            tracing::debug!(error = %e, "UNLISTEN failed");
+        if let Err(e) = self.set_listening(&conn, false).await {
+            tracing::debug!(error = %e, "UNLISTEN failed; closing the control connection");
+            *slot = None;
         }
     }
 
@@ -591,6 +625,7 @@ impl PostgresBackend {
                 resetter_wakes_at: std::sync::Mutex::new(None),
                 resetter_wake: std::sync::Mutex::new(None),
                 waiters: std::sync::atomic::AtomicUsize::new(0),
+                listen_generation: std::sync::atomic::AtomicU64::new(0),
                 opening_spare: std::sync::atomic::AtomicBool::new(false),
                 me: me.clone(),
             }),

@@ -27,7 +27,7 @@ const MAX_NAP: Duration = Duration::from_secs(2);
 #[derive(Debug, Default)]
 pub(crate) struct Acquiring {
     wakeups: Option<broadcast::Receiver<String>>,
-    registered: bool,
+    /// Registered for the control connection's `LISTEN` (see `semaphore::Acquiring`).
     listening: Option<Listening>,
 }
 
@@ -196,10 +196,9 @@ pub(crate) async fn wait(
     request: &AcquireRequest,
     retry_after: Option<Duration>,
 ) {
-    if !acquiring.registered {
-        // As a permit's first wait (`semaphore::wait`): subscribed and listening, then the next try
-        // at once.
-        acquiring.registered = true;
+    if acquiring.listening.is_none() {
+        // First wait (or the last registration failed): subscribed and listening, then the next try
+        // at once, since a release before the LISTEN took effect notified nobody.
         acquiring.wakeups = Some(inner.notify.subscribe());
         match inner.listen().await {
             Ok(listening) => {
@@ -207,8 +206,17 @@ pub(crate) async fn wait(
                 return;
             }
             Err(e) => {
-                tracing::debug!(error = %e, "could not LISTEN; lease waits poll");
+                tracing::debug!(error = %e, "could not LISTEN; lease waits poll and register again next time");
                 acquiring.wakeups = None;
+            }
+        }
+    } else {
+        match inner.ensure_listening().await {
+            Ok(true) => {}
+            // The control connection had closed or stopped listening: what it missed, the try sees.
+            Ok(false) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "the control connection does not LISTEN; lease waits poll")
             }
         }
     }

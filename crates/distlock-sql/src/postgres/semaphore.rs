@@ -46,9 +46,8 @@ pub(crate) const POLL: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub(crate) struct Acquiring {
     wakeups: Option<broadcast::Receiver<String>>,
-    /// Registered (or tried to be: `listening` stays `None` when the control connection could not
-    /// listen, and the waits poll).
-    registered: bool,
+    /// Registered for the control connection's `LISTEN` (`None`: not yet, or it failed and the next
+    /// wait tries again).
     listening: Option<Listening>,
 }
 
@@ -257,18 +256,27 @@ pub(crate) async fn wait(
     request: &AcquireRequest,
 ) {
     session::park(inner, session).await;
-    if !acquiring.registered {
-        acquiring.registered = true;
+    if acquiring.listening.is_none() {
+        // First wait (or the last registration failed): subscribed and listening, then the next try
+        // at once, since a release before the LISTEN took effect notified nobody.
         acquiring.wakeups = Some(inner.notify.subscribe());
         match inner.listen().await {
-            // Try again at once: a release before the LISTEN took effect notified nobody.
             Ok(listening) => {
                 acquiring.listening = Some(listening);
                 return;
             }
             Err(e) => {
-                tracing::debug!(error = %e, "no control connection to LISTEN on; permit waits poll");
+                tracing::debug!(error = %e, "could not LISTEN; permit waits poll and register again next time");
                 acquiring.wakeups = None;
+            }
+        }
+    } else {
+        match inner.ensure_listening().await {
+            Ok(true) => {}
+            // The control connection had closed or stopped listening: what it missed, the try sees.
+            Ok(false) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "the control connection does not LISTEN; permit waits poll")
             }
         }
     }

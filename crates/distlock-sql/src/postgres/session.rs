@@ -65,6 +65,8 @@ pub(crate) struct Acquiring {
     pub(super) clean: bool,
     /// The connection came from the idle pool and has not answered a statement of this acquire yet.
     pub(super) from_pool: bool,
+    /// The next connection is a new one, not one from the pool.
+    fresh: bool,
 }
 
 /// What a held session holds.
@@ -221,9 +223,14 @@ pub(super) async fn connection(
         acquiring.stage = Stage::Idle;
     }
     if acquiring.conn.is_none() {
-        let (conn, reused) = inner.dedicated().await?;
-        acquiring.conn = Some(conn);
-        acquiring.from_pool = reused;
+        if std::mem::take(&mut acquiring.fresh) {
+            acquiring.conn = Some(inner.open_dedicated().await?);
+            acquiring.from_pool = false;
+        } else {
+            let (conn, reused) = inner.dedicated().await?;
+            acquiring.conn = Some(conn);
+            acquiring.from_pool = reused;
+        }
     }
     Ok(())
 }
@@ -254,6 +261,8 @@ pub(super) async fn pooled_connection_ended(acquiring: &mut Acquiring, error: &S
         tracing::debug!(%error, "a pooled connection had ended; trying again on a new one");
         acquiring.conn = None;
         acquiring.clean = false;
+        // Not another pooled one: whatever ended this one may have ended them too.
+        acquiring.fresh = true;
     }
     ended
 }
