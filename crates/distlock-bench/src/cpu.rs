@@ -426,6 +426,8 @@ struct Stat {
     /// utime and stime alone, in clock ticks.
     user: u64,
     system: u64,
+    /// cutime + cstime: of its children reaped so far, in clock ticks.
+    reaped: u64,
 }
 
 fn read_stat(pid: u32) -> Result<Stat, String> {
@@ -445,6 +447,7 @@ fn parse_stat(text: &str) -> Option<Stat> {
         ticks: user + system + field(16)? + field(17)?,
         user,
         system,
+        reaped: field(16)? + field(17)?,
     })
 }
 
@@ -454,8 +457,28 @@ fn ticks(n: u64) -> Duration {
 }
 
 /// CPU time of `root` and its live descendants, each with its reaped children's: a child that exits
-/// moves from the live sum to its parent's `cutime`, so the total only grows.
+/// moves from the live sum to its parent's `cutime`, so the total only grows. A child reaped while
+/// the descendants are read would be counted twice or not at all (the scan is not one snapshot: a
+/// server's connection that closed as a measurement began read 0 µs of server CPU for a whole
+/// measurement), so the sample is taken again until the root's reaped-children time held still
+/// across the scan.
 fn proc_tree_cpu(root: u32) -> Result<Duration, String> {
+    let mut total = proc_tree_scan(root)?;
+    for _ in 0..10 {
+        let (before, scanned) = total;
+        let after = read_stat(root)
+            .map_err(|e| format!("the server (pid {root}) is gone: {e}"))?
+            .reaped;
+        if after == before.reaped {
+            return Ok(ticks(scanned));
+        }
+        total = proc_tree_scan(root)?;
+    }
+    Ok(ticks(total.1))
+}
+
+/// The root's stat as read before the scan, and the sum of [`proc_tree_cpu`] in clock ticks.
+fn proc_tree_scan(root: u32) -> Result<(Stat, u64), String> {
     let root_stat = read_stat(root).map_err(|e| format!("the server (pid {root}) is gone: {e}"))?;
     let mut stats: HashMap<u32, Stat> = HashMap::new();
     for pid in proc_pids() {
@@ -477,7 +500,7 @@ fn proc_tree_cpu(root: u32) -> Result<Duration, String> {
             queue.extend(more);
         }
     }
-    Ok(ticks(total))
+    Ok((root_stat, total))
 }
 
 // --- the meter --------------------------------------------------------------------------------------
