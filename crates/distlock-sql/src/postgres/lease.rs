@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant, Released, Renewal, RenewalId, Renewed};
 use distlock_core::FencingToken;
-use tokio::sync::broadcast;
 use tokio_postgres::types::Type;
 
-use super::backend::{Inner, LeaseKind, Listening, PgLease};
+use super::backend::{Inner, LeaseKind, PgLease};
 use super::conn::{self, Conn};
+use super::wakeups::Wakeups;
 use crate::error::SqlError;
 
 /// The longest a waiter sleeps without a notification before trying again (a `NOTIFY` lost across a
@@ -26,9 +26,7 @@ const MAX_NAP: Duration = Duration::from_secs(2);
 /// that came before the `LISTEN` took effect.
 #[derive(Debug, Default)]
 pub(crate) struct Acquiring {
-    wakeups: Option<broadcast::Receiver<String>>,
-    /// Registered for the control connection's `LISTEN` (see `semaphore::Acquiring`).
-    listening: Option<Listening>,
+    wakeups: Wakeups,
 }
 
 /// A held lease: its version (the token), and a local upper bound of when the database expires it.
@@ -196,50 +194,11 @@ pub(crate) async fn wait(
     request: &AcquireRequest,
     retry_after: Option<Duration>,
 ) {
-    if acquiring.listening.is_none() {
-        // First wait (or the last registration failed): subscribed and listening, then the next try
-        // at once, since a release before the LISTEN took effect notified nobody.
-        acquiring.wakeups = Some(inner.notify.subscribe());
-        match inner.listen().await {
-            Ok(listening) => {
-                acquiring.listening = Some(listening);
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "could not LISTEN; lease waits poll and register again next time");
-                acquiring.wakeups = None;
-            }
-        }
-    } else {
-        match inner.ensure_listening().await {
-            Ok(true) => {}
-            // The control connection had closed or stopped listening: what it missed, the try sees.
-            Ok(false) => return,
-            Err(e) => {
-                tracing::debug!(error = %e, "the control connection does not LISTEN; lease waits poll")
-            }
-        }
-    }
     let nap = retry_after.unwrap_or(MAX_NAP).min(MAX_NAP) + Duration::from_millis(5);
-    let Some(wakeups) = acquiring.wakeups.as_mut() else {
-        tokio::time::sleep(nap).await;
-        return;
-    };
-    let name = request.name.as_str();
-    let _ = tokio::time::timeout(nap, async {
-        loop {
-            match wakeups.recv().await {
-                Ok(payload) if payload == name => return,
-                Ok(_) => {}
-                // Missed some: one of them may have been ours.
-                Err(broadcast::error::RecvError::Lagged(_)) => return,
-                Err(broadcast::error::RecvError::Closed) => {
-                    std::future::pending::<()>().await;
-                }
-            }
-        }
-    })
-    .await;
+    acquiring
+        .wakeups
+        .wait(inner, request.name.as_str(), nap, "lease waits")
+        .await;
 }
 
 /// Frees whatever lease this owner may hold on the name (a grant whose reply was lost).

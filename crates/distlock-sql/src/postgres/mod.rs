@@ -70,6 +70,7 @@ mod lease;
 mod semaphore;
 mod session;
 mod tls;
+mod wakeups;
 
 pub use backend::{PgAcquisition, PgLease, PostgresBackend};
 /// The driver, for [`fence`] and for tests that talk to the server directly.

@@ -25,13 +25,13 @@ use std::time::Duration;
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
 use distlock_core::FencingToken;
-use tokio::sync::broadcast;
 use tokio_postgres::types::Type;
 
-use super::backend::{Inner, LeaseKind, Listening, PgLease};
+use super::backend::{Inner, LeaseKind, PgLease};
 use super::conn::{Conn, Params};
 use super::layout;
 use super::session::{self, Held, Hold};
+use super::wakeups::Wakeups;
 use crate::config::AdvisoryKey;
 use crate::error::SqlError;
 
@@ -45,10 +45,7 @@ pub(crate) const POLL: Duration = Duration::from_secs(1);
 /// `LISTEN` took effect (an uncontended acquire never listens).
 #[derive(Debug, Default)]
 pub(crate) struct Acquiring {
-    wakeups: Option<broadcast::Receiver<String>>,
-    /// Registered for the control connection's `LISTEN` (`None`: not yet, or it failed and the next
-    /// wait tries again).
-    listening: Option<Listening>,
+    wakeups: Wakeups,
 }
 
 /// What one permit statement answered.
@@ -256,46 +253,9 @@ pub(crate) async fn wait(
     request: &AcquireRequest,
 ) {
     session::park(inner, session).await;
-    if acquiring.listening.is_none() {
-        // First wait (or the last registration failed): subscribed and listening, then the next try
-        // at once, since a release before the LISTEN took effect notified nobody.
-        acquiring.wakeups = Some(inner.notify.subscribe());
-        match inner.listen().await {
-            Ok(listening) => {
-                acquiring.listening = Some(listening);
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "could not LISTEN; permit waits poll and register again next time");
-                acquiring.wakeups = None;
-            }
-        }
-    } else {
-        match inner.ensure_listening().await {
-            Ok(true) => {}
-            // The control connection had closed or stopped listening: what it missed, the try sees.
-            Ok(false) => return,
-            Err(e) => {
-                tracing::debug!(error = %e, "the control connection does not LISTEN; permit waits poll")
-            }
-        }
-    }
     let nap = distlock_core::retry::jitter(POLL);
-    let Some(wakeups) = acquiring.wakeups.as_mut() else {
-        tokio::time::sleep(nap).await;
-        return;
-    };
-    let name = request.name.as_str();
-    let _ = tokio::time::timeout(nap, async {
-        loop {
-            match wakeups.recv().await {
-                Ok(payload) if payload == name => return,
-                Ok(_) => {}
-                // Missed some: one of them may have been ours.
-                Err(broadcast::error::RecvError::Lagged(_)) => return,
-                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
-            }
-        }
-    })
-    .await;
+    acquiring
+        .wakeups
+        .wait(inner, request.name.as_str(), nap, "permit waits")
+        .await;
 }
