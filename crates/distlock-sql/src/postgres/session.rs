@@ -636,13 +636,14 @@ pub(crate) async fn wait(
     acquiring.clean = false;
     let name = request.name.as_str();
     if advisory {
-        // The probe and the wait in one message: the idle bound is set before the wait starts, and a
-        // changed pid is refused when the wait returns, before any grant (the lock it got goes with the
-        // connection, which the abandon closes). The message is one implicit transaction: a wait ended
-        // by lock_timeout rolls the slice's setting back; a granted one sets it back to 0.
+        // The probe (unless the session already runs with the lease's bound) pipelined ahead of the
+        // wait, one round trip, as a statement and a transaction of its own: the bound is committed
+        // before the wait starts and stays whatever the wait's message does (a cancel landing after
+        // the grant rolls that message back, but not the bound, so a client cut off then still has
+        // its session ended by the server). The message is one implicit transaction: a wait ended by
+        // lock_timeout rolls the slice's setting back; a granted one sets it back to 0.
         let sql = format!(
-            "{}; {}; {}; {}",
-            bound_sql(request.lease)?,
+            "{}; {}; {}",
             layout::wait_slice(slice_ms, false),
             layout::advisory(
                 key,
@@ -656,11 +657,15 @@ pub(crate) async fn wait(
         );
         acquiring.stage = Stage::Waiting;
         let conn = conn_of(acquiring)?;
-        // Set by the message, or rolled back with its slice: the next try probes.
-        conn.set_idle_bound(None);
-        let pid = conn.pid;
-        let waited = match tokio::time::timeout(silent_after, conn.client.simple_query(&sql)).await
-        {
+        let (probed, waited) = futures_util::future::join(
+            probe_for_try(conn, request.lease, bound),
+            tokio::time::timeout(silent_after, conn.client.simple_query(&sql)),
+        )
+        .await;
+        // A failed probe leaves the stage `Waiting`: the wait may have taken the lock, and the
+        // abandon undoes whatever the session holds before it closes the connection.
+        probed?;
+        match waited {
             Err(_) => {
                 silent_wait(silent_after);
                 return Ok(());
@@ -672,10 +677,11 @@ pub(crate) async fn wait(
                 acquiring.clean = true;
                 return Ok(());
             }
-            Ok(waited) => waited.map_err(|e| map_error("waiting for the lock", e))?,
-        };
+            Ok(waited) => {
+                waited.map_err(|e| map_error("waiting for the lock", e))?;
+            }
+        }
         acquiring.stage = Stage::Locked;
-        check_pid(&waited, pid)?;
         return Ok(());
     }
     {
