@@ -531,6 +531,12 @@ pub(crate) fn advisory(key: AdvisoryKey, function: &str) -> String {
     format!("SELECT {}", advisory_call(key, function))
 }
 
+/// A server-side wait's lock statement: `function` (`pg_advisory_lock` or `_shared`) on the key, and
+/// `pg_backend_pid()`, so the grant is checked to be this connection's own session.
+pub(crate) fn advisory_wait(key: AdvisoryKey, function: &str) -> String {
+    format!("SELECT {}, pg_backend_pid()", advisory_call(key, function))
+}
+
 /// Releases every session advisory lock of the session, if it is still `pid` (through a pooler it could
 /// be another client's session): the undo of an abandoned acquire.
 pub(crate) fn unlock_all_of(pid: i32) -> String {

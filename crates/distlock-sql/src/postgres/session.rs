@@ -623,6 +623,8 @@ pub(crate) async fn wait(
     acquiring: &mut Acquiring,
     request: &AcquireRequest,
 ) -> Result<(), SqlError> {
+    // Refused before anything is sent, as a try does.
+    check_lease(request.lease)?;
     let bound = inner.request_timeout();
     let advisory = inner.config.mode == Mode::Advisory;
     let shared = request.kind == LockKind::Read;
@@ -636,16 +638,17 @@ pub(crate) async fn wait(
     acquiring.clean = false;
     let name = request.name.as_str();
     if advisory {
-        // The probe (unless the session already runs with the lease's bound) pipelined ahead of the
-        // wait, one round trip, as a statement and a transaction of its own: the bound is committed
-        // before the wait starts and stays whatever the wait's message does (a cancel landing after
-        // the grant rolls that message back, but not the bound, so a client cut off then still has
-        // its session ended by the server). The message is one implicit transaction: a wait ended by
-        // lock_timeout rolls the slice's setting back; a granted one sets it back to 0.
+        // The probe first (unless the session already runs with the lease's bound), answered before
+        // the wait is sent: a statement and a transaction of its own, so the bound is in force before
+        // the wait can take the lock and stays whatever the wait's message does (a cancel landing after
+        // the grant rolls that message back, not the bound, so a client cut off then still has its
+        // session ended by the server); a probe that fails sends no wait. The message is one implicit
+        // transaction: a wait ended by lock_timeout rolls the slice's setting back; a granted one sets
+        // it back to 0. Its lock statement also reads `pg_backend_pid()`, checked before any grant.
         let sql = format!(
             "{}; {}; {}",
             layout::wait_slice(slice_ms, false),
-            layout::advisory(
+            layout::advisory_wait(
                 key,
                 if shared {
                     "pg_advisory_lock_shared"
@@ -655,16 +658,11 @@ pub(crate) async fn wait(
             ),
             layout::wait_slice(0, false)
         );
+        probe_for_try(conn_of(acquiring)?, request.lease, bound).await?;
         acquiring.stage = Stage::Waiting;
         let conn = conn_of(acquiring)?;
-        let (probed, waited) = futures_util::future::join(
-            probe_for_try(conn, request.lease, bound),
-            tokio::time::timeout(silent_after, conn.client.simple_query(&sql)),
-        )
-        .await;
-        // A failed probe leaves the stage `Waiting`: the wait may have taken the lock, and the
-        // abandon undoes whatever the session holds before it closes the connection.
-        probed?;
+        let pid = conn.pid;
+        let waited = tokio::time::timeout(silent_after, conn.client.simple_query(&sql)).await;
         match waited {
             Err(_) => {
                 silent_wait(silent_after);
@@ -678,10 +676,17 @@ pub(crate) async fn wait(
                 return Ok(());
             }
             Ok(waited) => {
-                waited.map_err(|e| map_error("waiting for the lock", e))?;
+                let messages = waited.map_err(|e| map_error("waiting for the lock", e))?;
+                acquiring.stage = Stage::Locked;
+                // A changed pid is refused before any grant: the lock it got goes with the
+                // connection, which the abandon closes.
+                let granted_on = messages.iter().find_map(|m| match m {
+                    SimpleQueryMessage::Row(row) => row.get(1).and_then(|p| p.parse::<i32>().ok()),
+                    _ => None,
+                });
+                same_session(granted_on, pid)?;
             }
         }
-        acquiring.stage = Stage::Locked;
         return Ok(());
     }
     {
@@ -941,8 +946,8 @@ pub(crate) async fn release(inner: &Inner, held: &Held, name: &str) -> Result<Re
     }
 }
 
-/// A permit's release: both keys, the wake-up and the idle bound's reset in one statement. Whether the
-/// slot was this session's.
+/// A permit's release: both keys and the wake-up in one statement (the idle bound stays, as a lock's
+/// release leaves it). Whether the slot was this session's.
 async fn release_permit(
     inner: &Inner,
     conn: &Conn,
