@@ -351,13 +351,16 @@ async fn a_lease_beyond_idle_session_timeouts_range_is_refused_and_leaves_nothin
         );
         assert_eq!(advisory_holders(&server, &name), 0, "{mode}: left locked");
         // Refused before any statement went out: no try ran, so no fencing token was spent.
-        let bumped = server
-            .psql(&format!(
-                "SELECT count(*) FROM distlock_locks_fence WHERE name = '{name}'"
-            ))
-            .unwrap();
+        let tokens_spent = || {
+            server
+                .psql(&format!(
+                    "SELECT count(*) FROM distlock_locks_fence WHERE name = '{name}'"
+                ))
+                .unwrap()
+        };
         assert_eq!(
-            bumped, "0",
+            tokens_spent(),
+            "0",
             "{mode}: the refused acquire bumped the counter"
         );
         if mode == "advisory" {
@@ -369,13 +372,9 @@ async fn a_lease_beyond_idle_session_timeouts_range_is_refused_and_leaves_nothin
                 .await
                 .expect_err("a 30-day permit the server cannot enforce was granted");
             assert_eq!(err.kind(), distlock_core::ErrorKind::InvalidConfig, "{err}");
-            let bumped = server
-                .psql(&format!(
-                    "SELECT count(*) FROM distlock_locks_fence WHERE name = '{name}'"
-                ))
-                .unwrap();
             assert_eq!(
-                bumped, "0",
+                tokens_spent(),
+                "0",
                 "permit: the refused acquire bumped the counter"
             );
         }

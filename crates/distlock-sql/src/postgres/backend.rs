@@ -198,13 +198,7 @@ impl Inner {
             return;
         }
         conn.park();
-        let Some(stale_at) = conn.idle_bound().stale_at() else {
-            let mut idle = self.lock_idle();
-            if idle.len() < MAX_IDLE {
-                idle.push(conn);
-            }
-            return;
-        };
+        let stale_at = conn.idle_bound().stale_at();
         {
             let mut idle = self.lock_idle();
             if idle.len() >= MAX_IDLE {
@@ -212,12 +206,18 @@ impl Inner {
             }
             idle.push(conn);
             // A lease shorter than the ones the resetter sleeps for: wake it sooner.
-            if lock(&self.resetter_wakes_at).is_some_and(|at| stale_at < at) {
+            if stale_at
+                .is_some_and(|stale| lock(&self.resetter_wakes_at).is_some_and(|at| stale < at))
+            {
                 if let Some(wake) = lock(&self.resetter_wake).as_ref() {
                     // Stored as a permit if the task is not asleep yet.
                     wake.notify_one();
                 }
             }
+        }
+        // Without a bound running, nothing ends the idle session: nothing to reset.
+        if stale_at.is_none() {
+            return;
         }
         if !self.resetter_running.swap(true, Ordering::AcqRel) {
             self.start_resetter();
