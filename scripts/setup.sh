@@ -11,6 +11,8 @@ PACKAGES+=(zookeeper libzookeeper-java libslf4j-java default-jre-headless defaul
     libcurator-client-java libcurator-framework-java libcurator-recipes-java)
 # Redlock's interop tests run node-redlock (npm, see below) with Node.
 PACKAGES+=(nodejs)
+# The Redis plain layout's interop tests run redis-py's own Lock with Debian's /usr/bin/python3.
+PACKAGES+=(python3-redis)
 # The SQL backend's MariaDB tests (distlock-testkit/src/mariadb.rs runs /usr/sbin/mariadbd).
 PACKAGES+=(mariadb-server mariadb-client)
 # PostgreSQL 15 (distlock-sql): the tests run initdb + postgres from /usr/lib/postgresql/15/bin in temp dirs.

@@ -139,6 +139,8 @@ impl Engine {
 pub struct RedisServer {
     client: redis::Client,
     connect_timeout: Duration,
+    /// The URL asks for the plain layout (`?layout=plain`): the same-scripts loop runs its scripts.
+    pub plain: bool,
 }
 
 impl RedisServer {
@@ -188,6 +190,7 @@ impl RedisServer {
         }
         .map_err(redis_failure)?;
         Ok(Some(Self {
+            plain: matches!(config.layout, distlock::redis::RedisLayout::Plain { .. }),
             client,
             connect_timeout: connection.connect_timeout,
         }))

@@ -1,6 +1,6 @@
 //! The fair Redis baselines of issue 9: a bare redis-rs loop of distlock's own scripts (the
-//! Redisson-layout acquire and release of [`distlock::redis::layout`]) by `EVALSHA`, with the keys and
-//! arguments distlock sends, so distlock's client overhead is measured apart from the cost of its
+//! acquire and release of [`distlock::redis::layout`], of the layout the URL asks for: Redisson's, or
+//! the plain one with `?layout=plain`) by `EVALSHA`, with the keys and arguments distlock sends, so distlock's client overhead is measured apart from the cost of its
 //! richer server-side layout; and rslock, the crate a Rust user would pick instead, on the same
 //! single server.
 
@@ -30,13 +30,21 @@ const LEASE_MS: u64 = 30_000;
 pub struct Scripts {
     acquire: redis::Script,
     release: redis::Script,
+    plain: bool,
 }
 
 impl Scripts {
-    pub fn new() -> Arc<Self> {
+    /// The Redisson layout's scripts, or the plain layout's.
+    pub fn new(plain: bool) -> Arc<Self> {
+        let (acquire, release) = if plain {
+            (layout::PLAIN_ACQUIRE, layout::PLAIN_RELEASE)
+        } else {
+            (layout::ACQUIRE, layout::RELEASE)
+        };
         Arc::new(Self {
-            acquire: redis::Script::new(layout::ACQUIRE),
-            release: redis::Script::new(layout::RELEASE),
+            acquire: redis::Script::new(acquire),
+            release: redis::Script::new(release),
+            plain,
         })
     }
 }
@@ -65,10 +73,14 @@ impl SameScripts {
     ) -> Self {
         Self {
             conn,
-            scripts,
             lock_key: layout::lock_key(name).to_string(),
             token_key: layout::token_key(name),
-            channel: layout::channel(name),
+            channel: if scripts.plain {
+                layout::plain_channel(name)
+            } else {
+                layout::channel(name)
+            },
+            scripts,
             owner,
         }
     }
@@ -148,7 +160,12 @@ impl Run<'_> {
         let (d, run, rtt) = (self.plan, &self.config.run, self.round_trip);
         runner.step("(a) same-scripts loop");
         let name = format!("distlock-bench-same/{run}/a");
-        let client = SameScripts::new(conn.clone(), Scripts::new(), &name, self.owner(0));
+        let client = SameScripts::new(
+            conn.clone(),
+            Scripts::new(server.plain),
+            &name,
+            self.owner(0),
+        );
         let cycles = run_cycles(vec![client], WARMUP_ONE, d).await?;
         let mut out = vec![CycleFigures::new(SAME_SCRIPTS, &cycles, rtt)];
         runner.step("(a) rslock");
@@ -193,7 +210,7 @@ impl Run<'_> {
             SAME_SCRIPTS_PER_TASK
         };
         runner.step(&format!("(b) {label}"));
-        let scripts = Scripts::new();
+        let scripts = Scripts::new(server.plain);
         let case = if shared { "shared" } else { "own" };
         let mut clients = Vec::with_capacity(n);
         for i in 0..n {

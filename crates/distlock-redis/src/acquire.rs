@@ -11,7 +11,7 @@ use redis::Value;
 use crate::backend::RedisLease;
 use crate::conn::{Ask, Link, Sent};
 use crate::error::RedisError;
-use crate::kinds::{wake_channel, RW_RECHECK};
+use crate::kinds::RW_RECHECK;
 use crate::layout;
 use crate::pubsub::Subscription;
 use crate::rpc::{int, pttl, request_error, server_error, ScriptCall};
@@ -261,7 +261,8 @@ impl RedisBackend {
     /// `Backend::wait`: the first wait subscribes to the kind's channel and returns once the server
     /// confirmed it (the core tries again, and no release after that is missed); later waits sleep until
     /// a message on the channel or `retry_after` (the holder's pttl, a semaphore's earliest expiry),
-    /// whichever is first; a read-write lock's waiter also after 0.5–1 s ([`RW_RECHECK`]).
+    /// whichever is first; a read-write lock's waiter also after 0.5–1 s ([`RW_RECHECK`]), a plain
+    /// layout's mutex waiter after ½–1× its `poll`.
     pub(crate) async fn wait_for_release(
         &self,
         acquisition: &mut RedisAcquisition,
@@ -272,7 +273,7 @@ impl RedisBackend {
             let sub = self
                 .inner
                 .hub
-                .register(wake_channel(&request.name, request.kind));
+                .register(self.wake_channel(&request.name, request.kind));
             let confirmed = sub.confirm().await;
             acquisition.subscription = Some(sub);
             match confirmed {
@@ -290,6 +291,10 @@ impl RedisBackend {
         let mut limit = retry_after.unwrap_or(NO_EXPIRY_RECHECK);
         if matches!(request.kind, LockKind::Read | LockKind::Write) {
             limit = limit.min(distlock_core::retry::jitter(RW_RECHECK));
+        }
+        if let (LockKind::Mutex, Some(poll)) = (request.kind, self.plain_poll()) {
+            // A plain lock's holder may be a client that publishes nothing (redis-py).
+            limit = limit.min(distlock_core::retry::jitter(poll));
         }
         tokio::select! {
             _ = sub.changed() => {}

@@ -11,7 +11,7 @@ use crate::error::{RedisError, BACKEND};
 
 /// Query parameters a Redis URL may carry besides [`connection::URL_QUERY`]. `lease` is read by the
 /// facade (`connect`).
-const KNOWN_QUERY: &[&str] = &["lease", "wait_replicas", "wait_timeout"];
+const KNOWN_QUERY: &[&str] = &["lease", "wait_replicas", "wait_timeout", "layout", "poll"];
 
 /// Default port of a Redis server.
 pub const DEFAULT_PORT: u16 = 6379;
@@ -29,6 +29,39 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 /// refused by the server (`WRONGTYPE`, `NOPERM`, …) is never retried.
 pub const DEFAULT_RETRY: RetryPolicy =
     RetryPolicy::new(1, Duration::from_millis(10), Duration::from_secs(1));
+
+/// How often a waiter on a [`RedisLayout::Plain`] lock tries again when no release message comes:
+/// redis-py's `Lock` sleeps 0.1 s between tries, and its release publishes nothing.
+pub const DEFAULT_POLL: Duration = Duration::from_millis(100);
+
+/// Which on-server layout the mutex uses (`?layout=` in the URL). Read-write locks and semaphores
+/// keep Redisson's layouts under either.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_core::url::LockUrl;
+/// use distlock_redis::{RedisConfig, RedisLayout};
+///
+/// let default = RedisConfig::from_url(&LockUrl::parse("redis://127.0.0.1")?)?;
+/// assert_eq!(default.layout, RedisLayout::Redisson);
+/// let plain = RedisConfig::from_url(&LockUrl::parse("redis://127.0.0.1?layout=plain&poll=250ms")?)?;
+/// assert_eq!(plain.layout, RedisLayout::Plain { poll: Duration::from_millis(250) });
+/// # Ok::<(), distlock_core::Error>(())
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisLayout {
+    /// Redisson's `RLock` hash (the default): Java services using Redisson exclude distlock's holders.
+    Redisson,
+    /// The plain string key redis-py's `Lock`, rslock and node-redlock (one node) use: `NAME` = the
+    /// owner, `SET NX PX`, released by an owner-checked delete. Their holders and distlock's exclude
+    /// each other; waiters are woken by distlock's own channel, and try again every `poll` (jittered
+    /// to ½–1×) for holders that publish nothing (redis-py).
+    Plain {
+        /// The longest a waiter sleeps between tries ([`DEFAULT_POLL`]).
+        poll: Duration,
+    },
+}
 
 /// Where the servers are.
 ///
@@ -107,6 +140,8 @@ pub struct RedisConfig {
     pub wait_replicas: u32,
     /// How long `WAIT` may block.
     pub wait_timeout: Duration,
+    /// The mutex's on-server layout ([`RedisLayout::Redisson`] by default).
+    pub layout: RedisLayout,
 }
 
 impl RedisConfig {
@@ -121,6 +156,7 @@ impl RedisConfig {
             db: 0,
             wait_replicas: 0,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
+            layout: RedisLayout::Redisson,
         }
     }
 
@@ -159,6 +195,12 @@ impl RedisConfig {
         self
     }
 
+    /// Sets the mutex's on-server layout.
+    pub fn with_layout(mut self, layout: RedisLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
     /// Parses a URL (DESIGN §2):
     ///
     /// * `redis://[user:pass@]host[:port][/db]` and `rediss://…` (TLS); port 6379 by default;
@@ -167,7 +209,8 @@ impl RedisConfig {
     /// * `redis+cluster://[user:pass@]h:p,h:p`;
     ///
     /// with query parameters `lease` (read by the facade), `wait_replicas=N`, `wait_timeout=DUR`
-    /// (default 1 s), `connect_timeout=DUR` (default 3 s), `request_timeout=DUR` (default 5 s) and, for
+    /// (default 1 s), `layout=redisson|plain` (default `redisson`: see [`RedisLayout`]), `poll=DUR`
+    /// (with `layout=plain`; default [`DEFAULT_POLL`]), `connect_timeout=DUR` (default 3 s), `request_timeout=DUR` (default 5 s) and, for
     /// `rediss://`, `ca=/path/ca.pem` (a PEM file with the CA that signed the server's certificate,
     /// trusted instead of the system roots; a missing or unreadable file fails the connect with
     /// `InvalidConfig`). Anything else is refused with `InvalidConfig`.
@@ -197,7 +240,8 @@ impl RedisConfig {
     ///
     /// for bad in ["redis://a:1,b:2", "redis://h?bogus=1", "redis://h/x", "redis+sentinel://h",
     ///             "redis+cluster://h/1", "redis://h?wait_replicas=x", "redis://", "redis://h?ca=/ca.pem",
-    ///             "redis://h?request_timeout=0s", "redis+cluster://"] {
+    ///             "redis://h?request_timeout=0s", "redis+cluster://", "redis://h?layout=flat",
+    ///             "redis://h?poll=1s", "redis://h?layout=plain&poll=0s"] {
     ///     let err = RedisConfig::from_url(&LockUrl::parse(bad)?).unwrap_err();
     ///     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad}");
     /// }
@@ -244,6 +288,23 @@ impl RedisConfig {
             }
             self.wait_timeout = t;
         }
+        match url.query("layout") {
+            None | Some("redisson") => {}
+            Some("plain") => self.layout = RedisLayout::Plain { poll: DEFAULT_POLL },
+            Some(other) => {
+                return Err(config_error(format!(
+                    "URL parameter layout: {other:?} is not a layout; use layout=redisson (Redisson's RLock hash, the default) or layout=plain (SET NX PX, as redis-py's Lock)"
+                )))
+            }
+        }
+        if let Some(poll) = url.query_duration("poll")? {
+            let RedisLayout::Plain { poll: ref mut p } = self.layout else {
+                return Err(config_error(
+                    "URL parameter poll needs layout=plain: with Redisson's layout every release publishes, so waiters do not poll",
+                ));
+            };
+            *p = poll;
+        }
         Ok(())
     }
 
@@ -282,6 +343,9 @@ impl RedisConfig {
                 config("Cluster needs at least one seed node")
             }
             Topology::Cluster { .. } if self.db != 0 => config("a Cluster has only database 0"),
+            _ if matches!(self.layout, RedisLayout::Plain { poll } if poll.is_zero()) => {
+                config("poll must be longer than zero: it is how long a waiter sleeps between tries")
+            }
             Topology::Cluster { .. } if self.wait_replicas > 0 => unsupported(
                 "wait_replicas is not supported in Cluster mode yet (WAIT needs a dedicated connection to the key's master); use Sentinel or standalone",
             ),

@@ -280,7 +280,7 @@ fn is_tls_failure(e: &redis::RedisError) -> bool {
 /// `redisson_lock__channel:`, a read-write lock's with `redisson_rwlock:`, a semaphore's with
 /// `redisson_sc:`. In Cluster, `+asking` is for following a migration's `ASK`, and `+hgetall` for
 /// `inspect` during a migration (each key read where it is).
-const PERMISSION_ADVICE: &str = " (check the user and password in the URL, redis://user:password@host:port, and the user's ACL: it needs the rules ~* &redisson_lock__channel:* +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hget +hkeys +get +pubsub|numsub; for read-write locks and semaphores also &redisson_rwlock:* &redisson_sc:* +hdel +hlen +hincrby +set +incrby +decrby +zadd +zrem +zscore +zcard +zrange +zrangebyscore +time; plus +select with a /db, +wait with wait_replicas, and in Cluster +spublish +ssubscribe +sunsubscribe +cluster|slots +asking +hgetall)";
+const PERMISSION_ADVICE: &str = " (check the user and password in the URL, redis://user:password@host:port, and the user's ACL: it needs the rules ~* &redisson_lock__channel:* (&distlock_lock__channel:* with layout=plain) +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hget +hkeys +get +pubsub|numsub; for read-write locks and semaphores also &redisson_rwlock:* &redisson_sc:* +hdel +hlen +hincrby +set +incrby +decrby +zadd +zrem +zscore +zcard +zrange +zrangebyscore +time; plus +select with a /db, +wait with wait_replicas, and in Cluster +spublish +ssubscribe +sunsubscribe +cluster|slots +asking +hgetall)";
 
 fn advice(e: &redis::RedisError) -> &'static str {
     match classify(e) {
@@ -288,7 +288,7 @@ fn advice(e: &redis::RedisError) -> &'static str {
             " (the TLS handshake failed: the server's certificate must be signed by a CA in the system roots or in the file of rediss://…?ca=/path/ca.pem, and name the host of the URL)"
         }
         ErrorKind::Protocol if code(e) == Some("WRONGTYPE") => {
-            " (the lock's key holds another type: something other than a lock — a string someone SET? — uses this name; distlock keeps a hash there for a mutex or read-write lock and an integer (the permit counter) for a semaphore, as Redisson does; pick another name or delete the key)"
+            " (the lock's key holds another type: something other than a lock — a string someone SET? — uses this name; distlock keeps a hash there for a mutex (a string with ?layout=plain) or read-write lock and an integer (the permit counter) for a semaphore, as Redisson does; every client of a name must use one layout; pick another name or delete the key)"
         }
         ErrorKind::PermissionDenied => PERMISSION_ADVICE,
         ErrorKind::Unavailable => {

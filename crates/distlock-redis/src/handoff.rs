@@ -150,7 +150,12 @@ impl RedisBackend {
             name,
         };
         let bytes = name.len() + token_key.len() + owner.len() + 20 + next.owner.len();
-        let mut call = ScriptCall::new(&self.inner.scripts.hand_off, 2, 5, bytes);
+        let scripts = &self.inner.scripts;
+        let script = match self.plain_poll() {
+            Some(_) => &scripts.plain_hand_off,
+            None => &scripts.hand_off,
+        };
+        let mut call = ScriptCall::new(script, 2, 5, bytes);
         call.arg(layout::lock_key(name))
             .arg(token_key)
             .arg(owner)

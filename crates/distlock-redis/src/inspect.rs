@@ -107,7 +107,7 @@ impl RedisBackend {
             .arg(&timeout)
             .arg(&base);
         let channels = [
-            layout::channel(name),
+            self.wake_channel(name, LockKind::Mutex),
             layout::rw_channel(name),
             layout::semaphore_channel(name),
         ];
@@ -244,8 +244,13 @@ impl RedisBackend {
             Some("string") => {
                 let mut counter = redis::pipe();
                 counter.cmd("GET").arg(lock);
-                let available = int(&self.inspect_one(counter, 1).await?[0]);
-                if let Some(available) = available {
+                let value = self.inspect_one(counter, 1).await?.swap_remove(0);
+                let available = text(&value).and_then(|v| v.parse::<i64>().ok());
+                if available.is_none() {
+                    // A plain layout's lock: its value is the holder.
+                    out[0] = Value::BulkString(b"mutex".to_vec());
+                    out.extend([value, lock_pttl.clone()]);
+                } else if let Some(available) = available {
                     let mut permits = redis::pipe();
                     permits
                         .cmd("ZRANGE")

@@ -29,7 +29,7 @@ use crate::conn::Sent;
 use crate::error::RedisError;
 use crate::layout::{self, PrefixedKey};
 use crate::rpc::{millis, ScriptCall};
-use crate::RedisBackend;
+use crate::{RedisBackend, RedisLayout};
 
 /// How long a read-write lock's waiter sleeps at most between tries (jittered to 0.5–1 s): Redisson's
 /// writer turning into a reader (its write release with read holds of its own) publishes nothing, and
@@ -37,16 +37,25 @@ use crate::RedisBackend;
 /// keep a waiter asleep for a whole lease after the lock let readers in.
 pub(crate) const RW_RECHECK: Duration = Duration::from_secs(1);
 
-/// The channel a waiter of `kind` listens on.
-pub(crate) fn wake_channel(name: &str, kind: LockKind) -> String {
-    match kind {
-        LockKind::Read | LockKind::Write => layout::rw_channel(name),
-        LockKind::Permit { .. } => layout::semaphore_channel(name),
-        _ => layout::channel(name),
-    }
-}
-
 impl RedisBackend {
+    /// Whether the mutex uses the plain layout ([`RedisLayout::Plain`]): the kinds keep Redisson's.
+    pub(crate) fn plain_poll(&self) -> Option<Duration> {
+        match self.config().layout {
+            RedisLayout::Plain { poll } => Some(poll),
+            _ => None,
+        }
+    }
+
+    /// The channel a waiter of `kind` listens on.
+    pub(crate) fn wake_channel(&self, name: &str, kind: LockKind) -> String {
+        match kind {
+            LockKind::Read | LockKind::Write => layout::rw_channel(name),
+            LockKind::Permit { .. } => layout::semaphore_channel(name),
+            _ if self.plain_poll().is_some() => layout::plain_channel(name),
+            _ => layout::channel(name),
+        }
+    }
+
     /// The acquire script's call for `request`'s kind.
     pub(crate) fn acquire_call(&self, request: &AcquireRequest) -> ScriptCall<'_> {
         let scripts = &self.inner.scripts;
@@ -99,8 +108,12 @@ impl RedisBackend {
                 call
             }
             _ => {
+                let script = match self.plain_poll() {
+                    Some(_) => &scripts.plain_acquire,
+                    None => &scripts.acquire,
+                };
                 let bytes = name.len() + token_key.len() + 20 + owner.len();
-                let mut call = ScriptCall::new(&scripts.acquire, 2, 4, bytes);
+                let mut call = ScriptCall::new(script, 2, 4, bytes);
                 call.arg(layout::lock_key(name))
                     .arg(token_key)
                     .arg(lease)
@@ -165,12 +178,13 @@ impl RedisBackend {
                 call
             }
             _ => {
-                let channel = PrefixedKey {
-                    prefix: layout::CHANNEL_PREFIX,
-                    name,
+                let (script, prefix) = match self.plain_poll() {
+                    Some(_) => (&scripts.plain_release, layout::PLAIN_CHANNEL_PREFIX),
+                    None => (&scripts.release, layout::CHANNEL_PREFIX),
                 };
+                let channel = PrefixedKey { prefix, name };
                 let bytes = name.len() + channel.len() + owner.len() + 10;
-                let mut call = ScriptCall::new(&scripts.release, 1, 5, bytes);
+                let mut call = ScriptCall::new(script, 1, 5, bytes);
                 call.arg(layout::lock_key(name))
                     .arg(owner)
                     .arg(publish)
@@ -207,13 +221,20 @@ impl RedisBackend {
                 call
             }
             kind => {
-                // The mutex's script; the write side's field is `<owner>:write`.
-                let field = match kind {
-                    LockKind::Write => std::borrow::Cow::Owned(layout::write_field(owner)),
-                    _ => std::borrow::Cow::Borrowed(owner),
+                // The mutex's script (the plain layout's has the same arguments); the write side's
+                // field is `<owner>:write`.
+                let (script, field) = match kind {
+                    LockKind::Write => (
+                        &scripts.renew,
+                        std::borrow::Cow::Owned(layout::write_field(owner)),
+                    ),
+                    _ if self.plain_poll().is_some() => {
+                        (&scripts.plain_renew, std::borrow::Cow::Borrowed(owner))
+                    }
+                    _ => (&scripts.renew, std::borrow::Cow::Borrowed(owner)),
                 };
                 let bytes = name.len() + 20 + field.len();
-                let mut call = ScriptCall::new(&scripts.renew, 1, 3, bytes);
+                let mut call = ScriptCall::new(script, 1, 3, bytes);
                 call.arg(layout::lock_key(name))
                     .arg(ttl)
                     .arg(field.as_ref());

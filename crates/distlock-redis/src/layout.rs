@@ -14,6 +14,8 @@
 //! | semaphore | `NAME` | an integer string: the permits available (no expiry: kept with the limit) |
 //! | its permits | `{NAME}:timeout` | a sorted set: member = a permit id's 16 raw bytes, score = its expiry in epoch ms (the server's `TIME` for distlock's) |
 //! | semaphore channel | `redisson_sc:{NAME}` | the new count of available permits, on every release and reclaim |
+//! | plain layout's lock (`?layout=plain`) | `NAME` | a string: the owner id, `PX` = lease (redis-py's `Lock`, rslock) |
+//! | its release channel | `distlock_lock__channel:{NAME}` | `0` published on every distlock release |
 //!
 //! A name is one kind at a time: a hash without `mode` is a mutex, a hash with `mode` a read-write
 //! lock, an integer string a semaphore, and every acquire script answers [`KIND_CONFLICT`] for
@@ -180,6 +182,14 @@ pub fn token_key(name: &str) -> String {
     prefix_name(TOKEN_PREFIX, name)
 }
 
+/// Prefix of the plain layout's release channel.
+pub const PLAIN_CHANNEL_PREFIX: &str = "distlock_lock__channel";
+
+/// The plain layout's release channel: `distlock_lock__channel:{NAME}`.
+pub fn plain_channel(name: &str) -> String {
+    prefix_name(PLAIN_CHANNEL_PREFIX, name)
+}
+
 /// The part of a key Redis Cluster hashes: the content of the first `{…}` if non-empty, else the key.
 pub fn hash_tag(key: &[u8]) -> &[u8] {
     if let Some(open) = key.iter().position(|&b| b == b'{') {
@@ -223,6 +233,7 @@ pub fn keys_share_slot(name: &str) -> bool {
     [
         token_key(name),
         channel(name),
+        plain_channel(name),
         rw_channel(name),
         suffix_base(name),
         semaphore_channel(name),
@@ -322,6 +333,107 @@ if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
     return 1;
 end;
 return 0;
+";
+
+// ---------------------------------------------------------------------------------------------
+// The plain layout (`?layout=plain`): redis-py's `Lock`, rslock and node-redlock's string key.
+//
+// | what | key or channel | content |
+// |---|---|---|
+// | the lock | `NAME` | a string: the owner id (redis-py: its token), `PX` = lease |
+// | fencing counter | `redisson_lock_token:{NAME}` | the same counter as the Redisson layout's, so tokens keep rising when a deployment changes layout |
+// | release channel | `distlock_lock__channel:{NAME}` | `0` published on every distlock release |
+//
+// redis-py's acquire is `SET NAME token NX PX lease`, its release a script that deletes the key only
+// while it holds the token; a distlock holder's value is its owner id, so each sees the other's key as
+// held. redis-py publishes nothing, so a distlock waiter also tries again every `poll`.
+
+/// Plain acquire. `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the lease in ms, `ARGV[2]`
+/// the owner. `{1, token, lease}` on a grant, `{0, 0, pttl}` while another value is there (`pttl` −1
+/// for a key without expiry: redis-py's lock without a timeout); [`KIND_CONFLICT`] for a read-write
+/// lock's hash (`{-1, 2, 0}`) or a semaphore's counter (`{-1, 3, 0}`); a hash without `mode` (a mutex
+/// in Redisson's layout: a client with the other layout) fails with `WRONGTYPE`, as Redisson's
+/// layout's acquire does on a plain key, so the two never both grant.
+///
+/// `GET` first (through `pcall`: on a hash it answers an error, not the owner), then `INCR`, then
+/// `SET … PX`: a counter that is not an integer fails the script before it writes. A value that is
+/// already this owner's is a resend after a lost reply: the hold is refreshed and a new token minted,
+/// as the Redisson layout's acquire does.
+///
+/// ```
+/// use distlock_redis::layout;
+/// assert_eq!(layout::plain_channel("orders/42"), "distlock_lock__channel:{orders/42}");
+/// assert_eq!(layout::plain_channel("{t}o"), "distlock_lock__channel:{t}o");
+/// // The plain layout's keys share the name's Cluster slot too.
+/// for name in ["orders/42", "{t}o"] {
+///     let slot = layout::hash_slot(name.as_bytes());
+///     assert_eq!(layout::hash_slot(layout::plain_channel(name).as_bytes()), slot);
+/// }
+/// // redis-py's and rslock's acquire is one `SET NX PX`; the script's grant writes the same.
+/// assert!(layout::PLAIN_ACQUIRE.contains("redis.call('set', KEYS[1], ARGV[2], 'px', ARGV[1])"));
+/// ```
+pub const PLAIN_ACQUIRE: &str = r"
+local held = redis.pcall('get', KEYS[1]);
+if held == false or held == ARGV[2] then
+    local token = redis.call('incr', KEYS[2]);
+    redis.call('set', KEYS[1], ARGV[2], 'px', ARGV[1]);
+    return {1, token, tonumber(ARGV[1])};
+end;
+if type(held) == 'table' then
+    if redis.call('type', KEYS[1]).ok == 'hash' then
+        if redis.call('hexists', KEYS[1], 'mode') == 1 then
+            return {-1, 2, 0};
+        end;
+        return redis.error_reply('WRONGTYPE the lock is a hash: a client with layout=redisson holds it');
+    end;
+    return held;
+end;
+if tonumber(held) ~= nil then
+    return {-1, 3, 0};
+end;
+return {0, 0, redis.call('pttl', KEYS[1])};
+";
+
+/// Plain release (also the undo of an abandoned acquire). `KEYS[1]` the lock; `ARGV[1]` the owner,
+/// `ARGV[2]` the publish command, `ARGV[3]` the message, `ARGV[4]` the channel (an argument: see
+/// [`RELEASE`]). Deletes the key and publishes only while its value is this owner's: 1, else 0
+/// (another type there: `pcall`, "not held"). redis-py's release script, plus the publish.
+pub const PLAIN_RELEASE: &str = r"
+if redis.pcall('get', KEYS[1]) ~= ARGV[1] then
+    return 0;
+end;
+redis.call('del', KEYS[1]);
+redis.call(ARGV[2], ARGV[4], ARGV[3]);
+return 1;
+";
+
+/// Plain renew. `KEYS[1]` the lock; `ARGV[1]` the ttl in ms, `ARGV[2]` the owner. As [`RENEW`]: 1 =
+/// extended; 0 = another value; −1 = no such key; −2 = the key holds another type.
+pub const PLAIN_RENEW: &str = r"
+local held = redis.pcall('get', KEYS[1]);
+if held == ARGV[2] then
+    redis.call('pexpire', KEYS[1], ARGV[1]);
+    return 1;
+end;
+if held == false then
+    return -1;
+end;
+if type(held) == 'table' then
+    return -2;
+end;
+return 0;
+";
+
+/// Plain handoff: [`HAND_OFF`] on the string key. `KEYS[1]` the lock, `KEYS[2]` the token key;
+/// `ARGV[1]` the releasing owner, `ARGV[2]` the next owner's lease in ms, `ARGV[3]` the next owner.
+/// `{1, token, lease}`, or `{0, 0, 0}` (nothing written) when the key is not the releasing owner's.
+pub const PLAIN_HAND_OFF: &str = r"
+if redis.pcall('get', KEYS[1]) ~= ARGV[1] then
+    return {0, 0, 0};
+end;
+local token = redis.call('incr', KEYS[2]);
+redis.call('set', KEYS[1], ARGV[3], 'px', ARGV[2]);
+return {1, token, tonumber(ARGV[2])};
 ";
 
 // ---------------------------------------------------------------------------------------------
@@ -915,7 +1027,8 @@ return 1;
 
 /// Inspect, read-only. `KEYS[1]` the name's key, `KEYS[2]` the token key, `KEYS[3]` the permits;
 /// `ARGV[1]` [`suffix_base`]. Returns `{kind, token, limit, holder, ms, holder, ms, …}`: `kind` is
-/// `none`, `mutex`, `write`, `read`, `permit` or the key's type; `token` the token key's value (`''`
+/// `none`, `mutex` (a Redisson hash, or a plain layout's string: its value is the holder), `write`,
+/// `read`, `permit` or the key's type; `token` the token key's value (`''`
 /// if none); `limit` a semaphore's (else 0); then each holder (the owner; a permit's raw id) with its
 /// remaining ms (a reader's: its longest timeout key; a permit's: expiry − `TIME`, −1 without
 /// expiry; negative when expired and not yet removed).
@@ -965,8 +1078,13 @@ if t == 'hash' then
         table.insert(out, remain);
     end;
 elseif t == 'string' then
-    local available = tonumber(redis.call('get', KEYS[1]));
-    if available ~= nil then
+    local value = redis.call('get', KEYS[1]);
+    local available = tonumber(value);
+    if available == nil then
+        out[1] = 'mutex';
+        table.insert(out, value);
+        table.insert(out, redis.call('pttl', KEYS[1]));
+    else
         local time = redis.call('time');
         local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000);
         local held = redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES');
@@ -1004,6 +1122,10 @@ pub(crate) struct Scripts {
     pub(crate) permit_release: Script,
     pub(crate) permit_renew: Script,
     pub(crate) inspect: Script,
+    pub(crate) plain_acquire: Script,
+    pub(crate) plain_release: Script,
+    pub(crate) plain_renew: Script,
+    pub(crate) plain_hand_off: Script,
 }
 
 impl Scripts {
@@ -1023,11 +1145,15 @@ impl Scripts {
             permit_release: Script::new(PERMIT_RELEASE),
             permit_renew: Script::new(PERMIT_RENEW),
             inspect: Script::new(INSPECT),
+            plain_acquire: Script::new(PLAIN_ACQUIRE),
+            plain_release: Script::new(PLAIN_RELEASE),
+            plain_renew: Script::new(PLAIN_RENEW),
+            plain_hand_off: Script::new(PLAIN_HAND_OFF),
         }
     }
 
     /// Every script, to load them all (after a `NOSCRIPT`).
-    pub(crate) fn all(&self) -> [&Script; 14] {
+    pub(crate) fn all(&self) -> [&Script; 18] {
         [
             &self.acquire,
             &self.release,
@@ -1043,6 +1169,10 @@ impl Scripts {
             &self.permit_release,
             &self.permit_renew,
             &self.inspect,
+            &self.plain_acquire,
+            &self.plain_release,
+            &self.plain_renew,
+            &self.plain_hand_off,
         ]
     }
 }

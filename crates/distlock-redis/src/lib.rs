@@ -16,6 +16,10 @@
 //!   acquire with `InsufficientReplicas` (and undo it) or put a held lock in Jeopardy.
 //! * **Loss.** Found by the renewal reply (the key gone or someone else's → Lost at once) and by the
 //!   core's validity deadline (no confirmed renewal → Lost).
+//! * **Plain layout** (`?layout=plain`): the string key `NAME` = owner, `SET NX PX`, as redis-py's
+//!   `Lock`, rslock and node-redlock (one node) write it, so their holders and distlock's exclude each
+//!   other; the same token counter; releases publish on `distlock_lock__channel:{NAME}`, and waiters
+//!   also try again every `poll` (100 ms) for holders that publish nothing. See [`layout`].
 //! * **Kinds.** The read-write lock (`Locks::read_write`) on Redisson's `RReadWriteLock` layout, readers
 //!   first, with an atomic downgrade, and the semaphore (`Locks::semaphore`) on Redisson's
 //!   `RPermitExpirableSemaphore` layout with scores from the server's clock and the limit kept as
@@ -54,8 +58,8 @@ mod undo;
 
 pub use backend::RedisBackend;
 pub use config::{
-    RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
+    RedisConfig, RedisLayout, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL, DEFAULT_PORT,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
 };
 pub use renew::RENEWALS_PER_PIPELINE;
 

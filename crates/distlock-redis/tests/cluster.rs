@@ -753,3 +753,68 @@ async fn kinds_follow_ask_and_wait_out_split_keys_while_their_slot_migrates() {
         p.release().await.unwrap();
     }
 }
+
+/// The plain layout (`?layout=plain`) in Cluster: names on every master's slots held past their lease
+/// (the plain renew script, per slot), another client kept out, and a waiter woken by the sharded
+/// message on `distlock_lock__channel:{NAME}` (its poll is 60 s and the holder's lease 30 s, so only
+/// the message can wake it within the bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_plain_layout_locks_wake_and_renew() {
+    let cluster = RedisCluster::start_or_panic();
+    let url = LockUrl::parse(&format!("{}?layout=plain&poll=60s", cluster.url())).unwrap();
+    let a = Locks::new(RedisBackend::connect(&url).await.expect("connect"));
+    let b = Locks::new(RedisBackend::connect(&url).await.expect("connect"));
+    let base = uuid::Uuid::new_v4().simple().to_string();
+    let lease = Duration::from_secs(2);
+    let mut guards = Vec::new();
+    for i in 0..8 {
+        let name = format!("cluster-plain/{base}/{i}");
+        let guard = a
+            .lock(&name)
+            .unwrap()
+            .options()
+            .lease(lease)
+            .acquire()
+            .await;
+        guards.push(guard.unwrap());
+        assert!(b
+            .lock(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        let info = b.inspect(&name).await.unwrap();
+        assert_eq!(
+            info.holder.and_then(|h| h.owner).as_deref(),
+            Some(guards[i].owner())
+        );
+    }
+    tokio::time::sleep(lease * 2).await;
+    for g in &guards {
+        assert_eq!(g.state(), LockState::Held, "{:?}", g.loss_reason());
+    }
+    let name = format!("cluster-plain/{base}/wake");
+    let first = a.lock(&name).unwrap().acquire().await.unwrap();
+    let waiter = {
+        let lock = b.lock(&name).unwrap();
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished());
+    first.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("woken by the sharded release message")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > first_token_of(&guards));
+    next.release().await.unwrap();
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+fn first_token_of(guards: &[LockGuard]) -> Option<distlock_core::FencingToken> {
+    guards.iter().filter_map(LockGuard::token).min()
+}

@@ -1,7 +1,8 @@
 //! The shared conformance suite on a standalone `redis-server`: a fresh server per case (about 20 ms to
 //! start), every client its own `RedisBackend` reaching the server through its own testkit `Proxy`, so
 //! a cut blackholes that client alone (and a heal lets its bytes pass again). Other processes reach the
-//! server with its own `redis://` URL.
+//! server with its own `redis://` URL. The suite runs twice: on Redisson's layout (the default) and,
+//! in `mod plain`, on the plain layout (`?layout=plain`).
 // Provider setup panics on failure, like the tests themselves.
 #![allow(clippy::expect_used)]
 
@@ -17,13 +18,15 @@ use distlock_testkit::redis::RedisServer;
 
 struct Standalone {
     server: RedisServer,
+    /// The URL's query: the layout.
+    query: &'static str,
 }
 
 #[async_trait::async_trait]
 impl Provider for Standalone {
     async fn client(&self) -> Client {
         let proxy = Arc::new(Proxy::start_or_panic(self.server.addr()));
-        let url = LockUrl::parse(&format!("redis://{}", proxy.addr())).expect("url");
+        let url = LockUrl::parse(&format!("redis://{}{}", proxy.addr(), self.query)).expect("url");
         let backend = RedisBackend::connect(&url).await.expect("connect");
         let (cut, heal) = (proxy.clone(), proxy.clone());
         Client::new(Locks::new(backend))
@@ -39,7 +42,7 @@ impl Provider for Standalone {
     }
 
     fn url(&self) -> Option<String> {
-        Some(self.server.url())
+        Some(format!("{}{}", self.server.url(), self.query))
     }
 
     fn short_lease(&self) -> Duration {
@@ -50,10 +53,22 @@ impl Provider for Standalone {
 async fn standalone() -> Standalone {
     Standalone {
         server: RedisServer::start_or_panic(),
+        query: "",
     }
 }
 
 distlock_testkit::conformance_suite!(standalone);
+
+mod plain {
+    async fn standalone() -> super::Standalone {
+        super::Standalone {
+            query: "?layout=plain",
+            ..super::standalone().await
+        }
+    }
+
+    distlock_testkit::conformance_suite!(standalone);
+}
 
 /// The suite's `read_write` and `semaphore` cases run their steps on this topology (a backend that
 /// does not announce a kind passes them by refusing it).

@@ -1,5 +1,6 @@
 //! Sentinel: locks through `redis+sentinel://…/mymaster`, and after the master is killed and Sentinel
-//! promotes the replica, the same backend re-resolves the master and keeps working.
+//! promotes the replica, the same backend re-resolves the master and keeps working; on the plain
+//! layout too.
 // Test code: a failed expectation is the test's failure.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -12,8 +13,19 @@ use distlock_testkit::sentinel::SentinelGroup;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_locks_follow_a_failover_fault() {
+    follow_a_failover("").await;
+}
+
+/// The plain layout's string key, token counter and channel through Sentinel (a poll of 60 s: only the
+/// release message wakes the waiter in time), and after the failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_plain_layout_locks_follow_a_failover_fault() {
+    follow_a_failover("?layout=plain&poll=60s").await;
+}
+
+async fn follow_a_failover(query: &str) {
     let mut group = SentinelGroup::start_or_panic();
-    let url = LockUrl::parse(&group.url()).unwrap();
+    let url = LockUrl::parse(&format!("{}{query}", group.url())).unwrap();
     let a = Locks::new(RedisBackend::connect(&url).await.expect("connect"));
     let b = Locks::new(RedisBackend::connect(&url).await.expect("connect"));
     let name = format!("sentinel/{}", uuid::Uuid::new_v4().simple());

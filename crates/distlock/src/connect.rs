@@ -11,7 +11,7 @@ use distlock_core::{Error, ErrorKind, LockOptions, Locks, Result};
 /// |---|---|
 /// | `memory` | `memory://[namespace]`: a process-global store per namespace (with cargo feature `testing`, `?freeze_after=DURATION` cuts the connection off that long after it is made, as on a partition) |
 /// | `file` | `file:///dir`: flock(2) lock files in `dir` (created if missing) |
-/// | `redis`, `rediss` | `redis://[user:pass@]host:port[/db][?wait_replicas=1&wait_timeout=200ms&request_timeout=5s&connect_timeout=3s]`, `rediss://…?ca=/path/ca.pem`: Redisson-compatible layout |
+/// | `redis`, `rediss` | `redis://[user:pass@]host:port[/db][?wait_replicas=1&wait_timeout=200ms&request_timeout=5s&connect_timeout=3s]`, `rediss://…?ca=/path/ca.pem`: Redisson-compatible layout; `?layout=plain[&poll=100ms]`: redis-py `Lock` / rslock layout |
 /// | `redis+sentinel` | `redis+sentinel://[user:pass@]h:p,h:p/<master name>[/db]`: the master re-resolved on every reconnect |
 /// | `redis+cluster` | `redis+cluster://[user:pass@]h:p,h:p`: slot-aware, sharded pub/sub |
 /// | `redlock`, `redlocks` | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=50ms]`, `redlocks://…?ca=/path/ca.pem` (at least 3 independent masters; feature `redis`): node-redlock / redis-py layout, quorum N/2+1, no fencing token |

@@ -89,9 +89,9 @@ pub mod redis {
     /// Redlock (`redlock://`, `redlocks://`): a quorum over N independent masters, no fencing token.
     pub use distlock_redis::redlock;
     pub use distlock_redis::{
-        layout, RedisBackend, RedisConfig, Topology, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT,
-        DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
-        RENEWALS_PER_PIPELINE,
+        layout, RedisBackend, RedisConfig, RedisLayout, Topology, DEFAULT_CONNECT_TIMEOUT,
+        DEFAULT_POLL, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_SENTINEL_PORT,
+        DEFAULT_WAIT_TIMEOUT, RENEWALS_PER_PIPELINE,
     };
 }
 
