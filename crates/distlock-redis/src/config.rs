@@ -34,6 +34,9 @@ pub const DEFAULT_RETRY: RetryPolicy =
 /// redis-py's `Lock` sleeps 0.1 s between tries, and its release publishes nothing.
 pub const DEFAULT_POLL: Duration = Duration::from_millis(100);
 
+/// The shortest `poll` accepted: each waiter's try is a request to the server.
+const MIN_POLL: Duration = Duration::from_millis(10);
+
 /// Which on-server layout the mutex uses (`?layout=` in the URL). Read-write locks and semaphores
 /// keep Redisson's layouts under either.
 ///
@@ -241,7 +244,7 @@ impl RedisConfig {
     /// for bad in ["redis://a:1,b:2", "redis://h?bogus=1", "redis://h/x", "redis+sentinel://h",
     ///             "redis+cluster://h/1", "redis://h?wait_replicas=x", "redis://", "redis://h?ca=/ca.pem",
     ///             "redis://h?request_timeout=0s", "redis+cluster://", "redis://h?layout=flat",
-    ///             "redis://h?poll=1s", "redis://h?layout=plain&poll=0s"] {
+    ///             "redis://h?poll=1s", "redis://h?layout=plain&poll=0s", "redis://h?layout=plain&poll=1ms"] {
     ///     let err = RedisConfig::from_url(&LockUrl::parse(bad)?).unwrap_err();
     ///     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad}");
     /// }
@@ -343,8 +346,8 @@ impl RedisConfig {
                 config("Cluster needs at least one seed node")
             }
             Topology::Cluster { .. } if self.db != 0 => config("a Cluster has only database 0"),
-            _ if matches!(self.layout, RedisLayout::Plain { poll } if poll.is_zero()) => {
-                config("poll must be longer than zero: it is how long a waiter sleeps between tries")
+            _ if matches!(self.layout, RedisLayout::Plain { poll } if poll < MIN_POLL) => {
+                config("poll must be at least 10 ms: it is how long a waiter sleeps between tries, and each try is a request to the server")
             }
             Topology::Cluster { .. } if self.wait_replicas > 0 => unsupported(
                 "wait_replicas is not supported in Cluster mode yet (WAIT needs a dedicated connection to the key's master); use Sentinel or standalone",

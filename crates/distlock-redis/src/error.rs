@@ -280,7 +280,7 @@ fn is_tls_failure(e: &redis::RedisError) -> bool {
 /// `redisson_lock__channel:`, a read-write lock's with `redisson_rwlock:`, a semaphore's with
 /// `redisson_sc:`. In Cluster, `+asking` is for following a migration's `ASK`, and `+hgetall` for
 /// `inspect` during a migration (each key read where it is).
-const PERMISSION_ADVICE: &str = " (check the user and password in the URL, redis://user:password@host:port, and the user's ACL: it needs the rules ~* &redisson_lock__channel:* (&distlock_lock__channel:* with layout=plain) +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hget +hkeys +get +pubsub|numsub; for read-write locks and semaphores also &redisson_rwlock:* &redisson_sc:* +hdel +hlen +hincrby +set +incrby +decrby +zadd +zrem +zscore +zcard +zrange +zrangebyscore +time; plus +select with a /db, +wait with wait_replicas, and in Cluster +spublish +ssubscribe +sunsubscribe +cluster|slots +asking +hgetall)";
+const PERMISSION_ADVICE: &str = " (check the user and password in the URL, redis://user:password@host:port, and the user's ACL: it needs the rules ~* &redisson_lock__channel:* (&distlock_lock__channel:* +set with layout=plain) +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hget +hkeys +get +pubsub|numsub; for read-write locks and semaphores also &redisson_rwlock:* &redisson_sc:* +hdel +hlen +hincrby +set +incrby +decrby +zadd +zrem +zscore +zcard +zrange +zrangebyscore +time; plus +select with a /db, +wait with wait_replicas, and in Cluster +spublish +ssubscribe +sunsubscribe +cluster|slots +asking +hgetall)";
 
 fn advice(e: &redis::RedisError) -> &'static str {
     match classify(e) {
@@ -345,7 +345,7 @@ impl fmt::Display for RedisError {
             } => match *in_use {
                 layout::IN_USE_SEMAPHORE => write!(
                     f,
-                    "the name is a semaphore (its key holds the permit counter of Redisson's RPermitExpirableSemaphore layout), which is kept with its limit even when no permit is held, so it cannot be taken as a {asked}; use another name, or, once no permit is held, delete the keys {:?} and {:?}",
+                    "the name is a semaphore (its key holds the permit counter of Redisson's RPermitExpirableSemaphore layout), which is kept with its limit even when no permit is held, so it cannot be taken as a {asked}; use another name, or, once no permit is held, delete the keys {:?} and {:?} (a string of digits without expiry is taken for the counter: if another client's lock without a timeout wrote it, wait for that client instead)",
                     layout::lock_key(name),
                     layout::semaphore_timeout_key(name)
                 ),

@@ -351,7 +351,10 @@ return 0;
 /// Plain acquire. `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the lease in ms, `ARGV[2]`
 /// the owner. `{1, token, lease}` on a grant, `{0, 0, pttl}` while another value is there (`pttl` −1
 /// for a key without expiry: redis-py's lock without a timeout); [`KIND_CONFLICT`] for a read-write
-/// lock's hash (`{-1, 2, 0}`) or a semaphore's counter (`{-1, 3, 0}`); a hash without `mode` (a mutex
+/// lock's hash (`{-1, 2, 0}`) or a semaphore's counter (`{-1, 3, 0}`: digits only, and no expiry, as
+/// the counter keeps its limit; another client's lock value may be digits too, `SET lock 1 NX PX`, or
+/// read as a number by Lua's `tonumber` — `1e5`, `0x1f`, a NUL after digits — and is waited for as
+/// held, never taken for a semaphore); a hash without `mode` (a mutex
 /// in Redisson's layout: a client with the other layout) fails with `WRONGTYPE`, as Redisson's
 /// layout's acquire does on a plain key, so the two never both grant.
 ///
@@ -388,10 +391,11 @@ if type(held) == 'table' then
     end;
     return held;
 end;
-if tonumber(held) ~= nil then
+local pttl = redis.call('pttl', KEYS[1]);
+if pttl == -1 and string.match(held, '^%d+$') then
     return {-1, 3, 0};
 end;
-return {0, 0, redis.call('pttl', KEYS[1])};
+return {0, 0, pttl};
 ";
 
 /// Plain release (also the undo of an abandoned acquire). `KEYS[1]` the lock; `ARGV[1]` the owner,
@@ -1028,7 +1032,8 @@ return 1;
 /// Inspect, read-only. `KEYS[1]` the name's key, `KEYS[2]` the token key, `KEYS[3]` the permits;
 /// `ARGV[1]` [`suffix_base`]. Returns `{kind, token, limit, holder, ms, holder, ms, …}`: `kind` is
 /// `none`, `mutex` (a Redisson hash, or a plain layout's string: its value is the holder), `write`,
-/// `read`, `permit` or the key's type; `token` the token key's value (`''`
+/// `read`, `permit` (a string of digits without expiry, or beside its permits' set: a semaphore's
+/// counter) or the key's type; `token` the token key's value (`''`
 /// if none); `limit` a semaphore's (else 0); then each holder (the owner; a permit's raw id) with its
 /// remaining ms (a reader's: its longest timeout key; a permit's: expiry − `TIME`, −1 without
 /// expiry; negative when expired and not yet removed).
@@ -1079,11 +1084,15 @@ if t == 'hash' then
     end;
 elseif t == 'string' then
     local value = redis.call('get', KEYS[1]);
-    local available = tonumber(value);
+    local pttl = redis.call('pttl', KEYS[1]);
+    local available = nil;
+    if string.match(value, '^%d+$') and (pttl == -1 or redis.call('exists', KEYS[3]) == 1) then
+        available = tonumber(value);
+    end;
     if available == nil then
         out[1] = 'mutex';
         table.insert(out, value);
-        table.insert(out, redis.call('pttl', KEYS[1]));
+        table.insert(out, pttl);
     else
         local time = redis.call('time');
         local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000);

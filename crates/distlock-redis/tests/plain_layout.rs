@@ -326,3 +326,42 @@ async fn a_distlock_release_wakes_a_plain_waiter_by_its_channel_not_the_poll() {
         .unwrap();
     next.release().await.unwrap();
 }
+
+/// Another client's lock whose value is digits or reads as a number to Lua's `tonumber` (a
+/// hand-written `SET lock 1 NX PX`, a timestamp, a hex token with one `e`, rslock's random bytes with a
+/// NUL after a digit) is a lock held, waited for: not a semaphore's counter (review of issue 27).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_value_that_reads_as_a_number_is_a_lock_held_not_a_semaphore() {
+    let server = RedisServer::start_or_panic();
+    let locks = plain(&server).await;
+    let mut raw = driver(&server).await;
+    let mut rslock = vec![b'5', 0];
+    rslock.extend([0xab_u8; 18]);
+    let values: [(&str, Vec<u8>); 4] = [
+        ("hand_written", b"1".to_vec()),
+        ("timestamp", b"1765126800123".to_vec()),
+        ("hex_token", b"3141592653e58979323846264338327".to_vec()),
+        ("rslock_bytes", rslock),
+    ];
+    for (case, value) in values {
+        let name = unique(case);
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&name)
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(set.as_deref(), Some("OK"));
+        let lock = locks.lock(&name).unwrap();
+        assert!(lock.try_acquire().await.unwrap().is_none(), "{case}");
+        let waited = tokio::time::timeout(Duration::from_millis(500), lock.acquire()).await;
+        assert!(waited.is_err(), "{case}: the acquire ended: {waited:?}");
+        let info = locks.inspect(&name).await.unwrap();
+        assert_eq!(info.kind, Some(LockKind::Mutex), "{case}: {info:?}");
+        let holder = info.holder.expect("the other client holds it");
+        assert!(holder.remaining_lease.is_some(), "{case}");
+    }
+}
