@@ -257,6 +257,9 @@ const ADVISED_RULES: &str = "~* &redisson_lock__channel:* +ping +evalsha +eval +
 /// The rules the advice adds for read-write locks and semaphores.
 const ADVISED_KIND_RULES: &str = "&redisson_rwlock:* &redisson_sc:* +hdel +hlen +hincrby +set +incrby +decrby +zadd +zrem +zscore +zcard +zrange +zrangebyscore +time";
 
+/// The rules the advice adds for the plain layout (`?layout=plain`).
+const ADVISED_PLAIN_RULES: &str = "&distlock_lock__channel:* +set";
+
 /// Creates `user` with password `pw` and exactly `rules` (nothing from the defaults).
 fn acl_user(server: &RedisServer, user: &str, rules: &str) {
     let mut args = vec!["ACL", "SETUSER", user, "reset", "on", ">pw"];
@@ -306,9 +309,22 @@ async fn the_acl_the_advice_names_is_enough() {
         err.to_string().contains(ADVISED_RULES),
         "the advice does not name the rules distlock needs: {err}"
     );
+    assert!(
+        err.to_string()
+            .contains(&format!("with layout=plain also {ADVISED_PLAIN_RULES}")),
+        "the advice does not name the rules the plain layout needs: {err}"
+    );
+    advised_rules_suffice(&server, ADVISED_RULES, "advised", "").await;
+    let plain_rules = format!("{ADVISED_RULES} {ADVISED_PLAIN_RULES}");
+    advised_rules_suffice(&server, &plain_rules, "plain", "?layout=plain").await;
+}
 
-    acl_user(&server, "advised", ADVISED_RULES);
-    let url = format!("redis://advised:pw@127.0.0.1:{port}");
+/// A user with exactly `rules` acquires, renews, waits, inspects and releases on the URL's layout, with
+/// nothing refused.
+async fn advised_rules_suffice(server: &RedisServer, rules: &str, user: &str, query: &str) {
+    let port = server.port();
+    acl_user(server, user, rules);
+    let url = format!("redis://{user}:pw@127.0.0.1:{port}{query}");
     let (holder, waiter) = (locks(&url).await, locks(&url).await);
     let name = unique("acl");
     let lease = Duration::from_secs(1);
@@ -341,7 +357,7 @@ async fn the_acl_the_advice_names_is_enough() {
     next.release().await.unwrap();
     drop(waiter);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(refused(&server, "advised"), Vec::<String>::new());
+    assert_eq!(refused(server, user), Vec::<String>::new());
 }
 
 /// The advice's rules for read-write locks and semaphores, added to the mutex's, are enough for every
