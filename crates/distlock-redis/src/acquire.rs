@@ -14,7 +14,7 @@ use crate::error::RedisError;
 use crate::kinds::RW_RECHECK;
 use crate::layout;
 use crate::pubsub::Subscription;
-use crate::rpc::{int, pttl, request_error, server_error, ScriptCall};
+use crate::rpc::{int, millis, pttl, request_error, server_error, ScriptCall};
 use crate::RedisBackend;
 
 /// How long a waiter sleeps when the holder's key has no expiry (not made by distlock or Redisson, or a
@@ -128,8 +128,12 @@ impl RedisBackend {
                     lease: request.lease,
                     kind: request.kind,
                 })
-                .with_token(FencingToken::new(token))
                 .with_ttl(pttl.unwrap_or(request.lease).min(request.lease));
+                let grant = if self.mints_token(request.kind) {
+                    grant.with_token(FencingToken::new(token))
+                } else {
+                    grant
+                };
                 Ok(Attempt::Acquired(match request.kind {
                     LockKind::Permit { .. } => {
                         grant.with_permit(layout::permit_hex(&layout::permit_id(&request.owner)))
@@ -162,6 +166,47 @@ impl RedisBackend {
         request: &AcquireRequest,
         sent: &mut Sent,
     ) -> std::result::Result<Outcome, RedisError> {
+        if !self.mints_token(request.kind) && self.inner.durable.is_none() {
+            return self.set_if_absent(request, sent).await;
+        }
+        let call = self.acquire_call(request);
+        self.grant_script(call, request, "acquire", sent).await
+    }
+
+    /// A plain layout's mutex without tokens: `SET NAME owner NX PX lease`, redis-py's and rslock's
+    /// acquire, one command. Only when it answers "exists" does the plain acquire script run (without
+    /// minting), to tell who holds the key: another value (busy, with its pttl), this owner's own (a
+    /// resend after a lost reply: refreshed, granted), another kind's key, or a key gone since.
+    async fn set_if_absent(
+        &self,
+        request: &AcquireRequest,
+        sent: &mut Sent,
+    ) -> std::result::Result<Outcome, RedisError> {
+        let mut set = redis::cmd("SET");
+        set.arg(layout::lock_key(&request.name))
+            .arg(&request.owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(request.lease));
+        let set = &set;
+        let reply = self
+            .inner
+            .link
+            .run(
+                &self.inner.target,
+                "acquire",
+                self.request_timeout(),
+                Ask::Follow,
+                |mut c| async move { set.query_async::<Value>(&mut c).await },
+                sent,
+            )
+            .await?;
+        if reply != Value::Nil {
+            return Ok(Outcome::Granted {
+                token: 0,
+                pttl: Some(request.lease),
+            });
+        }
         let call = self.acquire_call(request);
         self.grant_script(call, request, "acquire", sent).await
     }

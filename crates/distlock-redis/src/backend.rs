@@ -209,9 +209,14 @@ impl Backend for RedisBackend {
     /// The mutex, Redisson's read-write lock (readers first, as Redisson's: a reader gets in whenever
     /// no writer holds; atomic downgrade) and its permit-expirable semaphore (see the `kinds` module).
     fn capabilities(&self) -> Capabilities {
+        let fencing = if self.mints_token(LockKind::Mutex) {
+            Fencing::BestEffort
+        } else {
+            Fencing::None
+        };
         Capabilities::mutex()
             .with_server_ttl(true)
-            .with_fencing(Fencing::BestEffort)
+            .with_fencing(fencing)
             .with_notify_wait(true)
             .with_fifo(false)
             .with_frees_on_process_death(false)

@@ -11,7 +11,14 @@ use crate::error::{RedisError, BACKEND};
 
 /// Query parameters a Redis URL may carry besides [`connection::URL_QUERY`]. `lease` is read by the
 /// facade (`connect`).
-const KNOWN_QUERY: &[&str] = &["lease", "wait_replicas", "wait_timeout", "layout", "poll"];
+const KNOWN_QUERY: &[&str] = &[
+    "lease",
+    "wait_replicas",
+    "wait_timeout",
+    "layout",
+    "poll",
+    "tokens",
+];
 
 /// Default port of a Redis server.
 pub const DEFAULT_PORT: u16 = 6379;
@@ -48,7 +55,9 @@ const MIN_POLL: Duration = Duration::from_millis(10);
 /// let default = RedisConfig::from_url(&LockUrl::parse("redis://127.0.0.1")?)?;
 /// assert_eq!(default.layout, RedisLayout::Redisson);
 /// let plain = RedisConfig::from_url(&LockUrl::parse("redis://127.0.0.1?layout=plain&poll=250ms")?)?;
-/// assert_eq!(plain.layout, RedisLayout::Plain { poll: Duration::from_millis(250) });
+/// assert_eq!(plain.layout, RedisLayout::Plain { poll: Duration::from_millis(250), tokens: true });
+/// let bare = RedisConfig::from_url(&LockUrl::parse("redis://127.0.0.1?layout=plain&tokens=false")?)?;
+/// assert!(matches!(bare.layout, RedisLayout::Plain { tokens: false, .. }));
 /// # Ok::<(), distlock_core::Error>(())
 /// ```
 #[non_exhaustive]
@@ -63,6 +72,10 @@ pub enum RedisLayout {
     Plain {
         /// The longest a waiter sleeps between tries ([`DEFAULT_POLL`]).
         poll: Duration,
+        /// Whether a grant mints a fencing token (`INCR` of the token key in the acquire's script;
+        /// the default). Without (`tokens=false`), an acquire is one `SET NX PX` as redis-py's and
+        /// rslock's, and guards carry no token ([`Fencing::None`](distlock_core::Fencing::None)).
+        tokens: bool,
     },
 }
 
@@ -213,7 +226,8 @@ impl RedisConfig {
     ///
     /// with query parameters `lease` (read by the facade), `wait_replicas=N`, `wait_timeout=DUR`
     /// (default 1 s), `layout=redisson|plain` (default `redisson`: see [`RedisLayout`]), `poll=DUR`
-    /// (with `layout=plain`; default [`DEFAULT_POLL`]), `connect_timeout=DUR` (default 3 s), `request_timeout=DUR` (default 5 s) and, for
+    /// (with `layout=plain`; default [`DEFAULT_POLL`]), `tokens=true|false` (with `layout=plain`;
+    /// default `true`), `connect_timeout=DUR` (default 3 s), `request_timeout=DUR` (default 5 s) and, for
     /// `rediss://`, `ca=/path/ca.pem` (a PEM file with the CA that signed the server's certificate,
     /// trusted instead of the system roots; a missing or unreadable file fails the connect with
     /// `InvalidConfig`). Anything else is refused with `InvalidConfig`.
@@ -244,7 +258,8 @@ impl RedisConfig {
     /// for bad in ["redis://a:1,b:2", "redis://h?bogus=1", "redis://h/x", "redis+sentinel://h",
     ///             "redis+cluster://h/1", "redis://h?wait_replicas=x", "redis://", "redis://h?ca=/ca.pem",
     ///             "redis://h?request_timeout=0s", "redis+cluster://", "redis://h?layout=flat",
-    ///             "redis://h?poll=1s", "redis://h?layout=plain&poll=0s", "redis://h?layout=plain&poll=1ms"] {
+    ///             "redis://h?poll=1s", "redis://h?layout=plain&poll=0s", "redis://h?layout=plain&poll=1ms",
+    ///             "redis://h?tokens=false", "redis://h?layout=plain&tokens=no"] {
     ///     let err = RedisConfig::from_url(&LockUrl::parse(bad)?).unwrap_err();
     ///     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad}");
     /// }
@@ -293,7 +308,12 @@ impl RedisConfig {
         }
         match url.query("layout") {
             None | Some("redisson") => {}
-            Some("plain") => self.layout = RedisLayout::Plain { poll: DEFAULT_POLL },
+            Some("plain") => {
+                self.layout = RedisLayout::Plain {
+                    poll: DEFAULT_POLL,
+                    tokens: true,
+                }
+            }
             Some(other) => {
                 return Err(config_error(format!(
                     "URL parameter layout: {other:?} is not a layout; use layout=redisson (Redisson's RLock hash, the default) or layout=plain (SET NX PX, as redis-py's Lock)"
@@ -301,12 +321,31 @@ impl RedisConfig {
             }
         }
         if let Some(poll) = url.query_duration("poll")? {
-            let RedisLayout::Plain { poll: ref mut p } = self.layout else {
+            let RedisLayout::Plain {
+                poll: ref mut p, ..
+            } = self.layout
+            else {
                 return Err(config_error(
                     "URL parameter poll needs layout=plain: with Redisson's layout every release publishes, so waiters do not poll",
                 ));
             };
             *p = poll;
+        }
+        if let Some(value) = url.query("tokens") {
+            let RedisLayout::Plain { ref mut tokens, .. } = self.layout else {
+                return Err(config_error(
+                    "URL parameter tokens needs layout=plain: Redisson's layout always mints a token",
+                ));
+            };
+            *tokens = match value {
+                "true" => true,
+                "false" => false,
+                other => {
+                    return Err(config_error(format!(
+                        "URL parameter tokens: {other:?} is neither true nor false"
+                    )))
+                }
+            };
         }
         Ok(())
     }
@@ -346,7 +385,7 @@ impl RedisConfig {
                 config("Cluster needs at least one seed node")
             }
             Topology::Cluster { .. } if self.db != 0 => config("a Cluster has only database 0"),
-            _ if matches!(self.layout, RedisLayout::Plain { poll } if poll < MIN_POLL) => {
+            _ if matches!(self.layout, RedisLayout::Plain { poll, .. } if poll < MIN_POLL) => {
                 config("poll must be at least 10 ms: it is how long a waiter sleeps between tries, and each try is a request to the server")
             }
             Topology::Cluster { .. } if self.wait_replicas > 0 => unsupported(

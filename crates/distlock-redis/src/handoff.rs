@@ -92,14 +92,16 @@ impl RedisBackend {
         match outcome {
             Ok(Outcome::Granted { token, pttl }) => {
                 undo.armed = false;
-                Ok(HandOff::Handed(
-                    Grant::new(RedisLease {
-                        lease: next.lease,
-                        kind: LockKind::Mutex,
-                    })
-                    .with_token(FencingToken::new(token))
-                    .with_ttl(pttl.unwrap_or(next.lease).min(next.lease)),
-                ))
+                let grant = Grant::new(RedisLease {
+                    lease: next.lease,
+                    kind: LockKind::Mutex,
+                })
+                .with_ttl(pttl.unwrap_or(next.lease).min(next.lease));
+                Ok(HandOff::Handed(if self.mints_token(LockKind::Mutex) {
+                    grant.with_token(FencingToken::new(token))
+                } else {
+                    grant
+                }))
             }
             Ok(Outcome::Busy { .. } | Outcome::Conflict { .. } | Outcome::LimitMismatch { .. })
                 if !undo.sent.resent =>
@@ -151,16 +153,25 @@ impl RedisBackend {
         };
         let bytes = name.len() + token_key.len() + owner.len() + 20 + next.owner.len();
         let scripts = &self.inner.scripts;
-        let script = match self.plain_poll() {
-            Some(_) => &scripts.plain_hand_off,
-            None => &scripts.hand_off,
+        let plain = self.plain_poll().is_some();
+        let script = if plain {
+            &scripts.plain_hand_off
+        } else {
+            &scripts.hand_off
         };
-        let mut call = ScriptCall::new(script, 2, 5, bytes);
+        let mut call = ScriptCall::new(script, 2, 6, bytes + 1);
         call.arg(layout::lock_key(name))
             .arg(token_key)
             .arg(owner)
             .arg(millis(next.lease))
             .arg(&next.owner);
+        if plain {
+            call.arg(if self.mints_token(LockKind::Mutex) {
+                "1"
+            } else {
+                "0"
+            });
+        }
         let value = self.script(&self.inner.link, "handoff", call, sent).await?;
         parse_acquire(&value)
     }

@@ -41,8 +41,27 @@ impl RedisBackend {
     /// Whether the mutex uses the plain layout ([`RedisLayout::Plain`]): the kinds keep Redisson's.
     pub(crate) fn plain_poll(&self) -> Option<Duration> {
         match self.config().layout {
-            RedisLayout::Plain { poll } => Some(poll),
+            RedisLayout::Plain { poll, .. } => Some(poll),
             _ => None,
+        }
+    }
+
+    /// Whether a grant of `kind` carries the token its script minted: all but a plain layout's mutex
+    /// with `tokens=false`, whose scripts mint none.
+    pub(crate) fn mints_token(&self, kind: LockKind) -> bool {
+        kind != LockKind::Mutex
+            || !matches!(
+                self.config().layout,
+                RedisLayout::Plain { tokens: false, .. }
+            )
+    }
+
+    /// The plain scripts' last argument: `1` to mint a token, `0` not to.
+    fn mint_flag(&self) -> &'static str {
+        if self.mints_token(LockKind::Mutex) {
+            "1"
+        } else {
+            "0"
         }
     }
 
@@ -108,16 +127,21 @@ impl RedisBackend {
                 call
             }
             _ => {
-                let script = match self.plain_poll() {
-                    Some(_) => &scripts.plain_acquire,
-                    None => &scripts.acquire,
-                };
                 let bytes = name.len() + token_key.len() + 20 + owner.len();
-                let mut call = ScriptCall::new(script, 2, 4, bytes);
+                if self.plain_poll().is_none() {
+                    let mut call = ScriptCall::new(&scripts.acquire, 2, 4, bytes);
+                    call.arg(layout::lock_key(name))
+                        .arg(token_key)
+                        .arg(lease)
+                        .arg(owner);
+                    return call;
+                }
+                let mut call = ScriptCall::new(&scripts.plain_acquire, 2, 5, bytes + 1);
                 call.arg(layout::lock_key(name))
                     .arg(token_key)
                     .arg(lease)
-                    .arg(owner);
+                    .arg(owner)
+                    .arg(self.mint_flag());
                 call
             }
         }

@@ -70,6 +70,33 @@ mod plain {
     distlock_testkit::conformance_suite!(standalone);
 }
 
+/// The plain layout without tokens (`tokens=false`: an acquire is one `SET NX PX`): the cases whose
+/// path differs from the plain layout's with tokens (acquire, busy, resend, undo, loss), and
+/// `tokens_strictly_increase`, which checks that no token comes back.
+mod plain_without_tokens {
+    async fn standalone() -> super::Standalone {
+        super::Standalone {
+            query: "?layout=plain&tokens=false",
+            ..super::standalone().await
+        }
+    }
+
+    distlock_testkit::conformance_suite!(@cases standalone;
+        mutual_exclusion,
+        try_acquire_when_held_is_none,
+        wait_timeout,
+        cancelled_acquire_leaves_nothing,
+        release_is_owner_only,
+        reentrancy_same_token,
+        lost_fires_when_cut_off,
+        tokens_strictly_increase,
+        local_waiters_fifo,
+        killed_holder_process_frees_lock,
+        release_under_a_reset,
+        lost_release_reply,
+    );
+}
+
 /// The suite's `read_write` and `semaphore` cases run their steps on this topology (a backend that
 /// does not announce a kind passes them by refusing it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -365,3 +365,79 @@ async fn a_foreign_value_that_reads_as_a_number_is_a_lock_held_not_a_semaphore()
         assert!(holder.remaining_lease.is_some(), "{case}");
     }
 }
+
+/// `tokens=false`: an uncontended cycle is one `SET NX PX` and one release script, as rslock's, the
+/// token counter is never created, guards carry no token, and redis-py still sees the lock as held. A
+/// key already holding this owner's value (a resend after a lost reply) is granted, not waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_an_acquire_is_one_set_and_no_counter_is_kept() {
+    let server = RedisServer::start_or_panic();
+    let locks = locks(&server, "?layout=plain&tokens=false").await;
+    assert_eq!(locks.capabilities().fencing, distlock_core::Fencing::None);
+    let other = locks_for(&server, "?layout=plain&tokens=false").await;
+    let mut raw = driver(&server).await;
+    let name = unique("no_tokens");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    assert_eq!(guard.token(), None);
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let calls = |command: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    // The acquire was one `SET` (nested calls in scripts count here too: none ran).
+    assert_eq!(
+        (calls("set"), calls("evalsha"), calls("incr")),
+        (1, 0, 0),
+        "{stats}"
+    );
+    assert!(other
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    assert!(!py_tries(&server, &name), "redis-py acquired a held lock");
+    guard.release().await.unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(layout::token_key(&name))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "no token counter");
+
+    // A resend after a lost reply: the key already holds this owner's value.
+    let owner = "resent-owner:1";
+    let _: () = redis::cmd("SET")
+        .arg(&name)
+        .arg(owner)
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let resent = tokio::time::timeout(
+        Duration::from_secs(5),
+        locks.lock_as(&name, owner).unwrap().acquire(),
+    )
+    .await
+    .expect("granted at once, not waited out")
+    .unwrap();
+    resent.release().await.unwrap();
+}
+
+async fn locks_for(server: &RedisServer, query: &str) -> Locks {
+    locks(server, query).await
+}
