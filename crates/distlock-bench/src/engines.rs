@@ -139,8 +139,8 @@ impl Engine {
 pub struct RedisServer {
     client: redis::Client,
     connect_timeout: Duration,
-    /// The URL asks for the plain layout (`?layout=plain`): the same-scripts loop runs its scripts.
-    pub plain: bool,
+    /// The layout the URL asks for: the same-scripts loop runs its scripts.
+    pub layout: distlock::redis::RedisLayout,
 }
 
 impl RedisServer {
@@ -190,7 +190,7 @@ impl RedisServer {
         }
         .map_err(redis_failure)?;
         Ok(Some(Self {
-            plain: matches!(config.layout, distlock::redis::RedisLayout::Plain { .. }),
+            layout: config.layout,
             client,
             connect_timeout: connection.connect_timeout,
         }))

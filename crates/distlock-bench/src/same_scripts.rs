@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::redis::layout;
+use distlock::redis::{layout, RedisLayout};
 use redis::Value;
 
 use crate::engines::{redis_failure, RedisServer};
@@ -31,20 +31,26 @@ pub struct Scripts {
     acquire: redis::Script,
     release: redis::Script,
     plain: bool,
+    /// The plain acquire script's last argument (`1`: mint a token); `None` for Redisson's.
+    mint: Option<&'static str>,
 }
 
 impl Scripts {
-    /// The Redisson layout's scripts, or the plain layout's.
-    pub fn new(plain: bool) -> Arc<Self> {
-        let (acquire, release) = if plain {
-            (layout::PLAIN_ACQUIRE, layout::PLAIN_RELEASE)
-        } else {
-            (layout::ACQUIRE, layout::RELEASE)
+    /// The Redisson layout's scripts, or the plain layout's (minting a token as the layout says).
+    pub fn new(layout: RedisLayout) -> Arc<Self> {
+        let (acquire, release, mint) = match layout {
+            RedisLayout::Plain { tokens, .. } => (
+                layout::PLAIN_ACQUIRE,
+                layout::PLAIN_RELEASE,
+                Some(if tokens { "1" } else { "0" }),
+            ),
+            _ => (layout::ACQUIRE, layout::RELEASE, None),
         };
         Arc::new(Self {
             acquire: redis::Script::new(acquire),
             release: redis::Script::new(release),
-            plain,
+            plain: mint.is_some(),
+            mint,
         })
     }
 }
@@ -91,13 +97,12 @@ impl Cycler for SameScripts {
 
     async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         let mut conn = self.conn.clone();
-        let reply: Value = self
-            .scripts
-            .acquire
-            .key(&self.lock_key)
-            .key(&self.token_key)
-            .arg(LEASE_MS)
-            .arg(&self.owner)
+        let mut call = self.scripts.acquire.key(&self.lock_key);
+        call.key(&self.token_key).arg(LEASE_MS).arg(&self.owner);
+        if let Some(mint) = self.scripts.mint {
+            call.arg(mint);
+        }
+        let reply: Value = call
             .invoke_async(&mut conn)
             .await
             .map_err(redis_failure)?;
@@ -162,7 +167,7 @@ impl Run<'_> {
         let name = format!("distlock-bench-same/{run}/a");
         let client = SameScripts::new(
             conn.clone(),
-            Scripts::new(server.plain),
+            Scripts::new(server.layout),
             &name,
             self.owner(0),
         );
@@ -210,7 +215,7 @@ impl Run<'_> {
             SAME_SCRIPTS_PER_TASK
         };
         runner.step(&format!("(b) {label}"));
-        let scripts = Scripts::new(server.plain);
+        let scripts = Scripts::new(server.layout);
         let case = if shared { "shared" } else { "own" };
         let mut clients = Vec::with_capacity(n);
         for i in 0..n {
