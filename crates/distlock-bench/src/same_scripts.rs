@@ -102,10 +102,7 @@ impl Cycler for SameScripts {
         if let Some(mint) = self.scripts.mint {
             call.arg(mint);
         }
-        let reply: Value = call
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_failure)?;
+        let reply: Value = call.invoke_async(&mut conn).await.map_err(redis_failure)?;
         // `{1, token, lease}` on a grant; the key is this client's alone, so anything else is a fault.
         match &reply {
             Value::Array(items) if matches!(items.first(), Some(Value::Int(1))) => Ok(Some(())),

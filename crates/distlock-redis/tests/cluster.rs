@@ -813,6 +813,34 @@ async fn cluster_plain_layout_locks_wake_and_renew() {
     for g in guards {
         g.release().await.unwrap();
     }
+
+    // `tokens=false`: the bare `SET NX PX` is routed to each name's master too, and the busy try's
+    // script finds the holder there.
+    let bare_url = format!("{}?layout=plain&tokens=false", cluster.url());
+    let bare = Locks::new(
+        RedisBackend::connect(&LockUrl::parse(&bare_url).unwrap())
+            .await
+            .expect("connect"),
+    );
+    for i in 0..8 {
+        let name = format!("cluster-plain/{base}/bare/{i}");
+        let guard = bare.lock(&name).unwrap().acquire().await.unwrap();
+        assert_eq!(guard.token(), None);
+        assert!(b
+            .lock(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        guard.release().await.unwrap();
+        let again = b.lock(&name).unwrap().try_acquire().await.unwrap();
+        again
+            .expect("free after the release")
+            .release()
+            .await
+            .unwrap();
+    }
 }
 
 fn first_token_of(guards: &[LockGuard]) -> Option<distlock_core::FencingToken> {
