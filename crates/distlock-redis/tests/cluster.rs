@@ -13,6 +13,7 @@ use distlock_core::{ErrorKind, LockGuard, LockKind, LockState, Locks};
 use distlock_redis::{layout, RedisBackend, RedisConfig};
 use distlock_testkit::cluster::{key_slot, RedisCluster};
 use distlock_testkit::redis::{RedisServer, RespValue};
+use distlock_testkit::wake::release_wakes;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_locks_wake_and_renew() {
@@ -796,18 +797,13 @@ async fn cluster_plain_layout_locks_wake_and_renew() {
     }
     let name = format!("cluster-plain/{base}/wake");
     let first = a.lock(&name).unwrap().acquire().await.unwrap();
-    let waiter = {
-        let lock = b.lock(&name).unwrap();
-        tokio::spawn(async move { lock.acquire().await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished());
-    first.release().await.unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("woken by the sharded release message")
-        .unwrap()
-        .unwrap();
+    let next = release_wakes(
+        first,
+        b.lock(&name).unwrap(),
+        Duration::from_secs(10),
+        "the sharded release message",
+    )
+    .await;
     assert!(next.token() > first_token_of(&guards));
     next.release().await.unwrap();
     for g in guards {

@@ -14,6 +14,7 @@ use distlock_core::url::LockUrl;
 use distlock_core::{ErrorKind, LockKind, Locks};
 use distlock_redis::{layout, RedisBackend};
 use distlock_testkit::redis::RedisServer;
+use distlock_testkit::wake::release_wakes;
 
 const PYTHON: &str = "/usr/bin/python3";
 
@@ -312,18 +313,13 @@ async fn a_distlock_release_wakes_a_plain_waiter_by_its_channel_not_the_poll() {
     );
     let name = unique("channel");
     let guard = holder.lock(&name).unwrap().acquire().await.unwrap();
-    let waiter = {
-        let lock = other.lock(&name).unwrap();
-        tokio::spawn(async move { lock.acquire().await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished());
-    guard.release().await.unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("woken by the release message, well before the 60 s poll and lease")
-        .unwrap()
-        .unwrap();
+    let next = release_wakes(
+        guard,
+        other.lock(&name).unwrap(),
+        Duration::from_secs(10),
+        "the release message, well before the 60 s poll and the 30 s lease",
+    )
+    .await;
     next.release().await.unwrap();
 }
 
@@ -372,9 +368,11 @@ async fn a_foreign_value_that_reads_as_a_number_is_a_lock_held_not_a_semaphore()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_tokens_an_acquire_is_one_set_and_no_counter_is_kept() {
     let server = RedisServer::start_or_panic();
-    let locks = locks(&server, "?layout=plain&tokens=false").await;
-    assert_eq!(locks.capabilities().fencing, distlock_core::Fencing::None);
-    let other = locks_for(&server, "?layout=plain&tokens=false").await;
+    let (holder, other) = (
+        locks(&server, "?layout=plain&tokens=false").await,
+        locks(&server, "?layout=plain&tokens=false").await,
+    );
+    assert_eq!(holder.capabilities().fencing, distlock_core::Fencing::None);
     let mut raw = driver(&server).await;
     let name = unique("no_tokens");
     let _: () = redis::cmd("CONFIG")
@@ -382,7 +380,7 @@ async fn without_tokens_an_acquire_is_one_set_and_no_counter_is_kept() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    let guard = locks.lock(&name).unwrap().acquire().await.unwrap();
+    let guard = holder.lock(&name).unwrap().acquire().await.unwrap();
     assert_eq!(guard.token(), None);
     let stats: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -430,14 +428,10 @@ async fn without_tokens_an_acquire_is_one_set_and_no_counter_is_kept() {
         .unwrap();
     let resent = tokio::time::timeout(
         Duration::from_secs(5),
-        locks.lock_as(&name, owner).unwrap().acquire(),
+        holder.lock_as(&name, owner).unwrap().acquire(),
     )
     .await
     .expect("granted at once, not waited out")
     .unwrap();
     resent.release().await.unwrap();
-}
-
-async fn locks_for(server: &RedisServer, query: &str) -> Locks {
-    locks(server, query).await
 }

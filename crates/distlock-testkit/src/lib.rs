@@ -35,5 +35,6 @@ pub mod zookeeper;
 pub mod cli_run;
 pub mod conformance;
 pub mod conformance_kinds;
+pub mod wake;
 
 pub use error::{Error, Result};
