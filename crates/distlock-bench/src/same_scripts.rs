@@ -97,12 +97,29 @@ impl Cycler for SameScripts {
 
     async fn acquire(&self, _wait: Duration) -> Result<Option<()>, Error> {
         let mut conn = self.conn.clone();
-        let mut call = self.scripts.acquire.key(&self.lock_key);
-        call.key(&self.token_key).arg(LEASE_MS).arg(&self.owner);
-        if let Some(mint) = self.scripts.mint {
-            call.arg(mint);
-        }
-        let reply: Value = call.invoke_async(&mut conn).await.map_err(redis_failure)?;
+        let reply: Value = if self.scripts.mint == Some("0") {
+            // The plain layout without tokens acquires with `SET NX PX`, as distlock does.
+            let set: Value = redis::cmd("SET")
+                .arg(&self.lock_key)
+                .arg(&self.owner)
+                .arg("NX")
+                .arg("PX")
+                .arg(LEASE_MS)
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_failure)?;
+            match set {
+                Value::Nil => set,
+                _ => Value::Array(vec![Value::Int(1)]),
+            }
+        } else {
+            let mut call = self.scripts.acquire.key(&self.lock_key);
+            call.key(&self.token_key).arg(LEASE_MS).arg(&self.owner);
+            if let Some(mint) = self.scripts.mint {
+                call.arg(mint);
+            }
+            call.invoke_async(&mut conn).await.map_err(redis_failure)?
+        };
         // `{1, token, lease}` on a grant; the key is this client's alone, so anything else is a fault.
         match &reply {
             Value::Array(items) if matches!(items.first(), Some(Value::Int(1))) => Ok(Some(())),

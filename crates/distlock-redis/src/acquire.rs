@@ -31,6 +31,8 @@ pub struct RedisAcquisition {
     /// Where the last try went: the undo goes on the same connection, so that it runs after the try
     /// even when the try is still on its way (see [`undo`](crate::undo)).
     pub(crate) sent: Sent,
+    /// Whether a try answered busy (a plain mutex without tokens then skips its bare `SET`).
+    pub(crate) seen_busy: bool,
 }
 
 impl RedisAcquisition {
@@ -39,6 +41,7 @@ impl RedisAcquisition {
             subscription: None,
             maybe_granted: false,
             sent: Sent::default(),
+            seen_busy: false,
         }
     }
 }
@@ -118,8 +121,14 @@ impl RedisBackend {
             .map_err(|e| e.into_core(Some(&request.name)))?;
         acquisition.maybe_granted = true;
         acquisition.sent = Sent::default();
+        // A plain mutex without tokens: `SET NX PX` while the lock may be free; once busy, a waiter's
+        // tries are the script alone (one request, which grants too when the key has gone).
+        let bare_set = request.kind == LockKind::Mutex
+            && !self.mints_token()
+            && self.inner.durable.is_none()
+            && !acquisition.seen_busy;
         let outcome = self
-            .acquire_once(request, &mut acquisition.sent)
+            .acquire_once(request, bare_set, &mut acquisition.sent)
             .await
             .map_err(|e| e.into_core(Some(&request.name)))?;
         match outcome {
@@ -129,7 +138,7 @@ impl RedisBackend {
                     kind: request.kind,
                 })
                 .with_ttl(pttl.unwrap_or(request.lease).min(request.lease));
-                let grant = if self.mints_token(request.kind) {
+                let grant = if self.mints_token() {
                     grant.with_token(FencingToken::new(token))
                 } else {
                     grant
@@ -142,6 +151,7 @@ impl RedisBackend {
                 }))
             }
             Outcome::Busy { pttl } => {
+                acquisition.seen_busy = true;
                 acquisition.maybe_granted = false;
                 acquisition.sent = Sent::default();
                 Ok(Attempt::Busy { retry_after: pttl })
@@ -161,12 +171,14 @@ impl RedisBackend {
     }
 
     /// `sent` records the connection the try went on (for `abandon`), also if this future is dropped.
+    /// `bare_set`: a plain mutex without tokens tries with `SET NX PX` first (see `set_if_absent`).
     async fn acquire_once(
         &self,
         request: &AcquireRequest,
+        bare_set: bool,
         sent: &mut Sent,
     ) -> std::result::Result<Outcome, RedisError> {
-        if !self.mints_token(request.kind) && self.inner.durable.is_none() {
+        if bare_set {
             return self.set_if_absent(request, sent).await;
         }
         let call = self.acquire_call(request);

@@ -209,7 +209,7 @@ impl Backend for RedisBackend {
     /// The mutex, Redisson's read-write lock (readers first, as Redisson's: a reader gets in whenever
     /// no writer holds; atomic downgrade) and its permit-expirable semaphore (see the `kinds` module).
     fn capabilities(&self) -> Capabilities {
-        let fencing = if self.mints_token(LockKind::Mutex) {
+        let fencing = if self.mints_token() {
             Fencing::BestEffort
         } else {
             Fencing::None

@@ -56,6 +56,7 @@ impl Drop for UndoHandedGrant<'_> {
             subscription: None,
             maybe_granted: true,
             sent: std::mem::take(&mut self.sent),
+            seen_busy: false,
         };
         tracing::debug!(lock = %next.name, "a handoff ended without its grant; undoing it");
         drop(runtime.spawn(async move {
@@ -97,7 +98,7 @@ impl RedisBackend {
                     kind: LockKind::Mutex,
                 })
                 .with_ttl(pttl.unwrap_or(next.lease).min(next.lease));
-                Ok(HandOff::Handed(if self.mints_token(LockKind::Mutex) {
+                Ok(HandOff::Handed(if self.mints_token() {
                     grant.with_token(FencingToken::new(token))
                 } else {
                     grant
@@ -166,11 +167,7 @@ impl RedisBackend {
             .arg(millis(next.lease))
             .arg(&next.owner);
         if plain {
-            call.arg(if self.mints_token(LockKind::Mutex) {
-                "1"
-            } else {
-                "0"
-            });
+            call.arg(self.mint_flag());
         }
         let value = self.script(&self.inner.link, "handoff", call, sent).await?;
         parse_acquire(&value)

@@ -136,6 +136,10 @@ impl RedisBackend {
             }
         }
         let mut info = parse_inspect(values.first()).map_err(|e| e.into_core(Some(name)))?;
+        if !self.mints_token() {
+            // The counter may be left from before `tokens=false`: nothing of this backend's.
+            info.last_token = None;
+        }
         if !cluster {
             let counts = numsub(values.get(1));
             let of = |channel: &str| {

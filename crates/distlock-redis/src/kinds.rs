@@ -46,19 +46,20 @@ impl RedisBackend {
         }
     }
 
-    /// Whether a grant of `kind` carries the token its script minted: all but a plain layout's mutex
-    /// with `tokens=false`, whose scripts mint none.
-    pub(crate) fn mints_token(&self, kind: LockKind) -> bool {
-        kind != LockKind::Mutex
-            || !matches!(
-                self.config().layout,
-                RedisLayout::Plain { tokens: false, .. }
-            )
+    /// Whether grants carry tokens: not with the plain layout's `tokens=false`, for any kind (the
+    /// mutex's scripts then mint none; the read-write lock's and semaphore's still `INCR` the counter
+    /// as Redisson's layout does, and their grants drop it, so that `Capabilities::fencing` is one
+    /// answer for every kind).
+    pub(crate) fn mints_token(&self) -> bool {
+        !matches!(
+            self.config().layout,
+            RedisLayout::Plain { tokens: false, .. }
+        )
     }
 
     /// The plain scripts' last argument: `1` to mint a token, `0` not to.
-    fn mint_flag(&self) -> &'static str {
-        if self.mints_token(LockKind::Mutex) {
+    pub(crate) fn mint_flag(&self) -> &'static str {
+        if self.mints_token() {
             "1"
         } else {
             "0"
@@ -311,6 +312,7 @@ impl RedisBackend {
                     subscription: None,
                     maybe_granted: true,
                     sent,
+                    seen_busy: false,
                 };
                 self.undo_abandoned(acquisition, read).await;
                 Err(e.into_core(Some(name)))

@@ -349,8 +349,8 @@ return 0;
 // held. redis-py publishes nothing, so a distlock waiter also tries again every `poll`.
 
 /// Plain acquire. `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the lease in ms, `ARGV[2]`
-/// the owner, `ARGV[3]` `1` to mint a token (`0` with `tokens=false`: the counter is not touched, and
-/// the token answered is 0). `{1, token, lease}` on a grant, `{0, 0, pttl}` while another value is there (`pttl` −1
+/// the owner, `ARGV[3]` `0` not to mint a token (`tokens=false`: the counter is not touched, and the
+/// token answered is 0; anything else, or nothing, mints). `{1, token, lease}` on a grant, `{0, 0, pttl}` while another value is there (`pttl` −1
 /// for a key without expiry: redis-py's lock without a timeout); [`KIND_CONFLICT`] for a read-write
 /// lock's hash (`{-1, 2, 0}`) or a semaphore's counter (`{-1, 3, 0}`: digits only, and no expiry, as
 /// the counter keeps its limit; another client's lock value may be digits too, `SET lock 1 NX PX`, or
@@ -380,7 +380,7 @@ pub const PLAIN_ACQUIRE: &str = r"
 local held = redis.pcall('get', KEYS[1]);
 if held == false or held == ARGV[2] then
     local token = 0;
-    if ARGV[3] == '1' then
+    if ARGV[3] ~= '0' then
         token = redis.call('incr', KEYS[2]);
     end;
     redis.call('set', KEYS[1], ARGV[2], 'px', ARGV[1]);
@@ -434,14 +434,14 @@ return 0;
 
 /// Plain handoff: [`HAND_OFF`] on the string key. `KEYS[1]` the lock, `KEYS[2]` the token key;
 /// `ARGV[1]` the releasing owner, `ARGV[2]` the next owner's lease in ms, `ARGV[3]` the next owner,
-/// `ARGV[4]` `1` to mint a token (as [`PLAIN_ACQUIRE`]'s `ARGV[3]`). `{1, token, lease}`, or
+/// `ARGV[4]` `0` not to mint a token (as [`PLAIN_ACQUIRE`]'s `ARGV[3]`). `{1, token, lease}`, or
 /// `{0, 0, 0}` (nothing written) when the key is not the releasing owner's.
 pub const PLAIN_HAND_OFF: &str = r"
 if redis.pcall('get', KEYS[1]) ~= ARGV[1] then
     return {0, 0, 0};
 end;
 local token = 0;
-if ARGV[4] == '1' then
+if ARGV[4] ~= '0' then
     token = redis.call('incr', KEYS[2]);
 end;
 redis.call('set', KEYS[1], ARGV[3], 'px', ARGV[2]);

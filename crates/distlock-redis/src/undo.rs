@@ -205,6 +205,7 @@ impl RedisBackend {
             subscription,
             maybe_granted,
             sent,
+            ..
         } = acquisition;
         drop(subscription);
         if !maybe_granted {

@@ -434,4 +434,50 @@ async fn without_tokens_an_acquire_is_one_set_and_no_counter_is_kept() {
     .expect("granted at once, not waited out")
     .unwrap();
     resent.release().await.unwrap();
+
+    // A waiter's tries after its first busy answer are the script alone: one bare `SET`, then none.
+    let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let waited = tokio::time::timeout(
+        Duration::from_millis(600),
+        other.lock(&name).unwrap().acquire(),
+    )
+    .await;
+    assert!(waited.is_err(), "acquired a held lock: {waited:?}");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let calls = |command: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    assert_eq!(calls("set"), 1, "{stats}");
+    assert!(
+        calls("evalsha") >= 3,
+        "the waiter polls by the script: {stats}"
+    );
+    held.release().await.unwrap();
+
+    // No kind's guard carries a token: `Capabilities::fencing` is `None` for all of them.
+    let writer = holder.read_write(&unique("rw")).unwrap();
+    let write = writer.writer().acquire().await.unwrap();
+    assert_eq!(write.token(), None);
+    write.release().await.unwrap();
+    let permit = holder
+        .semaphore(&unique("sem"), 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(permit.token(), None);
+    permit.release().await.unwrap();
 }
