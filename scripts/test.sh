@@ -63,7 +63,17 @@ step fmt cargo fmt --all -- --check
 step first-command first_command
 step tests cargo nextest run --workspace --all-features --no-fail-fast --profile "$profile"
 step doctests cargo test --workspace --doc --all-features
-step examples cargo run -q -p distlock --all-features --example basic
+# The example, as `cargo run -p distlock --example basic` runs it, from the test step's build (the same
+# features: `-p distlock` alone unifies features afresh and rebuilds much of the tree, 80 s).
+run_example() {
+    local exe
+    exe=$(cargo build -q --workspace --all-features --example basic --message-format=json |
+        grep -o '"executable":"[^"]*"' | head -1 | cut -d'"' -f4)
+    [ -n "$exe" ] || { echo "examples: cargo named no executable for the example" >&2; return 1; }
+    "$exe"
+}
+
+step examples run_example
 step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
 # The API docs build without a warning (a broken or private link, a missing doc on a published crate).
 step docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --lib

@@ -1,8 +1,8 @@
 //! The shared conformance suite on a standalone `redis-server`: a fresh server per case (about 20 ms to
 //! start), every client its own `RedisBackend` reaching the server through its own testkit `Proxy`, so
 //! a cut blackholes that client alone (and a heal lets its bytes pass again). Other processes reach the
-//! server with its own `redis://` URL. The suite runs twice: on Redisson's layout (the default) and,
-//! in `mod plain`, on the plain layout (`?layout=plain`).
+//! server with its own `redis://` URL. The suite runs on Redisson's layout (the default), and its
+//! mutex cases again on the plain layout, with tokens (`mod plain`) and without.
 // Provider setup panics on failure, like the tests themselves.
 #![allow(clippy::expect_used)]
 
@@ -59,6 +59,8 @@ async fn standalone() -> Standalone {
 
 distlock_testkit::conformance_suite!(standalone);
 
+/// The mutex's cases on the plain layout, with and without tokens (the read-write lock and the
+/// semaphore keep Redisson's layouts under it: their cases above cover them).
 mod plain {
     async fn standalone() -> super::Standalone {
         super::Standalone {
@@ -67,12 +69,9 @@ mod plain {
         }
     }
 
-    distlock_testkit::conformance_suite!(standalone);
+    distlock_testkit::conformance_suite!(@mutex standalone);
 }
 
-/// The plain layout without tokens (`tokens=false`: an acquire is one `SET NX PX`): the cases whose
-/// path differs from the plain layout's with tokens (acquire, busy, resend, undo, loss), and
-/// `tokens_strictly_increase`, which checks that no token comes back.
 mod plain_without_tokens {
     async fn standalone() -> super::Standalone {
         super::Standalone {
@@ -81,29 +80,5 @@ mod plain_without_tokens {
         }
     }
 
-    distlock_testkit::conformance_suite!(@cases standalone;
-        mutual_exclusion,
-        try_acquire_when_held_is_none,
-        wait_timeout,
-        cancelled_acquire_leaves_nothing,
-        release_is_owner_only,
-        reentrancy_same_token,
-        lost_fires_when_cut_off,
-        tokens_strictly_increase,
-        local_waiters_fifo,
-        killed_holder_process_frees_lock,
-        release_under_a_reset,
-        lost_release_reply,
-    );
-}
-
-/// The suite's `read_write` and `semaphore` cases run their steps on this topology (a backend that
-/// does not announce a kind passes them by refusing it).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_kinds_cases_run_here() {
-    let kinds = standalone().await.client().await.locks.capabilities().kinds;
-    assert!(
-        kinds.read_write && kinds.atomic_downgrade && kinds.semaphore,
-        "{kinds:?}"
-    );
+    distlock_testkit::conformance_suite!(@mutex standalone);
 }

@@ -1091,10 +1091,19 @@ pub(crate) async fn lose_a_release_reply(
 /// Expands the whole suite for one backend: one `#[tokio::test]` per case, named after it.
 ///
 /// `$make` is an async fn (or closure returning a future) producing the [`Provider`]; each test calls it
-/// once, so providers may start a fresh server per test.
+/// once, so providers may start a fresh server per test. `conformance_suite!(@mutex $make)` expands
+/// the mutex's cases alone (for a variant of a backend whose kinds are the same objects, such as
+/// Redis's plain layout).
 #[macro_export]
 macro_rules! conformance_suite {
     ($make:expr) => {
+        $crate::conformance_suite!(@mutex $make);
+        $crate::conformance_suite!(@kinds $make;
+            read_write,
+            semaphore,
+        );
+    };
+    (@mutex $make:expr) => {
         $crate::conformance_suite!(@cases $make;
             mutual_exclusion,
             try_acquire_when_held_is_none,
@@ -1114,10 +1123,6 @@ macro_rules! conformance_suite {
             killed_holder_process_frees_lock,
             release_under_a_reset,
             lost_release_reply,
-        );
-        $crate::conformance_suite!(@kinds $make;
-            read_write,
-            semaphore,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
