@@ -1,7 +1,8 @@
 //! The fair Redis baselines of issue 9: a bare redis-rs loop of distlock's own scripts (the
 //! acquire and release of [`distlock::redis::layout`], of the layout the URL asks for: Redisson's, or
-//! the plain one with `?layout=plain`) by `EVALSHA`, with the keys and arguments distlock sends, so distlock's client overhead is measured apart from the cost of its
-//! richer server-side layout; and rslock, the crate a Rust user would pick instead, on the same
+//! the plain one with `?layout=plain`, whose acquire without tokens is `SET NX PX`) by `EVALSHA`,
+//! with the keys and arguments distlock sends, so distlock's client overhead is measured apart from
+//! the cost of its richer server-side layout; and rslock, the crate a Rust user would pick instead, on the same
 //! single server.
 
 use std::sync::Arc;
@@ -30,7 +31,6 @@ const LEASE_MS: u64 = 30_000;
 pub struct Scripts {
     acquire: redis::Script,
     release: redis::Script,
-    plain: bool,
     /// The plain acquire script's last argument (`1`: mint a token); `None` for Redisson's.
     mint: Option<&'static str>,
 }
@@ -49,7 +49,6 @@ impl Scripts {
         Arc::new(Self {
             acquire: redis::Script::new(acquire),
             release: redis::Script::new(release),
-            plain: mint.is_some(),
             mint,
         })
     }
@@ -81,7 +80,7 @@ impl SameScripts {
             conn,
             lock_key: layout::lock_key(name).to_string(),
             token_key: layout::token_key(name),
-            channel: if scripts.plain {
+            channel: if scripts.mint.is_some() {
                 layout::plain_channel(name)
             } else {
                 layout::channel(name)

@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
-use distlock_core::{FencingToken, LockKind, Result};
+use distlock_core::{LockKind, Result};
 use redis::Value;
 
 use crate::backend::RedisLease;
@@ -138,11 +138,7 @@ impl RedisBackend {
                     kind: request.kind,
                 })
                 .with_ttl(pttl.unwrap_or(request.lease).min(request.lease));
-                let grant = if self.mints_token() {
-                    grant.with_token(FencingToken::new(token))
-                } else {
-                    grant
-                };
+                let grant = self.with_minted(grant, token);
                 Ok(Attempt::Acquired(match request.kind {
                     LockKind::Permit { .. } => {
                         grant.with_permit(layout::permit_hex(&layout::permit_id(&request.owner)))

@@ -12,7 +12,7 @@
 //! failed release is.
 
 use distlock_core::raw::{AcquireRequest, Grant, HandOff, Released};
-use distlock_core::{FencingToken, LockKind, Result};
+use distlock_core::{LockKind, Result};
 
 use crate::acquire::{parse_acquire, Outcome, RedisAcquisition};
 use crate::backend::RedisLease;
@@ -98,11 +98,7 @@ impl RedisBackend {
                     kind: LockKind::Mutex,
                 })
                 .with_ttl(pttl.unwrap_or(next.lease).min(next.lease));
-                Ok(HandOff::Handed(if self.mints_token() {
-                    grant.with_token(FencingToken::new(token))
-                } else {
-                    grant
-                }))
+                Ok(HandOff::Handed(self.with_minted(grant, token)))
             }
             Ok(Outcome::Busy { .. } | Outcome::Conflict { .. } | Outcome::LimitMismatch { .. })
                 if !undo.sent.resent =>
@@ -154,7 +150,7 @@ impl RedisBackend {
         };
         let bytes = name.len() + token_key.len() + owner.len() + 20 + next.owner.len();
         let scripts = &self.inner.scripts;
-        let plain = self.plain_poll().is_some();
+        let plain = self.is_plain();
         let script = if plain {
             &scripts.plain_hand_off
         } else {

@@ -249,47 +249,48 @@ impl RedisBackend {
                 let mut counter = redis::pipe();
                 counter.cmd("GET").arg(lock);
                 let value = self.inspect_one(counter, 1).await?.swap_remove(0);
-                // The script's rule: digits only, and no expiry or permits beside it, is a
-                // semaphore's counter; any other string a plain layout's lock (the permits' set is
-                // read below, and an expiring string without permits is a lock after all).
-                let digits = text(&value)
-                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|v| v.parse::<i64>().ok());
-                let expires = int(lock_pttl) != Some(-1);
                 if value == Value::Nil {
                     // Expired or deleted since `TYPE`: nothing held.
                     out[0] = Value::BulkString(b"none".to_vec());
-                } else if digits.is_none() {
+                    return Ok(Value::Array(out));
+                }
+                // The script's rule: digits only, with no expiry or with permits beside it, is a
+                // semaphore's counter; any other string a plain layout's lock, its value the holder.
+                let digits = text(&value)
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|v| v.parse::<i64>().ok());
+                let plain_lock = |mut out: Vec<Value>| {
                     out[0] = Value::BulkString(b"mutex".to_vec());
-                    out.extend([value, lock_pttl.clone()]);
-                } else if let Some(available) = digits {
-                    let mut permits = redis::pipe();
-                    permits
-                        .cmd("ZRANGE")
-                        .arg(layout::semaphore_timeout_key(name))
-                        .arg(0)
-                        .arg(-1)
-                        .arg("WITHSCORES")
-                        .cmd("TIME");
-                    let replies = self.inspect_one(permits, 2).await?;
-                    let now = time_ms(&replies[1]).ok_or_else(|| bad(format!("{replies:?}")))?;
-                    let held = pairs(&replies[0]);
-                    if expires && held.is_empty() {
-                        out[0] = Value::BulkString(b"mutex".to_vec());
-                        out.extend([value, lock_pttl.clone()]);
-                        return Ok(Value::Array(out));
-                    }
-                    out[0] = Value::BulkString(b"permit".to_vec());
-                    out[2] = Value::Int(available + i64::try_from(held.len()).unwrap_or(i64::MAX));
-                    for (member, expiry) in held {
-                        let expiry = score(&expiry).ok_or_else(|| bad(format!("{expiry:?}")))?;
-                        let ms = if expiry >= layout::NON_EXPIRABLE as f64 {
-                            -1
-                        } else {
-                            expiry as i64 - now
-                        };
-                        out.extend([member, Value::Int(ms)]);
-                    }
+                    out.extend([value.clone(), lock_pttl.clone()]);
+                    Ok(Value::Array(out))
+                };
+                let Some(available) = digits else {
+                    return plain_lock(out);
+                };
+                let mut permits = redis::pipe();
+                permits
+                    .cmd("ZRANGE")
+                    .arg(layout::semaphore_timeout_key(name))
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .cmd("TIME");
+                let replies = self.inspect_one(permits, 2).await?;
+                let now = time_ms(&replies[1]).ok_or_else(|| bad(format!("{replies:?}")))?;
+                let held = pairs(&replies[0]);
+                if int(lock_pttl) != Some(-1) && held.is_empty() {
+                    return plain_lock(out);
+                }
+                out[0] = Value::BulkString(b"permit".to_vec());
+                out[2] = Value::Int(available + i64::try_from(held.len()).unwrap_or(i64::MAX));
+                for (member, expiry) in held {
+                    let expiry = score(&expiry).ok_or_else(|| bad(format!("{expiry:?}")))?;
+                    let ms = if expiry >= layout::NON_EXPIRABLE as f64 {
+                        -1
+                    } else {
+                        expiry as i64 - now
+                    };
+                    out.extend([member, Value::Int(ms)]);
                 }
             }
             _ => {}

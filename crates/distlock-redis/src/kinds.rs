@@ -39,6 +39,11 @@ pub(crate) const RW_RECHECK: Duration = Duration::from_secs(1);
 
 impl RedisBackend {
     /// Whether the mutex uses the plain layout ([`RedisLayout::Plain`]): the kinds keep Redisson's.
+    pub(crate) fn is_plain(&self) -> bool {
+        matches!(self.config().layout, RedisLayout::Plain { .. })
+    }
+
+    /// How long a plain layout's mutex waiter sleeps at most between tries; `None` for Redisson's.
     pub(crate) fn plain_poll(&self) -> Option<Duration> {
         match self.config().layout {
             RedisLayout::Plain { poll, .. } => Some(poll),
@@ -57,6 +62,15 @@ impl RedisBackend {
         )
     }
 
+    /// `grant` with the token its script answered, where grants carry tokens ([`Self::mints_token`]).
+    pub(crate) fn with_minted<L>(&self, grant: Grant<L>, token: u64) -> Grant<L> {
+        if self.mints_token() {
+            grant.with_token(distlock_core::FencingToken::new(token))
+        } else {
+            grant
+        }
+    }
+
     /// The plain scripts' last argument: `1` to mint a token, `0` not to.
     pub(crate) fn mint_flag(&self) -> &'static str {
         if self.mints_token() {
@@ -71,7 +85,7 @@ impl RedisBackend {
         match kind {
             LockKind::Read | LockKind::Write => layout::rw_channel(name),
             LockKind::Permit { .. } => layout::semaphore_channel(name),
-            _ if self.plain_poll().is_some() => layout::plain_channel(name),
+            _ if self.is_plain() => layout::plain_channel(name),
             _ => layout::channel(name),
         }
     }
@@ -129,7 +143,7 @@ impl RedisBackend {
             }
             _ => {
                 let bytes = name.len() + token_key.len() + 20 + owner.len();
-                if self.plain_poll().is_none() {
+                if !self.is_plain() {
                     let mut call = ScriptCall::new(&scripts.acquire, 2, 4, bytes);
                     call.arg(layout::lock_key(name))
                         .arg(token_key)
@@ -203,9 +217,10 @@ impl RedisBackend {
                 call
             }
             _ => {
-                let (script, prefix) = match self.plain_poll() {
-                    Some(_) => (&scripts.plain_release, layout::PLAIN_CHANNEL_PREFIX),
-                    None => (&scripts.release, layout::CHANNEL_PREFIX),
+                let (script, prefix) = if self.is_plain() {
+                    (&scripts.plain_release, layout::PLAIN_CHANNEL_PREFIX)
+                } else {
+                    (&scripts.release, layout::CHANNEL_PREFIX)
                 };
                 let channel = PrefixedKey { prefix, name };
                 let bytes = name.len() + channel.len() + owner.len() + 10;
@@ -253,7 +268,7 @@ impl RedisBackend {
                         &scripts.renew,
                         std::borrow::Cow::Owned(layout::write_field(owner)),
                     ),
-                    _ if self.plain_poll().is_some() => {
+                    _ if self.is_plain() => {
                         (&scripts.plain_renew, std::borrow::Cow::Borrowed(owner))
                     }
                     _ => (&scripts.renew, std::borrow::Cow::Borrowed(owner)),

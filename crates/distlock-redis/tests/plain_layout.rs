@@ -375,25 +375,10 @@ async fn without_tokens_an_acquire_is_one_set_and_no_counter_is_kept() {
     assert_eq!(holder.capabilities().fencing, distlock_core::Fencing::None);
     let mut raw = driver(&server).await;
     let name = unique("no_tokens");
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    reset_command_calls(&mut raw).await;
     let guard = holder.lock(&name).unwrap().acquire().await.unwrap();
     assert_eq!(guard.token(), None);
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    let calls = |command: &str| -> u64 {
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse().unwrap())
-    };
+    let (stats, calls) = command_calls(&mut raw).await;
     // The acquire was one `SET` (nested calls in scripts count here too: none ran).
     assert_eq!(
         (calls("set"), calls("evalsha"), calls("incr")),
@@ -437,29 +422,14 @@ async fn without_tokens_an_acquire_is_one_set_and_no_counter_is_kept() {
 
     // A waiter's tries after its first busy answer are the script alone: one bare `SET`, then none.
     let held = holder.lock(&name).unwrap().acquire().await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    reset_command_calls(&mut raw).await;
     let waited = tokio::time::timeout(
         Duration::from_millis(600),
         other.lock(&name).unwrap().acquire(),
     )
     .await;
     assert!(waited.is_err(), "acquired a held lock: {waited:?}");
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    let calls = |command: &str| -> u64 {
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse().unwrap())
-    };
+    let (stats, calls) = command_calls(&mut raw).await;
     assert_eq!(calls("set"), 1, "{stats}");
     assert!(
         calls("evalsha") >= 3,
@@ -480,4 +450,33 @@ async fn without_tokens_an_acquire_is_one_set_and_no_counter_is_kept() {
         .unwrap();
     assert_eq!(permit.token(), None);
     permit.release().await.unwrap();
+}
+
+async fn reset_command_calls(raw: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(raw)
+        .await
+        .unwrap();
+}
+
+/// `INFO commandstats` since the last reset, and the count of one command's calls in it (commands run
+/// inside scripts count too).
+async fn command_calls(
+    raw: &mut redis::aio::MultiplexedConnection,
+) -> (String, impl Fn(&str) -> u64) {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    let counts = stats.clone();
+    let calls = move |command: &str| -> u64 {
+        counts
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    (stats, calls)
 }
