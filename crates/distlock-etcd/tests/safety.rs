@@ -799,7 +799,21 @@ async fn fault_delete_right_after_the_held_watch_is_reopened_reaches_the_holder_
     let proxy = Proxy::start_or_panic(server.addr());
     let first = locks(&format!("etcd://{}", proxy.addr())).await;
     let second = locks(&server.url()).await;
+    let all = "etcd_debugging_mvcc_watcher_total";
+    let idle = watch_gauge(server.addr(), all).await;
     for round in 0..3 {
+        // The last round's released keys keep their watches for a second (the held-key watch's
+        // linger): one cancelled while the reopen below is awaited would move the count it waits
+        // for. Each round starts once they are gone.
+        let deadline = Instant::now() + Duration::from_secs(2) + SLACK;
+        while watch_gauge(server.addr(), all).await != idle && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            watch_gauge(server.addr(), all).await,
+            idle,
+            "round {round}: the last round's kept watches were not cancelled"
+        );
         let name = common::name(&format!("reopened_delete_{round}"));
         let prefix = format!("{name}/");
         let guard = first.lock(&name).unwrap().acquire().await.unwrap();
@@ -810,10 +824,7 @@ async fn fault_delete_right_after_the_held_watch_is_reopened_reaches_the_holder_
         });
         // Every watch synced (the catch-up loop runs every 100 ms).
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let (all, slow) = (
-            "etcd_debugging_mvcc_watcher_total",
-            "etcd_debugging_mvcc_slow_watcher_total",
-        );
+        let slow = "etcd_debugging_mvcc_slow_watcher_total";
         assert_eq!(watch_gauge(server.addr(), slow).await, 0);
         let watches = watch_gauge(server.addr(), all).await;
         let streams = watch_gauge(server.addr(), WATCH_STREAMS_STARTED).await;

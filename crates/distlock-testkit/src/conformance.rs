@@ -874,6 +874,32 @@ pub(crate) async fn warm_up(client: &Client, case: &str, lease: Duration) {
     guard.release().await.expect("warm-up release");
 }
 
+/// Waits (bounded) until the client has sent nothing through its proxies for `QUIET`, and returns
+/// its byte count then. A client's own background traffic (a pool opening a spare connection or
+/// resetting a returned one, a keep-alive) goes through the same proxies as the request a case is
+/// about to time a fault against: counted from a busy moment, a background byte would pass for the
+/// request's, and the fault land before the request was sent.
+async fn quiet_bytes_sent(client: &Client, what: &str) -> u64 {
+    const QUIET: Duration = Duration::from_millis(150);
+    let started = Instant::now();
+    let mut last = client.bytes_sent();
+    let mut since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = client.bytes_sent();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= QUIET {
+            return now;
+        }
+        assert!(
+            started.elapsed() < PROMPT * 2,
+            "{what}: the client kept sending for {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 /// Waits (bounded) until the client has put at least one byte more than `before` into its proxies.
 async fn wait_for_bytes_sent(client: &Client, before: u64, what: &str) {
     let started = Instant::now();
@@ -931,7 +957,7 @@ pub async fn release_under_a_reset(provider: &impl Provider) {
             .expect("release");
         return;
     }
-    let before = a.bytes_sent();
+    let before = quiet_bytes_sent(&a, "before the release").await;
     a.on_proxies(|p| p.delay(Duration::from_secs(1))).await;
     let release = tokio::spawn(guard.release());
     wait_for_bytes_sent(&a, before, "the release").await;
