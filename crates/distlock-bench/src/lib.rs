@@ -13,6 +13,7 @@ mod engines;
 mod error;
 mod harness;
 pub mod heap;
+mod herd;
 mod hold;
 mod kinds;
 mod measure;
@@ -33,6 +34,7 @@ use clap::{Args, ValueEnum};
 
 use engines::Engine;
 pub use error::Error;
+pub use herd::{HerdRun, HerdSection};
 pub use hold::{HoldMemory, HoldRenewals, HoldSection};
 use progress::Progress;
 use report::Target;
@@ -59,6 +61,10 @@ both + NOTIFY; file: flock LOCK_SH, and a slot file's flock; other engines: dist
 10,000) with a short --lease (default 3s), holds them for --duration while the watchdog renews them, \
 then releases them: renewal batches and round trips per tick (Redis: also the server's EVALSHA count), \
 resident memory per held lock, and any lock not Held at the end
+  herd         (only when asked; redis:// of one server) --tasks separate `distlock run` processes \
+(default 30) queue on one name one after another, once as the URL says and once with fair=true: \
+top-level commands per handoff (counted with MONITOR, scripts' own commands left out), and how many \
+pairs of processes were granted out of their arrival order (from the tokens their commands print)
 
 --sweep runs only the many workload, at 1, 2, 4, 8, 16 and 64 tasks, for distlock (shared and per-task \
 Locks) and the engine's main baseline, and reports a sweep table; --plot out.svg also draws it (cycles/s \
@@ -191,6 +197,9 @@ pub enum Workload {
     /// One Locks holds --locks names (10,000) for --duration while the watchdog renews them:
     /// renewal round trips, CPU per tick, memory per held lock.
     Hold,
+    /// Redis only: --tasks separate `distlock run` processes (default 30) queue on one name, as the
+    /// URL says and in fair mode: top-level commands per handoff (MONITOR) and the grant order.
+    Herd,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -215,6 +224,9 @@ struct Config {
     hold_workload: bool,
     hold_locks: usize,
     lease: Duration,
+    /// `--workload herd`, and its number of processes.
+    herd_workload: bool,
+    herd_processes: usize,
     /// `--sweep`: (b) at every count of [`SWEEP_TASKS`], instead of the workloads.
     sweep: bool,
     /// `--cycles`: a fixed count of measured cycles per task instead of `duration`.
@@ -249,6 +261,8 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
         kinds: !options.sweep && (all || options.workload == Workload::Kinds),
         sweep: options.sweep,
         hold_workload: !options.sweep && options.workload == Workload::Hold,
+        herd_workload: !options.sweep && options.workload == Workload::Herd,
+        herd_processes: options.tasks.map_or(herd::DEFAULT_PROCESSES, usize::from),
         hold_locks: options.locks as usize,
         lease: options.lease,
         cycles: options.cycles,
@@ -258,6 +272,16 @@ pub async fn bench(url: String, options: &Options) -> Result<Report, Error> {
     if config.hold_workload && (options.baseline_only || options.only == Some(Only::Baselines)) {
         return Err(Error::usage(
             "--workload hold measures distlock: not with --baseline-only",
+        ));
+    }
+    if config.herd_workload && !matches!(config.engine, Engine::Redis(_)) {
+        return Err(Error::usage(
+            "--workload herd needs a redis:// URL of one server: it counts the processes' commands with MONITOR",
+        ));
+    }
+    if config.herd_workload && (options.baseline_only || options.only.is_some()) {
+        return Err(Error::usage(
+            "--workload herd measures distlock run processes: not with --baseline-only or --only",
         ));
     }
     if config.hold_workload && config.lease.is_zero() {
@@ -320,6 +344,7 @@ fn count_steps(config: &Config, with_distlock: bool) -> usize {
         + usize::from(config.kinds) * 2 * (d + kinds_baselines)
         + usize::from(config.sweep) * SWEEP_TASKS.len() * (2 * d + usize::from(sweep_baseline))
         + usize::from(config.hold_workload) * 3
+        + usize::from(config.herd_workload) * 2
 }
 
 /// Announces measurements on the progress bar.

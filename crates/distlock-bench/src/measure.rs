@@ -102,6 +102,21 @@ pub(crate) async fn measure(
         true => Some(run.sweep(runner).await?),
         false => None,
     };
+    let herd = match (&config.engine, config.herd_workload) {
+        (Engine::Redis(server), true) => {
+            runner.step("herd: distlock run processes on one name");
+            Some(
+                crate::herd::herd(
+                    server,
+                    &config.url,
+                    &format!("distlock-bench/{}/herd", config.run),
+                    config.herd_processes,
+                )
+                .await?,
+            )
+        }
+        _ => None,
+    };
     if let Baseline::Etcd { client, .. } = &baseline {
         let _ = client
             .delete_range(DeleteRangeRequest {
@@ -129,6 +144,7 @@ pub(crate) async fn measure(
         kinds,
         sweep,
         hold,
+        herd,
         targets: Vec::new(),
     };
     report.targets = targets(&report, &config.engine);

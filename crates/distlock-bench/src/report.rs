@@ -33,6 +33,8 @@ pub struct Report {
     pub sweep: Option<crate::sweep::Sweep>,
     /// `--workload hold`: N locks held while the watchdog renews them.
     pub hold: Option<crate::hold::HoldSection>,
+    /// `--workload herd`: separate `distlock run` processes on one Redis name, default and fair.
+    pub herd: Option<crate::herd::HerdSection>,
     /// The issues' targets where they apply, computed from this run; never asserted.
     pub targets: Vec<Target>,
 }
@@ -413,6 +415,9 @@ pub fn render(report: &Report) -> String {
     }
     if let Some(sweep) = &report.sweep {
         render_sweep(o, sweep);
+    }
+    if let Some(herd) = &report.herd {
+        crate::herd::render(o, herd);
     }
     if let Some(hold) = &report.hold {
         render_hold(o, hold);

@@ -205,6 +205,11 @@ pub struct RunArgs {
     /// DISTLOCK_PERMIT (which permit it holds). Every user of NAME must give the same N.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(distlock_core::MAX_PERMITS)))]
     pub permits: Option<u32>,
+    /// First come, first served across machines: waiters get the lock in the order they asked for it.
+    /// Redis: adds ?fair=true to the URL (a queue on the server beside the lock). etcd and ZooKeeper (zk://)
+    /// queue every waiter already. Other engines: exit 64, they have no queue to join.
+    #[arg(long, conflicts_with_all = ["read", "write", "permits"])]
+    pub fair: bool,
     /// The lock name.
     #[arg(value_name = "NAME")]
     pub name: String,
@@ -334,6 +339,45 @@ fn clap_message(error: &clap::Error) -> String {
     let text = paragraph.join(" ");
     text.strip_prefix("error:")
         .map_or(text.clone(), |t| t.trim().to_string())
+}
+
+/// `url` with fair mode asked for (`distlock run --fair`): Redis URLs get `fair=true`; etcd and
+/// ZooKeeper ones are returned as they are (their waiters queue in arrival order already); any other
+/// engine, or a Redis URL that says `fair=false`, is a usage error.
+///
+/// ```
+/// use distlock_cli::cli::fair_url;
+/// assert_eq!(fair_url("redis://h:6379").ok().as_deref(), Some("redis://h:6379?fair=true"));
+/// assert_eq!(fair_url("redis://h?lease=5s").ok().as_deref(), Some("redis://h?lease=5s&fair=true"));
+/// assert_eq!(fair_url("redis://h?fair=true").ok().as_deref(), Some("redis://h?fair=true"));
+/// assert_eq!(fair_url("etcd://h:2379").ok().as_deref(), Some("etcd://h:2379"));
+/// assert!(fair_url("redis://h?fair=false").is_err());
+/// assert!(fair_url("file:///tmp/locks").is_err());
+/// assert!(fair_url("redlock://a,b,c").is_err());
+/// ```
+pub fn fair_url(url: &str) -> Result<String, Failure> {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    let refuse = |why: &str| Err(Failure::new(Code::Usage, format!("--fair: {why}")));
+    match scheme {
+        "etcd" | "etcds" | "zk" | "zks" => Ok(url.to_string()),
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
+            let query = url.split_once('?').map_or("", |(_, q)| q);
+            let fair = query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("fair="));
+            match fair {
+                Some("true") => Ok(url.to_string()),
+                Some(other) => refuse(&format!(
+                    "the URL already says fair={other}; drop one of the two"
+                )),
+                None if url.contains('?') => Ok(format!("{url}&fair=true")),
+                None => Ok(format!("{url}?fair=true")),
+            }
+        }
+        other => refuse(&format!(
+            "{other}:// has no queue of waiters to join (fair mode exists for redis://, and etcd:// and zk:// queue every waiter already)"
+        )),
+    }
 }
 
 /// The URL to use: `--url`, else `$DISTLOCK_URL` (empty counts as unset), else the per-user file

@@ -34,7 +34,10 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     } else {
         args.wait
     };
-    let url = cli::lock_url(args.url.as_deref())?;
+    let mut url = cli::lock_url(args.url.as_deref())?;
+    if args.fair {
+        url = cli::fair_url(&url)?;
+    }
 
     // Caught from here on, so a signal during the wait ends it cleanly and one during the run is
     // forwarded rather than killing distlock and orphaning the command's hold.

@@ -369,6 +369,7 @@ fn check_fields(r: &Value) {
             ("kinds", OptObj(kinds_fields)),
             ("sweep", OptObj(sweep_fields)),
             ("hold", OptObj(hold_fields)),
+            ("herd", OptObj(herd_fields)),
             ("targets", Arr(target_fields)),
         ],
     );
@@ -1114,6 +1115,73 @@ fn sweep_point_fields(v: &Value, at: &str) {
             ("baseline", OptObj(cycle_fields)),
         ],
     );
+}
+
+fn herd_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(v, at, &[("processes", Num), ("runs", Arr(herd_run_fields))]);
+}
+
+fn herd_run_fields(v: &Value, at: &str) {
+    use Kind::*;
+    fields(
+        v,
+        at,
+        &[
+            ("mode", Str),
+            ("handoffs", Num),
+            ("commands", Num),
+            ("setup_commands", Num),
+            ("lock_commands_per_handoff", Num),
+            ("commands_per_handoff", Num),
+            ("by_command", Obj(|_, _| {})),
+            ("waiting_s", Num),
+            ("budget_commands", Num),
+            ("inverted_pairs", Num),
+            ("pairs", Num),
+            ("drain_s", Num),
+        ],
+    );
+}
+
+/// `--workload herd` on a Redis server: separate `distlock run` processes, once as the URL says and
+/// once in fair mode; in fair mode they are granted in the order they arrived (no pair inverted), and
+/// each sent at least its join, its take and its release (commands counted by MONITOR).
+#[test]
+fn herd_counts_the_processes_commands_and_fair_mode_keeps_arrival_order() {
+    let server = RedisServer::start_or_panic();
+    let out = bench(&[
+        "--url",
+        &server.url(),
+        "--workload",
+        "herd",
+        "--tasks",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    check_fields(&report);
+    let runs = report["herd"]["runs"].as_array().expect("runs");
+    let modes: Vec<&str> = runs.iter().filter_map(|r| r["mode"].as_str()).collect();
+    assert_eq!(modes, ["default", "fair"]);
+    for run in runs {
+        assert_eq!(num(run, "handoffs"), 4.0);
+        assert_eq!(num(run, "pairs"), 6.0);
+        assert!(num(run, "inverted_pairs") <= 6.0);
+        assert!(num(run, "commands") >= num(run, "setup_commands"));
+    }
+    let fair = &runs[1];
+    assert_eq!(num(fair, "inverted_pairs"), 0.0, "{fair}");
+    assert!(num(&fair["by_command"], "evalsha") >= 12.0, "{fair}");
+    // Not on an engine without MONITOR.
+    let out = bench(&["--url", "memory://", "--workload", "herd"]);
+    assert_eq!(out.status.code(), Some(64));
 }
 
 fn hold_fields(v: &Value, at: &str) {

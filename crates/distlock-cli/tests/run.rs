@@ -428,6 +428,28 @@ fn the_commands_exit_code_passes_through() {
     assert_free(&sandbox, "codes");
 }
 
+/// `--fair` on an engine with no queue of waiters is a usage error (64) before anything runs: the
+/// user asked for an order the file backend cannot keep.
+#[test]
+fn fair_on_the_file_backend_exits_64_without_running() {
+    let sandbox = Sandbox::new();
+    let ran = sandbox.path("ran-fair");
+    let finished = finish(
+        sandbox.run(&[
+            "--fair",
+            "fair",
+            "--",
+            "sh",
+            "-c",
+            &format!("touch {}", ran.display()),
+        ]),
+        SOON,
+    );
+    finished.expect_code(64);
+    assert!(finished.stderr.contains("--fair"), "{}", finished.stderr);
+    assert!(!ran.exists(), "the command ran");
+}
+
 /// The supervisor holds a duplicate of the flocked descriptor; the command must not inherit it (a
 /// descendant that escaped would otherwise keep the lock held, and a command could unlock it).
 #[test]

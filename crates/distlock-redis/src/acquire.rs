@@ -31,8 +31,13 @@ pub struct RedisAcquisition {
     /// Where the last try went: the undo goes on the same connection, so that it runs after the try
     /// even when the try is still on its way (see [`undo`](crate::undo)).
     pub(crate) sent: Sent,
-    /// Whether a try answered busy (a plain mutex without tokens then skips its bare `SET`).
+    /// Whether a try answered busy (a plain mutex without tokens then skips its bare `SET`; a fair
+    /// waiter's later tries join the queue).
     pub(crate) seen_busy: bool,
+    /// Whether a fair try that joins the queue was sent: `abandon` then takes the place off it.
+    pub(crate) queued: bool,
+    /// The place in the fair queue the last busy try answered (0 = the head; −1 = none).
+    pub(crate) position: i64,
 }
 
 impl RedisAcquisition {
@@ -42,6 +47,8 @@ impl RedisAcquisition {
             maybe_granted: false,
             sent: Sent::default(),
             seen_busy: false,
+            queued: false,
+            position: -1,
         }
     }
 }
@@ -51,6 +58,7 @@ impl fmt::Debug for RedisAcquisition {
         f.debug_struct("RedisAcquisition")
             .field("subscription", &self.subscription)
             .field("maybe_granted", &self.maybe_granted)
+            .field("queued", &self.queued)
             .finish_non_exhaustive()
     }
 }
@@ -63,6 +71,8 @@ pub(crate) enum Outcome {
     },
     Busy {
         pttl: Option<Duration>,
+        /// A fair try's place in the queue (0 = the head, −1 = not queued); 0 from other scripts.
+        position: i64,
     },
     /// The name is in use as another kind (`layout::IN_USE_*`): nothing was written.
     Conflict {
@@ -95,7 +105,10 @@ pub(crate) fn parse_acquire(v: &Value) -> std::result::Result<Outcome, RedisErro
             token: u64::try_from(token).map_err(|_| bad())?,
             pttl: pttl(ttl),
         }),
-        0 => Ok(Outcome::Busy { pttl: pttl(ttl) }),
+        0 => Ok(Outcome::Busy {
+            pttl: pttl(ttl),
+            position: token,
+        }),
         layout::KIND_CONFLICT => Ok(Outcome::Conflict { in_use: token }),
         layout::LIMIT_MISMATCH => Ok(Outcome::LimitMismatch {
             stored: u32::try_from(token).map_err(|_| bad())?,
@@ -123,12 +136,19 @@ impl RedisBackend {
         acquisition.sent = Sent::default();
         // A plain mutex without tokens: `SET NX PX` while the lock may be free; once busy, a waiter's
         // tries are the script alone (one request, which grants too when the key has gone).
+        let fair = self.is_fair(request.kind);
         let bare_set = request.kind == LockKind::Mutex
             && !self.mints_token()
             && self.inner.durable.is_none()
+            && !fair
             && !acquisition.seen_busy;
+        // A fair try joins the queue when busy, also a `try_acquire` that will not wait: its
+        // abandon takes the place off again (one request more for a try that finds the lock held),
+        // so that a waiter is queued from its first try on and need not try again once subscribed.
+        let join = fair;
+        acquisition.queued |= join;
         let outcome = self
-            .acquire_once(request, bare_set, &mut acquisition.sent)
+            .acquire_once(request, bare_set, join, &mut acquisition.sent)
             .await
             .map_err(|e| e.into_core(Some(&request.name)))?;
         match outcome {
@@ -146,8 +166,9 @@ impl RedisBackend {
                     _ => grant,
                 }))
             }
-            Outcome::Busy { pttl } => {
+            Outcome::Busy { pttl, position } => {
                 acquisition.seen_busy = true;
+                acquisition.position = position;
                 acquisition.maybe_granted = false;
                 acquisition.sent = Sent::default();
                 Ok(Attempt::Busy { retry_after: pttl })
@@ -172,12 +193,17 @@ impl RedisBackend {
         &self,
         request: &AcquireRequest,
         bare_set: bool,
+        join: bool,
         sent: &mut Sent,
     ) -> std::result::Result<Outcome, RedisError> {
         if bare_set {
             return self.set_if_absent(request, sent).await;
         }
-        let call = self.acquire_call(request);
+        let call = if self.is_fair(request.kind) {
+            self.fair_acquire_call(request, join)
+        } else {
+            self.acquire_call(request)
+        };
         self.grant_script(call, request, "acquire", sent).await
     }
 
@@ -323,13 +349,27 @@ impl RedisBackend {
         retry_after: Option<Duration>,
     ) {
         if acquisition.subscription.is_none() {
-            let sub = self
-                .inner
-                .hub
-                .register(self.wake_channel(&request.name, request.kind));
+            let channel = self.wake_channel(&request.name, &request.owner, request.kind);
+            let sub = if self.is_fair(request.kind) {
+                // A fair waiter's own channel: nobody else listens there.
+                self.inner.hub.register_lingering(channel)
+            } else {
+                self.inner.hub.register(channel)
+            };
             let confirmed = sub.confirm().await;
             acquisition.subscription = Some(sub);
             match confirmed {
+                // A fair waiter behind the head waits on without another try: a release publishes to
+                // the head, so this waiter could have missed its turn only if the head it was behind
+                // was granted and released within the subscribe's round trip (then its next try, at
+                // most a heartbeat later, takes it). The head tries again, as every other waiter does.
+                Ok(()) if self.is_fair(request.kind) && acquisition.position >= 1 => {
+                    // The hub's connect wakes every waiter (for a reconnect's missed messages); for
+                    // this waiter, subscribed just now, only what comes after counts.
+                    if let Some(sub) = acquisition.subscription.as_mut() {
+                        sub.mark_seen();
+                    }
+                }
                 Ok(()) => return,
                 Err(e) => {
                     // The hub wakes this waiter once it is connected again; until then the pttl bounds
@@ -345,7 +385,11 @@ impl RedisBackend {
         if matches!(request.kind, LockKind::Read | LockKind::Write) {
             limit = limit.min(distlock_core::retry::jitter(RW_RECHECK));
         }
-        if let (LockKind::Mutex, Some(poll)) = (request.kind, self.plain_poll()) {
+        if self.is_fair(request.kind) {
+            // Each try keeps this waiter's place in the queue; a release by a client that is not
+            // fair publishes nothing on this waiter's own channel.
+            limit = limit.min(distlock_core::retry::jitter(layout::FAIR_HEARTBEAT));
+        } else if let (LockKind::Mutex, Some(poll)) = (request.kind, self.plain_poll()) {
             // A plain lock's holder may be a client that publishes nothing (redis-py).
             limit = limit.min(distlock_core::retry::jitter(poll));
         }

@@ -294,8 +294,10 @@ impl Backend for RedisBackend {
     /// there go on a link without redis-rs's resends, which a handoff would need too) nor with
     /// `wait_replicas` (a grant must be confirmed by `WAIT` on the durable connection, and the release
     /// part would not be ordered with it): there a release and the next owner's acquire run as before.
+    ///
+    /// Not in fair mode: the next owner of this `Locks` would overtake the server's queue.
     fn supports_hand_off(&self) -> bool {
-        self.release_orders_next_acquire()
+        self.release_orders_next_acquire() && !self.config().fair
     }
 
     /// See the `handoff` module: one script releases this owner's hold and grants `next`, with nothing

@@ -18,6 +18,7 @@ const KNOWN_QUERY: &[&str] = &[
     "layout",
     "poll",
     "tokens",
+    "fair",
 ];
 
 /// Default port of a Redis server.
@@ -158,6 +159,11 @@ pub struct RedisConfig {
     pub wait_timeout: Duration,
     /// The mutex's on-server layout ([`RedisLayout::Redisson`] by default).
     pub layout: RedisLayout,
+    /// First come, first served across processes (`?fair=true`; off by default): a mutex's waiters
+    /// queue on the server beside the lock, in either layout, and only the queue's head may take it
+    /// (see [`layout::FAIR_ACQUIRE`](crate::layout::FAIR_ACQUIRE)). Read-write locks and semaphores
+    /// are not queued.
+    pub fair: bool,
 }
 
 impl RedisConfig {
@@ -173,6 +179,7 @@ impl RedisConfig {
             wait_replicas: 0,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
             layout: RedisLayout::Redisson,
+            fair: false,
         }
     }
 
@@ -217,6 +224,23 @@ impl RedisConfig {
         self
     }
 
+    /// Sets fair mode (see [`fair`](Self::fair)).
+    ///
+    /// ```
+    /// use distlock_core::url::LockUrl;
+    /// use distlock_redis::RedisConfig;
+    ///
+    /// let fair = RedisConfig::from_url(&LockUrl::parse("redis://127.0.0.1?fair=true")?)?;
+    /// assert!(fair.fair);
+    /// assert!(!RedisConfig::from_url(&LockUrl::parse("redis://127.0.0.1")?)?.fair);
+    /// assert_eq!(fair, RedisConfig::from_url(&LockUrl::parse("redis://127.0.0.1")?)?.with_fair(true));
+    /// # Ok::<(), distlock_core::Error>(())
+    /// ```
+    pub fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
     /// Parses a URL (DESIGN §2):
     ///
     /// * `redis://[user:pass@]host[:port][/db]` and `rediss://…` (TLS); port 6379 by default;
@@ -227,7 +251,7 @@ impl RedisConfig {
     /// with query parameters `lease` (read by the facade), `wait_replicas=N`, `wait_timeout=DUR`
     /// (default 1 s), `layout=redisson|plain` (default `redisson`: see [`RedisLayout`]), `poll=DUR`
     /// (with `layout=plain`; default [`DEFAULT_POLL`]), `tokens=true|false` (with `layout=plain`;
-    /// default `true`), `connect_timeout=DUR` (default 3 s), `request_timeout=DUR` (default 5 s) and, for
+    /// default `true`), `fair=true|false` (default `false`: see [`fair`](Self::fair)), `connect_timeout=DUR` (default 3 s), `request_timeout=DUR` (default 5 s) and, for
     /// `rediss://`, `ca=/path/ca.pem` (a PEM file with the CA that signed the server's certificate,
     /// trusted instead of the system roots; a missing or unreadable file fails the connect with
     /// `InvalidConfig`). Anything else is refused with `InvalidConfig`.
@@ -259,7 +283,8 @@ impl RedisConfig {
     ///             "redis+cluster://h/1", "redis://h?wait_replicas=x", "redis://", "redis://h?ca=/ca.pem",
     ///             "redis://h?request_timeout=0s", "redis+cluster://", "redis://h?layout=flat",
     ///             "redis://h?poll=1s", "redis://h?layout=plain&poll=0s", "redis://h?layout=plain&poll=1ms",
-    ///             "redis://h?tokens=false", "redis://h?layout=plain&tokens=no"] {
+    ///             "redis://h?tokens=false", "redis://h?layout=plain&tokens=no", "redis://h?fair=yes",
+    ///             "redis://h?fair=redisson"] {
     ///     let err = RedisConfig::from_url(&LockUrl::parse(bad)?).unwrap_err();
     ///     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad}");
     /// }
@@ -330,6 +355,20 @@ impl RedisConfig {
                 ));
             };
             *p = poll;
+        }
+        match url.query("fair") {
+            None | Some("false") => {}
+            Some("true") => self.fair = true,
+            Some("redisson") => {
+                return Err(config_error(
+                    "URL parameter fair=redisson: Redisson's RFairLock layout is not offered (its queue trusts each client's clock and stalls behind a dead waiter); use fair=true, distlock's queue beside the same RLock hash",
+                ))
+            }
+            Some(other) => {
+                return Err(config_error(format!(
+                    "URL parameter fair: {other:?} is neither true nor false"
+                )))
+            }
         }
         if let Some(value) = url.query("tokens") {
             let RedisLayout::Plain { ref mut tokens, .. } = self.layout else {

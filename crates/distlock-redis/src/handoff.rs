@@ -57,6 +57,8 @@ impl Drop for UndoHandedGrant<'_> {
             maybe_granted: true,
             sent: std::mem::take(&mut self.sent),
             seen_busy: false,
+            queued: false,
+            position: -1,
         };
         tracing::debug!(lock = %next.name, "a handoff ended without its grant; undoing it");
         drop(runtime.spawn(async move {

@@ -107,14 +107,24 @@ impl RedisBackend {
             .arg(&timeout)
             .arg(&base);
         let channels = [
-            self.wake_channel(name, LockKind::Mutex),
+            // A mutex's waiters that are not fair (a fair one listens on its own channel, and is
+            // counted in the queue below).
+            if self.is_plain() {
+                layout::plain_channel(name)
+            } else {
+                layout::channel(name)
+            },
             layout::rw_channel(name),
             layout::semaphore_channel(name),
         ];
         let mut pipe = redis::pipe();
         pipe.add_command(call.into_cmd());
+        let fair = self.is_fair(LockKind::Mutex);
         if !cluster {
             pipe.cmd("PUBSUB").arg("NUMSUB").arg(&channels[..]);
+            if fair {
+                pipe.cmd("LLEN").arg(layout::queue_key(name));
+            }
         }
         let ask = if cluster { Ask::Return } else { Ask::Follow };
         let values = match self.inspect_pipeline(pipe, ask).await {
@@ -149,11 +159,15 @@ impl RedisBackend {
                     .map(|(_, n)| n)
                     .sum::<usize>()
             };
+            let queued = match values.get(2) {
+                Some(Value::Int(n)) if fair => usize::try_from(*n).unwrap_or(0),
+                _ => 0,
+            };
             info.waiters = Some(match info.kind {
-                Some(LockKind::Mutex) => of(&channels[0]),
+                Some(LockKind::Mutex) => of(&channels[0]) + queued,
                 Some(LockKind::Read | LockKind::Write) => of(&channels[1]),
                 Some(LockKind::Permit { .. }) => of(&channels[2]),
-                _ => channels.iter().map(|c| of(c)).sum(),
+                _ => channels.iter().map(|c| of(c)).sum::<usize>() + queued,
             });
         }
         Ok(info)

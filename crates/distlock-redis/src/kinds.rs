@@ -80,14 +80,60 @@ impl RedisBackend {
         }
     }
 
-    /// The channel a waiter of `kind` listens on.
-    pub(crate) fn wake_channel(&self, name: &str, kind: LockKind) -> String {
+    /// Whether `kind`'s waiters queue on the server (`fair=true`: a mutex's, in either layout).
+    pub(crate) fn is_fair(&self, kind: LockKind) -> bool {
+        self.config().fair && kind == LockKind::Mutex
+    }
+
+    /// The channel a waiter of `kind` listens on: a fair waiter's own, else the kind's release channel.
+    pub(crate) fn wake_channel(&self, name: &str, owner: &str, kind: LockKind) -> String {
         match kind {
             LockKind::Read | LockKind::Write => layout::rw_channel(name),
             LockKind::Permit { .. } => layout::semaphore_channel(name),
+            _ if self.is_fair(kind) => layout::waiter_channel(name, owner),
             _ if self.is_plain() => layout::plain_channel(name),
             _ => layout::channel(name),
         }
+    }
+
+    /// The fair acquire script's call for a mutex `request`: `join` to take a place in the queue if
+    /// the lock is busy.
+    pub(crate) fn fair_acquire_call(&self, request: &AcquireRequest, join: bool) -> ScriptCall<'_> {
+        let scripts = &self.inner.scripts;
+        let (name, owner) = (request.name.as_str(), request.owner.as_str());
+        let keys = [
+            PrefixedKey {
+                prefix: layout::TOKEN_PREFIX,
+                name,
+            },
+            PrefixedKey {
+                prefix: layout::QUEUE_PREFIX,
+                name,
+            },
+            PrefixedKey {
+                prefix: layout::QUEUE_TIMEOUT_PREFIX,
+                name,
+            },
+        ];
+        let script = if self.is_plain() {
+            &scripts.fair_plain_acquire
+        } else {
+            &scripts.fair_acquire
+        };
+        let bytes =
+            name.len() + keys.iter().map(PrefixedKey::len).sum::<usize>() + owner.len() + 30;
+        let mut call = ScriptCall::new(script, 4, 9, bytes);
+        let [token_key, queue, deadlines] = keys;
+        call.arg(layout::lock_key(name))
+            .arg(token_key)
+            .arg(queue)
+            .arg(deadlines)
+            .arg(millis(request.lease))
+            .arg(owner)
+            .arg(self.mint_flag())
+            .arg(millis(layout::FAIR_LIVENESS))
+            .arg(if join { "1" } else { "0" });
+        call
     }
 
     /// The acquire script's call for `request`'s kind.
@@ -217,19 +263,42 @@ impl RedisBackend {
                 call
             }
             _ => {
-                let (script, prefix) = if self.is_plain() {
-                    (&scripts.plain_release, layout::PLAIN_CHANNEL_PREFIX)
-                } else {
-                    (&scripts.release, layout::CHANNEL_PREFIX)
+                let (script, prefix) = match (self.is_plain(), self.is_fair(kind)) {
+                    (true, false) => (&scripts.plain_release, layout::PLAIN_CHANNEL_PREFIX),
+                    (false, false) => (&scripts.release, layout::CHANNEL_PREFIX),
+                    (true, true) => (&scripts.fair_plain_release, layout::PLAIN_CHANNEL_PREFIX),
+                    (false, true) => (&scripts.fair_release, layout::CHANNEL_PREFIX),
                 };
                 let channel = PrefixedKey { prefix, name };
                 let bytes = name.len() + channel.len() + owner.len() + 10;
-                let mut call = ScriptCall::new(script, 1, 5, bytes);
+                if !self.is_fair(kind) {
+                    let mut call = ScriptCall::new(script, 1, 5, bytes);
+                    call.arg(layout::lock_key(name))
+                        .arg(owner)
+                        .arg(publish)
+                        .arg(layout::UNLOCK_MESSAGE)
+                        .arg(channel);
+                    return call;
+                }
+                let queue = PrefixedKey {
+                    prefix: layout::QUEUE_PREFIX,
+                    name,
+                };
+                let deadlines = PrefixedKey {
+                    prefix: layout::QUEUE_TIMEOUT_PREFIX,
+                    name,
+                };
+                let waiters = layout::waiter_channel_prefix(name);
+                let bytes = bytes + queue.len() + deadlines.len() + waiters.len();
+                let mut call = ScriptCall::new(script, 3, 8, bytes);
                 call.arg(layout::lock_key(name))
+                    .arg(queue)
+                    .arg(deadlines)
                     .arg(owner)
                     .arg(publish)
                     .arg(layout::UNLOCK_MESSAGE)
-                    .arg(channel);
+                    .arg(channel)
+                    .arg(waiters);
                 call
             }
         }
@@ -328,6 +397,8 @@ impl RedisBackend {
                     maybe_granted: true,
                     sent,
                     seen_busy: false,
+                    queued: false,
+                    position: -1,
                 };
                 self.undo_abandoned(acquisition, read).await;
                 Err(e.into_core(Some(name)))

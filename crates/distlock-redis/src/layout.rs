@@ -234,6 +234,9 @@ pub fn keys_share_slot(name: &str) -> bool {
         token_key(name),
         channel(name),
         plain_channel(name),
+        queue_key(name),
+        queue_timeout_key(name),
+        waiter_channel(name, "owner"),
         rw_channel(name),
         suffix_base(name),
         semaphore_channel(name),
@@ -243,22 +246,10 @@ pub fn keys_share_slot(name: &str) -> bool {
     .all(|key| hash_slot(key.as_bytes()) == slot)
 }
 
-/// Acquire. `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the lease in ms, `ARGV[2]` the owner.
-/// Returns `{1, token, lease}` on a grant and `{0, 0, pttl}` when held elsewhere (`pttl` −1 for a key
-/// without expiry); `{-1, 2, 0}` when the name is a read-write lock's hash (it has a `mode` field) and
-/// `{-1, 3, 0}` when it is a semaphore's permit counter (an integer string): [`KIND_CONFLICT`], never a
-/// grant beside them. Any other type at the key fails the script with the server's `WRONGTYPE`.
-///
-/// The same test as Redisson's (`exists == 0`, or this owner's field is there), so the two exclude each
-/// other. Only a busy try asks what holds the name (`TYPE`, and `mode` in a hash), so a grant runs the
-/// same nested calls as before (`hexists` through `pcall`: on a string it answers an error, not 1, and
-/// the busy branch says what the string is). `INCR` runs first, so a counter that is not an integer
-/// fails the script before it writes anything. When the field is already this owner's (a retry after a lost reply) the hold is refreshed
-/// and a new, greater token minted, as `RFencedLock` does on re-entry. A grant answers the lease it
-/// just set rather than asking `PTTL` (a nested call fewer per acquire, issue 9): the script's clock
-/// is frozen while it runs (Redis ≥ 7; before, `PTTL` could only be lower by the script's own
-/// run time), and the client takes the lower of the reply and the lease anyway.
-pub const ACQUIRE: &str = r"
+// The text of [`ACQUIRE`], for `concat!` into the fair scripts that wrap it.
+macro_rules! acquire_lua {
+    () => {
+        r"
 if (redis.call('exists', KEYS[1]) == 0) or (redis.pcall('hexists', KEYS[1], ARGV[2]) == 1) then
     local token = redis.call('incr', KEYS[2]);
     redis.call('hset', KEYS[1], ARGV[2], 1);
@@ -276,7 +267,40 @@ if t == 'string' and tonumber(redis.call('get', KEYS[1])) ~= nil then
     return {-1, 3, 0};
 end;
 return redis.call('hexists', KEYS[1], ARGV[2]);
-";
+"
+    };
+}
+
+/// Acquire. `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the lease in ms, `ARGV[2]` the owner.
+/// Returns `{1, token, lease}` on a grant and `{0, 0, pttl}` when held elsewhere (`pttl` −1 for a key
+/// without expiry); `{-1, 2, 0}` when the name is a read-write lock's hash (it has a `mode` field) and
+/// `{-1, 3, 0}` when it is a semaphore's permit counter (an integer string): [`KIND_CONFLICT`], never a
+/// grant beside them. Any other type at the key fails the script with the server's `WRONGTYPE`.
+///
+/// The same test as Redisson's (`exists == 0`, or this owner's field is there), so the two exclude each
+/// other. Only a busy try asks what holds the name (`TYPE`, and `mode` in a hash), so a grant runs the
+/// same nested calls as before (`hexists` through `pcall`: on a string it answers an error, not 1, and
+/// the busy branch says what the string is). `INCR` runs first, so a counter that is not an integer
+/// fails the script before it writes anything. When the field is already this owner's (a retry after a lost reply) the hold is refreshed
+/// and a new, greater token minted, as `RFencedLock` does on re-entry. A grant answers the lease it
+/// just set rather than asking `PTTL` (a nested call fewer per acquire, issue 9): the script's clock
+/// is frozen while it runs (Redis ≥ 7; before, `PTTL` could only be lower by the script's own
+/// run time), and the client takes the lower of the reply and the lease anyway.
+pub const ACQUIRE: &str = acquire_lua!();
+
+// The text of [`RELEASE`], for `concat!` into the fair scripts that wrap it.
+macro_rules! release_lua {
+    () => {
+        r"
+if (redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1) then
+    return 0;
+end;
+redis.call('del', KEYS[1]);
+redis.call(ARGV[2], ARGV[4], ARGV[3]);
+return 1;
+"
+    };
+}
 
 /// Release (also the undo of an abandoned acquire). `KEYS[1]` the lock; `ARGV[1]` the owner, `ARGV[2]`
 /// the publish command (`publish` or `spublish`), `ARGV[3]` the message, `ARGV[4]` the channel.
@@ -288,14 +312,7 @@ return redis.call('hexists', KEYS[1], ARGV[2]);
 /// (else `TRYAGAIN`), and a channel is never a key anywhere, so a release declaring it could not run
 /// on either node until the migration ended. The channel is in the lock's slot (see
 /// [`keys_share_slot`]), which Cluster checks for a script's undeclared keys too.
-pub const RELEASE: &str = r"
-if (redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1) then
-    return 0;
-end;
-redis.call('del', KEYS[1]);
-redis.call(ARGV[2], ARGV[4], ARGV[3]);
-return 1;
-";
+pub const RELEASE: &str = release_lua!();
 
 /// Handoff (issue 9): release one owner's hold and grant the lock to the next owner, in one script.
 /// `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the releasing owner, `ARGV[2]` the next
@@ -348,6 +365,37 @@ return 0;
 // while it holds the token; a distlock holder's value is its owner id, so each sees the other's key as
 // held. redis-py publishes nothing, so a distlock waiter also tries again every `poll`.
 
+// The text of [`PLAIN_ACQUIRE`], for `concat!` into the fair scripts that wrap it.
+macro_rules! plain_acquire_lua {
+    () => {
+        r"
+local held = redis.pcall('get', KEYS[1]);
+if held == false or held == ARGV[2] then
+    local token = 0;
+    if ARGV[3] ~= '0' then
+        token = redis.call('incr', KEYS[2]);
+    end;
+    redis.call('set', KEYS[1], ARGV[2], 'px', ARGV[1]);
+    return {1, token, tonumber(ARGV[1])};
+end;
+if type(held) == 'table' then
+    if redis.call('type', KEYS[1]).ok == 'hash' then
+        if redis.call('hexists', KEYS[1], 'mode') == 1 then
+            return {-1, 2, 0};
+        end;
+        return redis.error_reply('WRONGTYPE the lock is a hash: a client with layout=redisson holds it');
+    end;
+    return held;
+end;
+local pttl = redis.call('pttl', KEYS[1]);
+if pttl == -1 and string.match(held, '^%d+$') then
+    return {-1, 3, 0};
+end;
+return {0, 0, pttl};
+"
+    };
+}
+
 /// Plain acquire. `KEYS[1]` the lock, `KEYS[2]` the token key; `ARGV[1]` the lease in ms, `ARGV[2]`
 /// the owner, `ARGV[3]` `0` not to mint a token (`tokens=false`: the counter is not touched, and the
 /// token answered is 0; anything else, or nothing, mints). `{1, token, lease}` on a grant, `{0, 0, pttl}` while another value is there (`pttl` −1
@@ -376,44 +424,27 @@ return 0;
 /// // redis-py's and rslock's acquire is one `SET NX PX`; the script's grant writes the same.
 /// assert!(layout::PLAIN_ACQUIRE.contains("redis.call('set', KEYS[1], ARGV[2], 'px', ARGV[1])"));
 /// ```
-pub const PLAIN_ACQUIRE: &str = r"
-local held = redis.pcall('get', KEYS[1]);
-if held == false or held == ARGV[2] then
-    local token = 0;
-    if ARGV[3] ~= '0' then
-        token = redis.call('incr', KEYS[2]);
-    end;
-    redis.call('set', KEYS[1], ARGV[2], 'px', ARGV[1]);
-    return {1, token, tonumber(ARGV[1])};
-end;
-if type(held) == 'table' then
-    if redis.call('type', KEYS[1]).ok == 'hash' then
-        if redis.call('hexists', KEYS[1], 'mode') == 1 then
-            return {-1, 2, 0};
-        end;
-        return redis.error_reply('WRONGTYPE the lock is a hash: a client with layout=redisson holds it');
-    end;
-    return held;
-end;
-local pttl = redis.call('pttl', KEYS[1]);
-if pttl == -1 and string.match(held, '^%d+$') then
-    return {-1, 3, 0};
-end;
-return {0, 0, pttl};
-";
+pub const PLAIN_ACQUIRE: &str = plain_acquire_lua!();
 
-/// Plain release (also the undo of an abandoned acquire). `KEYS[1]` the lock; `ARGV[1]` the owner,
-/// `ARGV[2]` the publish command, `ARGV[3]` the message, `ARGV[4]` the channel (an argument: see
-/// [`RELEASE`]). Deletes the key and publishes only while its value is this owner's: 1, else 0
-/// (another type there: `pcall`, "not held"). redis-py's release script, plus the publish.
-pub const PLAIN_RELEASE: &str = r"
+// The text of [`PLAIN_RELEASE`], for `concat!` into the fair scripts that wrap it.
+macro_rules! plain_release_lua {
+    () => {
+        r"
 if redis.pcall('get', KEYS[1]) ~= ARGV[1] then
     return 0;
 end;
 redis.call('del', KEYS[1]);
 redis.call(ARGV[2], ARGV[4], ARGV[3]);
 return 1;
-";
+"
+    };
+}
+
+/// Plain release (also the undo of an abandoned acquire). `KEYS[1]` the lock; `ARGV[1]` the owner,
+/// `ARGV[2]` the publish command, `ARGV[3]` the message, `ARGV[4]` the channel (an argument: see
+/// [`RELEASE`]). Deletes the key and publishes only while its value is this owner's: 1, else 0
+/// (another type there: `pcall`, "not held"). redis-py's release script, plus the publish.
+pub const PLAIN_RELEASE: &str = plain_release_lua!();
 
 /// Plain renew. `KEYS[1]` the lock; `ARGV[1]` the ttl in ms, `ARGV[2]` the owner. As [`RENEW`]: 1 =
 /// extended; 0 = another value; −1 = no such key; −2 = the key holds another type.
@@ -447,6 +478,209 @@ end;
 redis.call('set', KEYS[1], ARGV[3], 'px', ARGV[2]);
 return {1, token, tonumber(ARGV[2])};
 ";
+
+// ---------------------------------------------------------------------------------------------
+// Fair mode (`?fair=true`, issue 27): a queue of waiters beside either layout's mutex.
+//
+// | what | key or channel | content |
+// |---|---|---|
+// | the queue | `distlock_lock_queue:{NAME}` | a list: waiting owners in the order the server queued them |
+// | their liveness | `distlock_lock_timeout:{NAME}` | a sorted set: member = a waiting owner, score = its deadline (the server's `TIME`, ms) |
+// | a waiter's channel | `distlock_fair__channel:{NAME}:<owner>` | `0`, published to the queue's head when the lock is free |
+//
+// A waiter joins at its second try (the first one, which may be a `try_acquire` that never waits,
+// leaves nothing), and each of its tries refreshes its deadline ([`FAIR_LIVENESS`] ahead): a waiter
+// that stops trying (killed, cut off) is dropped by the next script that runs once its deadline has
+// passed. Only the head may take a free lock; every fair release and every leave publishes to the
+// head. Both keys expire [`FAIR_LIVENESS`] after the last waiter's try, so a queue whose waiters all
+// died leaves nothing behind. The lock key stays the layout's own: a client that is not fair
+// (Redisson's `RLock`, distlock without `fair=true`) still excludes fair clients, and may take a
+// free lock ahead of the queue.
+
+/// Prefix of the fair queue.
+pub const QUEUE_PREFIX: &str = "distlock_lock_queue";
+
+/// Prefix of the fair queue's deadlines.
+pub const QUEUE_TIMEOUT_PREFIX: &str = "distlock_lock_timeout";
+
+/// Prefix of a fair waiter's own channel.
+pub const WAITER_CHANNEL_PREFIX: &str = "distlock_fair__channel";
+
+/// How long a fair waiter stays in the queue after its last try: it tries at least every
+/// [`FAIR_HEARTBEAT`], so a live waiter keeps its place with room to spare, and a dead one holds the
+/// queue up for at most this long (the waiter behind it tries again when the deadline passes).
+pub const FAIR_LIVENESS: std::time::Duration = std::time::Duration::from_millis(2500);
+
+/// How often a fair waiter tries at the latest while it waits (jittered to ½–1× of it): each try
+/// refreshes its place in the queue.
+pub const FAIR_HEARTBEAT: std::time::Duration = std::time::Duration::from_millis(1200);
+
+/// The fair queue: `distlock_lock_queue:{NAME}`.
+///
+/// ```
+/// use distlock_redis::layout;
+/// assert_eq!(layout::queue_key("jobs"), "distlock_lock_queue:{jobs}");
+/// assert_eq!(layout::queue_timeout_key("jobs"), "distlock_lock_timeout:{jobs}");
+/// assert_eq!(layout::waiter_channel("jobs", "u:1"), "distlock_fair__channel:{jobs}:u:1");
+/// assert_eq!(layout::waiter_channel("{t}j", "u:1"), "distlock_fair__channel:{t}j:u:1");
+/// for name in ["jobs", "{t}j"] {
+///     let slot = layout::hash_slot(name.as_bytes());
+///     for key in [layout::queue_key(name), layout::queue_timeout_key(name), layout::waiter_channel(name, "u:1")] {
+///         assert_eq!(layout::hash_slot(key.as_bytes()), slot, "{key}");
+///     }
+/// }
+/// ```
+pub fn queue_key(name: &str) -> String {
+    prefix_name(QUEUE_PREFIX, name)
+}
+
+/// The fair queue's deadlines: `distlock_lock_timeout:{NAME}`.
+pub fn queue_timeout_key(name: &str) -> String {
+    prefix_name(QUEUE_TIMEOUT_PREFIX, name)
+}
+
+/// What precedes the owner in a fair waiter's channel: `distlock_fair__channel:{NAME}:`.
+pub fn waiter_channel_prefix(name: &str) -> String {
+    let mut channel = prefix_name(WAITER_CHANNEL_PREFIX, name);
+    channel.push(':');
+    channel
+}
+
+/// A fair waiter's own channel: `distlock_fair__channel:{NAME}:<owner>`.
+pub fn waiter_channel(name: &str, owner: &str) -> String {
+    let mut channel = waiter_channel_prefix(name);
+    channel.push_str(owner);
+    channel
+}
+
+// Lua, the start of every fair script: `now` from the server's clock, and the waiters whose deadline
+// has passed dropped from the queue (`queue` and `deadlines` are the script's keys).
+macro_rules! fair_prelude_lua {
+    () => {
+        r"
+local time = redis.call('time');
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000);
+for _, waiter in ipairs(redis.call('zrangebyscore', deadlines, '-inf', now)) do
+    redis.call('lrem', queue, 0, waiter);
+    redis.call('zrem', deadlines, waiter);
+end;
+"
+    };
+}
+
+// Lua, a fair acquire around the layout's acquire (`acquire()`, `KEYS[1]`, `KEYS[2]`, `ARGV[1..3]`).
+macro_rules! fair_acquire_lua {
+    ($acquire:expr) => {
+        concat!(
+            "local queue, deadlines = KEYS[3], KEYS[4];\n",
+            fair_prelude_lua!(),
+            r"
+local function join()
+    if ARGV[5] ~= '1' then
+        return -1;
+    end;
+    if redis.call('zadd', deadlines, now + tonumber(ARGV[4]), ARGV[2]) == 1 then
+        redis.call('rpush', queue, ARGV[2]);
+    end;
+    redis.call('pexpire', queue, ARGV[4]);
+    redis.call('pexpire', deadlines, ARGV[4]);
+    return redis.call('lpos', queue, ARGV[2]);
+end;
+local head = redis.call('lindex', queue, 0);
+local mine = redis.pcall('hexists', KEYS[1], ARGV[2]) == 1 or redis.pcall('get', KEYS[1]) == ARGV[2];
+if head and head ~= ARGV[2] and not mine then
+    local position = join();
+    local wait = redis.call('pttl', KEYS[1]);
+    if position == 1 or wait < 0 then
+        local due = redis.call('zscore', deadlines, head);
+        if due then
+            local head_left = tonumber(due) - now + 1;
+            if wait < 0 or head_left < wait then
+                wait = head_left;
+            end;
+        end;
+    end;
+    return {0, position, wait};
+end;
+local function acquire()
+",
+            $acquire,
+            r"
+end;
+local reply = acquire();
+if type(reply) == 'table' and reply[1] == 1 then
+    if head == ARGV[2] then
+        redis.call('lpop', queue);
+        redis.call('zrem', deadlines, ARGV[2]);
+    end;
+elseif type(reply) == 'table' and reply[1] == 0 then
+    reply[2] = join();
+end;
+return reply;
+"
+        )
+    };
+}
+
+// Lua, a fair release around the layout's release (`release()`, `KEYS[1]`, `ARGV[1..4]`).
+macro_rules! fair_release_lua {
+    ($release:expr) => {
+        concat!(
+            "local queue, deadlines = KEYS[2], KEYS[3];\n",
+            fair_prelude_lua!(),
+            "local function release()\n",
+            $release,
+            r"
+end;
+local released = release();
+local left = 0;
+if redis.call('zrem', deadlines, ARGV[1]) == 1 then
+    left = redis.call('lrem', queue, 0, ARGV[1]);
+end;
+if (released == 1 or left > 0) and redis.call('exists', KEYS[1]) == 0 then
+    local head = redis.call('lindex', queue, 0);
+    if head then
+        redis.call(ARGV[2], ARGV[5] .. head, ARGV[3]);
+    end;
+end;
+return released;
+"
+        )
+    };
+}
+
+/// Fair acquire, Redisson's layout: [`ACQUIRE`] behind the queue. `KEYS[1]` the lock, `KEYS[2]` the
+/// token key, `KEYS[3]` [`queue_key`], `KEYS[4]` [`queue_timeout_key`]; `ARGV[1]` the lease in ms,
+/// `ARGV[2]` the owner, `ARGV[3]` unused (the plain layout's mint flag), `ARGV[4]` the liveness in ms
+/// ([`FAIR_LIVENESS`]), `ARGV[5]` `1` to join the queue when busy. Waiters past their deadline are
+/// dropped first. While another live waiter heads the queue (and the lock is not already this
+/// owner's: a resend after a lost reply), the answer is busy without a try: `{0, position, ms}`, `ms`
+/// the lock's pttl, or the head's remaining liveness when the lock is free or this owner is next.
+/// Otherwise [`ACQUIRE`] runs: a grant takes this owner off the queue's head, a busy answer joins
+/// (or refreshes) its place and carries its position (0 = the head; −1 = not queued).
+///
+/// ```
+/// use distlock_redis::layout;
+/// assert!(layout::FAIR_ACQUIRE.contains(layout::ACQUIRE));
+/// assert!(layout::FAIR_PLAIN_ACQUIRE.contains(layout::PLAIN_ACQUIRE));
+/// assert!(layout::FAIR_RELEASE.contains(layout::RELEASE));
+/// assert!(layout::FAIR_PLAIN_RELEASE.contains(layout::PLAIN_RELEASE));
+/// ```
+pub const FAIR_ACQUIRE: &str = fair_acquire_lua!(acquire_lua!());
+
+/// Fair acquire, the plain layout: [`PLAIN_ACQUIRE`] behind the queue, with [`FAIR_ACQUIRE`]'s keys
+/// and arguments (`ARGV[3]` the mint flag).
+pub const FAIR_PLAIN_ACQUIRE: &str = fair_acquire_lua!(plain_acquire_lua!());
+
+/// Fair release (also the undo of a fair acquire, and a waiter's leave): [`RELEASE`], then this owner
+/// taken off the queue if it is there, and, when the lock is free after that and this script freed it
+/// or left the queue, `0` published to the head's own channel. `KEYS[1]` the lock, `KEYS[2]`
+/// [`queue_key`], `KEYS[3]` [`queue_timeout_key`]; `ARGV[1..4]` [`RELEASE`]'s, `ARGV[5]`
+/// [`waiter_channel_prefix`]. Answers [`RELEASE`]'s 1 or 0.
+pub const FAIR_RELEASE: &str = fair_release_lua!(release_lua!());
+
+/// Fair release, the plain layout: [`PLAIN_RELEASE`] with [`FAIR_RELEASE`]'s queue steps.
+pub const FAIR_PLAIN_RELEASE: &str = fair_release_lua!(plain_release_lua!());
 
 // ---------------------------------------------------------------------------------------------
 // Read-write lock: Redisson's `RReadWriteLock` (RedissonReadLock.java, RedissonWriteLock.java,
@@ -1143,6 +1377,10 @@ pub(crate) struct Scripts {
     pub(crate) plain_release: Script,
     pub(crate) plain_renew: Script,
     pub(crate) plain_hand_off: Script,
+    pub(crate) fair_acquire: Script,
+    pub(crate) fair_plain_acquire: Script,
+    pub(crate) fair_release: Script,
+    pub(crate) fair_plain_release: Script,
 }
 
 impl Scripts {
@@ -1166,11 +1404,15 @@ impl Scripts {
             plain_release: Script::new(PLAIN_RELEASE),
             plain_renew: Script::new(PLAIN_RENEW),
             plain_hand_off: Script::new(PLAIN_HAND_OFF),
+            fair_acquire: Script::new(FAIR_ACQUIRE),
+            fair_plain_acquire: Script::new(FAIR_PLAIN_ACQUIRE),
+            fair_release: Script::new(FAIR_RELEASE),
+            fair_plain_release: Script::new(FAIR_PLAIN_RELEASE),
         }
     }
 
     /// Every script, to load them all (after a `NOSCRIPT`).
-    pub(crate) fn all(&self) -> [&Script; 18] {
+    pub(crate) fn all(&self) -> [&Script; 22] {
         [
             &self.acquire,
             &self.release,
@@ -1190,6 +1432,10 @@ impl Scripts {
             &self.plain_release,
             &self.plain_renew,
             &self.plain_hand_off,
+            &self.fair_acquire,
+            &self.fair_plain_acquire,
+            &self.fair_release,
+            &self.fair_plain_release,
         ]
     }
 }

@@ -17,9 +17,13 @@
 //! connect wakes it.
 //!
 //! Dropping the last [`Subscription`] of a channel unsubscribes it; the hub handles subscribe and
-//! unsubscribe requests in order, so an unsubscribe never undoes a later subscribe.
+//! unsubscribe requests in order, so an unsubscribe never undoes a later subscribe. A fair waiter's
+//! own channel ([`Hub::register_lingering`]) is unsubscribed [`LINGER`] later instead, and not at all
+//! if registered again by then: the same owner's next wait finds it subscribed, and a process that
+//! exits while holding the lock it waited for sends no `UNSUBSCRIBE` (the shared release channels are
+//! unsubscribed at once: their subscriber count is what `status` reports as waiters).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -72,9 +76,12 @@ impl Shared {
     }
 }
 
+/// How long a lingering channel stays subscribed after its last subscription is dropped.
+const LINGER: Duration = Duration::from_secs(1);
+
 enum Cmd {
     Subscribe(String, oneshot::Sender<Result<(), RedisError>>),
-    Unsubscribe(String),
+    Unsubscribe { channel: String, linger: bool },
 }
 
 /// The backend's pub/sub hub. The task behind it lives while the hub or any subscription does, and
@@ -98,7 +105,8 @@ impl Task {
         if tx.is_closed() {
             // The task ended with its runtime (it ends otherwise only when the hub is dropped). An
             // unsubscribe needs no new task: a new task subscribes only what is registered.
-            if matches!(cmd, Cmd::Unsubscribe(_)) || tokio::runtime::Handle::try_current().is_err()
+            if matches!(cmd, Cmd::Unsubscribe { .. })
+                || tokio::runtime::Handle::try_current().is_err()
             {
                 return Err(cmd);
             }
@@ -150,6 +158,16 @@ impl Hub {
 
     /// Registers interest in `channel`; no I/O. The subscription is seen from now on.
     pub(crate) fn register(&self, channel: String) -> Subscription {
+        self.register_with(channel, false)
+    }
+
+    /// [`register`](Self::register), for a channel that stays subscribed for [`LINGER`] after its
+    /// last subscription is dropped (see the [module](self)).
+    pub(crate) fn register_lingering(&self, channel: String) -> Subscription {
+        self.register_with(channel, true)
+    }
+
+    fn register_with(&self, channel: String, linger: bool) -> Subscription {
         let mut channels = self.shared.lock();
         let entry = channels.entry(channel.clone()).or_insert_with(|| Entry {
             refs: 0,
@@ -160,6 +178,7 @@ impl Hub {
         rx.borrow_and_update();
         Subscription {
             channel,
+            linger,
             shared: self.shared.clone(),
             task: self.task.clone(),
             rx,
@@ -170,6 +189,8 @@ impl Hub {
 /// One acquisition's interest in a channel.
 pub(crate) struct Subscription {
     channel: String,
+    /// Unsubscribed [`LINGER`] after the last subscription is dropped, not at once.
+    linger: bool,
     shared: Arc<Shared>,
     task: Arc<Task>,
     rx: watch::Receiver<u64>,
@@ -220,9 +241,13 @@ impl Drop for Subscription {
             if entry.refs == 0 {
                 channels.remove(&self.channel);
                 // Sent under the lock, so the hub sees it before any later subscribe of this channel.
-                let _ = self
-                    .task
-                    .send(&self.shared, Cmd::Unsubscribe(self.channel.clone()));
+                let _ = self.task.send(
+                    &self.shared,
+                    Cmd::Unsubscribe {
+                        channel: self.channel.clone(),
+                        linger: self.linger,
+                    },
+                );
             }
         }
     }
@@ -378,7 +403,7 @@ async fn serve(conn: &mut PubConn, shared: &Shared, cmd: Cmd, io: Duration, show
             let _ = reply.send(answer);
             ok
         }
-        Cmd::Unsubscribe(channel) => {
+        Cmd::Unsubscribe { channel, .. } => {
             if shared.contains(&channel) {
                 return true; // registered again since: keep it
             }
@@ -413,6 +438,14 @@ async fn resubscribe(conn: &mut PubConn, shared: &Shared, channel: String, io: D
     }
 }
 
+/// Sleeps until the first lingering unsubscribe is due, or for ever without one.
+async fn linger_due(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
+}
+
 fn refuse(cmd: Cmd, error: &RedisError) {
     if let Cmd::Subscribe(_, reply) = cmd {
         let _ = reply.send(Err(RedisError::Unsupported(format!(
@@ -426,6 +459,9 @@ async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedRe
     let mut backoff = reconnect_backoff();
     // Connect only once someone waits (the loop's first step).
     let mut first = None;
+    // Lingering channels' unsubscribes, each with when it is due (in the order they were asked for,
+    // so the front is due first).
+    let mut lingering: VecDeque<(tokio::time::Instant, String)> = VecDeque::new();
     loop {
         // Nobody subscribed and nothing asked: stay disconnected until someone waits again, rather than
         // reconnecting (and retrying against a server that is down) for no one.
@@ -473,7 +509,18 @@ async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedRe
             .store(true, std::sync::atomic::Ordering::Relaxed);
         // Every waiter tries again: a release may have been published while we were away.
         shared.wake_all();
-        if let Some(cmd) = first.take() {
+        // The connect's own subscribe just covered the first request if it is a subscribe of a
+        // registered channel (a channel is registered before its subscribe is asked for, and nothing
+        // was served in between): answered without a second `SUBSCRIBE`, one round trip per process's
+        // first wait.
+        let first = match first.take() {
+            Some(Cmd::Subscribe(channel, reply)) if channels.contains(&channel) => {
+                let _ = reply.send(Ok(()));
+                None
+            }
+            other => other,
+        };
+        if let Some(cmd) = first {
             if !serve(&mut conn, &shared, cmd, io, &target.shown).await {
                 continue;
             }
@@ -491,6 +538,9 @@ async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedRe
                     Event::Closed => break,
                 },
                 cmd = rx.recv() => match cmd {
+                    Some(Cmd::Unsubscribe { channel, linger: true }) => {
+                        lingering.push_back((tokio::time::Instant::now() + LINGER, channel));
+                    }
                     Some(cmd) => {
                         if !serve(&mut conn, &shared, cmd, io, &target.shown).await {
                             break;
@@ -498,6 +548,15 @@ async fn run(target: Arc<Target>, shared: Arc<Shared>, mut rx: mpsc::UnboundedRe
                     }
                     None => return,
                 },
+                () = linger_due(lingering.front().map(|(due, _)| *due)) => {
+                    if let Some((_, channel)) = lingering.pop_front() {
+                        // Not if registered again meanwhile (`serve` checks).
+                        let cmd = Cmd::Unsubscribe { channel, linger: false };
+                        if !serve(&mut conn, &shared, cmd, io, &target.shown).await {
+                            break;
+                        }
+                    }
+                }
             }
         }
         shared

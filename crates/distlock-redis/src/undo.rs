@@ -205,10 +205,13 @@ impl RedisBackend {
             subscription,
             maybe_granted,
             sent,
+            queued,
             ..
         } = acquisition;
         drop(subscription);
-        if !maybe_granted {
+        // A fair waiter's place in the queue goes with the undo (the fair release script takes it off
+        // the queue, and wakes the head when the lock is free), so the queue never waits on it.
+        if !maybe_granted && !queued {
             return;
         }
         let (name, owner) = (&request.name, &request.owner);

@@ -842,3 +842,59 @@ async fn cluster_plain_layout_locks_wake_and_renew() {
 fn first_token_of(guards: &[LockGuard]) -> Option<distlock_core::FencingToken> {
     guards.iter().filter_map(LockGuard::token).min()
 }
+
+/// Fair mode (`?fair=true`) in Cluster, in both layouts: on names of several slots, waiters of
+/// separate clients queue on the name's master (`distlock_lock_queue:{NAME}`, in the name's slot) and
+/// are granted in that order, woken by the sharded message on their own channels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_fair_waiters_are_granted_in_arrival_order() {
+    let cluster = RedisCluster::start_or_panic();
+    let base = uuid::Uuid::new_v4().simple().to_string();
+    for (i, query) in ["?fair=true", "?fair=true&layout=plain"].iter().enumerate() {
+        let url = LockUrl::parse(&format!("{}{query}", cluster.url())).unwrap();
+        let client = || async { Locks::new(RedisBackend::connect(&url).await.expect("connect")) };
+        for slot in 0..3 {
+            let name = format!("cluster-fair/{base}/{i}/{slot}");
+            let master = cluster.master_for_key(&name).unwrap();
+            let queued = |len: i64| {
+                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                loop {
+                    let now = master
+                        .command(&["LLEN", &layout::queue_key(&name)])
+                        .unwrap()
+                        .as_int();
+                    if now == Some(len) {
+                        return;
+                    }
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{name}: the queue has {now:?}, not {len}"
+                    );
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            };
+            let held = client().await.lock(&name).unwrap().acquire().await.unwrap();
+            let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let mut waiters = Vec::new();
+            for w in 0..3 {
+                let lock = client().await.lock(&name).unwrap();
+                let order = order.clone();
+                waiters.push(tokio::spawn(async move {
+                    let guard = lock.acquire().await.unwrap();
+                    order.lock().unwrap().push(w);
+                    guard.release().await.unwrap();
+                }));
+                queued(w + 1);
+            }
+            held.release().await.unwrap();
+            for waiter in waiters {
+                tokio::time::timeout(Duration::from_secs(20), waiter)
+                    .await
+                    .expect("granted")
+                    .unwrap();
+            }
+            assert_eq!(*order.lock().unwrap(), vec![0, 1, 2], "{name} ({query})");
+            queued(0);
+        }
+    }
+}

@@ -2,7 +2,8 @@
 //! start), every client its own `RedisBackend` reaching the server through its own testkit `Proxy`, so
 //! a cut blackholes that client alone (and a heal lets its bytes pass again). Other processes reach the
 //! server with its own `redis://` URL. The suite runs on Redisson's layout (the default), and its
-//! mutex cases again on the plain layout, with tokens (`mod plain`) and without.
+//! mutex cases again on the plain layout, with tokens (`mod plain`) and without, and in fair mode
+//! (`mod fair`).
 // Provider setup panics on failure, like the tests themselves.
 #![allow(clippy::expect_used)]
 
@@ -76,6 +77,19 @@ mod plain_without_tokens {
     async fn standalone() -> super::Standalone {
         super::Standalone {
             query: "?layout=plain&tokens=false",
+            ..super::standalone().await
+        }
+    }
+
+    distlock_testkit::conformance_suite!(@mutex standalone);
+}
+
+/// The mutex's cases in fair mode (`?fair=true`): its waiters queue on the server, and every case's
+/// promise (cancel safety, lost replies, resets) holds with the queue beside the lock.
+mod fair {
+    async fn standalone() -> super::Standalone {
+        super::Standalone {
+            query: "?fair=true",
             ..super::standalone().await
         }
     }

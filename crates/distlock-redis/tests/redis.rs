@@ -260,6 +260,9 @@ const ADVISED_KIND_RULES: &str = "&redisson_rwlock:* &redisson_sc:* +hdel +hlen 
 /// The rules the advice adds for the plain layout (`?layout=plain`).
 const ADVISED_PLAIN_RULES: &str = "&distlock_lock__channel:* +set";
 
+/// The rules the advice adds for fair mode (`?fair=true`).
+const ADVISED_FAIR_RULES: &str = "&distlock_fair__channel:* +time +zrangebyscore +zadd +zrem +zscore +rpush +lpos +lindex +lpop +lrem +llen";
+
 /// Creates `user` with password `pw` and exactly `rules` (nothing from the defaults).
 fn acl_user(server: &RedisServer, user: &str, rules: &str) {
     let mut args = vec!["ACL", "SETUSER", user, "reset", "on", ">pw"];
@@ -315,8 +318,23 @@ async fn the_acl_the_advice_names_is_enough() {
         "the advice does not name the rules the plain layout needs: {err}"
     );
     advised_rules_suffice(&server, ADVISED_RULES, "advised", "").await;
+    assert!(
+        err.to_string()
+            .contains(&format!("with fair=true also {ADVISED_FAIR_RULES}")),
+        "the advice does not name the rules fair mode needs: {err}"
+    );
     let plain_rules = format!("{ADVISED_RULES} {ADVISED_PLAIN_RULES}");
     advised_rules_suffice(&server, &plain_rules, "plain", "?layout=plain").await;
+    let fair_rules = format!("{ADVISED_RULES} {ADVISED_FAIR_RULES}");
+    advised_rules_suffice(&server, &fair_rules, "fair", "?fair=true").await;
+    let plain_fair_rules = format!("{plain_rules} {ADVISED_FAIR_RULES}");
+    advised_rules_suffice(
+        &server,
+        &plain_fair_rules,
+        "plain_fair",
+        "?fair=true&layout=plain",
+    )
+    .await;
 }
 
 /// A user with exactly `rules` acquires, renews, waits, inspects and releases on the URL's layout, with

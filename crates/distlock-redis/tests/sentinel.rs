@@ -23,6 +23,13 @@ async fn sentinel_plain_layout_locks_follow_a_failover_fault() {
     follow_a_failover("?layout=plain&poll=60s").await;
 }
 
+/// Fair mode through Sentinel: the queue, the head's own channel and the token counter on the
+/// Sentinel-resolved master, and after the failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_fair_locks_follow_a_failover_fault() {
+    follow_a_failover("?fair=true").await;
+}
+
 async fn follow_a_failover(query: &str) {
     let mut group = SentinelGroup::start_or_panic();
     let url = LockUrl::parse(&format!("{}{query}", group.url())).unwrap();

@@ -1,0 +1,296 @@
+//! Fair mode (`?fair=true`, issue 27) on a real `redis-server`: waiters of separate clients (as
+//! separate processes are, to the server) are granted in the order the server queued them, in either
+//! layout; a release wakes the queue's head on its own channel; a waiter that dies holds the queue up
+//! for its liveness at most, one that is cancelled not at all; a try that does not wait leaves nothing.
+//! Bounds are mechanism bounds (the liveness, the heartbeat, the lease) plus slack, never speed figures.
+// Test code: a failed expectation is the test's failure.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock_core::url::LockUrl;
+use distlock_core::{ErrorKind, LockGuard, Locks};
+use distlock_redis::{layout, RedisBackend};
+use distlock_testkit::holder::distlock_bin;
+use distlock_testkit::redis::RedisServer;
+
+/// Slack for "soon" on a loaded 2-core machine, added to mechanism bounds.
+const SLACK: Duration = Duration::from_secs(3);
+
+fn unique(case: &str) -> String {
+    format!("fair/{case}/{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A `Locks` on a backend of its own: to the server, another process.
+async fn client(server: &RedisServer, query: &str) -> Locks {
+    let url = LockUrl::parse(&format!("{}{query}", server.url())).expect("url");
+    Locks::new(RedisBackend::connect(&url).await.expect("connect"))
+}
+
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// The queue as the server keeps it: the waiting owners, head first.
+async fn queue(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Vec<String> {
+    redis::cmd("LRANGE")
+        .arg(layout::queue_key(name))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Waits until the queue has `len` waiters.
+async fn queued(
+    conn: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+    len: usize,
+) -> Vec<String> {
+    let deadline = Instant::now() + SLACK;
+    loop {
+        let waiting = queue(conn, name).await;
+        if waiting.len() == len {
+            return waiting;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queue of {name} has {waiting:?}, not {len} waiters"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waiters of separate clients queue one after another; each, once granted, records its number and
+/// releases after a moment: the grants must follow the queue, and every waiter must be granted.
+async fn granted_in_arrival_order(query: &str) {
+    const WAITERS: usize = 5;
+    let server = RedisServer::start_or_panic();
+    let name = unique("order");
+    let mut conn = raw(&server).await;
+    let holder = client(&server, query).await;
+    let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let locks = client(&server, query).await;
+        let (lock, order) = (locks.lock(&name).unwrap(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = lock.acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await.unwrap();
+        }));
+        // The next one starts once this one has its place.
+        queued(&mut conn, &name, i + 1).await;
+    }
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("every waiter is granted")
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
+    assert!(queue(&mut conn, &name).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_separate_clients_are_granted_in_arrival_order() {
+    granted_in_arrival_order("?fair=true").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_layout_queues_the_same_way() {
+    granted_in_arrival_order("?fair=true&layout=plain").await;
+}
+
+/// The release publishes `0` on the head's own channel (a raw subscriber to it sees the message), and
+/// the head, subscribed there, is granted long before its heartbeat would have tried again, let
+/// alone the 30 s lease. The waiter behind it gets nothing from that release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_head_on_its_own_channel() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("wake");
+    let mut conn = raw(&server).await;
+    let held = client(&server, "?fair=true")
+        .await
+        .lock(&name)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let first = client(&server, "?fair=true").await.lock(&name).unwrap();
+    let second = client(&server, "?fair=true").await.lock(&name).unwrap();
+    let first = tokio::spawn(async move { first.acquire().await.unwrap() });
+    let heads = queued(&mut conn, &name, 1).await;
+    let second = tokio::spawn(async move { second.acquire().await.unwrap() });
+    let waiting = queued(&mut conn, &name, 2).await;
+    assert_eq!(waiting[0], heads[0]);
+    let mut listener = redis::Client::open(server.url())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    listener
+        .subscribe(layout::waiter_channel(&name, &waiting[0]))
+        .await
+        .unwrap();
+    listener
+        .subscribe(layout::waiter_channel(&name, &waiting[1]))
+        .await
+        .unwrap();
+    let subscribers: Vec<(String, usize)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(layout::waiter_channel(&name, &waiting[0]))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(subscribers[0].1, 2, "the head listens on its own channel");
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let mut messages = listener.on_message();
+    let message = tokio::time::timeout(SLACK, futures_util::StreamExt::next(&mut messages))
+        .await
+        .expect("a message on a waiter's channel")
+        .unwrap();
+    assert_eq!(
+        message.get_channel_name(),
+        layout::waiter_channel(&name, &waiting[0]),
+        "the release wakes the head, not the waiter behind it"
+    );
+    let guard = tokio::time::timeout(SLACK, first).await.unwrap().unwrap();
+    assert!(released.elapsed() < Duration::from_secs(10));
+    assert_eq!(queued(&mut conn, &name, 1).await[0], waiting[1]);
+    guard.release().await.unwrap();
+    let guard = tokio::time::timeout(SLACK, second).await.unwrap().unwrap();
+    guard.release().await.unwrap();
+}
+
+/// A `try_acquire` that finds the lock held leaves no place in the queue (it never waits), and a
+/// wait that gives up (`--wait`) takes its place off at once: the queue is empty long before the
+/// waiter's liveness would have dropped it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_leaves_nothing_and_a_cancelled_wait_leaves_at_once() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("cancel");
+    let mut conn = raw(&server).await;
+    let held = client(&server, "?fair=true")
+        .await
+        .lock(&name)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let other = client(&server, "?fair=true").await;
+    assert!(other
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(layout::queue_key(&name))
+        .arg(layout::queue_timeout_key(&name))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "a try that does not wait joins no queue");
+    // A wait cut short by its limit, and one whose future is dropped.
+    let gave_up = other
+        .lock(&name)
+        .unwrap()
+        .options()
+        .wait(Duration::from_millis(400))
+        .acquire()
+        .await;
+    assert_eq!(gave_up.err().map(|e| e.kind()), Some(ErrorKind::Timeout));
+    let left = Instant::now();
+    queued(&mut conn, &name, 0).await;
+    let lock = other.lock(&name).unwrap();
+    let dropped = tokio::spawn(async move { lock.acquire().await });
+    queued(&mut conn, &name, 1).await;
+    dropped.abort();
+    queued(&mut conn, &name, 0).await;
+    assert!(
+        left.elapsed() < layout::FAIR_LIVENESS,
+        "the places went with the waits, not with their liveness"
+    );
+    // A head that leaves while the lock is free hands the turn on at once.
+    let third = client(&server, "?fair=true").await.lock(&name).unwrap();
+    let head = other.lock(&name).unwrap();
+    let head = tokio::spawn(async move { head.acquire().await });
+    queued(&mut conn, &name, 1).await;
+    let behind = tokio::spawn(async move { third.acquire().await.unwrap() });
+    queued(&mut conn, &name, 2).await;
+    held.release().await.unwrap();
+    let first: LockGuard = tokio::time::timeout(SLACK, head)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    first.release().await.unwrap();
+    tokio::time::timeout(SLACK, behind)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// A waiter whose process is SIGKILLed (a `distlock run --fair` waiting) cannot take its place off
+/// the queue; at the release it is still the head, and the waiter behind it is granted once the dead
+/// one's liveness ran out: within [`layout::FAIR_LIVENESS`] of the kill (plus slack), far inside the
+/// holder's 30 s lease. `distlock status` counts the queue as waiters meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_waiter_holds_the_queue_up_for_its_liveness_at_most() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("killed");
+    let mut conn = raw(&server).await;
+    let holder = client(&server, "?fair=true").await;
+    let held = holder.lock(&name).unwrap().acquire().await.unwrap();
+    let mut run = std::process::Command::new(distlock_bin().unwrap())
+        .args(["run", "--fair", "--url", &server.url(), &name, "--", "true"])
+        .env_remove("DISTLOCK_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn distlock run");
+    let dead = queued(&mut conn, &name, 1).await;
+    let behind = client(&server, "?fair=true").await;
+    let info = behind.inspect(&name).await.unwrap();
+    assert_eq!(info.waiters, Some(1), "status counts the queued waiter");
+    let lock = behind.lock(&name).unwrap();
+    let next = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    let waiting = queued(&mut conn, &name, 2).await;
+    assert_eq!(waiting[0], dead[0]);
+    run.kill().unwrap();
+    let killed = Instant::now();
+    run.wait().unwrap();
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(layout::FAIR_LIVENESS + SLACK, next)
+        .await
+        .expect("the waiter behind a dead one is granted once its liveness ran out")
+        .unwrap();
+    assert!(killed.elapsed() < layout::FAIR_LIVENESS + SLACK);
+    assert!(queue(&mut conn, &name).await.is_empty());
+    guard.release().await.unwrap();
+    // Nothing is left on the server: both keys expire with the last waiter's liveness.
+    tokio::time::sleep(layout::FAIR_LIVENESS).await;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(layout::queue_key(&name))
+        .arg(layout::queue_timeout_key(&name))
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0);
+}
