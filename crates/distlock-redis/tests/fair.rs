@@ -14,6 +14,7 @@ use distlock_core::{ErrorKind, LockGuard, Locks};
 use distlock_redis::{layout, RedisBackend};
 use distlock_testkit::holder::distlock_bin;
 use distlock_testkit::redis::RedisServer;
+use distlock_testkit::wake::release_wakes;
 
 /// Slack for "soon" on a loaded 2-core machine, added to mechanism bounds.
 const SLACK: Duration = Duration::from_secs(3);
@@ -251,7 +252,7 @@ async fn a_try_leaves_nothing_and_a_cancelled_wait_leaves_at_once() {
 /// one's liveness ran out: within [`layout::FAIR_LIVENESS`] of the kill (plus slack), far inside the
 /// holder's 30 s lease. `distlock status` counts the queue as waiters meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_waiter_holds_the_queue_up_for_its_liveness_at_most() {
+async fn a_killed_waiter_holds_the_queue_up_for_its_liveness_at_most_fault() {
     let server = RedisServer::start_or_panic();
     let name = unique("killed");
     let mut conn = raw(&server).await;
@@ -293,4 +294,93 @@ async fn a_killed_waiter_holds_the_queue_up_for_its_liveness_at_most() {
         .await
         .unwrap();
     assert_eq!(exists, 0);
+}
+
+/// A fair holder's release still publishes on the layout's release channel: a waiter that is not fair
+/// (distlock without `fair=true`, as Redisson's) is woken by it, long before the holder's 30 s lease
+/// would let it in; and a fair waiter behind a holder that is not fair takes the lock at its next try
+/// (at most a heartbeat after the release, which publishes nothing to it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_and_unfair_clients_exclude_each_other_and_wake_across() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("mixed");
+    let fair = client(&server, "?fair=true").await;
+    let unfair = client(&server, "").await;
+    let held = fair.lock(&name).unwrap().acquire().await.unwrap();
+    assert!(unfair
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let next = release_wakes(
+        held,
+        unfair.lock(&name).unwrap(),
+        Duration::from_secs(5),
+        "the fair release publishes on redisson_lock__channel too",
+    )
+    .await;
+    assert!(fair
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let again = release_wakes(
+        next,
+        fair.lock(&name).unwrap(),
+        layout::FAIR_HEARTBEAT + SLACK,
+        "the fair waiter's next try",
+    )
+    .await;
+    again.release().await.unwrap();
+}
+
+/// A waiter cut off from the server (its proxy blackholes every byte) cannot keep its place: the
+/// waiter behind it is granted once the cut one's liveness ran out, far inside the holder's 30 s
+/// lease. The cut waiter's next try finds no reply within the request timeout, so its acquire ends
+/// `Unavailable` (a wait whose server is gone fails; it is not retried for ever), and once the cut
+/// heals nothing of it is left in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_waiter_holds_the_queue_up_for_its_liveness_at_most_fault() {
+    use distlock_testkit::proxy::Proxy;
+    let server = RedisServer::start_or_panic();
+    let name = unique("cut");
+    let mut conn = raw(&server).await;
+    let held = client(&server, "?fair=true")
+        .await
+        .lock(&name)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let proxy = Proxy::start_or_panic(server.addr());
+    let url = LockUrl::parse(&format!("redis://{}?fair=true", proxy.addr())).unwrap();
+    let cut = Locks::new(RedisBackend::connect(&url).await.expect("connect"))
+        .lock(&name)
+        .unwrap();
+    let cut = tokio::spawn(async move { cut.acquire().await });
+    queued(&mut conn, &name, 1).await;
+    let behind = client(&server, "?fair=true").await.lock(&name).unwrap();
+    let behind = tokio::spawn(async move { behind.acquire().await.unwrap() });
+    queued(&mut conn, &name, 2).await;
+    proxy.blackhole().unwrap();
+    let cut_at = Instant::now();
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(layout::FAIR_LIVENESS + SLACK, behind)
+        .await
+        .expect("the waiter behind a cut-off one is granted once its liveness ran out")
+        .unwrap();
+    assert!(cut_at.elapsed() < layout::FAIR_LIVENESS + SLACK);
+    assert!(!cut.is_finished());
+    let ended = tokio::time::timeout(Duration::from_secs(20), cut)
+        .await
+        .expect("the cut waiter's acquire ends")
+        .unwrap();
+    assert_eq!(ended.err().map(|e| e.kind()), Some(ErrorKind::Unavailable));
+    proxy.pass().unwrap();
+    guard.release().await.unwrap();
+    queued(&mut conn, &name, 0).await;
 }
