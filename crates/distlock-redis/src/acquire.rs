@@ -359,11 +359,13 @@ impl RedisBackend {
             let confirmed = sub.confirm().await;
             acquisition.subscription = Some(sub);
             match confirmed {
-                // A fair waiter behind the head waits on without another try: a release publishes to
-                // the head, so this waiter could have missed its turn only if the head it was behind
-                // was granted and released within the subscribe's round trip (then its next try, at
-                // most a heartbeat later, takes it). The head tries again, as every other waiter does.
-                Ok(()) if self.is_fair(request.kind) && acquisition.position >= 1 => {
+                // A fair waiter two places or more behind the head waits on without another try: a
+                // release publishes to the head, so it could have missed its turn only if two waiters
+                // before it were each granted and released (or left) within its subscribe, a fresh
+                // process's pub/sub connect included (then its next try, at most a heartbeat later,
+                // takes it). The head and the waiter right behind it try again, as every other
+                // waiter does: the head may be about to take a free lock and release it at once.
+                Ok(()) if self.is_fair(request.kind) && acquisition.position >= 2 => {
                     // The hub's connect wakes every waiter (for a reconnect's missed messages); for
                     // this waiter, subscribed just now, only what comes after counts.
                     if let Some(sub) = acquisition.subscription.as_mut() {
@@ -389,7 +391,8 @@ impl RedisBackend {
             // Each try keeps this waiter's place in the queue; a release by a client that is not
             // fair publishes nothing on this waiter's own channel.
             limit = limit.min(distlock_core::retry::jitter(layout::FAIR_HEARTBEAT));
-        } else if let (LockKind::Mutex, Some(poll)) = (request.kind, self.plain_poll()) {
+        }
+        if let (LockKind::Mutex, Some(poll)) = (request.kind, self.plain_poll()) {
             // A plain lock's holder may be a client that publishes nothing (redis-py).
             limit = limit.min(distlock_core::retry::jitter(poll));
         }

@@ -218,7 +218,9 @@ impl Backend for RedisBackend {
             .with_server_ttl(true)
             .with_fencing(fencing)
             .with_notify_wait(true)
-            .with_fifo(false)
+            // Fair mode: the server's queue, in the order the waiters' first busy tries ran (a
+            // process's own waiters of one name line up locally first, as on etcd and ZooKeeper).
+            .with_fifo(self.config().fair)
             .with_frees_on_process_death(false)
             .with_kinds(
                 LockKinds::mutex_only()

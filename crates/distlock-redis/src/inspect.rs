@@ -119,12 +119,11 @@ impl RedisBackend {
         ];
         let mut pipe = redis::pipe();
         pipe.add_command(call.into_cmd());
-        let fair = self.is_fair(LockKind::Mutex);
         if !cluster {
+            // The fair queue whatever this client's own mode: `status` has no `fair`, and fair
+            // waiters listen on channels of their own.
             pipe.cmd("PUBSUB").arg("NUMSUB").arg(&channels[..]);
-            if fair {
-                pipe.cmd("LLEN").arg(layout::queue_key(name));
-            }
+            pipe.cmd("LLEN").arg(layout::queue_key(name));
         }
         let ask = if cluster { Ask::Return } else { Ask::Follow };
         let values = match self.inspect_pipeline(pipe, ask).await {
@@ -160,7 +159,7 @@ impl RedisBackend {
                     .sum::<usize>()
             };
             let queued = match values.get(2) {
-                Some(Value::Int(n)) if fair => usize::try_from(*n).unwrap_or(0),
+                Some(Value::Int(n)) => usize::try_from(*n).unwrap_or(0),
                 _ => 0,
             };
             info.waiters = Some(match info.kind {

@@ -101,29 +101,18 @@ impl RedisBackend {
     pub(crate) fn fair_acquire_call(&self, request: &AcquireRequest, join: bool) -> ScriptCall<'_> {
         let scripts = &self.inner.scripts;
         let (name, owner) = (request.name.as_str(), request.owner.as_str());
-        let keys = [
-            PrefixedKey {
-                prefix: layout::TOKEN_PREFIX,
-                name,
-            },
-            PrefixedKey {
-                prefix: layout::QUEUE_PREFIX,
-                name,
-            },
-            PrefixedKey {
-                prefix: layout::QUEUE_TIMEOUT_PREFIX,
-                name,
-            },
-        ];
+        let token_key = PrefixedKey {
+            prefix: layout::TOKEN_PREFIX,
+            name,
+        };
+        let (queue, deadlines) = (layout::queue_key(name), layout::queue_timeout_key(name));
         let script = if self.is_plain() {
             &scripts.fair_plain_acquire
         } else {
             &scripts.fair_acquire
         };
-        let bytes =
-            name.len() + keys.iter().map(PrefixedKey::len).sum::<usize>() + owner.len() + 30;
+        let bytes = name.len() + token_key.len() + queue.len() + deadlines.len() + owner.len() + 30;
         let mut call = ScriptCall::new(script, 4, 9, bytes);
-        let [token_key, queue, deadlines] = keys;
         call.arg(layout::lock_key(name))
             .arg(token_key)
             .arg(queue)
@@ -280,14 +269,7 @@ impl RedisBackend {
                         .arg(channel);
                     return call;
                 }
-                let queue = PrefixedKey {
-                    prefix: layout::QUEUE_PREFIX,
-                    name,
-                };
-                let deadlines = PrefixedKey {
-                    prefix: layout::QUEUE_TIMEOUT_PREFIX,
-                    name,
-                };
+                let (queue, deadlines) = (layout::queue_key(name), layout::queue_timeout_key(name));
                 let waiters = layout::waiter_channel_prefix(name);
                 let bytes = bytes + queue.len() + deadlines.len() + waiters.len();
                 let mut call = ScriptCall::new(script, 3, 8, bytes);

@@ -515,15 +515,30 @@ pub const FAIR_LIVENESS: std::time::Duration = std::time::Duration::from_millis(
 /// refreshes its place in the queue.
 pub const FAIR_HEARTBEAT: std::time::Duration = std::time::Duration::from_millis(1200);
 
-/// The fair queue: `distlock_lock_queue:{NAME}`.
+/// A fair-mode key or channel: `prefix:{NAME}`, or `prefix::NAME` when the name has a `{` (it keeps
+/// its own hash tag). Not Redisson's `prefixName`, which spells `n` and `{n}` alike
+/// (`prefix:{n}`): these keys are distlock's own, and two names must never share a queue.
+fn fair_name(prefix: &str, name: &str) -> String {
+    if name.contains('{') {
+        format!("{prefix}::{name}")
+    } else {
+        format!("{prefix}:{{{name}}}")
+    }
+}
+
+/// The fair queue: `distlock_lock_queue:{NAME}` (`distlock_lock_queue::NAME` for a name with a `{`).
 ///
 /// ```
 /// use distlock_redis::layout;
 /// assert_eq!(layout::queue_key("jobs"), "distlock_lock_queue:{jobs}");
 /// assert_eq!(layout::queue_timeout_key("jobs"), "distlock_lock_timeout:{jobs}");
 /// assert_eq!(layout::waiter_channel("jobs", "u:1"), "distlock_fair__channel:{jobs}:u:1");
-/// assert_eq!(layout::waiter_channel("{t}j", "u:1"), "distlock_fair__channel:{t}j:u:1");
-/// for name in ["jobs", "{t}j"] {
+/// assert_eq!(layout::waiter_channel("{t}j", "u:1"), "distlock_fair__channel::{t}j:u:1");
+/// // `n` and `{n}` are two locks, with two queues (Redisson's prefix rule would spell both `…:{n}`).
+/// assert_ne!(layout::queue_key("n"), layout::queue_key("{n}"));
+/// assert_ne!(layout::queue_timeout_key("n"), layout::queue_timeout_key("{n}"));
+/// assert_ne!(layout::waiter_channel_prefix("n"), layout::waiter_channel_prefix("{n}"));
+/// for name in ["jobs", "{t}j", "{n}"] {
 ///     let slot = layout::hash_slot(name.as_bytes());
 ///     for key in [layout::queue_key(name), layout::queue_timeout_key(name), layout::waiter_channel(name, "u:1")] {
 ///         assert_eq!(layout::hash_slot(key.as_bytes()), slot, "{key}");
@@ -531,17 +546,18 @@ pub const FAIR_HEARTBEAT: std::time::Duration = std::time::Duration::from_millis
 /// }
 /// ```
 pub fn queue_key(name: &str) -> String {
-    prefix_name(QUEUE_PREFIX, name)
+    fair_name(QUEUE_PREFIX, name)
 }
 
-/// The fair queue's deadlines: `distlock_lock_timeout:{NAME}`.
+/// The fair queue's deadlines: `distlock_lock_timeout:{NAME}` (`…::NAME` for a name with a `{`).
 pub fn queue_timeout_key(name: &str) -> String {
-    prefix_name(QUEUE_TIMEOUT_PREFIX, name)
+    fair_name(QUEUE_TIMEOUT_PREFIX, name)
 }
 
-/// What precedes the owner in a fair waiter's channel: `distlock_fair__channel:{NAME}:`.
+/// What precedes the owner in a fair waiter's channel: `distlock_fair__channel:{NAME}:`
+/// (`…::NAME:` for a name with a `{`).
 pub fn waiter_channel_prefix(name: &str) -> String {
-    let mut channel = prefix_name(WAITER_CHANNEL_PREFIX, name);
+    let mut channel = fair_name(WAITER_CHANNEL_PREFIX, name);
     channel.push(':');
     channel
 }
@@ -553,8 +569,10 @@ pub fn waiter_channel(name: &str, owner: &str) -> String {
     channel
 }
 
-// Lua, the start of every fair script: `now` from the server's clock, and the waiters whose deadline
-// has passed dropped from the queue (`queue` and `deadlines` are the script's keys).
+// Lua, the start of every fair script: `now` from the server's clock, the waiters whose deadline has
+// passed dropped from the queue, and then any head without a deadline (the two keys should agree, but
+// either may be lost alone: evicted, deleted by hand), so the queue mends itself (`queue` and
+// `deadlines` are the script's keys).
 macro_rules! fair_prelude_lua {
     () => {
         r"
@@ -563,6 +581,13 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000);
 for _, waiter in ipairs(redis.call('zrangebyscore', deadlines, '-inf', now)) do
     redis.call('lrem', queue, 0, waiter);
     redis.call('zrem', deadlines, waiter);
+end;
+while true do
+    local first = redis.call('lindex', queue, 0);
+    if first == false or redis.call('zscore', deadlines, first) ~= false then
+        break;
+    end;
+    redis.call('lpop', queue);
 end;
 "
     };
@@ -579,12 +604,14 @@ local function join()
     if ARGV[5] ~= '1' then
         return -1;
     end;
-    if redis.call('zadd', deadlines, now + tonumber(ARGV[4]), ARGV[2]) == 1 then
-        redis.call('rpush', queue, ARGV[2]);
+    redis.call('zadd', deadlines, now + tonumber(ARGV[4]), ARGV[2]);
+    local position = redis.call('lpos', queue, ARGV[2]);
+    if position == false then
+        position = redis.call('rpush', queue, ARGV[2]) - 1;
     end;
     redis.call('pexpire', queue, ARGV[4]);
     redis.call('pexpire', deadlines, ARGV[4]);
-    return redis.call('lpos', queue, ARGV[2]);
+    return position;
 end;
 local head = redis.call('lindex', queue, 0);
 local mine = redis.pcall('hexists', KEYS[1], ARGV[2]) == 1 or redis.pcall('get', KEYS[1]) == ARGV[2];

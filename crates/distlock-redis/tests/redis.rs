@@ -252,7 +252,7 @@ async fn wrong_password_is_permission_denied() {
 
 /// The ACL rules the `PermissionDenied` advice names for a standalone server (no `/db`, no
 /// `wait_replicas`).
-const ADVISED_RULES: &str = "~* &redisson_lock__channel:* +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hget +hkeys +get +pubsub|numsub";
+const ADVISED_RULES: &str = "~* &redisson_lock__channel:* +ping +evalsha +eval +script|load +exists +hexists +hset +incr +pexpire +pttl +type +del +publish +subscribe +unsubscribe +hget +hkeys +get +pubsub|numsub +llen";
 
 /// The rules the advice adds for read-write locks and semaphores.
 const ADVISED_KIND_RULES: &str = "&redisson_rwlock:* &redisson_sc:* +hdel +hlen +hincrby +set +incrby +decrby +zadd +zrem +zscore +zcard +zrange +zrangebyscore +time";
@@ -261,7 +261,7 @@ const ADVISED_KIND_RULES: &str = "&redisson_rwlock:* &redisson_sc:* +hdel +hlen 
 const ADVISED_PLAIN_RULES: &str = "&distlock_lock__channel:* +set";
 
 /// The rules the advice adds for fair mode (`?fair=true`).
-const ADVISED_FAIR_RULES: &str = "&distlock_fair__channel:* +time +zrangebyscore +zadd +zrem +zscore +rpush +lpos +lindex +lpop +lrem +llen";
+const ADVISED_FAIR_RULES: &str = "&distlock_fair__channel:* +time +zrangebyscore +zadd +zrem +zscore +rpush +lpos +lindex +lpop +lrem";
 
 /// Creates `user` with password `pw` and exactly `rules` (nothing from the defaults).
 fn acl_user(server: &RedisServer, user: &str, rules: &str) {
