@@ -23,6 +23,20 @@ fn bench(args: &[&str]) -> Output {
         .expect("run distlock bench")
 }
 
+/// Runs a JSON bench with `args`, expects exit 0, and returns the report, its fields checked.
+fn bench_report(args: &[&str]) -> Value {
+    let out = bench(&[args, &["--json"]].concat());
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    check_fields(&report);
+    report
+}
+
 /// Runs a JSON bench against `url` and returns the report.
 fn bench_json(url: &str, duration: &str) -> Value {
     let out = bench(&["--url", url, "--duration", duration, "--json"]);
@@ -1150,23 +1164,7 @@ fn herd_run_fields(v: &Value, at: &str) {
 #[test]
 fn herd_counts_the_processes_commands_and_fair_mode_keeps_arrival_order() {
     let server = RedisServer::start_or_panic();
-    let out = bench(&[
-        "--url",
-        &server.url(),
-        "--workload",
-        "herd",
-        "--tasks",
-        "4",
-        "--json",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
-    check_fields(&report);
+    let report = bench_report(&["--url", &server.url(), "--workload", "herd", "--tasks", "4"]);
     let runs = report["herd"]["runs"].as_array().expect("runs");
     let modes: Vec<&str> = runs.iter().filter_map(|r| r["mode"].as_str()).collect();
     assert_eq!(modes, ["default", "fair"]);

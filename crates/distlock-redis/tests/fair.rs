@@ -48,6 +48,26 @@ async fn queue(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Vec<
         .unwrap()
 }
 
+/// A fair client's hold of `name`.
+async fn hold(server: &RedisServer, name: &str) -> LockGuard {
+    client(server, "?fair=true")
+        .await
+        .lock(name)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+}
+
+/// Waits (at most `within`) for a waiting task's guard, and releases it.
+async fn release_when_granted(waiter: tokio::task::JoinHandle<LockGuard>, within: Duration) {
+    let guard = tokio::time::timeout(within, waiter)
+        .await
+        .expect("granted in time")
+        .expect("the waiter's task");
+    guard.release().await.unwrap();
+}
+
 /// Waits until the queue has `len` waiters.
 async fn queued(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -120,13 +140,7 @@ async fn a_release_wakes_the_head_on_its_own_channel() {
     let server = RedisServer::start_or_panic();
     let name = unique("wake");
     let mut conn = raw(&server).await;
-    let held = client(&server, "?fair=true")
-        .await
-        .lock(&name)
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let held = hold(&server, &name).await;
     let first = client(&server, "?fair=true").await.lock(&name).unwrap();
     let second = client(&server, "?fair=true").await.lock(&name).unwrap();
     let first = tokio::spawn(async move { first.acquire().await.unwrap() });
@@ -182,13 +196,7 @@ async fn a_try_leaves_nothing_and_a_cancelled_wait_leaves_at_once() {
     let server = RedisServer::start_or_panic();
     let name = unique("cancel");
     let mut conn = raw(&server).await;
-    let held = client(&server, "?fair=true")
-        .await
-        .lock(&name)
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let held = hold(&server, &name).await;
     let other = client(&server, "?fair=true").await;
     assert!(other
         .lock(&name)
@@ -238,13 +246,7 @@ async fn a_try_leaves_nothing_and_a_cancelled_wait_leaves_at_once() {
         .unwrap()
         .unwrap();
     first.release().await.unwrap();
-    tokio::time::timeout(SLACK, behind)
-        .await
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    release_when_granted(behind, SLACK).await;
 }
 
 /// A waiter whose process is SIGKILLed (a `distlock run --fair` waiting) cannot take its place off
@@ -349,13 +351,7 @@ async fn a_cut_off_waiter_holds_the_queue_up_for_its_liveness_at_most_fault() {
     let server = RedisServer::start_or_panic();
     let name = unique("cut");
     let mut conn = raw(&server).await;
-    let held = client(&server, "?fair=true")
-        .await
-        .lock(&name)
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let held = hold(&server, &name).await;
     let proxy = Proxy::start_or_panic(server.addr());
     let url = LockUrl::parse(&format!("redis://{}?fair=true", proxy.addr())).unwrap();
     let cut = Locks::new(RedisBackend::connect(&url).await.expect("connect"))
@@ -410,13 +406,7 @@ async fn a_name_and_the_name_in_braces_have_queues_of_their_own() {
         .expect("the free {n} is granted while a waiter of n queues");
     other.release().await.unwrap();
     held.release().await.unwrap();
-    tokio::time::timeout(SLACK, waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    release_when_granted(waiter, SLACK).await;
 }
 
 /// The fair scripts' calls, for driving a fair client by hand with exact timing.
@@ -516,21 +506,14 @@ async fn status_without_fair_counts_the_queue() {
     let mut waiters = Vec::new();
     for _ in 0..3 {
         let lock = client(&server, "?fair=true").await.lock(&name).unwrap();
-        waiters.push(tokio::spawn(async move { lock.acquire().await }));
+        waiters.push(tokio::spawn(async move { lock.acquire().await.unwrap() }));
     }
     queued(&mut conn, &name, 3).await;
     let info = client(&server, "").await.inspect(&name).await.unwrap();
     assert_eq!(info.waiters, Some(3));
     held.release().await.unwrap();
     for waiter in waiters {
-        tokio::time::timeout(Duration::from_secs(20), waiter)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        release_when_granted(waiter, Duration::from_secs(20)).await;
     }
 }
 
@@ -593,13 +576,7 @@ async fn the_queue_mends_itself_when_one_of_its_keys_is_lost() {
         layout::queue_key,
     ] {
         let name = unique("lost");
-        let held = client(&server, "?fair=true")
-            .await
-            .lock(&name)
-            .unwrap()
-            .acquire()
-            .await
-            .unwrap();
+        let held = hold(&server, &name).await;
         let mut waiters = Vec::new();
         for i in 0..2 {
             let lock = client(&server, "?fair=true").await.lock(&name).unwrap();
