@@ -43,7 +43,8 @@ pub struct HerdRun {
     pub handoffs: usize,
     /// Every top-level command from the processes and the first holder, after it held the lock.
     pub commands: u64,
-    /// Of them, connection setup ([`SETUP`]): each process's own.
+    /// Of them, connection setup (`HELLO`, `CLIENT`, `SELECT`, `AUTH`, `PING`, `READONLY`, `INFO`):
+    /// each process's own.
     pub setup_commands: u64,
     /// (commands − setup) / handoffs.
     pub lock_commands_per_handoff: f64,

@@ -102,10 +102,22 @@ async fn redisson_unlock(conn: &mut redis::aio::MultiplexedConnection, name: &st
 /// and Redisson cannot unlock it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redisson_interop_both_ways() {
+    redisson_interop("").await;
+}
+
+/// The same in fair mode: Redisson's `RLock` scripts and fair waiters exclude each other on the one
+/// hash. Redisson's unlock publishes only on the shared channel, so the fair waiter (queued, on a
+/// channel of its own) takes the lock at its next try (within 1.2 s), still far inside the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisson_interop_both_ways_in_fair_mode() {
+    redisson_interop("?fair=true").await;
+}
+
+async fn redisson_interop(query: &str) {
     let server = RedisServer::start_or_panic();
     let name = unique("interop");
     let mut conn = driver(&server).await;
-    let locks = locks(&server.url()).await;
+    let locks = locks(&format!("{}{query}", server.url())).await;
     let lock = locks.lock(&name).unwrap();
 
     assert_eq!(redisson_acquire(&mut conn, &name, 30_000).await, None);
@@ -130,7 +142,7 @@ async fn redisson_interop_both_ways() {
     let woke = unlocked_at.elapsed();
     assert!(
         woke < Duration::from_secs(5),
-        "the waiter woke {woke:?} after Redisson's unlock: not by the message (the lease was 30 s)"
+        "the waiter woke {woke:?} after Redisson's unlock: not by the message or a fair waiter's try (the lease was 30 s)"
     );
 
     // Now distlock holds it: Redisson's acquire sees it held and gets the pttl.
