@@ -240,6 +240,11 @@ pub struct StatusArgs {
     /// `--url`: the lock service (else `$DISTLOCK_URL`, else the per-user file backend).
     #[arg(long, value_name = "URL", help = URL_HELP)]
     pub url: Option<String>,
+    /// Print one JSON object instead of `key: value` lines (name, backend, kind, state, holder with its
+    /// token, owner, pid, host, since, held_for_ms and remaining_lease_ms, holders, last_token, waiters,
+    /// nodes; a field the engine cannot tell is null, or an empty list).
+    #[arg(long)]
+    pub json: bool,
     /// The lock name.
     #[arg(value_name = "NAME")]
     pub name: String,

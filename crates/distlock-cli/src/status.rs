@@ -6,7 +6,7 @@
 //! (RFC 3339, UTC), `held_for`, `remaining_lease`; for readers and permit holders, per holder a
 //! `holder: OWNER` line (and `permit: P`) followed by the same fields; then `last_token`, `waiters` and, for Redlock, one `node: ADDRESS OWNER PTTL`
 //! (or `ADDRESS free`, `ADDRESS error …`) per node. Control characters in values are
-//! escaped so every record stays one line.
+//! escaped so every record stays one line. With `--json`, the same as one JSON object ([`render_json`]).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -23,7 +23,11 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
     let url = cli::lock_url(args.url.as_deref())?;
     let locks = distlock::connect(&url).await?;
     let info = locks.inspect(&args.name).await?;
-    let text = render(&args.name, locks.backend_kind(), &info, SystemTime::now());
+    let text = if args.json {
+        render_json(&args.name, locks.backend_kind(), &info, SystemTime::now())
+    } else {
+        render(&args.name, locks.backend_kind(), &info, SystemTime::now())
+    };
     // The one place the CLI writes to stdout.
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
@@ -92,6 +96,69 @@ pub fn render(name: &str, backend: &str, info: &LockInfo, now: SystemTime) -> St
         line("node", &format!("{} {what}", node.address));
     }
     out
+}
+
+/// The status as one JSON object and a newline: every field always present (`null`, or an empty
+/// list, where the engine cannot tell), times as RFC 3339 (`since`) and milliseconds (`held_for_ms`,
+/// `remaining_lease_ms`).
+///
+/// ```
+/// use std::time::SystemTime;
+/// let info = distlock::LockInfo::default();
+/// let json = distlock_cli::status::render_json("nightly", "file", &info, SystemTime::now());
+/// let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+/// assert_eq!(v["name"], "nightly");
+/// assert_eq!(v["state"], "free");
+/// assert!(v["holder"].is_null() && v["waiters"].is_null());
+/// ```
+pub fn render_json(name: &str, backend: &str, info: &LockInfo, now: SystemTime) -> String {
+    use serde_json::{json, Value};
+    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let holder = |h: &distlock::HolderInfo| {
+        json!({
+            "token": h.token.map(|t| t.get()),
+            "owner": h.owner,
+            "pid": h.pid,
+            "host": h.host,
+            "permit": h.permit,
+            "since": h.since.and_then(rfc3339),
+            "held_for_ms": h.since.and_then(|s| now.duration_since(s).ok()).map(millis),
+            "remaining_lease_ms": h.remaining_lease.map(millis),
+        })
+    };
+    let (kind, permits) = match info.kind {
+        Some(distlock::LockKind::Permit { limit }) => (Some("semaphore"), Some(limit)),
+        Some(kind) => (Some(kind.as_str()), None),
+        None => (None, None),
+    };
+    let held = info.holder.is_some() || !info.holders.is_empty();
+    let nodes: Vec<Value> = info
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({
+                "address": n.address,
+                "owner": n.owner,
+                "remaining_lease_ms": n.remaining_lease.map(millis),
+                "error": n.error,
+            })
+        })
+        .collect();
+    let object = json!({
+        "name": name,
+        "backend": backend,
+        "kind": kind,
+        "permits": permits,
+        "state": if held { "held" } else { "free" },
+        "holder": info.holder.as_ref().map(holder),
+        "holders": info.holders.iter().map(holder).collect::<Vec<_>>(),
+        "last_token": info.last_token.map(|t| t.get()),
+        "waiters": info.waiters,
+        "nodes": nodes,
+    });
+    let mut text = object.to_string();
+    text.push('\n');
+    text
 }
 
 /// One holder's fields, each only when the engine knows it.
@@ -219,6 +286,52 @@ mod tests {
             text,
             "name: x\nbackend: redlock\nstate: free\nnode: h1:1 o 2.5s\nnode: h2:2 free\nnode: h3:3 error refused\n"
         );
+    }
+
+    #[test]
+    fn json_of_a_held_lock_and_of_redlock_nodes() {
+        let since = UNIX_EPOCH + Duration::from_secs(1_714_566_896);
+        let mut holder = HolderInfo::default();
+        holder.token = Some(FencingToken::new(5));
+        holder.owner = Some("o:1".into());
+        holder.since = Some(since);
+        holder.remaining_lease = Some(Duration::from_millis(1500));
+        let mut info = LockInfo::default();
+        info.kind = Some(distlock::LockKind::Mutex);
+        info.holder = Some(holder);
+        info.waiters = Some(2);
+        info.last_token = Some(FencingToken::new(5));
+        let mut down = distlock::NodeInfo::new("h3:3");
+        down.error = Some("refused".into());
+        info.nodes = vec![down];
+        let json = render_json("x\ny", "redis", &info, since + Duration::from_secs(3));
+        assert!(json.ends_with('\n') && json.lines().count() == 1, "{json}");
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["name"], "x\ny");
+        assert_eq!(
+            (v["kind"].as_str(), v["state"].as_str()),
+            (Some("mutex"), Some("held"))
+        );
+        assert_eq!(v["holder"]["token"], 5);
+        assert_eq!(v["holder"]["owner"], "o:1");
+        assert_eq!(v["holder"]["since"], "2024-05-01T12:34:56Z");
+        assert_eq!(v["holder"]["held_for_ms"], 3000);
+        assert_eq!(v["holder"]["remaining_lease_ms"], 1500);
+        assert!(v["holder"]["pid"].is_null());
+        assert_eq!(
+            (v["waiters"].as_u64(), v["last_token"].as_u64()),
+            (Some(2), Some(5))
+        );
+        assert_eq!(v["nodes"][0]["error"], "refused");
+        let mut permits = LockInfo::default();
+        permits.kind = Some(distlock::LockKind::Permit { limit: 4 });
+        let v: serde_json::Value =
+            serde_json::from_str(&render_json("p", "file", &permits, SystemTime::now())).unwrap();
+        assert_eq!(
+            (v["kind"].as_str(), v["permits"].as_u64()),
+            (Some("semaphore"), Some(4))
+        );
+        assert_eq!(v["holders"], serde_json::json!([]));
     }
 
     #[test]

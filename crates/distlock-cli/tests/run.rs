@@ -1381,6 +1381,34 @@ fn status_shows_the_holder_then_free() {
     );
 }
 
+/// `status --json`: one JSON object, the holder's token and pid in it while held, `free` after.
+#[test]
+fn status_json_is_one_object_with_the_holder() {
+    let sandbox = Sandbox::new();
+    let json = |sandbox: &Sandbox| {
+        let mut command = sandbox.status("report");
+        command.arg("--json");
+        let out = finish(&mut command, SOON);
+        out.expect_code(0);
+        assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
+        serde_json::from_str::<serde_json::Value>(&out.stdout).expect("one JSON object")
+    };
+    let holder = sandbox.hold("report");
+    let held = json(&sandbox);
+    assert_eq!(held["name"], "report");
+    assert_eq!(held["backend"], "file");
+    assert_eq!(held["state"], "held");
+    assert_eq!(held["holder"]["token"].as_u64(), Some(holder.token));
+    assert_eq!(
+        held["holder"]["pid"].as_u64(),
+        Some(u64::from(holder.pid()))
+    );
+    holder.finish();
+    let free = json(&sandbox);
+    assert_eq!(free["state"], "free");
+    assert!(free["holder"].is_null());
+}
+
 // --- where the URL comes from -------------------------------------------------------------------
 
 #[test]

@@ -591,8 +591,10 @@ fn scripts_run(nodes: &RedlockNodes, i: usize) -> u64 {
 }
 
 /// Releases `name`'s hold (`guard`) with the replies of the nodes `lost` lost: their proxies hold the
-/// request 1 s, and once the node ran it (its key is gone) every connection through them is reset
-/// before the reply gets back, so the release is sent again on a fresh connection and finds nothing.
+/// request 2 s, and once the node ran it (its key is gone) every connection through them is reset
+/// before the reply gets back (held 2 s too: the test has that long to see the key gone; at 1 s a
+/// loaded CI machine once let the reply through, and the release rightly said `Ok`), so the release
+/// is sent again on a fresh connection and finds nothing.
 /// The nodes `not_ours` lost this hold's key before the release (deleted by hand: expired, or a node
 /// restarted without persistence). Returns what the release reported.
 async fn release_losing_replies(
@@ -607,7 +609,7 @@ async fn release_losing_replies(
         nodes.node(i).command(&["DEL", name]).unwrap();
     }
     for &i in lost {
-        proxies[i].delay(Duration::from_secs(1)).unwrap();
+        proxies[i].delay(Duration::from_secs(2)).unwrap();
     }
     let release = tokio::spawn(async move { guard.release().await });
     let started = std::time::Instant::now();
