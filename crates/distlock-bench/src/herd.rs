@@ -71,39 +71,18 @@ pub(crate) async fn herd(
     name: &str,
     processes: usize,
 ) -> Result<HerdSection, Error> {
-    let asked = url
-        .split_once('?')
-        .and_then(|(_, query)| query.split('&').find_map(|p| p.strip_prefix("fair=")));
+    let asked = distlock_core::url::LockUrl::parse(url)?
+        .query("fair")
+        .map(|fair| fair == "true");
     let mut runs = Vec::new();
     match asked {
         // The URL chose: that mode alone.
-        Some(fair) => {
-            let mode = if fair == "true" { "fair" } else { "default" };
-            runs.push(one(server, url, mode, &format!("{name}/{mode}"), processes).await?);
-        }
+        Some(fair) => runs.push(one(server, url, fair, name, processes).await?),
         None => {
-            runs.push(
-                one(
-                    server,
-                    url,
-                    "default",
-                    &format!("{name}/default"),
-                    processes,
-                )
-                .await?,
-            );
+            runs.push(one(server, url, false, name, processes).await?);
             let sep = if url.contains('?') { '&' } else { '?' };
             let fair_url = format!("{url}{sep}fair=true");
-            runs.push(
-                one(
-                    server,
-                    &fair_url,
-                    "fair",
-                    &format!("{name}/fair"),
-                    processes,
-                )
-                .await?,
-            );
+            runs.push(one(server, &fair_url, true, name, processes).await?);
         }
     }
     Ok(HerdSection { processes, runs })
@@ -118,14 +97,16 @@ fn distlock_exe() -> Result<std::path::PathBuf, Error> {
         .map_err(|e| Error::unavailable(format!("herd: cannot find the distlock executable: {e}")))
 }
 
+/// One herd on `url` (`fair` when it asks for fair mode), on a name of its own under `name`.
 async fn one(
     server: &RedisServer,
     url: &str,
-    mode: &str,
+    fair: bool,
     name: &str,
     processes: usize,
 ) -> Result<HerdRun, Error> {
-    let fair = mode == "fair";
+    let mode = if fair { "fair" } else { "default" };
+    let name = &format!("{name}/{mode}");
     let exe = distlock_exe()?;
     let mut conn = server.connect().await?;
     // The bench's own connection: its queries are not the herd's.

@@ -361,24 +361,18 @@ fn clap_message(error: &clap::Error) -> String {
 /// assert!(fair_url("redlock://a,b,c").is_err());
 /// ```
 pub fn fair_url(url: &str) -> Result<String, Failure> {
-    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    let parsed = distlock_core::url::LockUrl::parse(url)?;
     let refuse = |why: &str| Err(Failure::new(Code::Usage, format!("--fair: {why}")));
-    match scheme {
+    match parsed.scheme() {
         "etcd" | "etcds" | "zk" | "zks" => Ok(url.to_string()),
-        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
-            let query = url.split_once('?').map_or("", |(_, q)| q);
-            let fair = query
-                .split('&')
-                .find_map(|pair| pair.strip_prefix("fair="));
-            match fair {
-                Some("true") => Ok(url.to_string()),
-                Some(other) => refuse(&format!(
-                    "the URL already says fair={other}; drop one of the two"
-                )),
-                None if url.contains('?') => Ok(format!("{url}&fair=true")),
-                None => Ok(format!("{url}?fair=true")),
-            }
-        }
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => match parsed.query("fair") {
+            Some("true") => Ok(url.to_string()),
+            Some(other) => refuse(&format!(
+                "the URL already says fair={other}; drop one of the two"
+            )),
+            None if url.contains('?') => Ok(format!("{url}&fair=true")),
+            None => Ok(format!("{url}?fair=true")),
+        },
         other => refuse(&format!(
             "{other}:// has no queue of waiters to join (fair mode exists for redis://, and etcd:// and zk:// queue every waiter already)"
         )),

@@ -49,18 +49,14 @@ pub fn render(name: &str, backend: &str, info: &LockInfo, now: SystemTime) -> St
     };
     line("name", name);
     line("backend", backend);
-    match info.kind {
-        Some(distlock::LockKind::Permit { limit }) => {
-            line("kind", "semaphore");
-            line("permits", &limit.to_string());
-        }
-        Some(distlock::LockKind::Read) => line("kind", "read"),
-        Some(distlock::LockKind::Write) => line("kind", "write"),
-        Some(kind) => line("kind", kind.as_str()),
-        None => {}
+    let (kind, permits) = kind_of(info);
+    if let Some(kind) = kind {
+        line("kind", kind);
     }
-    let held = info.holder.is_some() || !info.holders.is_empty();
-    line("state", if held { "held" } else { "free" });
+    if let Some(permits) = permits {
+        line("permits", &permits.to_string());
+    }
+    line("state", state_of(info));
     if let Some(holder) = &info.holder {
         holder_lines(&mut line, holder, now);
     }
@@ -126,12 +122,7 @@ pub fn render_json(name: &str, backend: &str, info: &LockInfo, now: SystemTime) 
             "remaining_lease_ms": h.remaining_lease.map(millis),
         })
     };
-    let (kind, permits) = match info.kind {
-        Some(distlock::LockKind::Permit { limit }) => (Some("semaphore"), Some(limit)),
-        Some(kind) => (Some(kind.as_str()), None),
-        None => (None, None),
-    };
-    let held = info.holder.is_some() || !info.holders.is_empty();
+    let (kind, permits) = kind_of(info);
     let nodes: Vec<Value> = info
         .nodes
         .iter()
@@ -149,7 +140,7 @@ pub fn render_json(name: &str, backend: &str, info: &LockInfo, now: SystemTime) 
         "backend": backend,
         "kind": kind,
         "permits": permits,
-        "state": if held { "held" } else { "free" },
+        "state": state_of(info),
         "holder": info.holder.as_ref().map(holder),
         "holders": info.holders.iter().map(holder).collect::<Vec<_>>(),
         "last_token": info.last_token.map(|t| t.get()),
@@ -159,6 +150,24 @@ pub fn render_json(name: &str, backend: &str, info: &LockInfo, now: SystemTime) 
     let mut text = object.to_string();
     text.push('\n');
     text
+}
+
+/// The kind as `status` names it (a permit's is `semaphore`, with its number of permits).
+fn kind_of(info: &LockInfo) -> (Option<&'static str>, Option<u32>) {
+    match info.kind {
+        Some(distlock::LockKind::Permit { limit }) => (Some("semaphore"), Some(limit)),
+        Some(kind) => (Some(kind.as_str()), None),
+        None => (None, None),
+    }
+}
+
+/// `held` while anyone holds the name, else `free`.
+fn state_of(info: &LockInfo) -> &'static str {
+    if info.holder.is_some() || !info.holders.is_empty() {
+        "held"
+    } else {
+        "free"
+    }
 }
 
 /// One holder's fields, each only when the engine knows it.

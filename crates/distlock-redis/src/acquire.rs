@@ -32,11 +32,9 @@ pub struct RedisAcquisition {
     /// even when the try is still on its way (see [`undo`](crate::undo)).
     pub(crate) sent: Sent,
     /// Whether a try answered busy (a plain mutex without tokens then skips its bare `SET`; a fair
-    /// waiter's later tries join the queue).
+    /// waiter is in the queue from then on, and `abandon` takes it off).
     pub(crate) seen_busy: bool,
-    /// Whether a fair try that joins the queue was sent: `abandon` then takes the place off it.
-    pub(crate) queued: bool,
-    /// The place in the fair queue the last busy try answered (0 = the head; −1 = none).
+    /// The place in the fair queue the last busy try answered (0 = the head; −1 = none yet).
     pub(crate) position: i64,
 }
 
@@ -47,7 +45,6 @@ impl RedisAcquisition {
             maybe_granted: false,
             sent: Sent::default(),
             seen_busy: false,
-            queued: false,
             position: -1,
         }
     }
@@ -58,7 +55,6 @@ impl fmt::Debug for RedisAcquisition {
         f.debug_struct("RedisAcquisition")
             .field("subscription", &self.subscription)
             .field("maybe_granted", &self.maybe_granted)
-            .field("queued", &self.queued)
             .finish_non_exhaustive()
     }
 }
@@ -71,7 +67,7 @@ pub(crate) enum Outcome {
     },
     Busy {
         pttl: Option<Duration>,
-        /// A fair try's place in the queue (0 = the head, −1 = not queued); 0 from other scripts.
+        /// A fair try's place in the queue (0 = the head); 0 from other scripts.
         position: i64,
     },
     /// The name is in use as another kind (`layout::IN_USE_*`): nothing was written.
@@ -136,19 +132,16 @@ impl RedisBackend {
         acquisition.sent = Sent::default();
         // A plain mutex without tokens: `SET NX PX` while the lock may be free; once busy, a waiter's
         // tries are the script alone (one request, which grants too when the key has gone).
-        let fair = self.is_fair(request.kind);
+        // A fair try joins the queue when busy, also a `try_acquire` that will not wait: its abandon
+        // takes the place off again (one request more for a try that finds the lock held), so that a
+        // waiter is queued from its first try on and need not try again once subscribed.
         let bare_set = request.kind == LockKind::Mutex
             && !self.mints_token()
             && self.inner.durable.is_none()
-            && !fair
+            && !self.is_fair(request.kind)
             && !acquisition.seen_busy;
-        // A fair try joins the queue when busy, also a `try_acquire` that will not wait: its
-        // abandon takes the place off again (one request more for a try that finds the lock held),
-        // so that a waiter is queued from its first try on and need not try again once subscribed.
-        let join = fair;
-        acquisition.queued |= join;
         let outcome = self
-            .acquire_once(request, bare_set, join, &mut acquisition.sent)
+            .acquire_once(request, bare_set, &mut acquisition.sent)
             .await
             .map_err(|e| e.into_core(Some(&request.name)))?;
         match outcome {
@@ -193,17 +186,12 @@ impl RedisBackend {
         &self,
         request: &AcquireRequest,
         bare_set: bool,
-        join: bool,
         sent: &mut Sent,
     ) -> std::result::Result<Outcome, RedisError> {
         if bare_set {
             return self.set_if_absent(request, sent).await;
         }
-        let call = if self.is_fair(request.kind) {
-            self.fair_acquire_call(request, join)
-        } else {
-            self.acquire_call(request)
-        };
+        let call = self.acquire_call(request);
         self.grant_script(call, request, "acquire", sent).await
     }
 

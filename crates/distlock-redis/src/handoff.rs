@@ -57,7 +57,6 @@ impl Drop for UndoHandedGrant<'_> {
             maybe_granted: true,
             sent: std::mem::take(&mut self.sent),
             seen_busy: false,
-            queued: false,
             position: -1,
         };
         tracing::debug!(lock = %next.name, "a handoff ended without its grant; undoing it");

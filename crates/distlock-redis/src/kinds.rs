@@ -96,35 +96,6 @@ impl RedisBackend {
         }
     }
 
-    /// The fair acquire script's call for a mutex `request`: `join` to take a place in the queue if
-    /// the lock is busy.
-    pub(crate) fn fair_acquire_call(&self, request: &AcquireRequest, join: bool) -> ScriptCall<'_> {
-        let scripts = &self.inner.scripts;
-        let (name, owner) = (request.name.as_str(), request.owner.as_str());
-        let token_key = PrefixedKey {
-            prefix: layout::TOKEN_PREFIX,
-            name,
-        };
-        let (queue, deadlines) = (layout::queue_key(name), layout::queue_timeout_key(name));
-        let script = if self.is_plain() {
-            &scripts.fair_plain_acquire
-        } else {
-            &scripts.fair_acquire
-        };
-        let bytes = name.len() + token_key.len() + queue.len() + deadlines.len() + owner.len() + 30;
-        let mut call = ScriptCall::new(script, 4, 9, bytes);
-        call.arg(layout::lock_key(name))
-            .arg(token_key)
-            .arg(queue)
-            .arg(deadlines)
-            .arg(millis(request.lease))
-            .arg(owner)
-            .arg(self.mint_flag())
-            .arg(millis(layout::FAIR_LIVENESS))
-            .arg(if join { "1" } else { "0" });
-        call
-    }
-
     /// The acquire script's call for `request`'s kind.
     pub(crate) fn acquire_call(&self, request: &AcquireRequest) -> ScriptCall<'_> {
         let scripts = &self.inner.scripts;
@@ -176,6 +147,7 @@ impl RedisBackend {
                     .arg(channel);
                 call
             }
+            _ if self.is_fair(request.kind) => self.fair_acquire_call(request),
             _ => {
                 let bytes = name.len() + token_key.len() + 20 + owner.len();
                 if !self.is_plain() {
@@ -195,6 +167,33 @@ impl RedisBackend {
                 call
             }
         }
+    }
+
+    /// The fair acquire script's call for a mutex `request` (see [`layout::FAIR_ACQUIRE`]).
+    fn fair_acquire_call(&self, request: &AcquireRequest) -> ScriptCall<'_> {
+        let scripts = &self.inner.scripts;
+        let (name, owner) = (request.name.as_str(), request.owner.as_str());
+        let token_key = PrefixedKey {
+            prefix: layout::TOKEN_PREFIX,
+            name,
+        };
+        let (queue, deadlines) = (layout::queue_key(name), layout::queue_timeout_key(name));
+        let script = if self.is_plain() {
+            &scripts.fair_plain_acquire
+        } else {
+            &scripts.fair_acquire
+        };
+        let bytes = name.len() + token_key.len() + queue.len() + deadlines.len() + owner.len() + 30;
+        let mut call = ScriptCall::new(script, 4, 8, bytes);
+        call.arg(layout::lock_key(name))
+            .arg(token_key)
+            .arg(queue)
+            .arg(deadlines)
+            .arg(millis(request.lease))
+            .arg(owner)
+            .arg(self.mint_flag())
+            .arg(millis(layout::FAIR_LIVENESS));
+        call
     }
 
     /// The release script's call for a hold of `kind` (also the undo of an acquire of it): deletes
@@ -252,38 +251,59 @@ impl RedisBackend {
                 call
             }
             _ => {
-                let (script, prefix) = match (self.is_plain(), self.is_fair(kind)) {
-                    (true, false) => (&scripts.plain_release, layout::PLAIN_CHANNEL_PREFIX),
-                    (false, false) => (&scripts.release, layout::CHANNEL_PREFIX),
-                    (true, true) => (&scripts.fair_plain_release, layout::PLAIN_CHANNEL_PREFIX),
-                    (false, true) => (&scripts.fair_release, layout::CHANNEL_PREFIX),
+                let prefix = if self.is_plain() {
+                    layout::PLAIN_CHANNEL_PREFIX
+                } else {
+                    layout::CHANNEL_PREFIX
                 };
                 let channel = PrefixedKey { prefix, name };
                 let bytes = name.len() + channel.len() + owner.len() + 10;
-                if !self.is_fair(kind) {
-                    let mut call = ScriptCall::new(script, 1, 5, bytes);
-                    call.arg(layout::lock_key(name))
-                        .arg(owner)
-                        .arg(publish)
-                        .arg(layout::UNLOCK_MESSAGE)
-                        .arg(channel);
-                    return call;
+                if self.is_fair(kind) {
+                    return self.fair_release_call(name, owner, channel, bytes);
                 }
-                let (queue, deadlines) = (layout::queue_key(name), layout::queue_timeout_key(name));
-                let waiters = layout::waiter_channel_prefix(name);
-                let bytes = bytes + queue.len() + deadlines.len() + waiters.len();
-                let mut call = ScriptCall::new(script, 3, 8, bytes);
+                let script = if self.is_plain() {
+                    &scripts.plain_release
+                } else {
+                    &scripts.release
+                };
+                let mut call = ScriptCall::new(script, 1, 5, bytes);
                 call.arg(layout::lock_key(name))
-                    .arg(queue)
-                    .arg(deadlines)
                     .arg(owner)
                     .arg(publish)
                     .arg(layout::UNLOCK_MESSAGE)
-                    .arg(channel)
-                    .arg(waiters);
+                    .arg(channel);
                 call
             }
         }
+    }
+
+    /// The fair release script's call (see [`layout::FAIR_RELEASE`]): the layout's release arguments,
+    /// with the queue's keys and the waiters' channel prefix.
+    fn fair_release_call<'a>(
+        &'a self,
+        name: &str,
+        owner: &str,
+        channel: PrefixedKey<'_>,
+        bytes: usize,
+    ) -> ScriptCall<'a> {
+        let script = if self.is_plain() {
+            &self.inner.scripts.fair_plain_release
+        } else {
+            &self.inner.scripts.fair_release
+        };
+        let (queue, deadlines) = (layout::queue_key(name), layout::queue_timeout_key(name));
+        let waiters = layout::waiter_channel_prefix(name);
+        let bytes = bytes + queue.len() + deadlines.len() + waiters.len();
+        let mut call = ScriptCall::new(script, 3, 8, bytes);
+        call.arg(layout::lock_key(name))
+            .arg(queue)
+            .arg(deadlines)
+            .arg(owner)
+            .arg(self.inner.publish)
+            .arg(layout::UNLOCK_MESSAGE)
+            .arg(channel)
+            .arg(waiters);
+        call
     }
 
     /// The renew script's call for one entry of a batch, by its hold's kind. Every kind answers 1
@@ -379,7 +399,6 @@ impl RedisBackend {
                     maybe_granted: true,
                     sent,
                     seen_busy: false,
-                    queued: false,
                     position: -1,
                 };
                 self.undo_abandoned(acquisition, read).await;

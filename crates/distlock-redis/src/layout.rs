@@ -488,8 +488,8 @@ return {1, token, tonumber(ARGV[2])};
 // | their liveness | `distlock_lock_timeout:{NAME}` | a sorted set: member = a waiting owner, score = its deadline (the server's `TIME`, ms) |
 // | a waiter's channel | `distlock_fair__channel:{NAME}:<owner>` | `0`, published to the queue's head when the lock is free |
 //
-// A waiter joins at its second try (the first one, which may be a `try_acquire` that never waits,
-// leaves nothing), and each of its tries refreshes its deadline ([`FAIR_LIVENESS`] ahead): a waiter
+// A waiter joins at its first busy try (a `try_acquire` that will not wait too: its undo takes the
+// place off), and each of its tries refreshes its deadline ([`FAIR_LIVENESS`] ahead): a waiter
 // that stops trying (killed, cut off) is dropped by the next script that runs once its deadline has
 // passed. Only the head may take a free lock; every fair release and every leave publishes to the
 // head. Both keys expire [`FAIR_LIVENESS`] after the last waiter's try, so a queue whose waiters all
@@ -569,18 +569,22 @@ pub fn waiter_channel(name: &str, owner: &str) -> String {
     channel
 }
 
-// Lua, the start of every fair script: `now` from the server's clock, the waiters whose deadline has
-// passed dropped from the queue, and then any head without a deadline (the two keys should agree, but
-// either may be lost alone: evicted, deleted by hand), so the queue mends itself (`queue` and
-// `deadlines` are the script's keys).
+// Lua, the start of every fair script: `now` from the server's clock, `leave(owner)` (an owner off
+// the queue, if it is there: the count taken off the list), the waiters whose deadline has passed
+// dropped, and then any head without a deadline (the two keys should agree, but either may be lost
+// alone: evicted, deleted by hand), so the queue mends itself (`queue` and `deadlines` are the
+// script's keys). An owner is in the list once (a join checks with `LPOS`).
 macro_rules! fair_prelude_lua {
     () => {
         r"
 local time = redis.call('time');
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000);
+local function leave(owner)
+    redis.call('zrem', deadlines, owner);
+    return redis.call('lrem', queue, 1, owner);
+end;
 for _, waiter in ipairs(redis.call('zrangebyscore', deadlines, '-inf', now)) do
-    redis.call('lrem', queue, 0, waiter);
-    redis.call('zrem', deadlines, waiter);
+    leave(waiter);
 end;
 while true do
     local first = redis.call('lindex', queue, 0);
@@ -601,9 +605,6 @@ macro_rules! fair_acquire_lua {
             fair_prelude_lua!(),
             r"
 local function join()
-    if ARGV[5] ~= '1' then
-        return -1;
-    end;
     redis.call('zadd', deadlines, now + tonumber(ARGV[4]), ARGV[2]);
     local position = redis.call('lpos', queue, ARGV[2]);
     if position == false then
@@ -619,12 +620,10 @@ if head and head ~= ARGV[2] and not mine then
     local position = join();
     local wait = redis.call('pttl', KEYS[1]);
     if position == 1 or wait < 0 then
-        local due = redis.call('zscore', deadlines, head);
-        if due then
-            local head_left = tonumber(due) - now + 1;
-            if wait < 0 or head_left < wait then
-                wait = head_left;
-            end;
+        -- The prelude left no head without a deadline.
+        local head_left = tonumber(redis.call('zscore', deadlines, head)) - now + 1;
+        if wait < 0 or head_left < wait then
+            wait = head_left;
         end;
     end;
     return {0, position, wait};
@@ -636,10 +635,7 @@ local function acquire()
 end;
 local reply = acquire();
 if type(reply) == 'table' and reply[1] == 1 then
-    if head == ARGV[2] then
-        redis.call('lpop', queue);
-        redis.call('zrem', deadlines, ARGV[2]);
-    end;
+    leave(ARGV[2]);
 elseif type(reply) == 'table' and reply[1] == 0 then
     reply[2] = join();
 end;
@@ -660,10 +656,7 @@ macro_rules! fair_release_lua {
             r"
 end;
 local released = release();
-local left = 0;
-if redis.call('zrem', deadlines, ARGV[1]) == 1 then
-    left = redis.call('lrem', queue, 0, ARGV[1]);
-end;
+local left = leave(ARGV[1]);
 if (released == 1 or left > 0) and redis.call('exists', KEYS[1]) == 0 then
     local head = redis.call('lindex', queue, 0);
     if head then
@@ -679,12 +672,12 @@ return released;
 /// Fair acquire, Redisson's layout: [`ACQUIRE`] behind the queue. `KEYS[1]` the lock, `KEYS[2]` the
 /// token key, `KEYS[3]` [`queue_key`], `KEYS[4]` [`queue_timeout_key`]; `ARGV[1]` the lease in ms,
 /// `ARGV[2]` the owner, `ARGV[3]` unused (the plain layout's mint flag), `ARGV[4]` the liveness in ms
-/// ([`FAIR_LIVENESS`]), `ARGV[5]` `1` to join the queue when busy. Waiters past their deadline are
+/// ([`FAIR_LIVENESS`]). Waiters past their deadline are
 /// dropped first. While another live waiter heads the queue (and the lock is not already this
 /// owner's: a resend after a lost reply), the answer is busy without a try: `{0, position, ms}`, `ms`
 /// the lock's pttl, or the head's remaining liveness when the lock is free or this owner is next.
-/// Otherwise [`ACQUIRE`] runs: a grant takes this owner off the queue's head, a busy answer joins
-/// (or refreshes) its place and carries its position (0 = the head; −1 = not queued).
+/// Otherwise [`ACQUIRE`] runs: a grant takes this owner off the queue, a busy answer joins
+/// (or refreshes) its place and carries its position (0 = the head).
 ///
 /// ```
 /// use distlock_redis::layout;

@@ -205,12 +205,14 @@ impl RedisBackend {
             subscription,
             maybe_granted,
             sent,
-            queued,
+            seen_busy,
             ..
         } = acquisition;
         drop(subscription);
-        // A fair waiter's place in the queue goes with the undo (the fair release script takes it off
-        // the queue, and wakes the head when the lock is free), so the queue never waits on it.
+        // A fair waiter's place in the queue (it has one since its first busy answer) goes with the
+        // undo: the fair release script takes it off the queue, and wakes the head when the lock is
+        // free, so the queue never waits on it.
+        let queued = seen_busy && self.is_fair(request.kind);
         if !maybe_granted && !queued {
             return;
         }

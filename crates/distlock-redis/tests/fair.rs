@@ -132,9 +132,10 @@ async fn the_plain_layout_queues_the_same_way() {
     granted_in_arrival_order("?fair=true&layout=plain").await;
 }
 
-/// The release publishes `0` on the head's own channel (a raw subscriber to it sees the message), and
-/// the head, subscribed there, is granted long before its heartbeat would have tried again, let
-/// alone the 30 s lease. The waiter behind it gets nothing from that release.
+/// The release publishes `0` on the head's own channel (a raw subscriber to it sees the message), the
+/// head listens there, and it is granted; the waiter behind it gets nothing from that release. (That
+/// the message, not a heartbeat, grants it is timed in
+/// `a_newcomer_right_behind_a_woken_head_is_not_left_to_its_heartbeat_fault`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_the_head_on_its_own_channel() {
     let server = RedisServer::start_or_panic();
@@ -168,7 +169,6 @@ async fn a_release_wakes_the_head_on_its_own_channel() {
         .await
         .unwrap();
     assert_eq!(subscribers[0].1, 2, "the head listens on its own channel");
-    let released = Instant::now();
     held.release().await.unwrap();
     let mut messages = listener.on_message();
     let message = tokio::time::timeout(SLACK, futures_util::StreamExt::next(&mut messages))
@@ -181,7 +181,6 @@ async fn a_release_wakes_the_head_on_its_own_channel() {
         "the release wakes the head, not the waiter behind it"
     );
     let guard = tokio::time::timeout(SLACK, first).await.unwrap().unwrap();
-    assert!(released.elapsed() < Duration::from_secs(10));
     assert_eq!(queued(&mut conn, &name, 1).await[0], waiting[1]);
     guard.release().await.unwrap();
     let guard = tokio::time::timeout(SLACK, second).await.unwrap().unwrap();
@@ -421,8 +420,7 @@ fn fair_acquire(name: &str, owner: &str) -> redis::Cmd {
         .arg(30_000)
         .arg(owner)
         .arg("1")
-        .arg(layout::FAIR_LIVENESS.as_millis() as u64)
-        .arg("1");
+        .arg(layout::FAIR_LIVENESS.as_millis() as u64);
     cmd
 }
 
