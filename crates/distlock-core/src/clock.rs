@@ -101,6 +101,12 @@ impl Instant {
         Instant(self.0.saturating_sub(d))
     }
 
+    /// Whole milliseconds since the boot clock's zero: a moment in 8 bytes where millisecond precision
+    /// does (a hold's start, for its duration in the metrics).
+    pub(crate) fn as_millis(self) -> u64 {
+        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// The time left until `self`, zero if it has passed.
     pub fn remaining(self) -> Duration {
         self.saturating_duration_since(now())

@@ -20,6 +20,7 @@ use crate::raw::{AcquireRequest, ErasedLease, HandOff, Released, Renewal, Renewa
 pub(crate) type LossFuture = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
 use crate::state::LockState;
 use crate::sync::lock;
+use crate::telemetry::{LossCause, Op, RenewalOutcome};
 use crate::token::FencingToken;
 
 /// The share of a granted TTL the guard trusts: clocks may drift by up to 1 %.
@@ -106,6 +107,9 @@ pub(crate) struct Holding {
     pub(crate) descriptor: std::sync::OnceLock<Arc<std::os::fd::OwnedFd>>,
     /// Which permit a semaphore's hold is.
     permit: Option<Box<str>>,
+    /// When the grant's request was sent, in milliseconds on the boot clock (8 bytes, not an
+    /// `Instant`'s 16: a hold's size class): the start of `distlock_hold_seconds`.
+    granted_at_ms: u64,
 }
 
 /// The hold's part in its name's local gate (see [`Holding::gate`]).
@@ -154,9 +158,20 @@ struct Status {
     next_renew_at: Option<Instant>,
     /// A renewal (the watchdog's or an `extend`) is in flight: at most one per hold.
     renewing: bool,
+    /// The hold's `distlock.hold` span, from the grant until the release or the loss; only while a
+    /// subscriber records it (boxed: most holds have none).
+    span: Option<Box<tracing::Span>>,
 }
 
 impl Status {
+    /// Runs `event` (a `tracing` event) in the hold's span, if it has one.
+    fn in_span(&self, event: impl FnOnce()) {
+        match self.span.as_deref() {
+            Some(span) => span.in_scope(event),
+            None => event(),
+        }
+    }
+
     fn state(&self) -> LockState {
         if self.lost.is_some() {
             LockState::Lost
@@ -189,6 +204,7 @@ impl Holding {
             status.period = renewal_period(options.lease, ttl);
             status.next_renew_at = next_renewal(sent_at, ttl, options.lease, max_hold_end);
         }
+        shared.metrics.hold_started();
         Arc::new(Self {
             shared,
             lease,
@@ -202,7 +218,74 @@ impl Holding {
             wakeups: std::sync::OnceLock::new(),
             descriptor: std::sync::OnceLock::new(),
             permit,
+            granted_at_ms: sent_at.as_millis(),
         })
+    }
+
+    /// Opens the hold's span (a child of the caller's span, following the acquire's), unless it has
+    /// one or no subscriber wants it.
+    pub(crate) fn start_span(&self, acquire: Option<&tracing::Span>) {
+        let span = tracing::info_span!(
+            "distlock.hold",
+            engine = self.shared.locks.backend.kind(),
+            lock = %self.shared.name,
+            kind = self.shared.kind.as_str(),
+            token = self.token.map(FencingToken::get),
+            end = tracing::field::Empty,
+            reason = tracing::field::Empty,
+        );
+        if span.is_disabled() {
+            return;
+        }
+        if let Some(acquire) = acquire {
+            span.follows_from(acquire);
+        }
+        let mut status = lock(&self.status);
+        if status.span.is_none() && !status.released && status.lost.is_none() {
+            status.span = Some(Box::new(span));
+        }
+    }
+
+    /// How long since the grant's request was sent.
+    fn held_for(&self) -> Duration {
+        Duration::from_millis(clock::now().as_millis().saturating_sub(self.granted_at_ms))
+    }
+
+    /// Marks the hold Lost for `reason` (under the `status` lock, once): counted, logged in its span,
+    /// and the span closed. A hold already released only shows the reason to a guard still holding it.
+    fn lose(&self, status: &mut Status, reason: Box<str>, cause: LossCause) {
+        if status.lost.is_some() {
+            return;
+        }
+        if !status.released {
+            self.shared
+                .metrics
+                .hold_ended(status.jeopardy, Some(cause), self.held_for());
+            if let Some(span) = &status.span {
+                span.record("end", "lost");
+                span.record("reason", &*reason);
+            }
+            status.in_span(|| tracing::warn!(lock = %self.shared.name, reason = &*reason, "lock lost"));
+            status.span = None;
+        }
+        status.lost = Some(reason);
+    }
+
+    /// Marks the hold released (under the `status` lock, once): counted unless it was lost, and its
+    /// span closed.
+    fn end_released(&self, status: &mut Status) {
+        if std::mem::replace(&mut status.released, true) || status.lost.is_some() {
+            return;
+        }
+        let held_for = self.held_for();
+        self.shared
+            .metrics
+            .hold_ended(status.jeopardy, None, held_for);
+        if let Some(span) = status.span.take() {
+            span.record("end", "released");
+            let held_ms = u64::try_from(held_for.as_millis()).unwrap_or(u64::MAX);
+            tracing::info!(parent: &*span, held_ms, "lock released");
+        }
     }
 
     /// The wake-ups, made now if no waiter has made them (for a waiter).
@@ -244,13 +327,15 @@ impl Holding {
                 // No renewal was due: the last grant covered the rest of `max_hold`, and its
                 // deadline (1 % early for clock drift) came just before the cap itself.
                 let capped = self.max_hold_end.is_some() && status.next_renew_at.is_none();
-                status.lost = Some(if capped {
-                    "max_hold was reached (the last grant covered the rest of it)".into()
+                if capped {
+                    let reason = "max_hold was reached (the last grant covered the rest of it)";
+                    self.lose(status, reason.into(), LossCause::MaxHold);
                 } else {
-                    "the validity deadline passed without a confirmed renewal".into()
-                });
+                    let reason = "the validity deadline passed without a confirmed renewal";
+                    self.lose(status, reason.into(), LossCause::Expired);
+                }
             } else if self.max_hold_end.is_some_and(|end| now >= end) {
-                status.lost = Some("max_hold was reached".into());
+                self.lose(status, "max_hold was reached".into(), LossCause::MaxHold);
             }
         }
         self.publish(status);
@@ -281,7 +366,7 @@ impl Holding {
                 held.take();
             }
         }
-        lock(&self.status).released = true;
+        self.end_released(&mut lock(&self.status));
         let on_gate = std::mem::replace(&mut *lock(&self.gate), OnGate::Passed);
         drop(on_gate);
     }
@@ -297,9 +382,8 @@ impl Holding {
 
     pub(crate) fn mark_lost(&self, reason: String) {
         let mut status = lock(&self.status);
-        if status.lost.is_none() && !status.released {
-            tracing::warn!(lock = %self.shared.name, %reason, "lock lost");
-            status.lost = Some(reason.into());
+        if !status.released {
+            self.lose(&mut status, reason.into(), LossCause::Reported);
         }
         self.publish(&status);
     }
@@ -470,28 +554,37 @@ impl Holding {
         let before = status.deadline;
         self.refresh(&mut status, now);
         if status.lost.is_none() && !status.released {
+            let metrics = &self.shared.metrics;
+            let round_trip = now.saturating_duration_since(sent_at);
             match outcome {
                 Ok(Renewed::Extended { ttl }) => {
+                    metrics.renewal(RenewalOutcome::Extended, Some(round_trip));
                     if status.confirmed_sent_at.is_some_and(|c| sent_at <= c) {
                         tracing::debug!(lock = %self.shared.name, "a reply older than the current deadline's is ignored");
                     } else {
                         status.deadline = Some(validity_deadline(sent_at, ttl));
                         status.confirmed_sent_at = Some(sent_at);
-                        status.jeopardy = false;
+                        if std::mem::replace(&mut status.jeopardy, false) {
+                            metrics.jeopardy(false);
+                            status.in_span(|| tracing::info!(lock = %self.shared.name, "renewal confirmed; lock held again"));
+                        }
                         status.period = renewal_period(self.lease_ttl, ttl);
                         status.next_renew_at =
                             next_renewal(sent_at, ttl, self.lease_ttl, self.max_hold_end);
                     }
                 }
                 Ok(Renewed::Gone { reason }) => {
-                    tracing::warn!(lock = %self.shared.name, %reason, "lock lost");
-                    status.lost = Some(reason.into());
+                    metrics.renewal(RenewalOutcome::Gone, Some(round_trip));
+                    self.lose(&mut status, reason.into(), LossCause::Gone);
                 }
                 Err(error) => {
+                    metrics.renewal(RenewalOutcome::Failed, None);
+                    metrics.error(Op::Renew, error.kind());
                     let unconfirmed = validity_deadline(sent_at, asked);
                     status.deadline = status.deadline.map(|d| d.min(unconfirmed));
                     if !status.jeopardy {
-                        tracing::warn!(lock = %self.shared.name, %error, "renewal failed; lock in jeopardy");
+                        metrics.jeopardy(true);
+                        status.in_span(|| tracing::warn!(lock = %self.shared.name, %error, "renewal failed; lock in jeopardy"));
                     }
                     status.jeopardy = true;
                     // Retry well before the deadline, which may just have moved closer.
@@ -724,7 +817,7 @@ impl Holding {
         let lost_before = {
             let mut status = lock(&self.status);
             self.refresh(&mut status, clock::now());
-            status.released = true;
+            self.end_released(&mut status);
             status.lost.is_some()
         };
         let backend = self.shared.locks.backend.clone();
@@ -756,7 +849,7 @@ impl Holding {
         drop(on_gate);
         let kind = backend.kind();
         let name = &self.shared.name;
-        match outcome {
+        let result = match outcome {
             Ok(Released::Released) => Ok(()),
             Ok(Released::NotHeld) => Err(tag(
                 Error::new(
@@ -772,7 +865,11 @@ impl Holding {
                 name,
             )),
             Err(e) => Err(tag(e, kind, name)),
+        };
+        if let Err(error) = &result {
+            self.shared.metrics.error(Op::Release, error.kind());
         }
+        result
     }
 }
 
@@ -823,6 +920,11 @@ impl fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
+    /// Opens the hold's span (see [`Holding::start_span`]).
+    pub(crate) fn start_hold_span(&self, acquire: Option<&tracing::Span>) {
+        self.holding.start_span(acquire);
+    }
+
     pub(crate) fn new(holding: Arc<Holding>) -> Self {
         Self {
             holding,
@@ -1075,6 +1177,7 @@ impl LockGuard {
         });
         match replied.await {
             Ok(Ok(read)) => {
+                read.start_hold_span(None);
                 let mut write = std::mem::replace(self, read);
                 // Its hold ended in the downgrade: nothing to release.
                 write.done = true;

@@ -58,6 +58,7 @@ pub mod raw;
 pub mod retry;
 mod state;
 mod sync;
+mod telemetry;
 mod token;
 pub mod url;
 mod watchdog;

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tracing::Instrument;
 
 use crate::capabilities::Capabilities;
 use crate::clock;
@@ -17,6 +18,7 @@ use crate::kinds::{LockKind, RwLock, Semaphore};
 use crate::options::{LockOptions, Wait};
 use crate::raw::{AcquireRequest, Attempt, Backend, DynBackend, ErasedAcquisition, LockInfo};
 use crate::sync::lock;
+use crate::telemetry::{AcquireOutcome, LockMetrics, Op, Telemetry, WaitingMark};
 use crate::watchdog::Watchdog;
 
 /// The longest caller-supplied owner id accepted, in bytes.
@@ -64,6 +66,7 @@ pub(crate) struct LocksInner {
     releasing: Mutex<HashMap<NameAndOwner, Arc<ReleasingMutex>>>,
     pub(crate) watchdog: Arc<Watchdog>,
     background: Arc<Background>,
+    pub(crate) telemetry: Telemetry,
 }
 
 /// The mutex of a release in flight of one (name, owner) (see [`LocksInner::releasing`]), and its key.
@@ -144,8 +147,27 @@ impl Locks {
                 releasing: Mutex::default(),
                 watchdog: Arc::new(Watchdog::default()),
                 background: Arc::default(),
+                telemetry: Telemetry::default(),
             }),
         }
+    }
+
+    /// Labels this `Locks`'s metrics with the lock name too (off by default: names can be unbounded,
+    /// and every name then has series of its own). Applies to the `Lock`s made after it.
+    ///
+    /// distlock records through the [`metrics`](https://docs.rs/metrics) facade: nothing is recorded
+    /// unless the application installs a recorder (an exporter), and that before it makes its `Locks`.
+    /// The series and their labels are listed in the `distlock` crate's documentation.
+    ///
+    /// ```
+    /// use distlock_core::{Locks, MemoryBackend};
+    ///
+    /// let locks = Locks::new(MemoryBackend::new()).with_name_labels(true);
+    /// # let _ = locks;
+    /// ```
+    pub fn with_name_labels(self, on: bool) -> Self {
+        self.inner.telemetry.set_name_labels(on);
+        self
     }
 
     /// A new owner of `name`, with an owner id unique in this process (`<process uuid>:<n>`). No I/O.
@@ -283,8 +305,13 @@ impl Locks {
         } else {
             Arc::new(Gate::default())
         };
+        let metrics = self
+            .inner
+            .telemetry
+            .for_lock(self.inner.backend.kind(), kind, &name);
         LockShared {
             locks: self.inner.clone(),
+            metrics,
             name,
             owner,
             kind,
@@ -658,6 +685,8 @@ pub(crate) struct LockShared {
     pub(crate) gate: Arc<Gate>,
     /// The current hold and how many guards share it.
     pub(crate) held: Mutex<Option<(Arc<Holding>, usize)>>,
+    /// The metric handles of its engine and kind (and name, if asked for).
+    pub(crate) metrics: Arc<LockMetrics>,
 }
 
 /// The other side of a read-write lock's `Lock` (see [`LockShared::other_side`]): the write side
@@ -758,12 +787,56 @@ impl Lock {
         lock(&self.shared.held).is_some()
     }
 
+    /// An acquire, with its span, its metrics and its outcome's event.
     async fn run(&self, options: LockOptions) -> Result<Option<LockGuard>> {
         let shared = &self.shared;
-        let locks = &shared.locks;
-        let backend_kind = locks.backend.kind();
-        let result = self.run_inner(options).await;
-        result.map_err(|e| tag(e, backend_kind, &shared.name))
+        let backend_kind = shared.locks.backend.kind();
+        let span = tracing::info_span!(
+            "distlock.acquire",
+            engine = backend_kind,
+            lock = %shared.name,
+            kind = shared.kind.as_str(),
+            outcome = tracing::field::Empty,
+            wait_ms = tracing::field::Empty,
+            token = tracing::field::Empty,
+        );
+        let mut record = AcquireRecord {
+            metrics: &shared.metrics,
+            started: clock::now(),
+            finished: false,
+        };
+        let result = self
+            .run_inner(options)
+            .instrument(span.clone())
+            .await
+            .map_err(|e| tag(e, backend_kind, &shared.name));
+        record.finished = true;
+        let waited = clock::now().saturating_duration_since(record.started);
+        let wait_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+        let outcome = match &result {
+            Ok(Some(_)) => AcquireOutcome::Acquired,
+            Ok(None) => AcquireOutcome::Busy,
+            Err(_) => AcquireOutcome::Error,
+        };
+        shared.metrics.acquired(outcome, waited);
+        span.record("outcome", outcome.as_str());
+        span.record("wait_ms", wait_ms);
+        match &result {
+            Ok(Some(guard)) => {
+                let token = guard.token().map(|t| t.get());
+                if let Some(token) = token {
+                    span.record("token", token);
+                }
+                tracing::info!(parent: &span, wait_ms, token, "lock acquired");
+                guard.start_hold_span(Some(&span));
+            }
+            Ok(None) => tracing::debug!(parent: &span, wait_ms, "lock not acquired: held elsewhere"),
+            Err(error) => {
+                shared.metrics.error(Op::Acquire, error.kind());
+                tracing::info!(parent: &span, wait_ms, %error, "acquire failed");
+            }
+        }
+        result
     }
 
     async fn run_inner(&self, options: LockOptions) -> Result<Option<LockGuard>> {
@@ -785,12 +858,17 @@ impl Lock {
 
         // Free locks are taken without a timer (`try_lock` fails while others queue, so the queue
         // stays FIFO): an uncontended acquire arms none (issue 9).
+        // Counted in `distlock_waiters` from its first wait until it returns.
+        let mut waiting: Option<WaitingMark> = None;
         let _serial = match shared.serial().try_lock() {
             Ok(serial) => serial,
-            Err(_) => match within(deadline, shared.serial().lock()).await {
-                Some(serial) => serial,
-                None => return Ok(None),
-            },
+            Err(_) => {
+                waiting = Some(shared.metrics.waiting());
+                match within(deadline, shared.serial().lock()).await {
+                    Some(serial) => serial,
+                    None => return Ok(None),
+                }
+            }
         };
         if let Some(guard) = self.reenter()? {
             // As a first acquire would: the hold's watchdog may have gone with a dropped runtime.
@@ -811,13 +889,16 @@ impl Lock {
             .take_or_queue(&shared.owner, options.first_ttl(), shared.kind)
         {
             Ok(gate) => gate,
-            Err(wait) => match within(deadline, wait).await {
-                Some(Ok(Pass::Plain(gate))) => gate,
-                // The releaser handed the lock on with the gate: installed like a grant of ours.
-                Some(Ok(Pass::Granted(handed))) => return self.install_handed(handed, options),
-                Some(Err(e)) => return Err(e),
-                None => return Ok(None),
-            },
+            Err(wait) => {
+                waiting.get_or_insert_with(|| shared.metrics.waiting());
+                match within(deadline, wait).await {
+                    Some(Ok(Pass::Plain(gate))) => gate,
+                    // The releaser handed the lock on with the gate: installed like a grant of ours.
+                    Some(Ok(Pass::Granted(handed))) => return self.install_handed(handed, options),
+                    Some(Err(e)) => return Err(e),
+                    None => return Ok(None),
+                }
+            }
         };
         // This owner's own release may still be on its way (see `LocksInner::releasing`).
         if let Some(releasing) = locks.release_in_flight(&shared.gate, &shared.name, &shared.owner)
@@ -870,7 +951,14 @@ impl Lock {
                     let gate = pending.disarm();
                     return Ok(Some(self.install(grant, sent_at, options, gate)));
                 }
-                Attempt::Busy { retry_after } => retry_after,
+                Attempt::Busy { retry_after } => {
+                    waiting.get_or_insert_with(|| shared.metrics.waiting());
+                    tracing::debug!(
+                        retry_after_ms = retry_after.map(|d| d.as_millis()),
+                        "lock busy; waiting for its release"
+                    );
+                    retry_after
+                }
             };
             if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 pending.abandon().await;
@@ -983,6 +1071,22 @@ pub(crate) fn install(
         let _ = holding.descriptor.set(descriptor);
     }
     LockGuard::new(holding)
+}
+
+/// An acquire being counted: one that ends without [`finished`](Self::finished) set was cancelled.
+struct AcquireRecord<'a> {
+    metrics: &'a LockMetrics,
+    started: clock::Instant,
+    finished: bool,
+}
+
+impl Drop for AcquireRecord<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            let waited = clock::now().saturating_duration_since(self.started);
+            self.metrics.acquired(AcquireOutcome::Cancelled, waited);
+        }
+    }
 }
 
 /// Runs `fut` until `deadline`; `None` if it elapsed first. The future is polled once even when the

@@ -47,6 +47,43 @@
 //! * **For backend authors:** [`raw`], the trait a backend implements and the types it exchanges
 //!   with the core. Users never call it.
 //!
+//! ## Metrics and traces
+//!
+//! distlock records through the [`metrics`](https://docs.rs/metrics) facade and emits
+//! [`tracing`](https://docs.rs/tracing) spans; it ships no exporter. Nothing is recorded unless the
+//! application installs a recorder, and that **before** it makes its [`Locks`] (handles made before a
+//! recorder exists record nothing). With one, the hot path costs a few atomic adds.
+//! `examples/metrics.rs` serves them for Prometheus with `metrics-exporter-prometheus`:
+//!
+//! ```text
+//! cargo run -p distlock --example metrics 127.0.0.1:9898
+//! curl -s http://127.0.0.1:9898/metrics | grep ^distlock_
+//! ```
+//!
+//! | series | type | labels besides `engine`, `kind` |
+//! |---|---|---|
+//! | `distlock_acquisitions_total` | counter | `outcome`: `acquired`, `busy` (a try found it held, or the wait limit ran out), `error`, `cancelled` (the acquire future was dropped) |
+//! | `distlock_acquire_wait_seconds` | histogram | `outcome` |
+//! | `distlock_waiters` | gauge | acquires of this process waiting now, for a holder here or elsewhere |
+//! | `distlock_holds` | gauge | `state`: `held`, `jeopardy` (holds of this process now) |
+//! | `distlock_hold_seconds` | histogram | `end`: `released`, `lost` (from the grant's request to the release or the loss) |
+//! | `distlock_renewals_total` | counter | `outcome`: `extended`, `gone`, `failed` |
+//! | `distlock_renewal_seconds` | histogram | the round trip of answered renewals |
+//! | `distlock_jeopardy_total` | counter | holds that went into Jeopardy |
+//! | `distlock_lost_total` | counter | `reason`: `expired` (no confirmed renewal in time), `max_hold`, `gone` (a renewal found the key gone or another owner's), `reported` (the engine said so: a session or lease ended, a watch saw the key go) |
+//! | `distlock_errors_total` | counter | `op`: `acquire`, `release`, `renew`; `error`: the [`ErrorKind`] in snake case (`unavailable`, `not_held`, …) |
+//!
+//! `engine` is the backend (`redis`, `redlock`, `etcd`, `zookeeper`, `postgres`, `mysql`, `file`,
+//! `memory`) and `kind` what is held (`mutex`, `read`, `write`, `permit`). Lock names are labels only
+//! after [`Locks::with_name_labels`]: they can be unbounded.
+//!
+//! Spans: `distlock.acquire` per acquire call (`engine`, `lock`, `kind`, then `outcome`, `wait_ms`,
+//! `token`), a child of the caller's span; `distlock.hold` per hold, from the grant to the release or
+//! the loss (`token`, then `end` and the loss `reason`), following its acquire. Events: `lock
+//! acquired` and `lock released` at `info`; `renewal failed; lock in jeopardy` and `lock lost` at
+//! `warn`, `renewal confirmed; lock held again` at `info`, each in the hold's span; a busy try and
+//! each retry at `debug`.
+//!
 //! Cargo feature `testing` (off by default; for tests only) adds fault-injection hooks: `freeze`,
 //! `delay_renewals` and friends on [`memory::MemoryBackend`], `memory://…?freeze_after=`, and the test
 //! hooks of the Redis and etcd backends.
