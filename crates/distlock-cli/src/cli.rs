@@ -145,7 +145,9 @@ sent to distlock are passed on to the command's process group once (signals igno
 started stay ignored). When distlock is in the foreground of its terminal (also in a pipeline), the \
 command gets the terminal and distlock's group gets it back after; with a pager after distlock in the \
 pipeline, the command gets it only once it needs it, as for a password prompt. Ctrl-Z stops the whole \
-job; fg resumes it.";
+job; fg resumes it. While it waits for the lock on a terminal, one line on stderr says for how long \
+and who holds it (pid and host, token, for how long, lease left, where the engine tells), rewritten in \
+place and erased when the lock comes; without a terminal nothing extra is printed.";
 
 /// `distlock run`.
 ///

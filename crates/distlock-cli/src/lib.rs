@@ -22,6 +22,7 @@ pub mod bench;
 pub mod child;
 pub mod cli;
 pub mod exit;
+pub mod progress;
 pub mod reference;
 pub mod run;
 pub mod status;

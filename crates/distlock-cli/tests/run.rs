@@ -1451,3 +1451,99 @@ fn a_renamed_lock_directory_stops_the_holders_command() {
         "holder exit: {status:?}"
     );
 }
+
+// --- the progress line of a long wait -----------------------------------------------------------
+
+/// A pseudo-terminal: the master, and the slave for a child's stderr.
+fn openpty() -> (fs::File, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (-1, -1);
+    // Wide enough for the whole line: a narrower terminal gets it cut to its width.
+    let size = libc::winsize {
+        ws_row: 24,
+        ws_col: 200,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty writes two new descriptors, which are owned below.
+    let done = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &size,
+        )
+    };
+    assert_eq!(done, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors are new and ours alone.
+    unsafe {
+        (
+            fs::File::from_raw_fd(master),
+            std::os::fd::OwnedFd::from_raw_fd(slave),
+        )
+    }
+}
+
+/// On a terminal, a wait longer than a second shows one line saying whom it waits for, rewritten in
+/// place, and erases it when the lock comes; without a terminal it prints nothing extra.
+#[test]
+fn a_long_wait_on_a_terminal_shows_the_holder_and_erases_the_line() {
+    use std::sync::{Arc, Mutex};
+    let sandbox = Sandbox::new();
+    let holder = sandbox.hold("shown");
+    let (mut master, slave) = openpty();
+    let mut on_tty = Running::spawn(
+        sandbox
+            .run(&["shown", "--", "true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(slave)),
+    );
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let reader = {
+        let seen = seen.clone();
+        // Reads until every holder of the slave is gone (EIO).
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = master.read(&mut buf) {
+                seen.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    };
+    let text = || String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    let piped = {
+        let command = sandbox.run(&["shown", "--", "true"]);
+        std::thread::spawn(move || finish(command, SOON))
+    };
+    let (pid, token) = (format!("pid {}", holder.pid()), format!("token {}", holder.token));
+    let named = || {
+        let text = text();
+        text.contains(&format!("held by {pid} on ")) && text.contains(&token)
+    };
+    let start = Instant::now();
+    while !named() {
+        assert!(
+            start.elapsed() < SOON,
+            "the progress line to name the holder ({pid}, {token}): {:?}",
+            text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Rewritten in place: the seconds count up on one line.
+    wait_until(SOON, "the line to be redrawn", || {
+        text().matches("\r\x1b[Kdistlock: waiting ").count() >= 2
+    });
+    holder.finish();
+    assert_eq!(on_tty.wait(SOON).code(), Some(0));
+    reader.join().unwrap();
+    let text = text();
+    assert!(
+        text.starts_with("\r\x1b[Kdistlock: waiting 1s for \"shown\""),
+        "{text:?}"
+    );
+    assert!(!text.contains('\n'), "one line, rewritten: {text:?}");
+    assert!(text.ends_with("\r\x1b[K"), "the line is erased: {text:?}");
+    let piped = piped.join().unwrap();
+    piped.expect_code(0);
+    assert_eq!(piped.stderr, "", "nothing extra without a terminal");
+}
