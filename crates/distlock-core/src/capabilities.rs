@@ -171,6 +171,9 @@ pub struct Capabilities {
     pub frees_on_process_death: bool,
     /// Two processes on one machine can contend (false only for the in-process memory backend).
     pub shared_across_processes: bool,
+    /// Another holder's exclusive hold can be ended by an operator
+    /// ([`Locks::break_holder`](crate::Locks::break_holder), `distlock break`).
+    pub breaks_holders: bool,
     /// The lock kinds supported.
     pub kinds: LockKinds,
 }
@@ -185,6 +188,7 @@ impl Capabilities {
             notify_wait: false,
             frees_on_process_death: false,
             shared_across_processes: true,
+            breaks_holders: false,
             kinds: LockKinds::mutex_only(),
         }
     }
@@ -222,6 +226,12 @@ impl Capabilities {
     /// Sets [`shared_across_processes`](Self::shared_across_processes).
     pub const fn with_shared_across_processes(mut self, on: bool) -> Self {
         self.shared_across_processes = on;
+        self
+    }
+
+    /// Sets [`breaks_holders`](Self::breaks_holders).
+    pub const fn with_breaks_holders(mut self, on: bool) -> Self {
+        self.breaks_holders = on;
         self
     }
 

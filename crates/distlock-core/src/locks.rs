@@ -370,6 +370,60 @@ impl Locks {
     }
 }
 
+impl Locks {
+    /// Ends another holder's exclusive hold of `name` against its will: the operator's tool when a
+    /// holder is known to be dead and its lease is long (`distlock break`). `holder` is what
+    /// [`inspect`](Self::inspect) showed; the engine ends the hold only if that holder still holds the
+    /// lock (checked on the server in the same step), so a holder that came since is never broken.
+    ///
+    /// `Ok(true)`: the hold is gone; `Ok(false)`: that holder no longer held it and nothing was
+    /// touched. Backends without [`Capabilities::breaks_holders`] return [`ErrorKind::Unsupported`]
+    /// (a `flock` cannot be taken from a live process). The broken holder's guard goes `Lost` when
+    /// its engine tells it or at its next renewal; until then it may still believe it holds the lock,
+    /// which is why fencing tokens exist.
+    ///
+    /// ```
+    /// use distlock_core::{LockState, Locks, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> distlock_core::Result<()> {
+    /// let locks = Locks::new(MemoryBackend::new());
+    /// let stuck = locks.lock("nightly")?.acquire().await?;
+    /// let holder = locks.inspect("nightly").await?.holder.expect("held");
+    /// assert!(locks.break_holder("nightly", &holder).await?);
+    /// assert!(locks.lock("nightly")?.try_acquire().await?.is_some());
+    /// // Broken again with the same holder: that hold is gone, nothing is touched.
+    /// assert!(!locks.break_holder("nightly", &holder).await?);
+    /// # drop(stuck);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn break_holder(&self, name: &str, holder: &crate::raw::HolderInfo) -> Result<bool> {
+        let backend = self.inner.backend.kind();
+        crate::name::validate(name)
+            .and_then(|()| self.inner.backend.validate_name(name))
+            .map_err(|e| e.with_backend(backend))?;
+        let broken = self
+            .inner
+            .backend
+            .break_holder(name, holder)
+            .await
+            .map_err(|e| tag(e, backend, name))?;
+        if broken {
+            tracing::warn!(
+                lock = name,
+                engine = backend,
+                owner = holder.owner.as_deref(),
+                token = holder.token.map(|t| t.get()),
+                pid = holder.pid,
+                host = holder.host.as_deref(),
+                "lock broken: another holder's hold was ended"
+            );
+        }
+        Ok(broken)
+    }
+}
+
 impl fmt::Debug for Locks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Locks")

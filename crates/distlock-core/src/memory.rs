@@ -535,6 +535,7 @@ impl Backend for MemoryBackend {
             .with_fencing(Fencing::Strict)
             .with_notify_wait(true)
             .with_shared_across_processes(false)
+            .with_breaks_holders(true)
             .with_kinds(
                 LockKinds::mutex_only()
                     .with_read_write(ReadWriteOrder::WritersFirst)
@@ -748,6 +749,33 @@ impl Backend for MemoryBackend {
             }
         }
         Ok(info)
+    }
+
+    /// Removes the exclusive holder if it is `holder` (same owner and, when shown, same token).
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        self.link.check_reachable()?;
+        let Some(owner) = holder.owner.as_deref() else {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "the holder to break has no owner id: pass the holder inspect showed",
+            ));
+        };
+        let now = clock::now();
+        let broken = {
+            let mut names = lock(&self.store.names);
+            names.get_mut(name).is_some_and(|state| {
+                state.expire(now);
+                let same_token = |h: &Holder| holder.token.is_none_or(|t| t.get() == h.token);
+                state
+                    .holder
+                    .take_if(|h| h.owner == owner && same_token(h))
+                    .is_some()
+            })
+        };
+        if broken {
+            self.store.released();
+        }
+        Ok(broken)
     }
 
     /// The writer becomes a reader with its token, in one step.

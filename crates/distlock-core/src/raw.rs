@@ -824,6 +824,22 @@ pub trait Backend: Send + Sync + 'static {
         ))
     }
 
+    /// Ends `holder`'s exclusive hold of `name` against its will, for `distlock break`: `holder` is what
+    /// [`inspect`](Self::inspect) reported, and the hold is ended only if that same holder still holds
+    /// the lock, checked on the server in the same step, so a new holder is never broken by mistake.
+    /// `Ok(true)`: that hold is gone (waiters may take the lock); `Ok(false)`: that holder no longer
+    /// holds it (released, expired, or another holder now), and nothing was touched. The broken
+    /// holder's guard goes `Lost` when its engine tells it (a watch, a closed session) or at its next
+    /// renewal. Backends that set [`Capabilities::breaks_holders`] implement it; the default is
+    /// `Unsupported`.
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        let _ = (name, holder);
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this backend cannot end another holder's hold",
+        ))
+    }
+
     /// Turns `owner`'s write hold (`lease`, a [`LockKind::Write`] grant) into a read hold of the same
     /// owner in one step, so that no writer can get in between: `read` is the read side's request
     /// (same name and owner, [`LockKind::Read`], the lease to ask for). On success the write hold is
@@ -885,6 +901,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         next: &AcquireRequest,
     ) -> Result<HandOff<ErasedLease>>;
     async fn inspect(&self, name: &str) -> Result<LockInfo>;
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool>;
     async fn downgrade(
         &self,
         lease: &ErasedLease,
@@ -1018,6 +1035,10 @@ impl<B: Backend> DynBackend for B {
 
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
         Backend::inspect(self, name).await
+    }
+
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        Backend::break_holder(self, name, holder).await
     }
 
     async fn downgrade(

@@ -1118,6 +1118,79 @@ pub(crate) async fn lose_a_release_reply(
     reply_lost
 }
 
+/// An operator's break ([`Locks::break_holder`], `distlock break`) ends the hold `inspect` showed and
+/// no other: a holder that came since survives a break aimed at the one before it; the broken holder's
+/// guard goes `Lost` (when its engine tells it, or at its next renewal: within its lease) while a
+/// waiter gets the lock (a holder that keeps renewing would otherwise keep it for ever). A backend
+/// without [`breaks_holders`](distlock_core::Capabilities::breaks_holders) refuses with `Unsupported`
+/// and leaves the hold alone.
+pub async fn break_ends_only_the_holder_shown(provider: &impl Provider) {
+    let name = unique_name("break");
+    let a = provider.client().await;
+    let b = provider.client().await;
+    let operator = provider.client().await;
+    let lease = Duration::from_secs(3);
+    let first = a.hold(&name, lease).await;
+    let shown = |info: distlock_core::LockInfo| info.holder.expect("inspect shows the holder");
+    let first_shown = shown(operator.locks.inspect(&name).await.expect("inspect"));
+    if !operator.locks.capabilities().breaks_holders {
+        let refused = operator
+            .locks
+            .break_holder(&name, &first_shown)
+            .await
+            .expect_err("a backend without breaks_holders refuses");
+        assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
+        assert_eq!(first.state(), LockState::Held);
+        assert!(b.lock(&name).try_acquire().await.expect("try").is_none());
+        first.release().await.expect("release");
+        return;
+    }
+
+    // Aimed at a holder that has gone: the one there now is not touched.
+    first.release().await.expect("release");
+    let second = b.hold(&name, lease).await;
+    let stale = operator
+        .locks
+        .break_holder(&name, &first_shown)
+        .await
+        .expect("break");
+    assert!(!stale, "a break aimed at the first holder reported a broken hold");
+    assert!(
+        a.lock(&name).try_acquire().await.expect("try").is_none(),
+        "the second holder lost the lock to a break aimed at the first"
+    );
+    assert_eq!(second.state(), LockState::Held);
+
+    // Aimed at the holder there now: it is broken, a waiter gets the lock, the guard learns it.
+    let second_shown = shown(operator.locks.inspect(&name).await.expect("inspect"));
+    let waiter = a.lock(&name);
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.acquire().await;
+        (waiter, guard)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        operator
+            .locks
+            .break_holder(&name, &second_shown)
+            .await
+            .expect("break"),
+        "the holder shown was not broken"
+    );
+    let (_waiter, third) = tokio::time::timeout(lease + PROMPT, waiting)
+        .await
+        .expect("a waiter gets a broken lock (its holder is alive and renewing)")
+        .expect("waiter task");
+    let third = third.expect("acquire");
+    tokio::time::timeout(lease + PROMPT, second.lost())
+        .await
+        .expect("the broken holder's guard goes Lost within its lease");
+    if let (Some(broken), Some(next)) = (second_shown.token, third.token()) {
+        assert!(next > broken, "{next} after the broken {broken}");
+    }
+    third.release().await.expect("release");
+}
+
 /// Expands the whole suite for one backend: one `#[tokio::test]` per case, named after it.
 ///
 /// `$make` is an async fn (or closure returning a future) producing the [`Provider`]; each test calls it
@@ -1153,6 +1226,7 @@ macro_rules! conformance_suite {
             killed_holder_process_frees_lock,
             release_under_a_reset,
             lost_release_reply,
+            break_ends_only_the_holder_shown,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
