@@ -222,10 +222,20 @@ impl Holding {
         })
     }
 
-    /// Opens the hold's span (a child of the caller's span, following the acquire's), unless it has
-    /// one or no subscriber wants it.
+    /// Opens the hold's span (following the caller's span and the acquire's), unless it has one or no
+    /// subscriber wants it.
     pub(crate) fn start_span(&self, acquire: Option<&tracing::Span>) {
+        {
+            // A reentrant acquire joins the hold and its span.
+            let status = lock(&self.status);
+            if status.span.is_some() || status.released || status.lost.is_some() {
+                return;
+            }
+        }
+        // No parent: a hold outlives the caller's span (a request that took a leader's lock), and a
+        // child would keep that span open until the release. Linked to it and to the acquire instead.
         let span = tracing::info_span!(
+            parent: None,
             "distlock.hold",
             engine = self.shared.locks.backend.kind(),
             lock = %self.shared.name,
@@ -237,6 +247,7 @@ impl Holding {
         if span.is_disabled() {
             return;
         }
+        span.follows_from(tracing::Span::current());
         if let Some(acquire) = acquire {
             span.follows_from(acquire);
         }
@@ -552,13 +563,26 @@ impl Holding {
         let mut status = lock(&self.status);
         status.renewing = false;
         let before = status.deadline;
+        let metrics = &self.shared.metrics;
+        if !status.released {
+            // Counted even when the reply came too late to count for the hold: those renewals explain
+            // the expiries.
+            let round_trip = now.saturating_duration_since(sent_at);
+            match &outcome {
+                Ok(Renewed::Extended { .. }) => {
+                    metrics.renewal(RenewalOutcome::Extended, Some(round_trip))
+                }
+                Ok(Renewed::Gone { .. }) => metrics.renewal(RenewalOutcome::Gone, Some(round_trip)),
+                Err(error) => {
+                    metrics.renewal(RenewalOutcome::Failed, None);
+                    metrics.error(Op::Renew, error.kind());
+                }
+            }
+        }
         self.refresh(&mut status, now);
         if status.lost.is_none() && !status.released {
-            let metrics = &self.shared.metrics;
-            let round_trip = now.saturating_duration_since(sent_at);
             match outcome {
                 Ok(Renewed::Extended { ttl }) => {
-                    metrics.renewal(RenewalOutcome::Extended, Some(round_trip));
                     if status.confirmed_sent_at.is_some_and(|c| sent_at <= c) {
                         tracing::debug!(lock = %self.shared.name, "a reply older than the current deadline's is ignored");
                     } else {
@@ -574,12 +598,9 @@ impl Holding {
                     }
                 }
                 Ok(Renewed::Gone { reason }) => {
-                    metrics.renewal(RenewalOutcome::Gone, Some(round_trip));
                     self.lose(&mut status, reason.into(), LossCause::Gone);
                 }
                 Err(error) => {
-                    metrics.renewal(RenewalOutcome::Failed, None);
-                    metrics.error(Op::Renew, error.kind());
                     let unconfirmed = validity_deadline(sent_at, asked);
                     status.deadline = status.deadline.map(|d| d.min(unconfirmed));
                     if !status.jeopardy {

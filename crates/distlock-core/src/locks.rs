@@ -153,7 +153,8 @@ impl Locks {
     }
 
     /// Labels this `Locks`'s metrics with the lock name too (off by default: names can be unbounded,
-    /// and every name then has series of its own). Applies to the `Lock`s made after it.
+    /// and every name then has series of its own). Applies to the `Lock`s made after it, through this
+    /// `Locks` and every clone of it (they share one connection and one setting).
     ///
     /// distlock records through the [`metrics`](https://docs.rs/metrics) facade: nothing is recorded
     /// unless the application installs a recorder (an exporter), and that before it makes its `Locks`.
@@ -856,6 +857,7 @@ impl Lock {
         );
         let mut record = AcquireRecord {
             metrics: &shared.metrics,
+            span: &span,
             started: clock::now(),
             finished: false,
         };
@@ -1005,19 +1007,17 @@ impl Lock {
                     let gate = pending.disarm();
                     return Ok(Some(self.install(grant, sent_at, options, gate)));
                 }
-                Attempt::Busy { retry_after } => {
-                    waiting.get_or_insert_with(|| shared.metrics.waiting());
-                    tracing::debug!(
-                        retry_after_ms = retry_after.map(|d| d.as_millis()),
-                        "lock busy; waiting for its release"
-                    );
-                    retry_after
-                }
+                Attempt::Busy { retry_after } => retry_after,
             };
             if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 pending.abandon().await;
                 return Ok(None);
             }
+            waiting.get_or_insert_with(|| shared.metrics.waiting());
+            tracing::debug!(
+                retry_after_ms = retry_after.map(|d| d.as_millis()),
+                "lock busy; waiting for its release"
+            );
             let (acquisition, request) = pending.parts()?;
             let waited = within(
                 deadline,
@@ -1130,6 +1130,7 @@ pub(crate) fn install(
 /// An acquire being counted: one that ends without [`finished`](Self::finished) set was cancelled.
 struct AcquireRecord<'a> {
     metrics: &'a LockMetrics,
+    span: &'a tracing::Span,
     started: clock::Instant,
     finished: bool,
 }
@@ -1139,6 +1140,8 @@ impl Drop for AcquireRecord<'_> {
         if !self.finished {
             let waited = clock::now().saturating_duration_since(self.started);
             self.metrics.acquired(AcquireOutcome::Cancelled, waited);
+            self.span
+                .record("outcome", AcquireOutcome::Cancelled.as_str());
         }
     }
 }

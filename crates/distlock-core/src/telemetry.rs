@@ -149,6 +149,9 @@ pub(crate) struct LockMetrics {
     renewal_time: Histogram,
     jeopardy: Counter,
     lost: [Counter; 4],
+    /// `distlock_errors_total` by operation and error, registered at each pair's first error (most
+    /// never happen; 3 × 13 handles made up front would be the largest part of this).
+    errors: std::sync::Mutex<Vec<(Op, &'static str, Counter)>>,
 }
 
 impl LockMetrics {
@@ -181,6 +184,7 @@ impl LockMetrics {
             renewal_time: metrics::histogram!(RENEWAL_TIME, labels.clone()),
             jeopardy: metrics::counter!(JEOPARDY, labels.clone()),
             lost: LossCause::ALL.map(|c| metrics::counter!(LOST, with("reason", c.as_str()))),
+            errors: std::sync::Mutex::default(),
             labels,
         }
     }
@@ -191,12 +195,20 @@ impl LockMetrics {
         self.acquire_wait[at].record(waited.as_secs_f64());
     }
 
-    /// An error: counted by operation and kind (rare, so registered when it happens).
+    /// An error, counted by operation and kind (each pair's handle made at its first error).
     pub(crate) fn error(&self, op: Op, kind: ErrorKind) {
+        let error = error_label(kind);
+        let mut errors = crate::sync::lock(&self.errors);
+        if let Some((_, _, counter)) = errors.iter().find(|(o, e, _)| *o == op && *e == error) {
+            counter.increment(1);
+            return;
+        }
         let mut labels = self.labels.clone();
         labels.push(Label::from_static_parts("op", op.as_str()));
-        labels.push(Label::from_static_parts("error", error_label(kind)));
-        metrics::counter!(ERRORS, labels).increment(1);
+        labels.push(Label::from_static_parts("error", error));
+        let counter = metrics::counter!(ERRORS, labels);
+        counter.increment(1);
+        errors.push((op, error, counter));
     }
 
     pub(crate) fn hold_started(&self) {
@@ -265,6 +277,16 @@ pub(crate) struct Telemetry {
     name_labels: std::sync::atomic::AtomicBool,
     /// Without name labels, one set per kind (mutex, read, write, permit), made at first use.
     by_kind: [OnceLock<Arc<LockMetrics>>; 4],
+    /// With name labels, one set per kind and name while a `Lock` of it lives: `lock(name)?.acquire()`
+    /// in a loop, or a semaphore's acquires (a `Lock` each), reuse it.
+    by_name: std::sync::Mutex<Named>,
+}
+
+/// See [`Telemetry::by_name`]; pruned as the local gates' map is (amortised O(1)).
+#[derive(Default)]
+struct Named {
+    sets: std::collections::HashMap<(usize, Arc<str>), std::sync::Weak<LockMetrics>>,
+    prune_at: usize,
 }
 
 impl Telemetry {
@@ -278,21 +300,32 @@ impl Telemetry {
         &self,
         engine: &'static str,
         kind: LockKind,
-        name: &str,
+        name: &Arc<str>,
     ) -> Arc<LockMetrics> {
         describe();
-        if self.name_labels.load(std::sync::atomic::Ordering::Relaxed) {
-            return Arc::new(LockMetrics::new(engine, kind, Some(name)));
-        }
         let at = match kind {
             LockKind::Mutex => 0,
             LockKind::Read => 1,
             LockKind::Write => 2,
             LockKind::Permit { .. } => 3,
         };
-        self.by_kind[at]
-            .get_or_init(|| Arc::new(LockMetrics::new(engine, kind, None)))
-            .clone()
+        if !self.name_labels.load(std::sync::atomic::Ordering::Relaxed) {
+            return self.by_kind[at]
+                .get_or_init(|| Arc::new(LockMetrics::new(engine, kind, None)))
+                .clone();
+        }
+        let mut named = crate::sync::lock(&self.by_name);
+        let key = (at, name.clone());
+        if let Some(set) = named.sets.get(&key).and_then(std::sync::Weak::upgrade) {
+            return set;
+        }
+        if named.sets.len() >= named.prune_at {
+            named.sets.retain(|_, set| set.strong_count() > 0);
+            named.prune_at = (named.sets.len() * 2).max(64);
+        }
+        let set = Arc::new(LockMetrics::new(engine, kind, Some(name)));
+        named.sets.insert(key, Arc::downgrade(&set));
+        set
     }
 }
 

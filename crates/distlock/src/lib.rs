@@ -79,10 +79,11 @@
 //!
 //! Spans: `distlock.acquire` per acquire call (`engine`, `lock`, `kind`, then `outcome`, `wait_ms`,
 //! `token`), a child of the caller's span; `distlock.hold` per hold, from the grant to the release or
-//! the loss (`token`, then `end` and the loss `reason`), following its acquire. Events: `lock
-//! acquired` and `lock released` at `info`; `renewal failed; lock in jeopardy` and `lock lost` at
-//! `warn`, `renewal confirmed; lock held again` at `info`, each in the hold's span; a busy try and
-//! each retry at `debug`.
+//! the loss (`token`, then `end` and the loss `reason`), a root span that follows the caller's span
+//! and its acquire (a hold outlives the request that took it; as a child it would keep that span
+//! open). Events: `lock acquired`, `acquire failed` and `lock released` at `info`; `renewal failed;
+//! lock in jeopardy` and `lock lost` at `warn`, `renewal confirmed; lock held again` at `info`, each in
+//! the hold's span; a busy try and each wait after one at `debug`.
 //!
 //! Cargo feature `testing` (off by default; for tests only) adds fault-injection hooks: `freeze`,
 //! `delay_renewals` and friends on [`memory::MemoryBackend`], `memory://…?freeze_after=`, and the test
