@@ -51,6 +51,7 @@ pub struct Cli {
 /// let what = |args: &[&str]| match parse_from(args.iter().copied()).expect("valid").command {
 ///     Command::Run(run) => format!("run {}", run.name),
 ///     Command::Status(status) => format!("status {}", status.name),
+///     Command::Break(args) => format!("break {}", args.name),
 ///     Command::Bench(_) => "bench".to_string(),
 ///     Command::Man(man) => format!("man {}", man.subcommand.unwrap_or_default()),
 ///     Command::Completions(completions) => format!("completions {}", completions.shell),
@@ -65,6 +66,9 @@ pub enum Command {
     Run(RunArgs),
     /// Show who holds a lock (holder, token, remaining lease, waiters where known), or "free".
     Status(StatusArgs),
+    /// End another holder's hold of a lock, for a holder known to be dead whose lease is long.
+    #[command(long_about = BREAK_ABOUT)]
+    Break(BreakArgs),
     /// Measure a lock service: uncontended cycles, many names, one contended name, beside the
     /// engine's own round trip and a bare-client baseline.
     #[command(long_about = distlock_bench::ABOUT)]
@@ -247,6 +251,40 @@ pub struct StatusArgs {
     /// nodes; a field the engine cannot tell is null, or an empty list).
     #[arg(long)]
     pub json: bool,
+    /// The lock name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+}
+
+const BREAK_ABOUT: &str = "\
+End another holder's hold of a lock: the tool for a holder known to be dead (a machine gone, a process \
+stuck) whose lease or session is long. distlock shows the holder and its token and asks for \
+confirmation on the terminal; --yes skips the question, and without a terminal it refuses unless --yes \
+is given. Only the holder shown is broken: if another holder took the lock since, nothing is touched \
+(exit 75). The holder's work may still be running, and its guard learns of the break only when its \
+engine tells it or at its next renewal: that is what fencing tokens are for. Per engine: Redis and \
+etcd delete the holder's key, ZooKeeper its node, PostgreSQL and MariaDB end its session; a file lock \
+cannot be broken (distlock names the process holding it). One audit line (who broke which holder, \
+with its token, when) goes to stderr, and to the log at warn.";
+
+/// `distlock break`.
+///
+/// ```
+/// use distlock_cli::cli::{parse_from, Command};
+///
+/// let cli = parse_from(["distlock", "break", "--yes", "nightly"]).expect("valid arguments");
+/// let Command::Break(args) = cli.command else { unreachable!() };
+/// assert!(args.yes && args.name == "nightly");
+/// ```
+#[derive(Debug, Args)]
+#[command(after_help = exit::help_table())]
+pub struct BreakArgs {
+    /// `--url`: the lock service (else `$DISTLOCK_URL`, else the per-user file backend).
+    #[arg(long, value_name = "URL", help = URL_HELP)]
+    pub url: Option<String>,
+    /// Do not ask: break the holder shown (needed when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
     /// The lock name.
     #[arg(value_name = "NAME")]
     pub name: String,

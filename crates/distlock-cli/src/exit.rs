@@ -120,7 +120,11 @@ pub fn help_table() -> String {
     for code in Code::ALL {
         out.push_str(&format!("  {:<16} {}\n", code.as_i32(), code.meaning()));
     }
-    out.push_str("`distlock status` exits 0 when it could tell, else with a code above.");
+    out.push_str("`distlock status` exits 0 when it could tell, else with a code above.\n");
+    out.push_str(
+        "`distlock break` exits 0 when it ended the hold shown (or the lock was free), 75 when the lock \
+         is still held (not confirmed, or another holder took it since), else with a code above.",
+    );
     out
 }
 

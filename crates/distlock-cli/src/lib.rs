@@ -19,6 +19,7 @@
 //! ```
 #![deny(missing_docs)]
 pub mod bench;
+pub mod breaking;
 pub mod child;
 pub mod cli;
 pub mod exit;
@@ -59,6 +60,7 @@ pub fn main_exit_code() -> i32 {
         match cli.command {
             cli::Command::Run(args) => run::run(args).await,
             cli::Command::Status(args) => status::status(args).await,
+            cli::Command::Break(args) => breaking::break_lock(args).await,
             cli::Command::Bench(args) => bench::bench(args).await,
             cli::Command::Man(args) => {
                 reference::man(args.subcommand.as_deref(), &mut std::io::stdout().lock())

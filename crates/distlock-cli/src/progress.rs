@@ -6,7 +6,7 @@ use std::future::Future;
 use std::io::{IsTerminal, Write as _};
 use std::time::{Duration, SystemTime};
 
-use distlock::{LockInfo, Locks};
+use distlock::{HolderInfo, LockInfo, Locks};
 
 /// How long a wait goes before the line appears: quick acquires print nothing.
 const FIRST_SHOWN: Duration = Duration::from_secs(1);
@@ -85,33 +85,39 @@ pub fn line(name: &str, waited: Duration, info: Option<&LockInfo>, now: SystemTi
         return out;
     };
     if let Some(holder) = &info.holder {
-        // A pid and host say more to a person than an owner id (`<uuid>:<n>`), and are shorter.
-        let who = match (holder.pid, &holder.host, &holder.owner) {
-            (Some(pid), Some(host), _) => format!("pid {pid} on {host}"),
-            (Some(pid), None, _) => format!("pid {pid}"),
-            (None, _, Some(owner)) => owner.clone(),
-            (None, Some(host), None) => format!("a process on {host}"),
-            (None, None, None) => "another owner".into(),
-        };
-        let _ = write!(out, ": held by {who}");
-        let mut details = Vec::new();
-        if let Some(token) = holder.token {
-            details.push(format!("token {token}"));
-        }
-        if let Some(held) = holder.since.and_then(|since| now.duration_since(since).ok()) {
-            details.push(format!("for {}", short(held)));
-        }
-        if let Some(remaining) = holder.remaining_lease {
-            details.push(format!("lease {} left", short(remaining)));
-        }
-        if !details.is_empty() {
-            let _ = write!(out, " ({})", details.join(", "));
-        }
+        let _ = write!(out, ": held by {}", holder_text(holder, now));
     } else if !info.holders.is_empty() {
         let _ = write!(out, ": held by {} shared holders", info.holders.len());
     }
     if let Some(waiters) = info.waiters.filter(|w| *w > 0) {
         let _ = write!(out, "; {waiters} waiting");
+    }
+    out
+}
+
+/// Who a holder is and what the engine told of it: `pid 42 on HOST (token 7, for 3m05s, lease 20s
+/// left)`; its owner id where the engine tells no pid (a pid and host say more to a person than an
+/// owner id `<uuid>:<n>`, and are shorter).
+pub fn holder_text(holder: &HolderInfo, now: SystemTime) -> String {
+    let mut out = match (holder.pid, &holder.host, &holder.owner) {
+        (Some(pid), Some(host), _) => format!("pid {pid} on {host}"),
+        (Some(pid), None, _) => format!("pid {pid}"),
+        (None, _, Some(owner)) => owner.clone(),
+        (None, Some(host), None) => format!("a process on {host}"),
+        (None, None, None) => "another owner".into(),
+    };
+    let mut details = Vec::new();
+    if let Some(token) = holder.token {
+        details.push(format!("token {token}"));
+    }
+    if let Some(held) = holder.since.and_then(|since| now.duration_since(since).ok()) {
+        details.push(format!("for {}", short(held)));
+    }
+    if let Some(remaining) = holder.remaining_lease {
+        details.push(format!("lease {} left", short(remaining)));
+    }
+    if !details.is_empty() {
+        let _ = write!(out, " ({})", details.join(", "));
     }
     out
 }

@@ -215,7 +215,7 @@ fn one_line(value: &str) -> String {
 }
 
 /// `2024-05-01T12:34:56Z`, without a date-time dependency.
-fn rfc3339(time: SystemTime) -> Option<String> {
+pub(crate) fn rfc3339(time: SystemTime) -> Option<String> {
     let secs = time.duration_since(UNIX_EPOCH).ok()?.as_secs();
     let days = i64::try_from(secs / 86_400).ok()?;
     let rem = secs % 86_400;

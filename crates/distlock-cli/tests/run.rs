@@ -1547,3 +1547,125 @@ fn a_long_wait_on_a_terminal_shows_the_holder_and_erases_the_line() {
     piped.expect_code(0);
     assert_eq!(piped.stderr, "", "nothing extra without a terminal");
 }
+
+// --- break ---------------------------------------------------------------------------------------
+
+/// `distlock break` on the file backend: a `flock` cannot be taken from a live process, so it refuses
+/// (69), naming the holder's pid, and the holder keeps the lock; on a free lock there is nothing to do.
+#[test]
+fn break_on_a_file_lock_names_the_holders_pid_and_breaks_nothing() {
+    let sandbox = Sandbox::new();
+    let breaking = |name: &str| {
+        let mut command = sandbox.distlock();
+        command
+            .args(["break", "--yes", "--url"])
+            .arg(sandbox.url())
+            .arg(name);
+        finish(command, SOON)
+    };
+    let free = breaking("nobody");
+    free.expect_code(0);
+    assert!(free.one_error_line().contains("free: nothing to break"));
+
+    let holder = sandbox.hold("held");
+    let refused = breaking("held");
+    refused.expect_code(69);
+    let line = refused.one_error_line();
+    assert!(line.contains("cannot be broken"), "{line}");
+    assert!(line.contains(&format!("pid {}", holder.pid())), "{line}");
+    let busy = finish(sandbox.run(&["--no-wait", "held", "--", "true"]), SOON);
+    busy.expect_code(75);
+    holder.finish();
+}
+
+/// Without `--yes`, `break` asks on the terminal; with stdin not a terminal it refuses (64) before
+/// touching anything.
+#[test]
+fn break_without_yes_and_without_a_terminal_refuses() {
+    let sandbox = Sandbox::new();
+    let holder = sandbox.hold("asked");
+    let mut command = sandbox.distlock();
+    command.args(["break", "--url"]).arg(sandbox.url()).arg("asked");
+    let refused = finish(command, SOON);
+    refused.expect_code(64);
+    let line = refused.one_error_line();
+    assert!(line.contains("--yes"), "{line}");
+    assert!(line.contains(&format!("pid {}", holder.pid())), "{line}");
+    holder.finish();
+}
+
+/// `distlock break` on Redis: asked on the terminal, "n" leaves the holder alone (75); "y" ends its
+/// hold with one audit line naming it and its token; the broken `distlock run` learns it at its next
+/// renewal, stops its command and exits 76, and the lock is free for the next.
+#[test]
+fn break_on_redis_asks_ends_the_hold_and_the_holder_stops_its_command() {
+    let server = distlock_testkit::redis::RedisServer::start_or_panic();
+    let sandbox = Sandbox::new();
+    let url = server.url();
+    let script = "echo $DISTLOCK_TOKEN > token; echo $$ > pid; sleep 60";
+    let mut holder = Running::spawn(
+        sandbox
+            .distlock()
+            .args(["run", "--url", &url, "--lease", "3s", "brk", "--", "sh", "-c", script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_until(SOON, "the holder's command to start", || {
+        non_empty(&sandbox.path("token")) && non_empty(&sandbox.path("pid"))
+    });
+    let token = read_u64(&sandbox.path("token"));
+    let command_pid = read_u64(&sandbox.path("pid")) as u32;
+
+    // Asked on a terminal: the answer comes from the pty's master.
+    let ask = |answer: &str| {
+        let (mut master, slave) = openpty();
+        let slave_err = slave.try_clone().unwrap();
+        let mut command = sandbox.distlock();
+        command
+            .args(["break", "--url", &url, "brk"])
+            .stdin(Stdio::from(slave))
+            .stderr(Stdio::from(slave_err));
+        let mut asking = Running::spawn(&mut command);
+        drop(command);
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&seen).contains("[y/N]") {
+            let n = master.read(&mut buf).unwrap();
+            assert!(n > 0, "no question: {:?}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+        std::io::Write::write_all(&mut master, format!("{answer}\n").as_bytes()).unwrap();
+        let status = asking.wait(SOON);
+        // The rest of what it printed, up to the slave's close.
+        while let Ok(n @ 1..) = master.read(&mut buf) {
+            seen.extend_from_slice(&buf[..n]);
+        }
+        (status, String::from_utf8_lossy(&seen).into_owned())
+    };
+    let (declined, text) = ask("n");
+    assert_eq!(declined.code(), Some(75), "{text}");
+    assert!(text.contains(&format!("token {token}")), "{text}");
+    assert!(text.contains("not broken"), "{text}");
+    assert!(is_alive(command_pid), "a declined break touched the holder");
+
+    let (broke, text) = ask("y");
+    assert_eq!(broke.code(), Some(0), "{text}");
+    let audit = text
+        .lines()
+        .find(|l| l.starts_with("distlock: broke lock \"brk\""))
+        .unwrap_or_else(|| panic!("no audit line in {text:?}"));
+    assert!(audit.contains(&format!("token {token}")), "{audit}");
+    assert!(audit.contains(" by ") && audit.contains(" at "), "{audit}");
+    // The holder learns it at its next renewal (a third of its 3 s lease): it stops its command and
+    // exits 76, well within the lease.
+    let status = holder.wait(Duration::from_secs(3) + SOON);
+    assert_eq!(status.code(), Some(76), "{status:?}");
+    assert!(!is_alive(command_pid), "the broken holder's command still runs");
+    let next = finish(
+        sandbox
+            .distlock()
+            .args(["run", "--url", &url, "--no-wait", "brk", "--", "true"]),
+        SOON,
+    );
+    next.expect_code(0);
+}

@@ -59,7 +59,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_core::raw::Grant;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Attempt, Backend, HolderInfo, LockInfo, Released, Renewal, RenewalId, Renewed,
 };
 use distlock_core::url::LockUrl;
 use distlock_core::{
@@ -296,6 +296,24 @@ impl Backend for FileBackend {
     /// `inspect.rs`. A missing file is a free lock with no token yet.
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
         inspect_name(&self.lock_file(name)).map_err(|e| e.into_core(Some(name)))
+    }
+
+    /// A `flock` belongs to the open file of the process holding it: no other process can take it
+    /// away. Refused, naming the holder's process, which is what can be ended.
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        let who = match (holder.pid, holder.host.as_deref()) {
+            (Some(pid), Some(host)) => format!("pid {pid} on {host}"),
+            (Some(pid), None) => format!("pid {pid}"),
+            _ => "its holding process".to_string(),
+        };
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "a file lock (flock) cannot be broken: it is held by {who} and is freed the moment that process ends (end it, e.g. kill it, to free the lock)"
+            ),
+        )
+        .with_backend(BACKEND)
+        .with_lock(name))
     }
 
     /// `flock(LOCK_SH)` on the write hold's own descriptor: on Linux the kernel swaps the lock in one

@@ -1,0 +1,99 @@
+//! `distlock break`: end another holder's hold of a lock, after showing it and asking, with one audit
+//! line.
+
+use std::io::{BufRead as _, IsTerminal as _, Write as _};
+use std::time::SystemTime;
+
+use crate::cli::{self, BreakArgs};
+use crate::exit::{self, Code, Failure};
+use crate::progress::holder_text;
+
+/// Runs `distlock break`; `Ok` is the exit code: 0 when the holder shown was broken (or the lock was
+/// free), 75 when the lock is still held (the question was declined, or another holder took it since).
+pub async fn break_lock(args: BreakArgs) -> Result<i32, Failure> {
+    distlock_core::name::validate(&args.name)?;
+    let url = cli::lock_url(args.url.as_deref())?;
+    let locks = distlock::connect(&url).await?;
+    let name = &args.name;
+    let info = locks.inspect(name).await?;
+    let Some(holder) = info.holder else {
+        if info.holders.is_empty() {
+            exit::report(format_args!("lock {name:?} is free: nothing to break"));
+            return Ok(0);
+        }
+        return Err(Failure::new(
+            Code::Unavailable,
+            format!(
+                "lock {name:?} is held by {} shared holders (readers or permits): break ends an exclusive holder only",
+                info.holders.len()
+            ),
+        ));
+    };
+    let shown = holder_text(&holder, SystemTime::now());
+    if !args.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Failure::new(
+                Code::Usage,
+                format!(
+                    "lock {name:?} is held by {shown}; not broken: stdin is not a terminal to confirm on (pass --yes)"
+                ),
+            ));
+        }
+        if !confirmed(name, &shown) {
+            exit::report(format_args!("lock {name:?} not broken"));
+            return Ok(Code::Busy.as_i32());
+        }
+    }
+    if !locks.break_holder(name, &holder).await? {
+        return Err(Failure::new(
+            Code::Busy,
+            format!(
+                "lock {name:?}: the holder shown ({shown}) no longer holds it (released, expired, or another holder took it since): nothing was broken; run `distlock status` to see the holder now"
+            ),
+        ));
+    }
+    let owner = holder
+        .owner
+        .as_deref()
+        .map(|o| format!(", owner {o}"))
+        .unwrap_or_default();
+    exit::report(format_args!(
+        "broke lock {name:?} on {}: ended the hold of {shown}{owner}; by {} at {}",
+        locks.backend_kind(),
+        operator(),
+        now_rfc3339()
+    ));
+    Ok(0)
+}
+
+/// Asks on the terminal; only `y` or `yes` breaks.
+fn confirmed(name: &str, shown: &str) -> bool {
+    let mut stderr = std::io::stderr().lock();
+    let _ = write!(
+        stderr,
+        "distlock: lock {name:?} is held by {shown}.\nBreak it? Its work may still be running. [y/N] "
+    );
+    let _ = stderr.flush();
+    let mut answer = String::new();
+    if std::io::stdin().lock().read_line(&mut answer).is_err() {
+        return false;
+    }
+    matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
+}
+
+/// Who broke it: `user@host (pid N)`.
+fn operator() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| format!("uid {}", rustix::process::getuid().as_raw()));
+    let host = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    format!("{user}@{host} (pid {})", std::process::id())
+}
+
+/// Now, as RFC 3339 UTC to the second.
+fn now_rfc3339() -> String {
+    crate::status::rfc3339(SystemTime::now()).unwrap_or_else(|| "an unknown time".into())
+}
