@@ -29,7 +29,14 @@ pub async fn break_lock(args: BreakArgs) -> Result<i32, Failure> {
             ),
         ));
     };
-    let shown = holder_text(&holder, SystemTime::now());
+    let mut shown = holder_text(&holder, SystemTime::now());
+    // Where the engine keeps no token with the hold (Redis), the name's last token is the one its
+    // grant minted, unless the hold came from a client that mints none: said as what it is.
+    if let (None, Some(last)) = (holder.token, info.last_token) {
+        shown.push_str(&format!(
+            "; last token {last} (the name's: the engine keeps none with the hold)"
+        ));
+    }
     if !args.yes {
         if !std::io::stdin().is_terminal() {
             return Err(Failure::new(

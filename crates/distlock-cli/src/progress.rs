@@ -47,7 +47,12 @@ pub async fn while_waiting<F: Future>(locks: &Locks, name: &str, wait: F) -> F::
                 }
             }
         }
-        draw(&line(name, now - started, holder.as_ref(), SystemTime::now()));
+        draw(&line(
+            name,
+            now - started,
+            holder.as_ref(),
+            SystemTime::now(),
+        ));
         shown.0 = true;
     }
 }
@@ -110,7 +115,10 @@ pub fn holder_text(holder: &HolderInfo, now: SystemTime) -> String {
     if let Some(token) = holder.token {
         details.push(format!("token {token}"));
     }
-    if let Some(held) = holder.since.and_then(|since| now.duration_since(since).ok()) {
+    if let Some(held) = holder
+        .since
+        .and_then(|since| now.duration_since(since).ok())
+    {
         details.push(format!("for {}", short(held)));
     }
     if let Some(remaining) = holder.remaining_lease {

@@ -73,7 +73,8 @@ async fn hold(
 ) -> Result<i32, Failure> {
     let handle = LockHandle::new(locks, args)?;
     let lock = handle.lock();
-    let waiting = crate::progress::while_waiting(locks, &args.name, acquire(lock, wait, args.lease));
+    let waiting =
+        crate::progress::while_waiting(locks, &args.name, acquire(lock, wait, args.lease));
     let guard = match or_signal(signals, waiting).await {
         Ok(Ok(Some(guard))) => guard,
         Ok(Ok(None)) => {

@@ -1515,7 +1515,10 @@ fn a_long_wait_on_a_terminal_shows_the_holder_and_erases_the_line() {
         let command = sandbox.run(&["shown", "--", "true"]);
         std::thread::spawn(move || finish(command, SOON))
     };
-    let (pid, token) = (format!("pid {}", holder.pid()), format!("token {}", holder.token));
+    let (pid, token) = (
+        format!("pid {}", holder.pid()),
+        format!("token {}", holder.token),
+    );
     let named = || {
         let text = text();
         text.contains(&format!("held by {pid} on ")) && text.contains(&token)
@@ -1585,7 +1588,10 @@ fn break_without_yes_and_without_a_terminal_refuses() {
     let sandbox = Sandbox::new();
     let holder = sandbox.hold("asked");
     let mut command = sandbox.distlock();
-    command.args(["break", "--url"]).arg(sandbox.url()).arg("asked");
+    command
+        .args(["break", "--url"])
+        .arg(sandbox.url())
+        .arg("asked");
     let refused = finish(command, SOON);
     refused.expect_code(64);
     let line = refused.one_error_line();
@@ -1606,7 +1612,9 @@ fn break_on_redis_asks_ends_the_hold_and_the_holder_stops_its_command() {
     let mut holder = Running::spawn(
         sandbox
             .distlock()
-            .args(["run", "--url", &url, "--lease", "3s", "brk", "--", "sh", "-c", script])
+            .args([
+                "run", "--url", &url, "--lease", "3s", "brk", "--", "sh", "-c", script,
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );
@@ -1643,7 +1651,7 @@ fn break_on_redis_asks_ends_the_hold_and_the_holder_stops_its_command() {
         (status, String::from_utf8_lossy(&seen).into_owned())
     };
     let (declined, text) = ask("n");
-    assert_eq!(declined.code(), Some(75), "{text}");
+    assert_eq!(declined.code(), Some(75), "{declined:?}: {text}");
     assert!(text.contains(&format!("token {token}")), "{text}");
     assert!(text.contains("not broken"), "{text}");
     assert!(is_alive(command_pid), "a declined break touched the holder");
@@ -1660,7 +1668,10 @@ fn break_on_redis_asks_ends_the_hold_and_the_holder_stops_its_command() {
     // exits 76, well within the lease.
     let status = holder.wait(Duration::from_secs(3) + SOON);
     assert_eq!(status.code(), Some(76), "{status:?}");
-    assert!(!is_alive(command_pid), "the broken holder's command still runs");
+    assert!(
+        !is_alive(command_pid),
+        "the broken holder's command still runs"
+    );
     let next = finish(
         sandbox
             .distlock()

@@ -276,7 +276,9 @@ impl Holding {
                 span.record("end", "lost");
                 span.record("reason", &*reason);
             }
-            status.in_span(|| tracing::warn!(lock = %self.shared.name, reason = &*reason, "lock lost"));
+            status.in_span(
+                || tracing::warn!(lock = %self.shared.name, reason = &*reason, "lock lost"),
+            );
             status.span = None;
         }
         status.lost = Some(reason);

@@ -886,7 +886,9 @@ impl Lock {
                 tracing::info!(parent: &span, wait_ms, token, "lock acquired");
                 guard.start_hold_span(Some(&span));
             }
-            Ok(None) => tracing::debug!(parent: &span, wait_ms, "lock not acquired: held elsewhere"),
+            Ok(None) => {
+                tracing::debug!(parent: &span, wait_ms, "lock not acquired: held elsewhere")
+            }
             Err(error) => {
                 shared.metrics.error(Op::Acquire, error.kind());
                 tracing::info!(parent: &span, wait_ms, %error, "acquire failed");

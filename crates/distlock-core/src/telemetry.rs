@@ -216,7 +216,12 @@ impl LockMetrics {
     }
 
     /// A hold ended (released, or lost: `cause`), in Jeopardy or not, after `held_for`.
-    pub(crate) fn hold_ended(&self, in_jeopardy: bool, cause: Option<LossCause>, held_for: Duration) {
+    pub(crate) fn hold_ended(
+        &self,
+        in_jeopardy: bool,
+        cause: Option<LossCause>,
+        held_for: Duration,
+    ) {
         if in_jeopardy {
             self.in_jeopardy.decrement(1.0);
         } else {

@@ -151,12 +151,26 @@ async fn a_reentrant_hold_is_one_hold_and_ends_once() {
     assert_eq!(of.held(), 1.0, "the hold lives on in the outer guard");
     outer.release().await.unwrap();
     assert_eq!(of.held(), 0.0);
-    assert_eq!(of.samples("distlock_hold_seconds", &[("end", "released")]), 1);
+    assert_eq!(
+        of.samples("distlock_hold_seconds", &[("end", "released")]),
+        1
+    );
     // A `Lock` made per acquire (the usual `lock(name)?.acquire()`) shares the series.
     for _ in 0..3 {
-        locks.lock(of.name).unwrap().acquire().await.unwrap().release().await.unwrap();
+        locks
+            .lock(of.name)
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
     }
-    assert_eq!(of.samples("distlock_hold_seconds", &[("end", "released")]), 4);
+    assert_eq!(
+        of.samples("distlock_hold_seconds", &[("end", "released")]),
+        4
+    );
 }
 
 #[tokio::test]
@@ -167,7 +181,13 @@ async fn a_cancelled_wait_and_a_busy_try_leave_no_waiter() {
         kind: "mutex",
     };
     let held = locks.lock(of.name).unwrap().acquire().await.unwrap();
-    assert!(locks.lock(of.name).unwrap().try_acquire().await.unwrap().is_none());
+    assert!(locks
+        .lock(of.name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(
         of.counter("distlock_acquisitions_total", &[("outcome", "busy")]),
         1
@@ -208,7 +228,10 @@ async fn a_downgrade_ends_the_write_hold_and_starts_a_read_hold() {
         write.samples("distlock_hold_seconds", &[("end", "released")]),
         1
     );
-    assert_eq!(read.samples("distlock_hold_seconds", &[("end", "released")]), 1);
+    assert_eq!(
+        read.samples("distlock_hold_seconds", &[("end", "released")]),
+        1
+    );
 }
 
 #[tokio::test]
@@ -232,7 +255,10 @@ async fn a_handed_off_grant_is_counted_as_the_waiters_hold() {
     assert_eq!((of.held(), of.waiters()), (1.0, 0.0));
     second.release().await.unwrap();
     assert_eq!(of.held(), 0.0);
-    assert_eq!(of.samples("distlock_hold_seconds", &[("end", "released")]), 2);
+    assert_eq!(
+        of.samples("distlock_hold_seconds", &[("end", "released")]),
+        2
+    );
 }
 
 #[tokio::test]
@@ -262,7 +288,10 @@ async fn jeopardy_then_loss_ends_the_hold_once_and_its_release_is_no_second_end(
         .unwrap();
     backend.unfreeze();
     assert_eq!((of.held(), of.in_jeopardy()), (0.0, 0.0));
-    assert_eq!(of.counter("distlock_lost_total", &[("reason", "expired")]), 1);
+    assert_eq!(
+        of.counter("distlock_lost_total", &[("reason", "expired")]),
+        1
+    );
     assert!(of.counter("distlock_renewals_total", &[("outcome", "failed")]) >= 1);
     assert!(
         of.counter(
@@ -275,7 +304,10 @@ async fn jeopardy_then_loss_ends_the_hold_once_and_its_release_is_no_second_end(
     assert!(guard.release().await.is_err(), "lost: the release says so");
     assert_eq!((of.held(), of.in_jeopardy()), (0.0, 0.0));
     assert_eq!(of.samples("distlock_hold_seconds", &[("end", "lost")]), 1);
-    assert_eq!(of.samples("distlock_hold_seconds", &[("end", "released")]), 0);
+    assert_eq!(
+        of.samples("distlock_hold_seconds", &[("end", "released")]),
+        0
+    );
     assert_eq!(
         of.counter(
             "distlock_errors_total",

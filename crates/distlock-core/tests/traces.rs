@@ -42,8 +42,10 @@ struct Fields<'a>(&'a mut HashMap<String, String>);
 
 impl Visit for Fields<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
-        self.0
-            .insert(field.name().to_string(), format!("{value:?}").replace('"', ""));
+        self.0.insert(
+            field.name().to_string(),
+            format!("{value:?}").replace('"', ""),
+        );
     }
 }
 
@@ -235,7 +237,10 @@ fn jeopardy_recovery_and_loss_are_events_of_the_hold_span() {
         backend.unfreeze();
         // The store's own expiry comes a moment after the guard's deadline (which is 1 % early).
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(lost.release().await.is_err(), "a lost hold's release says so");
+        assert!(
+            lost.release().await.is_err(),
+            "a lost hold's release says so"
+        );
     });
     let holds = capture.spans_named("distlock.hold");
     assert_eq!(holds.len(), 2, "{holds:?}");

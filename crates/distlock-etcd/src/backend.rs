@@ -57,7 +57,8 @@ use distlock_core::raw::{
 };
 use distlock_core::url::LockUrl;
 use distlock_core::{
-    Capabilities, Fencing, FencingToken, LockKind, LockKinds, LockOptions, ReadWriteOrder, Result,
+    Capabilities, Error, ErrorKind, Fencing, FencingToken, LockKind, LockKinds, LockOptions,
+    ReadWriteOrder, Result,
 };
 
 use crate::acquire::EtcdAcquisition;
@@ -244,6 +245,8 @@ impl Backend for EtcdBackend {
             .with_notify_wait(true)
             .with_frees_on_process_death(false)
             .with_shared_across_processes(true)
+            // `distlock break`: the holder's key deleted by its create_revision (`break_name`).
+            .with_breaks_holders(true)
             .with_kinds(
                 LockKinds::mutex_only()
                     .with_read_write(ReadWriteOrder::Fifo)
@@ -313,6 +316,10 @@ impl Backend for EtcdBackend {
             .await
             .map_err(|e| e.into_core(Some(name)))
     }
+
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        self.break_name(name, holder).await
+    }
 }
 
 impl EtcdBackend {
@@ -336,6 +343,85 @@ impl EtcdBackend {
             .kvs
             .first()
             .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.trim().parse().ok()))
+    }
+
+    /// `distlock break`: ends the exclusive hold `holder` (as [`inspect_name`](Self::inspect_name)
+    /// showed it) by deleting its key ([`layout::break_txn`]), only while that key still has the
+    /// token shown as its create_revision (and the owner shown as its value). The holder is the
+    /// oldest contender of the name, read first: a reader or a permit there is `Unsupported`; another
+    /// hold there (or none) is `Ok(false)`. A key passing the txn's compare is still the holder (no
+    /// key older than it can appear), so the compare alone keeps a holder that came since safe. The
+    /// holder's session lease is left alone (its other locks live on); waiters watching the key and
+    /// the holder's own held-key watch (`held.rs`) see the delete as they see a release.
+    async fn break_name(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        let core = |e: EtcdError| e.into_core(Some(name));
+        if holder.token.is_none() && holder.owner.is_none() {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "the holder to break has neither a token nor an owner id: pass the holder status showed",
+            )
+            .with_backend(BACKEND)
+            .with_lock(name));
+        }
+        let resp = self
+            .get("break read", layout::all_keys(name))
+            .await
+            .map_err(core)?;
+        let prefix = layout::prefix(name);
+        let Some((kind, kv)) = resp
+            .kvs
+            .iter()
+            .find_map(|kv| layout::classify(&prefix, &kv.key).map(|k| (k, kv)))
+        else {
+            return Ok(false);
+        };
+        if !kind.is_exclusive() {
+            let held_by = if kind == NameKey::Read {
+                "readers"
+            } else {
+                "semaphore permits"
+            };
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("break ends an exclusive holder only (a mutex or a write lock); {name:?} is held by {held_by}, which are left holding"),
+            )
+            .with_backend(BACKEND)
+            .with_lock(name));
+        }
+        let value = String::from_utf8_lossy(&kv.value);
+        let same_token = holder
+            .token
+            .is_none_or(|t| t.get() == kv.create_revision.unsigned_abs());
+        let same_owner = holder.owner.as_deref().is_none_or(|o| o == value);
+        if !(same_token && same_owner) {
+            return Ok(false);
+        }
+        let key = String::from_utf8_lossy(&kv.key).into_owned();
+        let txn = layout::break_txn(
+            name,
+            &key,
+            kv.create_revision,
+            holder.owner.as_deref(),
+            kind == NameKey::Write,
+        );
+        let resp = self
+            .txn_settled("break", txn, |resp| resp.succeeded)
+            .await
+            .map_err(core)?;
+        if resp.reply.succeeded {
+            tracing::debug!(%key, rev = kv.create_revision, "etcd: broke a hold (deleted its key)");
+            return Ok(true);
+        }
+        if resp.unsure {
+            // A send that got no reply may be the one that deleted the key.
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("break of {name:?} on etcd: the outcome is unknown: a send got no reply, and the one that answered found the key {key} gone (that send deleted it, or the hold ended otherwise); no other hold was touched"),
+            )
+            .with_backend(BACKEND)
+            .with_lock(name));
+        }
+        Ok(false)
     }
 
     /// `status`: the name's keys ([`layout::classify`]; a nested lock's keys, issue 24, are neither

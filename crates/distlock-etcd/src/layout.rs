@@ -36,6 +36,14 @@
 //!   the handoff stall measured with etcd's server-side Lock RPC.
 //! * **Release.** Delete the own key only if its create_revision is still the one acquired (Go deletes
 //!   unconditionally, so a retried Unlock can delete a newer holder's key: etcd issue 22082).
+//! * **Break** (`distlock break NAME`, an operator ending a dead holder's hold). Delete the holder's
+//!   key (the oldest contender: a mutex's or a writer's) in a txn whose compare pins it to the hold
+//!   `status` showed: its create_revision is the token shown and, when an owner id is shown, its value
+//!   is that owner ([`break_txn`]). A key never comes back with an old create_revision and no key
+//!   older than the holder's can appear, so a key passing the compare is still the holder; a holder
+//!   that came since is never touched. The holder's session lease is not revoked (its other locks
+//!   live on); a broken writer's token is recorded as its release would ([`write_release_txn`]).
+//!   Waiters and the broken holder watch the key, so both learn of the delete as of a release.
 //!
 //! **Nested names** (issue 24). The prefix of `a` is `a/`, which also covers the keys of lock `a/b`
 //! (`a/b/<lease hex>`). distlock's `a` and `a/b` never block each other: only contenders count, and
@@ -536,6 +544,35 @@ pub fn release_txn(key: &str, rev: i64) -> TxnRequest {
         success: vec![delete_op(key)],
         failure: Vec::new(),
     }
+}
+
+/// An operator's break of the exclusive hold `status` showed (`distlock break`): delete `key` only
+/// if its create_revision is still `rev` (the token shown) and, with an `owner`, its value is still
+/// that owner id; a `writer`'s break records its token at [`write_record_key`] in the same txn, as
+/// its release would ([`write_release_txn`]). Nothing else is touched: not the holder's session
+/// lease, which may carry its other locks.
+///
+/// ```
+/// use distlock_etcd::layout;
+/// let txn = layout::break_txn("jobs", "jobs/1a", 42, Some("7f0c:1"), false);
+/// assert_eq!((txn.compare.len(), txn.success.len()), (2, 1));
+/// let txn = layout::break_txn("jobs", "jobs/write/1733540000123456789", 43, None, true);
+/// assert_eq!((txn.compare.len(), txn.success.len()), (1, 2)); // the delete and the write record
+/// ```
+pub fn break_txn(name: &str, key: &str, rev: i64, owner: Option<&str>, writer: bool) -> TxnRequest {
+    let mut txn = if writer {
+        write_release_txn(name, key, rev)
+    } else {
+        release_txn(key, rev)
+    };
+    if let Some(owner) = owner {
+        txn.compare.push(equal(
+            key,
+            CompareTarget::Value,
+            TargetUnion::Value(owner.as_bytes().to_vec()),
+        ));
+    }
+    txn
 }
 
 /// The handoff to the next local owner, one write: if `old_key` still has `old_rev` (the releaser's

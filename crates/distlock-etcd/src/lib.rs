@@ -21,6 +21,8 @@
 //! * **Loss.** Keep-alive failures make guards Jeopardy, then Lost at the deadline computed from the
 //!   granted TTL; a held key deleted on the server (`etcdctl del`, a revoked or expired lease) makes its
 //!   guard Lost within a round trip: the backend watches the keys it holds on one watch stream.
+//! * **Break** (`distlock break`): the holder's key deleted by its create_revision, its session lease
+//!   left alone ([`layout::break_txn`]); the broken guard learns it from the held-keys watch.
 //! * **One owner per key.** Owners of one name sharing a session (two `Locks` on clones of one backend)
 //!   each claim a key of their own (`NAME/<lease hex>_<n>` for all but the first) and queue; a key is
 //!   adopted only by the owner that wrote it.

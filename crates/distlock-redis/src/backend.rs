@@ -38,7 +38,8 @@
 //!
 //! The jobs live in their own files: [`acquire`](crate::acquire) (try and wait),
 //! [`release`](crate::release), [`undo`](crate::undo) (abandoned acquires, and releases or undos
-//! still on their way), [`renew`](crate::renew), [`inspect`](crate::inspect), and
+//! still on their way), [`renew`](crate::renew), [`inspect`](crate::inspect),
+//! [`breaking`](crate::breaking) (`distlock break`), and
 //! [`rpc`](crate::rpc) (scripts and pipelines on a [`Link`]).
 
 use std::fmt;
@@ -47,8 +48,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, Grant, HandOff, LockInfo, Released, Renewal, RenewalId,
-    Renewed,
+    AcquireRequest, Attempt, Backend, Grant, HandOff, HolderInfo, LockInfo, Released, Renewal,
+    RenewalId, Renewed,
 };
 use distlock_core::url::LockUrl;
 use distlock_core::{
@@ -222,6 +223,8 @@ impl Backend for RedisBackend {
             // process's own waiters of one name line up locally first, as on etcd and ZooKeeper).
             .with_fifo(self.config().fair)
             .with_frees_on_process_death(false)
+            // `distlock break`: the mutex's or writer's hold, by one script (see `breaking`).
+            .with_breaks_holders(true)
             .with_kinds(
                 LockKinds::mutex_only()
                     .with_read_write(ReadWriteOrder::ReadersFirst)
@@ -322,6 +325,15 @@ impl Backend for RedisBackend {
     /// estimate. A holder's own token is not recorded in Redisson's layout (`None`).
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
         self.inspect_lock(name).await
+    }
+
+    /// One script ([`layout::BREAK`]): the name's key is deleted if the owner `holder` names holds it
+    /// exclusively (a mutex's field in either layout, or the write side), whatever its hold count,
+    /// and what a release would publish is published (a fair queue's head woken too). Matched by the
+    /// owner id only (no layout keeps a holder's token). A name held by readers or permits is
+    /// `Unsupported`, and left alone.
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        self.break_exclusive(name, holder).await
     }
 
     /// One script ([`layout::DOWNGRADE`]): the writer takes its read field and timeout key, its write

@@ -24,6 +24,11 @@
 //! the first permit and kept as long as the counter: to use another limit, or the name as another
 //! kind, delete `NAME` and `{NAME}:timeout` while no permit is held (or call Redisson's `setPermits`).
 //!
+//! An operator's break (`distlock break`, [`BREAK`]) deletes `NAME` when it holds the exclusive hold
+//! (a mutex's field, a writer's `<owner>:write`, or a plain lock's value) of the owner `inspect`
+//! showed, and publishes what a release of that hold would (a fair queue's head woken too); the token
+//! counter is left as it is. Readers and permits are not broken.
+//!
 //! ```
 //! use distlock_redis::layout;
 //! let owner = "7c9e6679-7425-40de-944b-e07fc1f90ae7:1";
@@ -1376,6 +1381,116 @@ return out;
 "
 );
 
+/// What [`BREAK`] answers when the name is held by readers: break ends an exclusive holder only.
+pub const BREAK_READERS: i64 = -1;
+
+/// What [`BREAK`] answers when the name is a semaphore with permits held.
+pub const BREAK_PERMITS: i64 = -2;
+
+/// Break (`distlock break`, `Locks::break_holder`): an operator ends another holder's exclusive hold,
+/// the one `inspect` showed, if that holder still holds the name. `KEYS[1]` the lock, `KEYS[2]`
+/// [`queue_key`], `KEYS[3]` [`queue_timeout_key`], `KEYS[4]` [`semaphore_timeout_key`]; `ARGV[1]`
+/// the owner, `ARGV[2]` its write field ([`write_field`]), `ARGV[3]` the publish command, `ARGV[4]`
+/// [`UNLOCK_MESSAGE`], `ARGV[5]` [`READ_UNLOCK_MESSAGE`], `ARGV[6]` the release channel
+/// ([`channel`]), `ARGV[7]` the plain layout's ([`plain_channel`]), `ARGV[8]` [`rw_channel`],
+/// `ARGV[9]` [`waiter_channel_prefix`] (channels are arguments: see [`RELEASE`]). Answers 1 when
+/// the hold was ended, 0 when that owner does not hold the name (nothing written),
+/// [`BREAK_READERS`] or [`BREAK_PERMITS`] when the name is held by readers or permits (nothing
+/// written).
+///
+/// What the name is, is read from the server as [`INSPECT`] reads it, whatever the caller's own
+/// layout or mode (an operator's URL need not match the holders'):
+///
+/// * a hash without `mode` (a mutex, Redisson's layout) with the owner's field: the whole key is
+///   deleted, whatever the hold count (a Redisson holder re-entered several times is broken too);
+///   `0` is published on the release channel;
+/// * a hash with `mode=write` and the owner's write field: the whole hash goes (a Redisson writer's
+///   own read holds under its write go with it; their timeout keys expire by themselves, nothing
+///   reads them without the field), and `1` is published on the read-write channel, as a write
+///   release does; with `mode=read`: [`BREAK_READERS`];
+/// * a string: a semaphore's counter by [`INSPECT`]'s rule (digits, and no expiry or permits
+///   beside it) is [`BREAK_PERMITS`] while a permit is held, else 0; any other string is a plain
+///   layout's lock, deleted if its value is the owner, and `0` published on the plain channel.
+///
+/// After a mutex's hold is broken, a fair queue beside it (if any: nothing of it is touched
+/// otherwise, so a user without fair mode's ACL rules can break a lock nobody queues for) is mended
+/// as every fair script mends it (waiters past their deadline dropped) and its head woken on its
+/// own channel, as a fair release does. Every publish runs before the `DEL`: a publish the ACL
+/// refuses fails the script before it deleted anything. The token counter is never touched (tokens
+/// keep rising), and no renewal recreates the key: every renew script extends only a key that
+/// holds its owner, so the broken holder's next renewal finds it gone and its guard goes `Lost`.
+///
+/// Cluster: the four keys are declared (one slot); in a slot under migration the script runs where
+/// all of them are, so while the queue or the permits' set does not exist (most of the time) it is
+/// refused with `TRYAGAIN` until the migration ends, as a fair release is.
+///
+/// ```
+/// use distlock_redis::layout;
+/// // The break deletes the lock's key and nothing else: the token counter is never written.
+/// assert!(!layout::BREAK.contains("incr"));
+/// let deletes = layout::BREAK.matches("'del'").count();
+/// assert_eq!(layout::BREAK.matches("'del', KEYS[1])").count(), deletes);
+/// ```
+pub const BREAK: &str = concat!(
+    r"
+local function wake_fair_head()
+    if redis.call('exists', KEYS[2]) == 0 then
+        return;
+    end;
+    local queue, deadlines = KEYS[2], KEYS[3];
+",
+    fair_prelude_lua!(),
+    r"
+    local head = redis.call('lindex', queue, 0);
+    if head then
+        redis.call(ARGV[3], ARGV[9] .. head, ARGV[4]);
+    end;
+end;
+local t = redis.call('type', KEYS[1]).ok;
+if t == 'hash' then
+    local mode = redis.call('hget', KEYS[1], 'mode');
+    if mode == 'read' then
+        return -1;
+    end;
+    if mode == 'write' then
+        if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
+            return 0;
+        end;
+        redis.call(ARGV[3], ARGV[8], ARGV[5]);
+        redis.call('del', KEYS[1]);
+        return 1;
+    end;
+    if mode ~= false or redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+        return 0;
+    end;
+    redis.call(ARGV[3], ARGV[6], ARGV[4]);
+    wake_fair_head();
+    redis.call('del', KEYS[1]);
+    return 1;
+end;
+if t == 'string' then
+    local value = redis.call('get', KEYS[1]);
+    if string.match(value, '^%d+$') then
+        local permits = redis.call('exists', KEYS[4]) == 1;
+        if permits then
+            return -2;
+        end;
+        if redis.call('pttl', KEYS[1]) == -1 then
+            return 0;
+        end;
+    end;
+    if value ~= ARGV[1] then
+        return 0;
+    end;
+    redis.call(ARGV[3], ARGV[7], ARGV[4]);
+    wake_fair_head();
+    redis.call('del', KEYS[1]);
+    return 1;
+end;
+return 0;
+"
+);
+
 /// The scripts, compiled once (redis-rs sends `EVALSHA` and falls back to `EVAL` on `NOSCRIPT`).
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -1401,6 +1516,7 @@ pub(crate) struct Scripts {
     pub(crate) fair_plain_acquire: Script,
     pub(crate) fair_release: Script,
     pub(crate) fair_plain_release: Script,
+    pub(crate) break_holder: Script,
 }
 
 impl Scripts {
@@ -1428,11 +1544,12 @@ impl Scripts {
             fair_plain_acquire: Script::new(FAIR_PLAIN_ACQUIRE),
             fair_release: Script::new(FAIR_RELEASE),
             fair_plain_release: Script::new(FAIR_PLAIN_RELEASE),
+            break_holder: Script::new(BREAK),
         }
     }
 
     /// Every script, to load them all (after a `NOSCRIPT`).
-    pub(crate) fn all(&self) -> [&Script; 22] {
+    pub(crate) fn all(&self) -> [&Script; 23] {
         [
             &self.acquire,
             &self.release,
@@ -1456,6 +1573,7 @@ impl Scripts {
             &self.fair_plain_acquire,
             &self.fair_release,
             &self.fair_plain_release,
+            &self.break_holder,
         ]
     }
 }

@@ -42,6 +42,7 @@
 
 mod acquire;
 mod backend;
+mod breaking;
 mod config;
 mod conn;
 mod error;

@@ -50,7 +50,12 @@ async fn queue(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Vec<
 
 /// A fair client's hold of `name`.
 async fn hold(server: &RedisServer, name: &str) -> LockGuard {
-    client(server, "?fair=true")
+    hold_as(server, name, "?fair=true").await
+}
+
+/// A hold of `name` by a client with the URL's `query`, with the default lease (30 s).
+async fn hold_as(server: &RedisServer, name: &str, query: &str) -> LockGuard {
+    client(server, query)
         .await
         .lock(name)
         .unwrap()
@@ -488,6 +493,76 @@ async fn a_newcomer_right_behind_a_woken_head_is_not_left_to_its_heartbeat_fault
             took < layout::FAIR_HEARTBEAT / 2,
             "round {round}: the newcomer was granted {took:?} after the release: by its heartbeat, not the release"
         );
+    }
+}
+
+/// The deadline of `owner`'s place in the queue: each of its tries refreshes it.
+async fn deadline(conn: &mut redis::aio::MultiplexedConnection, name: &str, owner: &str) -> f64 {
+    redis::cmd("ZSCORE")
+        .arg(layout::queue_timeout_key(name))
+        .arg(owner)
+        .query_async::<Option<f64>>(conn)
+        .await
+        .unwrap()
+        .expect("the waiter has a deadline")
+}
+
+/// An operator's break of the holder (`distlock break`, from a client without `fair=true`: the
+/// script finds the queue whatever the operator's own mode and layout) wakes the queue's head on its
+/// own channel, as a fair release does. The broken holder has the default 30 s lease, and the break
+/// lands right after one of the head's heartbeat tries (its deadline just refreshed), so the head's
+/// next try of its own is 0.6–1.2 s away: granted within a third of the heartbeat, it was woken by the
+/// break. The waiter behind it keeps its place. In either layout (the plain one with a `poll` longer
+/// than the heartbeat, so that its polling cannot grant it either), a few rounds each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_of_the_holder_wakes_the_queues_head() {
+    let server = RedisServer::start_or_panic();
+    let mut conn = raw(&server).await;
+    let operator = client(&server, "").await;
+    let queries = ["?fair=true", "?fair=true&layout=plain&poll=10s"];
+    for (round, query) in queries.into_iter().cycle().take(6).enumerate() {
+        let name = unique("break");
+        let held = hold_as(&server, &name, query).await;
+        let head = client(&server, query).await.lock(&name).unwrap();
+        let head = tokio::spawn(async move {
+            let guard = head.acquire().await.unwrap();
+            (Instant::now(), guard)
+        });
+        queued(&mut conn, &name, 1).await;
+        let behind = client(&server, query).await.lock(&name).unwrap();
+        let behind = tokio::spawn(async move { behind.acquire().await.unwrap() });
+        let waiting = queued(&mut conn, &name, 2).await;
+        let shown = operator.inspect(&name).await.unwrap().holder.expect("held");
+        assert_eq!(shown.owner.as_deref(), Some(held.owner()));
+        assert!(shown
+            .remaining_lease
+            .is_some_and(|l| l > Duration::from_secs(20)));
+        // Right after a heartbeat try of the head's.
+        let before = deadline(&mut conn, &name, &waiting[0]).await;
+        let started = Instant::now();
+        while deadline(&mut conn, &name, &waiting[0]).await == before {
+            assert!(started.elapsed() < SLACK, "the head never tried again");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(operator.break_holder(&name, &shown).await.unwrap());
+        let broken = Instant::now();
+        let (at, guard) = tokio::time::timeout(SLACK, head)
+            .await
+            .expect("the head is granted after the break")
+            .unwrap();
+        let took = at.saturating_duration_since(broken);
+        assert!(
+            took < layout::FAIR_HEARTBEAT / 3,
+            "round {round} ({query}): the head was granted {took:?} after the break: by its own next try, not woken by the break"
+        );
+        assert_eq!(
+            queue(&mut conn, &name).await,
+            vec![waiting[1].clone()],
+            "the waiter behind the head keeps its place"
+        );
+        guard.release().await.unwrap();
+        release_when_granted(behind, SLACK).await;
+        drop(held);
     }
 }
 

@@ -307,7 +307,7 @@ fn refused(server: &RedisServer, user: &str) -> Vec<String> {
 }
 
 /// A user the server refuses is told which ACL rules distlock needs, and a user with exactly those
-/// rules can acquire, renew, wait (subscribe and unsubscribe), inspect and release, with nothing
+/// rules can acquire, renew, wait (subscribe and unsubscribe), inspect, release and break, with nothing
 /// refused on the way: commands inside the scripts count too (Redis checks every `redis.call`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_acl_the_advice_names_is_enough() {
@@ -384,15 +384,33 @@ async fn advised_rules_suffice(server: &RedisServer, rules: &str, user: &str, qu
         .expect("the waiter is woken")
         .unwrap()
         .expect("the waiter acquires with the advised ACL");
-    next.release().await.unwrap();
+    // An operator's break with the same rules (in fair mode, the head of a queue is woken).
+    let third = {
+        let lock = holder.lock(&name).unwrap();
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let shown = holder.inspect(&name).await.unwrap().holder.expect("held");
+    assert!(holder
+        .break_holder(&name, &shown)
+        .await
+        .expect("break with the advised ACL"));
+    let third = tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("the waiter is woken by the break")
+        .unwrap()
+        .expect("the waiter acquires after the break");
+    third.release().await.unwrap();
+    drop(next);
     drop(waiter);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(refused(server, user), Vec::<String>::new());
 }
 
 /// The advice's rules for read-write locks and semaphores, added to the mutex's, are enough for every
-/// step of both kinds: reads, a write waiting (subscribed) and woken, a downgrade, renewals past the
-/// lease, `status` of each kind, permits with a waiter, releases; nothing refused on the way.
+/// step of both kinds: reads, a write waiting (subscribed) and woken, a downgrade, a writer broken,
+/// renewals past the lease, `status` of each kind, permits with a waiter, releases; nothing refused
+/// on the way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_acl_the_advice_names_is_enough_for_every_kind() {
     let server = RedisServer::start_or_panic();
@@ -448,6 +466,19 @@ async fn the_acl_the_advice_names_is_enough_for_every_kind() {
         .await
         .expect("downgrade with the advised ACL");
     write.release().await.unwrap();
+    let writer = b
+        .read_write(&name)
+        .unwrap()
+        .writer()
+        .acquire()
+        .await
+        .unwrap();
+    let shown = a.inspect(&name).await.unwrap().holder.expect("a writer");
+    assert!(a
+        .break_holder(&name, &shown)
+        .await
+        .expect("a writer broken with the advised ACL"));
+    drop(writer);
 
     let name = unique("acl_permits");
     let semaphore = a.semaphore(&name, 1).unwrap();
@@ -670,6 +701,102 @@ async fn inspect_reports_holder_and_waiters() {
     assert_eq!(info.waiters, Some(1));
     guard.release().await.unwrap();
     waiter.await.unwrap();
+}
+
+/// The token counter's value (0 when it does not exist).
+fn token_counter(server: &RedisServer, name: &str) -> u64 {
+    let reply = server.command(&["GET", &layout::token_key(name)]).unwrap();
+    reply.as_str().map_or(0, |t| t.parse().unwrap())
+}
+
+/// `EXISTS` of one key.
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.command(&["EXISTS", key]).unwrap().as_int() == Some(1)
+}
+
+/// A break ends a re-entered hold whole, not one count of it. A Redisson holder that acquired twice
+/// (hold count 2) is broken: its key goes, a distlock waiter is woken at once by the release message
+/// (long before the 30 s lease), the token counter is not touched (the next grant's token is the one
+/// after the last), and a second break of that holder finds nothing. Then a distlock hold whose field a
+/// raw `HINCRBY` raised to 2 is broken the same way; its guard goes `Lost` at its next renewal, which
+/// does not recreate the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentrant_hold_is_broken_whole() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("break_reentrant");
+    let mut conn = driver(&server).await;
+    let (operator, waiter) = (locks(&server.url()).await, locks(&server.url()).await);
+    let minted = operator.lock(&name).unwrap().acquire().await.unwrap();
+    minted.release().await.unwrap();
+    let last = token_counter(&server, &name);
+    assert!(last >= 1);
+
+    assert_eq!(redisson_acquire(&mut conn, &name, 30_000).await, None);
+    assert_eq!(redisson_acquire(&mut conn, &name, 30_000).await, None);
+    assert_eq!(
+        hash_of(&server, &name),
+        vec![(REDISSON_OWNER.to_string(), "2".to_string())]
+    );
+    let shown = operator.inspect(&name).await.unwrap().holder.expect("held");
+    assert_eq!(shown.owner.as_deref(), Some(REDISSON_OWNER));
+    let lock = waiter.lock(&name).unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "acquired while Redisson held");
+    assert!(operator.break_holder(&name, &shown).await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter is woken by the break, not by the 30 s lease")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        hash_of(&server, &name),
+        vec![(next.owner().to_string(), "1".to_string())],
+        "nothing of the broken holder is left"
+    );
+    assert_eq!(
+        next.token().map(|t| t.get()),
+        Some(last + 1),
+        "the break left the token counter alone"
+    );
+    assert!(
+        !operator.break_holder(&name, &shown).await.unwrap(),
+        "the broken holder holds nothing any more"
+    );
+    assert_eq!(next.state(), LockState::Held);
+    next.release().await.unwrap();
+
+    let lease = Duration::from_secs(3);
+    let guard = waiter
+        .lock(&name)
+        .unwrap()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let count = server
+        .command(&["HINCRBY", &name, guard.owner(), "1"])
+        .unwrap();
+    assert_eq!(count.as_int(), Some(2));
+    let shown = operator.inspect(&name).await.unwrap().holder.expect("held");
+    assert_eq!(shown.owner.as_deref(), Some(guard.owner()));
+    assert!(operator.break_holder(&name, &shown).await.unwrap());
+    assert!(
+        !exists(&server, &name),
+        "the key is deleted whatever the count"
+    );
+    tokio::time::timeout(lease / 3 + Duration::from_millis(700), guard.lost())
+        .await
+        .expect("the broken guard is Lost at its next renewal");
+    assert!(
+        !exists(&server, &name),
+        "a renewal recreated the broken key"
+    );
+    assert_eq!(
+        guard.token().map(|t| t.get()),
+        Some(token_counter(&server, &name))
+    );
 }
 
 /// `calls` of a command in `INFO commandstats` (0 if it never ran).

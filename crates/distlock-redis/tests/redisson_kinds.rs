@@ -935,6 +935,139 @@ async fn one_name_is_one_kind() {
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
 }
 
+/// `distlock break` ends an exclusive holder only. A name held by readers (distlock's and a Redisson
+/// reader) is `Unsupported`, saying why, and nothing is touched: the hash is as it was, the readers
+/// hold on, a writer still cannot get in. The same for a semaphore with a permit held, whether the
+/// holder shown is the permit or an owner id. A writer is broken: a Redisson writer that re-entered
+/// and holds a read of its own under its write loses the whole hash, and a distlock reader waiting is
+/// let in long before the 30 s pttl; a distlock writer's guard goes `Lost` at its next renewal, which
+/// does not recreate the hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_ends_a_writer_and_refuses_readers_and_permits() {
+    let server = RedisServer::start_or_panic();
+    let (locks, operator) = (locks(&server.url()).await, locks(&server.url()).await);
+    let refused = |outcome: distlock_core::Result<bool>, step: &str| {
+        let err = outcome.expect_err(step);
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{step}: {err}");
+        assert!(
+            err.to_string().contains("exclusive holder only"),
+            "{step}: {err}"
+        );
+    };
+
+    let name = unique("break_readers");
+    let mut redisson = Redisson {
+        conn: driver(&server).await,
+        name: name.clone(),
+    };
+    let read = locks.read_write(&name).unwrap().read().await.unwrap();
+    assert_eq!(redisson.read_acquire(30_000).await, None);
+    let before = hash_of(&server, &name);
+    let info = operator.inspect(&name).await.unwrap();
+    assert_eq!(info.kind, Some(LockKind::Read));
+    assert!(info.holder.is_none());
+    assert_eq!(info.holders.len(), 2);
+    for shown in &info.holders {
+        refused(operator.break_holder(&name, shown).await, "a reader");
+    }
+    assert_eq!(
+        hash_of(&server, &name),
+        before,
+        "the readers' hash was touched"
+    );
+    assert_eq!(read.state(), LockState::Held);
+    let writer = operator.read_write(&name).unwrap();
+    assert!(writer.writer().try_acquire().await.unwrap().is_none());
+    read.release().await.unwrap();
+    assert_eq!(redisson.read_unlock().await, Some(1));
+
+    let name = unique("break_permits");
+    let permit = locks.semaphore(&name, 2).unwrap().acquire().await.unwrap();
+    let info = operator.inspect(&name).await.unwrap();
+    assert_eq!(info.kind, Some(LockKind::Permit { limit: 2 }));
+    refused(
+        operator.break_holder(&name, &info.holders[0]).await,
+        "a permit",
+    );
+    let mut by_owner = info.holders[0].clone();
+    by_owner.owner = Some(permit.owner().to_string());
+    by_owner.permit = None;
+    refused(
+        operator.break_holder(&name, &by_owner).await,
+        "an owner id on a semaphore",
+    );
+    let timeout_key = layout::semaphore_timeout_key(&name);
+    assert_eq!(int(&server, &["ZCARD", &timeout_key]), 1);
+    assert_eq!(server.command(&["GET", &name]).unwrap().as_str(), Some("1"));
+    assert_eq!(permit.state(), LockState::Held);
+    permit.release().await.unwrap();
+
+    let name = unique("break_writer");
+    redisson.name = name.clone();
+    assert_eq!(redisson.write_acquire(30_000).await, None);
+    assert_eq!(redisson.write_acquire(30_000).await, None);
+    assert_eq!(redisson.read_acquire(30_000).await, None);
+    let info = operator.inspect(&name).await.unwrap();
+    assert_eq!(info.kind, Some(LockKind::Write));
+    let shown = info.holder.expect("the writer");
+    assert_eq!(shown.owner.as_deref(), Some(REDISSON_OWNER));
+    let reader = locks.read_write(&name).unwrap();
+    let waiting = tokio::spawn(async move { reader.read().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "read while a writer held");
+    assert!(operator.break_holder(&name, &shown).await.unwrap());
+    let read = tokio::time::timeout(PROMPT, waiting)
+        .await
+        .expect("the reader gets in after the break")
+        .unwrap()
+        .unwrap();
+    let fields: Vec<String> = hash_of(&server, &name)
+        .into_iter()
+        .map(|(f, _)| f)
+        .collect();
+    assert_eq!(
+        fields,
+        sorted(vec!["mode".to_string(), read.owner().to_string()]),
+        "nothing of the broken writer is left"
+    );
+    // The name is a reader's now: a second break of the writer shown is refused, not aimed at it.
+    refused(
+        operator.break_holder(&name, &shown).await,
+        "the broken writer again, under a reader",
+    );
+    read.release().await.unwrap();
+    assert!(!operator.break_holder(&name, &shown).await.unwrap());
+
+    let name = unique("break_distlock_writer");
+    let lease = Duration::from_secs(3);
+    let write = locks
+        .read_write(&name)
+        .unwrap()
+        .writer()
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let shown = operator
+        .inspect(&name)
+        .await
+        .unwrap()
+        .holder
+        .expect("the writer");
+    assert_eq!(shown.owner.as_deref(), Some(write.owner()));
+    assert!(operator.break_holder(&name, &shown).await.unwrap());
+    assert_eq!(int(&server, &["EXISTS", &name]), 0);
+    tokio::time::timeout(lease / 3 + Duration::from_millis(700), write.lost())
+        .await
+        .expect("the broken writer is Lost at its next renewal");
+    assert_eq!(
+        int(&server, &["EXISTS", &name]),
+        0,
+        "a renewal recreated the hash"
+    );
+}
+
 /// A hold whose own server-side expiry is gone is `Lost` at the next renewal (a third of the lease),
 /// not renewed as if nothing happened: a reader whose timeout key was deleted (it no longer counts:
 /// another reader's release would delete the lock under it, and a writer get in), a permit released

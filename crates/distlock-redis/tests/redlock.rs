@@ -259,6 +259,104 @@ async fn inspect_shows_every_node() {
     guard.release().await.unwrap();
 }
 
+/// A break deletes, on every node, the key of the owner `inspect` shows and nothing else: a distlock
+/// holder's (`<owner>#<nonce>`, whatever the nonce; a node where the key is gone already counts as
+/// not holding it), then another client's random value (node-redlock's), shown as it is, while other
+/// values of the name on other nodes, including one whose owner id starts with the broken one's, stay.
+/// The broken distlock holder's guard goes `Lost` at its next renewal, which recreates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_deletes_the_owners_key_on_every_node() {
+    let nodes = RedlockNodes::start_or_panic(5);
+    let operator = Locks::new(backend(&nodes.url()).await);
+    let holder = Locks::new(backend(&nodes.url()).await);
+    let name = unique("break");
+    let lease = Duration::from_millis(1500);
+    let lock = holder.lock(&name).unwrap();
+    let guard = lock.options().lease(lease).acquire().await.unwrap();
+    on_every_node(&nodes, &name, lock.owner()).await;
+    let shown = operator.inspect(&name).await.unwrap().holder.expect("held");
+    assert_eq!(shown.owner.as_deref(), Some(lock.owner()));
+    del_on(&nodes, &[0], &name);
+    assert!(operator.break_holder(&name, &shown).await.unwrap());
+    for node in nodes.nodes() {
+        assert!(node.command(&["GET", &name]).unwrap().is_nil());
+    }
+    tokio::time::timeout(lease, guard.lost())
+        .await
+        .expect("the broken guard is Lost at its next renewal");
+    for node in nodes.nodes() {
+        assert!(node.command(&["GET", &name]).unwrap().is_nil(), "recreated");
+    }
+    assert!(!operator.break_holder(&name, &shown).await.unwrap());
+
+    let name = unique("break_foreign");
+    let foreign = "9f86d081884c7d65";
+    let longer = format!("{foreign}0#0123456789abcdef");
+    for (i, value) in [foreign, foreign, foreign, &longer, "someone-else"]
+        .into_iter()
+        .enumerate()
+    {
+        let set = nodes
+            .node(i)
+            .command(&["SET", &name, value, "PX", "30000"])
+            .unwrap();
+        assert!(!set.is_error(), "{set}");
+    }
+    let shown = operator.inspect(&name).await.unwrap().holder.expect("held");
+    assert_eq!(shown.owner.as_deref(), Some(foreign));
+    assert!(operator.break_holder(&name, &shown).await.unwrap());
+    let left: Vec<Option<String>> = nodes
+        .nodes()
+        .iter()
+        .map(|n| {
+            n.command(&["GET", &name])
+                .unwrap()
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(
+        left,
+        vec![
+            None,
+            None,
+            None,
+            Some(longer.clone()),
+            Some("someone-else".into())
+        ]
+    );
+}
+
+/// A break that too few nodes answer cannot tell whether the holder still has a quorum on the silent
+/// ones: `Unavailable`, saying what it deleted where (the keys on the nodes that answered are gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_without_enough_answers_is_unavailable_fault() {
+    let mut nodes = RedlockNodes::start_or_panic(5);
+    let operator = Locks::new(backend(&nodes.url()).await);
+    let name = unique("break_partial");
+    let value = "p:1#0123456789abcdef";
+    for node in nodes.nodes() {
+        assert!(!node
+            .command(&["SET", &name, value, "PX", "30000"])
+            .unwrap()
+            .is_error());
+    }
+    let shown = operator.inspect(&name).await.unwrap().holder.expect("held");
+    assert_eq!(shown.owner.as_deref(), Some("p:1"));
+    for i in 2..5 {
+        nodes.node_mut(i).stop().unwrap();
+    }
+    let err = operator
+        .break_holder(&name, &shown)
+        .await
+        .expect_err("3 of 5 nodes silent");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("on 2 of 5 nodes"), "{err}");
+    for node in &nodes.nodes()[..2] {
+        assert!(node.command(&["GET", &name]).unwrap().is_nil());
+    }
+}
+
 /// `redlocks://` with `?ca=`: every node over TLS, the same lock seen on every node's plain port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlocks_over_tls_with_a_ca() {

@@ -174,7 +174,10 @@ async fn distlock_holding_makes_node_redlock_fail() {
     for node in nodes.nodes() {
         let left = node.command(&["GET", &name]).unwrap();
         let ours = left.as_str().is_some_and(|v| v.starts_with(&owner));
-        assert!(!ours, "distlock's key {left:?} left on a node after the release");
+        assert!(
+            !ours,
+            "distlock's key {left:?} left on a node after the release"
+        );
     }
     let got = tokio::task::block_in_place(|| node_tries(n, &name));
     assert!(

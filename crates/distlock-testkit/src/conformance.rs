@@ -1154,7 +1154,10 @@ pub async fn break_ends_only_the_holder_shown(provider: &impl Provider) {
         .break_holder(&name, &first_shown)
         .await
         .expect("break");
-    assert!(!stale, "a break aimed at the first holder reported a broken hold");
+    assert!(
+        !stale,
+        "a break aimed at the first holder reported a broken hold"
+    );
     assert!(
         a.lock(&name).try_acquire().await.expect("try").is_none(),
         "the second holder lost the lock to a break aimed at the first"

@@ -19,11 +19,37 @@ use zookeeper_client as zk;
 
 use crate::acquire::ZkAcquisition;
 use crate::config::ZkConfig;
+use crate::error::{retryable, session_gone};
 use crate::error::{ZkError, BACKEND};
 use crate::layout;
 use crate::lease::{self, ZkLease};
 use crate::request::retried;
+use crate::rw::{delete_recording, WriteRecord};
 use crate::session::{Session, Sessions};
+
+/// How many times a break reads the holder again when its node's data changed between its read and
+/// the delete pinned to that read's version.
+const BREAK_TRIES: u32 = 3;
+
+/// What a break's delete of the holder's node did.
+enum BreakDelete {
+    /// This delete removed the node.
+    Deleted,
+    /// The node was gone (the hold ended otherwise): nothing was touched.
+    Gone,
+    /// The node's data version is no longer the one read: read the holder again.
+    Changed,
+}
+
+/// The error of a break aimed at a name held by `held_by` (readers, permits).
+fn shared_holders(name: &str, held_by: &str) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        format!("break ends an exclusive holder only (a mutex or a write lock); {name:?} is held by {held_by}, which are left holding"),
+    )
+    .with_backend(BACKEND)
+    .with_lock(name)
+}
 
 /// The ZooKeeper backend: Curator `InterProcessMutex`-compatible locks (see [`layout`]). Cheap to
 /// clone; clones share the sessions.
@@ -255,6 +281,156 @@ impl ZkBackend {
     }
 }
 
+impl ZkBackend {
+    /// `distlock break`: ends the exclusive hold `holder` (as [`inspect_zk`](Self::inspect_zk) showed
+    /// it: the node's data as owner, its czxid as token). The holder is the first lock node of the
+    /// name: a reader there, or semaphore permits held under the name, are `Unsupported`; a node
+    /// there that is not the one shown (or none) is `Ok(false)`. The node shown is deleted at the data
+    /// version read with its czxid (a writer's with its token recorded in the same `multi`, as its
+    /// release would): its path (`_c_<uuid>-…<seq>`) is its own, and no node sorting before it can
+    /// appear, so the node deleted is the holder shown. The waiter behind it watches it, and so does
+    /// the holder's own session (`held.rs`), so both learn of the delete as of a release.
+    async fn break_zk(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        let core = |e: ZkError| e.into_core(Some(name));
+        let path = layout::lock_path(name).map_err(|m| core(ZkError::Config(m)))?;
+        if holder.token.is_none() && holder.owner.is_none() {
+            return Err(core(ZkError::Config(
+                "the holder to break has neither a token nor an owner id: pass the holder status showed"
+                    .into(),
+            )));
+        }
+        let session = self.sessions.any().await.map_err(core)?;
+        let config = self.sessions.config();
+        let client = &session.client;
+        for _ in 0..BREAK_TRIES {
+            let children =
+                match retried(config, "getChildren", || client.list_children(&path)).await {
+                    Ok(children) => children,
+                    Err(ZkError::Request {
+                        source: zk::Error::NoNode,
+                        ..
+                    }) => return Ok(false),
+                    Err(e) => return Err(core(e)),
+                };
+            if children
+                .iter()
+                .any(|c| c == layout::SEMAPHORE_LEASES || c == layout::SEMAPHORE_LIMIT)
+                && self
+                    .inspect_semaphore(&session, &path)
+                    .await
+                    .map_err(core)?
+                    .is_some()
+            {
+                return Err(shared_holders(name, "semaphore permits"));
+            }
+            let children = layout::contenders(children);
+            let Some(first) = children.first() else {
+                return Ok(false);
+            };
+            let kind = layout::node_type(first);
+            if kind == Some(layout::NodeType::Read) {
+                return Err(shared_holders(name, "readers"));
+            }
+            let node = layout::join(&path, first);
+            let (data, stat) = match retried(config, "getData", || client.get_data(&node)).await {
+                Ok(read) => read,
+                // The first node went since the listing: the hold shown (as old, or older) is gone.
+                Err(ZkError::Request {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => return Ok(false),
+                Err(e) => return Err(core(e)),
+            };
+            let same_token = holder
+                .token
+                .is_none_or(|t| u64::try_from(stat.czxid).is_ok_and(|c| c == t.get()));
+            let same_owner = holder
+                .owner
+                .as_deref()
+                .is_none_or(|o| o.as_bytes() == data.as_slice());
+            if !(same_token && same_owner) {
+                return Ok(false);
+            }
+            let record =
+                (kind == Some(layout::NodeType::Write)).then(|| WriteRecord::of(&node, stat.czxid));
+            match break_delete(config, &session, &node, stat.version, record.as_ref())
+                .await
+                .map_err(core)?
+            {
+                BreakDelete::Deleted => {
+                    tracing::debug!(%node, czxid = stat.czxid, "zookeeper: broke a hold (deleted its node)");
+                    return Ok(true);
+                }
+                BreakDelete::Gone => return Ok(false),
+                BreakDelete::Changed => {}
+            }
+        }
+        Err(core(ZkError::OutcomeUnknown(format!(
+            "break of {name:?}: the holder's node changed {BREAK_TRIES} times between its read and its delete (is something writing its data?); nothing was deleted"
+        ))))
+    }
+}
+
+/// Deletes the holder's `node` at data `version` for a break (with a writer's `record`), retried on
+/// the same session while requests get no answer, for at most the request timeout. A resend that
+/// finds the node gone cannot tell whether the unanswered send deleted it: the outcome is unknown.
+async fn break_delete(
+    config: &ZkConfig,
+    session: &Session,
+    node: &str,
+    version: i32,
+    record: Option<&WriteRecord>,
+) -> std::result::Result<BreakDelete, ZkError> {
+    let bound = config.connection.request_timeout;
+    let deadline = tokio::time::Instant::now() + bound;
+    let mut retries = config.connection.retry.start(Some(deadline));
+    let unknown = |why: &str| {
+        ZkError::OutcomeUnknown(format!(
+            "the delete of the lock node {node} got no answer ({why}): the outcome of the break is unknown (it may have been applied); no other hold was touched"
+        ))
+    };
+    let mut unanswered: Option<String> = None;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let delete = delete_recording(&session.client, node, Some(version), record);
+        let source = match tokio::time::timeout(left, delete).await {
+            Ok(Ok(())) => return Ok(BreakDelete::Deleted),
+            Ok(Err(zk::Error::NoNode)) => {
+                return match unanswered {
+                    Some(why) => Err(unknown(&why)),
+                    None => Ok(BreakDelete::Gone),
+                }
+            }
+            Ok(Err(zk::Error::BadVersion)) => return Ok(BreakDelete::Changed),
+            Ok(Err(source)) if session_gone(&source) => {
+                return match unanswered {
+                    Some(why) => Err(unknown(&format!("{why}; then the session ended"))),
+                    None => Err(ZkError::Request {
+                        action: "delete",
+                        source,
+                    }),
+                }
+            }
+            Ok(Err(source)) if retryable(&source) => source,
+            Ok(Err(source)) => {
+                return Err(ZkError::Request {
+                    action: "delete",
+                    source,
+                })
+            }
+            Err(_) => return Err(unknown(&format!("no answer within {bound:?}"))),
+        };
+        let why = source.to_string();
+        match retries.next_delay() {
+            Some(delay) => {
+                unanswered = Some(why);
+                tokio::time::sleep(delay).await;
+            }
+            None => return Err(unknown(&why)),
+        }
+    }
+}
+
 /// One holder's node: its data as the owner (Curator writes the client's IP address) and its czxid as
 /// the token; `None` when it went meanwhile.
 async fn describe_holder(
@@ -296,6 +472,8 @@ impl Backend for ZkBackend {
             .with_notify_wait(true)
             .with_frees_on_process_death(false)
             .with_shared_across_processes(true)
+            // `distlock break`: the holder's node deleted at the version read with its czxid.
+            .with_breaks_holders(true)
             // One queue of sequential nodes for readers, writers and the mutex: first come, first
             // served; the downgrade is one `multi` (`rw.rs`); the semaphore is Curator's V2.
             .with_kinds(
@@ -368,6 +546,10 @@ impl Backend for ZkBackend {
         self.inspect_zk(name)
             .await
             .map_err(|e| e.into_core(Some(name)))
+    }
+
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        self.break_zk(name, holder).await
     }
 
     async fn downgrade(&self, lease: &ZkLease, read: &AcquireRequest) -> Result<Grant<ZkLease>> {

@@ -54,6 +54,8 @@ pub(crate) enum ZkError {
     KindConflict(String),
     /// The server said the hold's node is gone (a downgrade of a write lock no longer held).
     NotHeld(String),
+    /// A write got no definite answer and may have been applied (an operator's break).
+    OutcomeUnknown(String),
 }
 
 impl ZkError {
@@ -73,7 +75,9 @@ impl ZkError {
     pub(crate) fn unanswered(&self) -> bool {
         match self {
             ZkError::Request { source, .. } => retryable(source),
-            ZkError::Timeout { .. } | ZkError::DeleteUnanswered { .. } => true,
+            ZkError::Timeout { .. }
+            | ZkError::DeleteUnanswered { .. }
+            | ZkError::OutcomeUnknown(_) => true,
             _ => false,
         }
     }
@@ -156,7 +160,8 @@ impl fmt::Display for ZkError {
             | ZkError::Unconfirmed(why)
             | ZkError::Unsupported(why)
             | ZkError::KindConflict(why)
-            | ZkError::NotHeld(why) => f.write_str(why),
+            | ZkError::NotHeld(why)
+            | ZkError::OutcomeUnknown(why) => f.write_str(why),
             ZkError::LimitMismatch { stored, requested, path } => write!(
                 f,
                 "the semaphore has {stored} permits on the server ({path}); this one asked for {requested} (every user must ask for the same; to change it, delete {path} while no permit is held: `zkCli.sh delete {path}`)"
@@ -194,7 +199,8 @@ impl From<ZkError> for Error {
             ZkError::Timeout { .. }
             | ZkError::SessionLost(_)
             | ZkError::Unconfirmed(_)
-            | ZkError::DeleteUnanswered { .. } => ErrorKind::Unavailable,
+            | ZkError::DeleteUnanswered { .. }
+            | ZkError::OutcomeUnknown(_) => ErrorKind::Unavailable,
         };
         let message = error.to_string();
         let error = match error {

@@ -28,6 +28,12 @@
 //!   holder either way);
 //! * the fencing token is the lock node's `czxid` (the zxid of its create), which strictly increases
 //!   across holders; the sequence suffix is not used, since it restarts when the parent is recreated.
+//! * an operator's **break** (`distlock break`) deletes the holder's node (the first lock node, a
+//!   mutex's or a writer's) after checking that its czxid and data are the token and owner `status`
+//!   showed, at the data version read with them; the node's path is unique to its hold (the
+//!   `_c_<uuid>-` prefix and the sequence), so no later holder is deleted. A broken writer's token is
+//!   recorded as its release records it (below). Nothing else changes: the holder's session and its
+//!   other nodes stay. The waiter watching the node and the holder's own watch see the delete.
 //!
 //! **Read-write lock** (`InterProcessReadWriteLock`), on the same path and the same queue:
 //!

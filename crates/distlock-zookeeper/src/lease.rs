@@ -121,7 +121,7 @@ pub(crate) async fn delete_node_recording(
     let mut unanswered: Option<String> = None;
     let why = loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let delete = crate::rw::delete_recording(&session.client, path, record);
+        let delete = crate::rw::delete_recording(&session.client, path, None, record);
         let source = match tokio::time::timeout(left, delete).await {
             Ok(Ok(())) => return Ok(Released::Released),
             Ok(Err(zk::Error::NoNode)) if unanswered.is_some() => {

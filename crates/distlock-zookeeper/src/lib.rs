@@ -16,6 +16,8 @@
 //!   `Jeopardy`; reconnected within the session → `Held`; session expired, closed, or the own node
 //!   deleted → `Lost` at once (a watch on the own node); never `Held` past the deadline computed from
 //!   the negotiated timeout.
+//! * **Break** (`distlock break`): the holder's node deleted once its czxid is the token shown, at the
+//!   version read with it; the broken guard learns it from the watch on its own node.
 //! * **No orphans.** A cancelled, timed-out or interrupted acquire deletes its node, found by its
 //!   `_c_<uuid>` prefix when the create's reply was lost; release deletes only the own node.
 //! * **Read-write lock** = Curator's `InterProcessReadWriteLock` (`_c_<uuid>-__READ__<seq>` /

@@ -38,10 +38,19 @@ pub(crate) struct WriteRecord {
 
 /// The record a release of `held` sets: a write hold's token; nothing for any other hold.
 pub(crate) fn release_record(held: &ZkLease) -> Option<WriteRecord> {
-    (held.kind == LockKind::Write).then(|| WriteRecord {
-        name: parent_of(&held.node).to_string(),
-        data: layout::write_record(held.czxid),
-    })
+    (held.kind == LockKind::Write).then(|| WriteRecord::of(&held.node, held.czxid))
+}
+
+impl WriteRecord {
+    /// The record that ends the write hold of `node` (its full path), whose czxid is `czxid`: a
+    /// release's, or an operator's break (`backend.rs`), which records the broken writer's token as
+    /// its release would.
+    pub(crate) fn of(node: &str, czxid: i64) -> WriteRecord {
+        WriteRecord {
+            name: parent_of(node).to_string(),
+            data: layout::write_record(czxid),
+        }
+    }
 }
 
 /// The parent of a node's path (`/a/b/_c_…` → `/a/b`).
@@ -52,28 +61,29 @@ fn parent_of(node: &str) -> &str {
     }
 }
 
-/// Deletes `path`, and with a `record` sets it in the same `multi` (so it is set exactly when this
-/// call deletes the node: a resend after a lost reply finds the node gone and sets nothing, and no
-/// later writer's record is overwritten). When an operator's ACL on the name node lets this client
-/// delete its node but not write the name node, the delete is sent alone: a record is worth less
-/// than a release.
+/// Deletes `path` (at data `version`, any with `None`), and with a `record` sets it in the same
+/// `multi` (so it is set exactly when this call deletes the node: a resend after a lost reply finds
+/// the node gone and sets nothing, and no later writer's record is overwritten). When an operator's
+/// ACL on the name node lets this client delete its node but not write the name node, the delete is
+/// sent alone: a record is worth less than a release.
 pub(crate) async fn delete_recording(
     client: &zk::Client,
     path: &str,
+    version: Option<i32>,
     record: Option<&WriteRecord>,
 ) -> Result<(), zk::Error> {
     let Some(record) = record else {
-        return client.delete(path, None).await;
+        return client.delete(path, version).await;
     };
     let mut multi = client.new_multi_writer();
     multi.add_set_data(&record.name, &record.data, None)?;
-    multi.add_delete(path, None)?;
+    multi.add_delete(path, version)?;
     match multi.commit().await {
         Ok(_) => Ok(()),
         Err(zk::MultiWriteError::OperationFailed {
             index: 0,
             source: zk::Error::NoAuth,
-        }) => client.delete(path, None).await,
+        }) => client.delete(path, version).await,
         Err(e) => Err(e.into()),
     }
 }

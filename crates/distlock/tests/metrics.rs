@@ -32,7 +32,10 @@ fn scrape(addr: SocketAddr) -> Vec<Sample> {
     let mut page = String::new();
     stream.read_to_string(&mut page).unwrap();
     let (head, body) = page.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{head}");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
     body.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|line| {
@@ -83,7 +86,10 @@ async fn until(addr: SocketAddr, what: &str, check: impl Fn(&[Sample]) -> bool) 
         if check(&page) {
             return page;
         }
-        let shown: Vec<&Sample> = page.iter().filter(|s| !s.name.ends_with("_bucket")).collect();
+        let shown: Vec<&Sample> = page
+            .iter()
+            .filter(|s| !s.name.ends_with("_bucket"))
+            .collect();
         assert!(
             tokio::time::Instant::now() < deadline,
             "{what}: not seen within 10 s in {shown:?}"
@@ -104,7 +110,11 @@ async fn a_scrape_shows_locks_taken_waited_for_released_and_lost() {
         .await
         .unwrap()
         .with_name_labels(true);
-    let this = [("engine", "redis"), ("kind", "mutex"), ("name", name.as_str())];
+    let this = [
+        ("engine", "redis"),
+        ("kind", "mutex"),
+        ("name", name.as_str()),
+    ];
     let with = |extra: (&'static str, &'static str)| {
         let mut labels = this.to_vec();
         labels.push(extra);
@@ -138,7 +148,10 @@ async fn a_scrape_shows_locks_taken_waited_for_released_and_lost() {
     })
     .await;
     assert_eq!(value(&page, "distlock_waiters", &this), 0.0);
-    assert_eq!(value(&page, "distlock_holds", &with(("state", "held"))), 1.0);
+    assert_eq!(
+        value(&page, "distlock_holds", &with(("state", "held"))),
+        1.0
+    );
     let released = with(("end", "released"));
     assert_eq!(value(&page, "distlock_hold_seconds_count", &released), 1.0);
 
@@ -150,7 +163,10 @@ async fn a_scrape_shows_locks_taken_waited_for_released_and_lost() {
         value(p, "distlock_lost_total", &with(("reason", "gone"))) == 1.0
     })
     .await;
-    assert_eq!(value(&page, "distlock_holds", &with(("state", "held"))), 0.0);
+    assert_eq!(
+        value(&page, "distlock_holds", &with(("state", "held"))),
+        0.0
+    );
     assert_eq!(
         value(&page, "distlock_renewals_total", &with(("outcome", "gone"))),
         1.0

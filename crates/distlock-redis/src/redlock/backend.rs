@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Attempt, Backend, HolderInfo, LockInfo, Released, Renewal, RenewalId, Renewed,
 };
 use distlock_core::url::LockUrl;
 use distlock_core::{Capabilities, Error, ErrorKind, Fencing, Result};
@@ -434,6 +434,7 @@ impl Backend for RedlockBackend {
             .with_notify_wait(false)
             .with_fifo(false)
             .with_frees_on_process_death(false)
+            .with_breaks_holders(true)
     }
 
     fn begin(&self, request: &AcquireRequest) -> Result<RedlockAcquisition> {
@@ -484,6 +485,15 @@ impl Backend for RedlockBackend {
     /// quorum of nodes, with the Q-th longest pttl among them (how long the quorum lasts).
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
         self.inspect_nodes(name).await
+    }
+
+    /// The break script ([`layout::BREAK`](crate::redlock::layout::BREAK)) on every node at once:
+    /// the key deleted where its value is `holder`'s owner id (the one `inspect` shows, whatever its
+    /// nonce). `true` once the holder's key was deleted somewhere and too few nodes hold it for a
+    /// quorum; `false` when no node deleted anything and no quorum holds it; else `Unavailable` (see
+    /// the `breaking` module).
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        self.break_everywhere(name, holder).await
     }
 }
 

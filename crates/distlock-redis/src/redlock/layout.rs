@@ -26,7 +26,10 @@
 //! * **Release** ([`RELEASE`]) deletes the key only if it holds the hold's value (compare-and-delete,
 //!   node-redlock's and redis-py's release).
 //! * **Extend** ([`EXTEND`]) sets a new `PEXPIRE` only if the key holds the hold's value
-//!   (compare-and-pexpire; node-redlock's extend does the same with `SET … PX`).
+//!   (compare-and-pexpire; node-redlock's extend does the same with `SET … PX`), so it never
+//!   recreates a key that was deleted.
+//! * **Break** ([`BREAK`], `distlock break`) deletes the key only if its value is the given owner's
+//!   (any nonce): the operator's tool against a dead holder, sent to every node.
 //!
 //! ```
 //! use distlock_redis::redlock::layout;
@@ -109,11 +112,38 @@ end
 return 0
 ";
 
+/// Break (`distlock break`): `KEYS[1]` = lock key, `ARGV[1]` = the owner id `inspect` showed (what
+/// [`owner_of`] makes of the node's value). Deletes the key when its value is that owner's, whatever
+/// the nonce (as [`owner_of`] reads it: `<owner>#<16 hex digits>`, or a value that is the owner
+/// itself); returns 1 when it deleted the key, else 0 (absent, or another owner's).
+///
+/// ```
+/// use distlock_redis::redlock::layout;
+/// // Only the lock's key is ever deleted, and only after its owner is compared.
+/// assert_eq!(layout::BREAK.matches("'DEL'").count(), 1);
+/// assert!(layout::BREAK.contains("owner ~= ARGV[1]"));
+/// ```
+pub const BREAK: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current == false then
+  return 0
+end
+local owner = string.match(current, '^(.*)#%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x$')
+if owner == nil then
+  owner = current
+end
+if owner ~= ARGV[1] then
+  return 0
+end
+return redis.call('DEL', KEYS[1])
+";
+
 /// The scripts, hashed once.
 pub(crate) struct Scripts {
     pub(crate) acquire: redis::Script,
     pub(crate) release: redis::Script,
     pub(crate) extend: redis::Script,
+    pub(crate) break_holder: redis::Script,
 }
 
 impl Scripts {
@@ -122,6 +152,7 @@ impl Scripts {
             acquire: redis::Script::new(ACQUIRE),
             release: redis::Script::new(RELEASE),
             extend: redis::Script::new(EXTEND),
+            break_holder: redis::Script::new(BREAK),
         }
     }
 }

@@ -7,6 +7,8 @@
 //!   arriving before the core's validity deadline, else releases on every node and retries after a
 //!   jittered backoff bounded by the Q-th smallest pttl (no notification across independent nodes).
 //! * **Renewal** needs a quorum; **release** goes to every node.
+//! * **Break** (`distlock break`) deletes the holder's key, owner-checked, on every node; it is over
+//!   once too few nodes hold it for a quorum (see `breaking`).
 //! * **No fencing token**: [`Fencing::None`](distlock_core::Fencing::None). Redlock's safety rests on
 //!   bounded clock drift, pauses and network delays, and on nodes not losing keys (a restart without
 //!   persistence): see the Redlock section of GUARANTEES.md. Use it for efficiency, not correctness.
@@ -29,6 +31,7 @@
 
 mod acquire;
 mod backend;
+mod breaking;
 mod config;
 mod fanout;
 mod inspect;

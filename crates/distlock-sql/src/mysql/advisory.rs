@@ -103,7 +103,7 @@ impl Flavor {
                     .map_err(|e| conn::map_error("waiting in GET_LOCK", e))
             }
             Flavor::Row { table, row } => {
-                super::row::wait_for_row(session, table, row, false).await
+                super::row::wait_for_row(session, table, row, false, true).await
             }
         }
     }
@@ -591,7 +591,7 @@ pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlEr
     info.last_token = fence.filter(|f| *f > 0).map(FencingToken::new);
     if let Some(conn_id) = holder.flatten() {
         let mut h = HolderInfo::default();
-        h.owner = Some(format!("mysql session {conn_id}"));
+        h.owner = Some(layout::session_owner(conn_id));
         h.token = info.last_token;
         info.kind = Some(LockKind::Mutex);
         info.holder = Some(h);

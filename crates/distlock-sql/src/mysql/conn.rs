@@ -198,6 +198,26 @@ pub(crate) async fn bounded<T>(
     }
 }
 
+/// Runs a multi-statement query and returns the first row of the last statement that answered rows
+/// (reading every answer, so the connection is ready for the next query). An error of any statement
+/// is the result: mysql_async keeps the error of a statement after the first as the query's pending
+/// result (`is_empty` is then true), which only reading on (`drop_result`) returns.
+pub(crate) async fn last_row(
+    conn: &mut Conn,
+    sql: String,
+) -> Result<Option<mysql_async::Row>, mysql_async::Error> {
+    let mut result = conn.query_iter(sql).await?;
+    let mut last = None;
+    while !result.is_empty() {
+        let rows: Vec<mysql_async::Row> = result.collect().await?;
+        if let Some(row) = rows.into_iter().next() {
+            last = Some(row);
+        }
+    }
+    result.drop_result().await?;
+    Ok(last)
+}
+
 /// Opens a connection (bounded by the connect timeout); returns it with the watch descriptor of its
 /// socket, if found.
 pub(crate) async fn open(

@@ -351,6 +351,73 @@ pub(crate) fn slot_holders(name: &str, first: u32, count: u32) -> String {
     format!("SELECT {}", columns.join(", "))
 }
 
+/// How `inspect` shows a session's holder (advisory, row) as `HolderInfo::owner`: the server's
+/// `CONNECTION_ID()` of the session that holds the lock. `distlock break` reads it back.
+pub(crate) const SESSION_OWNER_PREFIX: &str = "mysql session ";
+
+/// The owner `inspect` shows for session `id`.
+pub(crate) fn session_owner(id: u64) -> String {
+    format!("{SESSION_OWNER_PREFIX}{id}")
+}
+
+/// Row mode: records the holding session in the lock row, uncommitted, inside the held transaction
+/// (sent behind the `SELECT … FOR UPDATE` in the same query, so it runs only when the row was got).
+/// The transaction always ends with `ROLLBACK` (a release, or the session's end), which takes the
+/// write back: only a read that sees uncommitted rows ([`row_holder`]) ever sees it, and then only
+/// while that session holds the row. It is what lets `inspect` name the holder and `distlock break`
+/// end it, without the `PROCESS` privilege InnoDB's lock tables need.
+pub(crate) fn mark_row_holder(table: &str, row: &str) -> String {
+    format!("UPDATE {table} SET owner = CONNECTION_ID() WHERE name = {row}")
+}
+
+/// Row mode: the session holding the lock row `row` (see [`mark_row_holder`]), read uncommitted (the
+/// isolation set for the next transaction only, which this read is). One row: the owner, `NULL` when
+/// no session of this version of distlock holds the row.
+pub(crate) fn row_holder(table: &str, row: &str) -> String {
+    format!(
+        "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; \
+         SELECT owner FROM {table} WHERE name = {row}"
+    )
+}
+
+/// `distlock break` of a lock held by session `id`: `KILL CONNECTION id`, prepared from a string the
+/// server picks by `check` (an SQL condition: that session still holds the lock) in the statement
+/// just before, so the check and the kill run back to back in the server with no round trip in
+/// between (`KILL` is a statement, not a function: it cannot sit inside the check's own statement).
+/// `dirty`: the check reads uncommitted rows ([`row_holder`]). The last statement answers whether
+/// the kill was sent.
+pub(crate) fn kill_if(check: &str, id: u64, dirty: bool) -> String {
+    let isolation = if dirty {
+        "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; "
+    } else {
+        ""
+    };
+    format!(
+        "{isolation}SELECT IF({check}, 'KILL CONNECTION {id}', 'DO 0') INTO @dl_break; \
+         PREPARE dl_break FROM @dl_break; EXECUTE dl_break; DEALLOCATE PREPARE dl_break; \
+         SELECT @dl_break <> 'DO 0'"
+    )
+}
+
+/// `kill_if`'s check in advisory mode: session `id` holds the `GET_LOCK` name `key`.
+pub(crate) fn holds_advisory(key: &str, id: u64) -> String {
+    format!("IS_USED_LOCK('{key}') <=> {id}")
+}
+
+/// `kill_if`'s check in row mode: session `id` holds the lock row `row` ([`mark_row_holder`]).
+pub(crate) fn holds_row(table: &str, row: &str, id: u64) -> String {
+    format!("(SELECT owner FROM {table} WHERE name = {row}) <=> '{id}'")
+}
+
+/// ` AND` the name's counter is `token`: the hold shown is the one there now, not a later hold of
+/// the same session.
+pub(crate) fn fence_is(table: &str, name: &str, token: u64) -> String {
+    format!(
+        " AND (SELECT fence FROM {table} WHERE name = {}) <=> {token}",
+        literal(name.as_bytes())
+    )
+}
+
 /// The counter of a name (`NULL`-free: no row → no result).
 pub(crate) fn read_fence(table: &str, name: &str) -> String {
     format!(

@@ -332,6 +332,36 @@ pub(crate) async fn release(
     }
 }
 
+/// `distlock break`: expires the lease of `name` if `owner` holds it unexpired (at version `fence`,
+/// if given). The owner stays, so the broken holder's renewal and release find their lease expired
+/// (lost), never released by them; waiters find it free at their next try. Whether it was expired.
+pub(crate) async fn break_lease(
+    inner: &Inner,
+    name: &str,
+    owner: &str,
+    fence: Option<u64>,
+) -> Result<bool, SqlError> {
+    let version = fence.map_or_else(String::new, |f| format!(" AND fence = {f}"));
+    let sql = format!(
+        "UPDATE {} SET expires_at = {CLOCK} WHERE name = {} AND owner = {}{version} \
+         AND expires_at > {CLOCK}",
+        inner.table,
+        literal(name.as_bytes()),
+        literal(owner.as_bytes())
+    );
+    let request_timeout = inner.limits.request;
+    with_session(inner, async |s| {
+        bounded(
+            "breaking the lease",
+            request_timeout,
+            s.conn.query_drop(sql),
+        )
+        .await?;
+        Ok(s.conn.affected_rows() > 0)
+    })
+    .await
+}
+
 pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlError> {
     let sql = format!(
         "SELECT owner, fence, TIMESTAMPDIFF(MICROSECOND, {CLOCK}, expires_at) FROM {} WHERE name = {}",

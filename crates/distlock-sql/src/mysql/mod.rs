@@ -44,11 +44,18 @@
 //! `GET_LOCK` is exclusive only, and no shared lock of the server's excludes the `GET_LOCK` that is the
 //! name's mutex. Row and lease modes are mutex-only.
 //!
+//! **Breaking** (`Locks::break_holder`, `distlock break`): advisory and row modes kill the holder's
+//! session (`KILL CONNECTION`, prepared from a string that a check of `IS_USED_LOCK`, or of the row's
+//! uncommitted owner, picks in the same query) where the session `inspect` showed
+//! (`owner = "mysql session <id>"`) still holds the name with the token shown; lease mode expires the
+//! lease row where owner and version match. Permits are never broken (`Unsupported`).
+//!
 //! The table (`?table=`, default `distlock_locks`, in `?schema=` or the URL's database) is created on
 //! first use under `GET_LOCK('dl-schema')`: `name VARBINARY(1024)` (case kept, 1,024 bytes), `fence`,
 //! `owner`, `expires_at DATETIME(6)`.
 
 mod advisory;
+mod breaking;
 mod conn;
 pub mod fence;
 mod layout;
@@ -61,7 +68,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, LockInfo, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Attempt, Backend, HolderInfo, LockInfo, Released, Renewal, RenewalId, Renewed,
 };
 use distlock_core::{Capabilities, Fencing, LockKind, LockKinds, Result};
 use mysql_async::prelude::Queryable as _;
@@ -387,7 +394,9 @@ impl Backend for MysqlBackend {
     fn capabilities(&self) -> Capabilities {
         let base = Capabilities::mutex()
             .with_server_ttl(true)
-            .with_fencing(Fencing::Strict);
+            .with_fencing(Fencing::Strict)
+            // Every mode: a killed session (advisory, row) or an expired lease row (lease).
+            .with_breaks_holders(true);
         match self.inner.config.mode {
             Mode::Lease => base,
             // Held sessions: freed when the holder's process dies (its socket closes), waits in the server.
@@ -540,5 +549,15 @@ impl Backend for MysqlBackend {
             _ => advisory::inspect(inner, name).await,
         };
         info.map_err(|e| inner.error(e, Some(name)))
+    }
+
+    /// Advisory and row modes kill the holder's session where it still holds the name (checked in
+    /// the server just before the kill, in the same query); lease mode expires the lease row where
+    /// owner and version still match. See `breaking.rs`.
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        let inner = &self.inner;
+        breaking::break_holder(inner, name, holder)
+            .await
+            .map_err(|e| inner.error(e, Some(name)))
     }
 }

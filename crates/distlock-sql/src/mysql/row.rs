@@ -11,6 +11,10 @@
 //!   task that owns the session, bounded by the session's `innodb_lock_wait_timeout` (10 s slices);
 //!   `abandon` ends it with `KILL QUERY` and rolls back. Probes and the loss deadline are the advisory
 //!   mode's (`SELECT CONNECTION_ID(), @@in_transaction`).
+//! * **Who holds it.** The `FOR UPDATE` that gets the row is followed, in the same query, by an
+//!   `UPDATE` of the row's `owner` to the session's `CONNECTION_ID()`, never committed (the hold ends
+//!   with `ROLLBACK` or the session's end, which take it back). A read that sees uncommitted rows finds
+//!   the holding session there: `inspect` shows it and `distlock break` kills it (see `breaking.rs`).
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
 use distlock_core::FencingToken;
@@ -18,8 +22,9 @@ use mysql_async::prelude::Queryable as _;
 use sha2::{Digest as _, Sha256};
 
 use super::advisory::{self, set_wait_timeout, Flavor, Held, Waiting};
+use super::conn::last_row;
 use super::conn::{bounded, Session};
-use super::layout::literal;
+use super::layout::{literal, mark_row_holder, row_holder as row_holder_sql, session_owner};
 use super::{Inner, MysqlLease};
 use crate::error::SqlError;
 
@@ -43,12 +48,15 @@ fn is_busy(e: &mysql_async::Error) -> bool {
 }
 
 /// `START TRANSACTION` and `SELECT … FOR UPDATE [NOWAIT]` of the lock row: `Some(1)` locked, `Some(0)`
-/// busy (rolled back). Checks the session id when `nowait` (the try).
+/// busy (rolled back). Checks the session id when `nowait` (the try). `mark`: a lock's acquire (not
+/// `inspect`'s look) also records its session in the row, uncommitted, in the same query
+/// ([`mark_row_holder`]), for `inspect` and `distlock break`.
 pub(crate) async fn wait_for_row(
     session: &mut Session,
     table: &str,
     row: &str,
     nowait: bool,
+    mark: bool,
 ) -> Result<Option<i64>, SqlError> {
     session
         .conn
@@ -56,12 +64,20 @@ pub(crate) async fn wait_for_row(
         .await
         .map_err(|e| super::conn::map_error("starting the lock's transaction", e))?;
     let suffix = if nowait { " NOWAIT" } else { "" };
-    let locked = session
-        .conn
-        .query_first::<u64, _>(format!(
-            "SELECT CONNECTION_ID() FROM {table} WHERE name = {row} FOR UPDATE{suffix}"
-        ))
-        .await;
+    let mut sql =
+        format!("SELECT CONNECTION_ID() FROM {table} WHERE name = {row} FOR UPDATE{suffix}");
+    if mark {
+        // Runs only when the lock statement succeeded: a multi-statement query stops at an error.
+        sql = format!("{sql}; {}", mark_row_holder(table, row));
+    }
+    let locked = async {
+        let mut result = session.conn.query_iter(sql).await?;
+        let ids: Vec<u64> = result.collect().await?;
+        // The mark's answer, if it was sent.
+        result.drop_result().await?;
+        Ok::<_, mysql_async::Error>(ids.first().copied())
+    }
+    .await;
     match locked {
         Ok(Some(id)) if id == session.id => Ok(Some(1)),
         Ok(Some(id)) => {
@@ -132,7 +148,7 @@ pub(crate) async fn try_acquire(
         ensure_row(inner, &mut session, &row).await?;
         let got = tokio::time::timeout(
             inner.limits.request,
-            wait_for_row(&mut session, &inner.table, &row, true),
+            wait_for_row(&mut session, &inner.table, &row, true, true),
         )
         .await
         .map_err(|_| SqlError::Timeout {
@@ -168,9 +184,11 @@ pub(crate) async fn try_acquire(
     Ok(Attempt::Acquired(grant))
 }
 
-/// What `distlock status` shows in row mode: whether the lock row is locked (tried with `FOR UPDATE
-/// NOWAIT` and rolled back at once: a locking read that finds it free holds it for one round trip) and
-/// the name's counter. Who holds it is not known without the `PROCESS` privilege.
+/// What `distlock status` shows in row mode: the session holding the lock row, as its acquire
+/// recorded it uncommitted in the row ([`mark_row_holder`], read uncommitted: InnoDB's own lock tables
+/// need the `PROCESS` privilege), with the name's counter as its token. A row locked by a session that
+/// recorded nothing (an older distlock) is found by trying it with `FOR UPDATE NOWAIT`, rolled back at
+/// once (a locking read that finds it free holds it for one round trip), and shown without an owner.
 pub(crate) async fn inspect(
     inner: &Inner,
     name: &str,
@@ -187,10 +205,15 @@ pub(crate) async fn inspect(
     )
     .await?;
     let mut held = false;
+    let mut holder_session = None;
     if exists.is_some() {
+        holder_session = row_holder(inner, &mut session, &row).await?;
+        held = holder_session.is_some();
+    }
+    if exists.is_some() && !held {
         let got = tokio::time::timeout(
             request,
-            wait_for_row(&mut session, &inner.table, &row, true),
+            wait_for_row(&mut session, &inner.table, &row, true, false),
         )
         .await
         .map_err(|_| SqlError::Timeout {
@@ -215,8 +238,31 @@ pub(crate) async fn inspect(
     info.last_token = fence.filter(|f| *f > 0).map(FencingToken::new);
     if held {
         let mut holder = distlock_core::HolderInfo::default();
+        holder.owner = holder_session.map(session_owner);
         holder.token = info.last_token;
+        info.kind = Some(distlock_core::LockKind::Mutex);
         info.holder = Some(holder);
     }
     Ok(info)
+}
+
+/// The session holding the lock row `row`, as its acquire recorded it ([`mark_row_holder`]), read
+/// uncommitted; `None` when no session recorded itself. On an error the caller drops `session` (the
+/// read's isolation may still be pending on it).
+pub(crate) async fn row_holder(
+    inner: &Inner,
+    session: &mut Session,
+    row: &str,
+) -> Result<Option<u64>, SqlError> {
+    let found = bounded(
+        "reading the lock row's holder",
+        inner.limits.request,
+        last_row(&mut session.conn, row_holder_sql(&inner.table, row)),
+    )
+    .await?;
+    let owner: Option<Vec<u8>> = found
+        .and_then(|r| r.get_opt::<Option<Vec<u8>>, usize>(0))
+        .and_then(Result::ok)
+        .flatten();
+    Ok(owner.and_then(|o| std::str::from_utf8(&o).ok()?.trim().parse().ok()))
 }

@@ -338,7 +338,7 @@ pub(crate) async fn inspect_permits(
             let holder: Option<u64> = row.get::<Option<u64>, usize>(i as usize).flatten();
             if let Some(conn_id) = holder {
                 let mut h = HolderInfo::default();
-                h.owner = Some(format!("mysql session {conn_id}"));
+                h.owner = Some(layout::session_owner(conn_id));
                 h.permit = Some((first + i).to_string());
                 info.holders.push(h);
             }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::raw::{
-    AcquireRequest, Attempt, Backend, Grant, LockInfo, Released, Renewal, RenewalId, Renewed,
+    AcquireRequest, Attempt, Backend, Grant, HolderInfo, LockInfo, Released, Renewal, RenewalId,
+    Renewed,
 };
 use distlock_core::{Capabilities, Fencing, LockKind, LockKinds, ReadWriteOrder, Result};
 use futures_util::future::join_all;
@@ -16,7 +17,7 @@ use tokio_postgres::types::Type;
 
 use super::conn::{driver_config, Conn, Driver};
 use super::layout::{self, Tables};
-use super::{inspect, lease, semaphore, session};
+use super::{breaking, inspect, lease, semaphore, session};
 use crate::config::{Mode, SqlConfig};
 use crate::error::SqlError;
 
@@ -747,6 +748,7 @@ impl Backend for PostgresBackend {
             .with_notify_wait(true)
             .with_frees_on_process_death(self.inner.config.mode != Mode::Lease)
             .with_shared_across_processes(true)
+            .with_breaks_holders(true)
             .with_kinds(kinds)
     }
 
@@ -872,6 +874,15 @@ impl Backend for PostgresBackend {
 
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
         inspect::inspect(&self.inner, name)
+            .await
+            .map_err(|e| e.into_core(BACKEND, Some(name)))
+    }
+
+    /// Advisory and row modes terminate the holder's backend (`pg_terminate_backend`) where it still
+    /// holds the name exclusive, checked in the same statement; lease mode expires the lease row
+    /// where owner and version still match. See `breaking.rs`.
+    async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
+        breaking::break_holder(&self.inner, name, holder)
             .await
             .map_err(|e| e.into_core(BACKEND, Some(name)))
     }

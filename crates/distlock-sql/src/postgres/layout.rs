@@ -423,6 +423,94 @@ impl Tables {
         )
     }
 
+    /// Lease mode, `distlock break`: expires the lease of `$1` if owner `$2` holds it unexpired (at
+    /// version `$3`, unless `NULL`), and wakes the waiters. The owner stays, so the broken holder's
+    /// renewal and release find their lease expired (lost), never released by them. Returns whether
+    /// it was expired.
+    pub(crate) fn break_lease(&self) -> String {
+        format!(
+            "WITH b AS (UPDATE {locks} SET expires_at = now() \
+             WHERE name = $1 AND owner = $2 AND ($3::bigint IS NULL OR version = $3) AND expires_at > now() \
+             RETURNING name), \
+             n AS (SELECT pg_notify('{channel}', name) FROM b) \
+             SELECT (SELECT count(*) FROM n) > 0",
+            locks = self.locks,
+            channel = self.channel
+        )
+    }
+
+    /// Advisory mode, `distlock break`, one statement: terminates backend `$4` if it holds the key
+    /// (`pg_locks`' `$1`, `$2`, `$3`: classid, objid, objsubid) exclusive, its session started at `$5`
+    /// (unless `NULL`) and the counter of `$7` is `$6` (unless `NULL`), waiting up to `$8` ms for it to
+    /// exit. The check and the signal are one step in the server: a holder that came since (another
+    /// session, or a new session on a recycled pid) is never signalled. Returns the backends matched
+    /// (0 or 1), whether they exited in time, and whether the key is held shared (readers, permits).
+    pub(crate) fn break_advisory(&self) -> String {
+        format!(
+            "WITH h AS (SELECT l.pid FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+               WHERE {key} AND l.granted AND l.mode = 'ExclusiveLock' \
+               AND l.pid = $4 AND l.pid <> pg_backend_pid() \
+               AND ($5::timestamptz IS NULL OR a.backend_start = $5) \
+               AND ($6::bigint IS NULL OR (SELECT token FROM {fence} WHERE name = $7) = $6)), \
+             k AS (SELECT pg_terminate_backend(pid, $8::bigint) AS done FROM h) \
+             SELECT (SELECT count(*) FROM h), (SELECT bool_and(done) FROM k), \
+               EXISTS (SELECT 1 FROM pg_locks l WHERE {key} AND l.granted AND l.mode = 'ShareLock')",
+            key = PG_LOCKS_KEY,
+            fence = self.fence
+        )
+    }
+
+    /// Row mode: the backend whose transaction holds `$1`'s row exclusive (`FOR UPDATE`). A row lock
+    /// is no `pg_locks` entry: the locker's transaction id is the row's `xmax`, and every transaction
+    /// holds its own id exclusive in `pg_locks`. Exclusive is told by a `FOR SHARE SKIP LOCKED` that
+    /// skips the row (a reader's `FOR SHARE` does not make it skip; `xmax` alone cannot tell a single
+    /// reader from a writer). Returns its pid, client address and session start, or no row.
+    pub(crate) fn row_holder(&self) -> String {
+        format!(
+            "WITH free AS (SELECT 1 FROM {locks} WHERE name = $1 FOR SHARE SKIP LOCKED) \
+             SELECT l.pid, a.client_addr::text, a.backend_start \
+             FROM {locks} t JOIN pg_locks l ON {row_locker} \
+             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE t.name = $1 AND l.pid <> pg_backend_pid() AND NOT EXISTS (SELECT 1 FROM free)",
+            locks = self.locks,
+            row_locker = ROW_LOCKER
+        )
+    }
+
+    /// Row mode, `distlock break`, one statement: terminates backend `$2` if its transaction holds
+    /// `$1`'s row exclusive ([`Tables::row_holder`]), its session started at `$3` (unless `NULL`) and
+    /// the counter of `$1` is `$4` (unless `NULL`), waiting up to `$5` ms for it to exit. Returns the
+    /// backends matched (0 or 1), whether they exited in time, and whether the row is held exclusive
+    /// (by anyone: the holder given, or one that came since).
+    pub(crate) fn break_row(&self) -> String {
+        format!(
+            "WITH free AS (SELECT 1 FROM {locks} WHERE name = $1 FOR SHARE SKIP LOCKED), \
+             h AS (SELECT l.pid FROM {locks} t JOIN pg_locks l ON {row_locker} \
+               LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+               WHERE t.name = $1 AND l.pid = $2 AND l.pid <> pg_backend_pid() \
+               AND ($3::timestamptz IS NULL OR a.backend_start = $3) \
+               AND ($4::bigint IS NULL OR (SELECT token FROM {fence} WHERE name = $1) = $4) \
+               AND NOT EXISTS (SELECT 1 FROM free)), \
+             k AS (SELECT pg_terminate_backend(pid, $5::bigint) AS done FROM h) \
+             SELECT (SELECT count(*) FROM h), (SELECT bool_and(done) FROM k), \
+               NOT EXISTS (SELECT 1 FROM free)",
+            locks = self.locks,
+            fence = self.fence,
+            row_locker = ROW_LOCKER
+        )
+    }
+
+    /// Row mode: whether `$1`'s row exists and whether it is locked against `FOR UPDATE` (tried with
+    /// `SKIP LOCKED`, autocommit: a free row is held for this one statement). After a break found no
+    /// exclusive holder, a row locked so is held by readers.
+    pub(crate) fn row_locked(&self) -> String {
+        format!(
+            "SELECT EXISTS (SELECT 1 FROM {locks} WHERE name = $1), \
+             NOT EXISTS (SELECT 1 FROM (SELECT 1 FROM {locks} WHERE name = $1 FOR UPDATE SKIP LOCKED) s)",
+            locks = self.locks
+        )
+    }
+
     /// `LISTEN` on the wake-up channel.
     pub(crate) fn listen(&self) -> String {
         format!("LISTEN \"{}\"", self.channel)
@@ -496,6 +584,27 @@ fn key_arity(key: AdvisoryKey) -> usize {
         AdvisoryKey::Single(_) => 1,
         AdvisoryKey::Pair(..) => 2,
     }
+}
+
+/// A `pg_locks l` row of the advisory key in `$1`, `$2`, `$3` (classid, objid, objsubid, as
+/// [`pg_locks_row`] gives them), in this database (an advisory key is per database).
+const PG_LOCKS_KEY: &str = "l.locktype = 'advisory' AND l.classid = $1::bigint::oid \
+                            AND l.objid = $2::bigint::oid AND l.objsubid = $3::smallint \
+                            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
+/// Joins a row `t` to the `pg_locks l` entry of the transaction in its `xmax` (its locker, see
+/// [`Tables::row_holder`]).
+const ROW_LOCKER: &str = "l.locktype = 'transactionid' AND l.transactionid = t.xmax \
+                          AND l.mode = 'ExclusiveLock' AND l.granted";
+
+/// How `inspect` shows a session's holder in advisory and row modes, as `HolderInfo::owner`: the
+/// server's backend pid (a process of the database server, not of the holder's machine, so not
+/// `HolderInfo::pid`). `distlock break` reads it back.
+pub(crate) const BACKEND_OWNER_PREFIX: &str = "postgres backend ";
+
+/// The owner `inspect` shows for backend `pid`.
+pub(crate) fn backend_owner(pid: i32) -> String {
+    format!("{BACKEND_OWNER_PREFIX}{pid}")
 }
 
 /// Set by every session distlock opens, first thing, so no server, database or role default breaks

@@ -52,6 +52,12 @@
 //! (needs PostgreSQL 14 or later); see `session.rs`. [`fence`] guards a resource's own `UPDATE` with
 //! the token.
 //!
+//! **Breaking** (`Locks::break_holder`, `distlock break`): advisory and row modes end the holder's
+//! session with `pg_terminate_backend`, in the statement that checks, in `pg_locks`, that the session
+//! `inspect` showed (`owner = "postgres backend <pid>"`) still holds the name exclusive with the token
+//! shown; lease mode expires the lease row where owner and version match. Readers and permits are
+//! never broken (`Unsupported`).
+//!
 //! ```no_run
 //! # async fn demo() -> distlock_core::Result<()> {
 //! let backend = distlock_sql::postgres::connect("postgres://app:pw@db:5432/app?mode=advisory").await?;
@@ -62,6 +68,7 @@
 //! ```
 
 mod backend;
+mod breaking;
 mod conn;
 pub mod fence;
 mod inspect;
