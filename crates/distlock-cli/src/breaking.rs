@@ -29,7 +29,8 @@ pub async fn break_lock(args: BreakArgs) -> Result<i32, Failure> {
             ),
         ));
     };
-    let mut shown = holder_text(&holder, SystemTime::now());
+    // Escaped: an owner id or host comes from the server and could hold terminal control sequences.
+    let mut shown = crate::status::one_line(&holder_text(&holder, SystemTime::now()));
     // Where the engine keeps no token with the hold (Redis), the name's last token is the one its
     // grant minted, unless the hold came from a client that mints none: said as what it is.
     if let (None, Some(last)) = (holder.token, info.last_token) {
@@ -38,20 +39,36 @@ pub async fn break_lock(args: BreakArgs) -> Result<i32, Failure> {
         ));
     }
     if !args.yes {
-        if !std::io::stdin().is_terminal() {
+        // The question goes to stderr and the answer comes from stdin: both must be a person's.
+        if !std::io::stdin().is_terminal() || !std::io::stderr().is_terminal() {
             return Err(Failure::new(
                 Code::Usage,
                 format!(
-                    "lock {name:?} is held by {shown}; not broken: stdin is not a terminal to confirm on (pass --yes)"
+                    "lock {name:?} is held by {shown}; not broken: no terminal to ask on (stdin and stderr must be one; pass --yes)"
                 ),
             ));
         }
-        if !confirmed(name, &shown) {
+        if !confirmed(name, &shown).await {
             exit::report(format_args!("lock {name:?} not broken"));
             return Ok(Code::Busy.as_i32());
         }
     }
-    if !locks.break_holder(name, &holder).await? {
+    let broken = match locks.break_holder(name, &holder).await {
+        Ok(broken) => broken,
+        Err(error) => {
+            if error.kind() == distlock::ErrorKind::Unavailable {
+                // The request may have reached the engine: audited as what it may have done.
+                exit::report(format_args!(
+                    "break of lock {name:?} on {}: outcome unknown, the hold of {shown} may have been ended; by {} at {}",
+                    locks.backend_kind(),
+                    operator(),
+                    now_rfc3339()
+                ));
+            }
+            return Err(error.into());
+        }
+    };
+    if !broken {
         return Err(Failure::new(
             Code::Busy,
             format!(
@@ -62,7 +79,7 @@ pub async fn break_lock(args: BreakArgs) -> Result<i32, Failure> {
     let owner = holder
         .owner
         .as_deref()
-        .map(|o| format!(", owner {o}"))
+        .map(|o| format!(", owner {}", crate::status::one_line(o)))
         .unwrap_or_default();
     exit::report(format_args!(
         "broke lock {name:?} on {}: ended the hold of {shown}{owner}; by {} at {}",
@@ -73,19 +90,29 @@ pub async fn break_lock(args: BreakArgs) -> Result<i32, Failure> {
     Ok(0)
 }
 
-/// Asks on the terminal; only `y` or `yes` breaks.
-fn confirmed(name: &str, shown: &str) -> bool {
+/// Asks on the terminal; only `y` or `yes` breaks. The answer is read on a blocking thread: the
+/// runtime's one thread keeps the connection's keep-alives going while the operator thinks (a slow
+/// answer must not expire a ZooKeeper session or an etcd lease of the break's own connection).
+async fn confirmed(name: &str, shown: &str) -> bool {
     let mut stderr = std::io::stderr().lock();
     let _ = write!(
         stderr,
         "distlock: lock {name:?} is held by {shown}.\nBreak it? Its work may still be running. [y/N] "
     );
     let _ = stderr.flush();
-    let mut answer = String::new();
-    if std::io::stdin().lock().read_line(&mut answer).is_err() {
-        return false;
+    drop(stderr);
+    let answer = tokio::task::spawn_blocking(|| {
+        let mut answer = String::new();
+        std::io::stdin()
+            .lock()
+            .read_line(&mut answer)
+            .map(|_| answer)
+    })
+    .await;
+    match answer {
+        Ok(Ok(answer)) => matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"),
+        _ => false,
     }
-    matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
 }
 
 /// Who broke it: `user@host (pid N)`.

@@ -201,7 +201,7 @@ fn holder_lines(line: &mut impl FnMut(&str, &str), holder: &distlock::HolderInfo
 }
 
 /// Escapes control characters (a name may hold a newline) so a value cannot break the line format.
-fn one_line(value: &str) -> String {
+pub(crate) fn one_line(value: &str) -> String {
     value
         .chars()
         .fold(String::with_capacity(value.len()), |mut s, c| {

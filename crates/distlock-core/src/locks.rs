@@ -388,13 +388,14 @@ impl Locks {
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> distlock_core::Result<()> {
-    /// let locks = Locks::new(MemoryBackend::new());
-    /// let stuck = locks.lock("nightly")?.acquire().await?;
-    /// let holder = locks.inspect("nightly").await?.holder.expect("held");
-    /// assert!(locks.break_holder("nightly", &holder).await?);
-    /// assert!(locks.lock("nightly")?.try_acquire().await?.is_some());
+    /// let backend = MemoryBackend::new();
+    /// let (service, operator) = (Locks::new(backend.clone()), Locks::new(backend));
+    /// let stuck = service.lock("nightly")?.acquire().await?;
+    /// let holder = operator.inspect("nightly").await?.holder.expect("held");
+    /// assert!(operator.break_holder("nightly", &holder).await?);
+    /// assert!(operator.lock("nightly")?.try_acquire().await?.is_some());
     /// // Broken again with the same holder: that hold is gone, nothing is touched.
-    /// assert!(!locks.break_holder("nightly", &holder).await?);
+    /// assert!(!operator.break_holder("nightly", &holder).await?);
     /// # drop(stuck);
     /// # Ok(())
     /// # }

@@ -631,6 +631,12 @@ pub struct HolderInfo {
     pub since: Option<SystemTime>,
     /// The permit held, for a semaphore's holder.
     pub permit: Option<String>,
+    /// The engine's identity of this one hold, where it has one beyond the owner id and token (a
+    /// Redlock value with its nonce, the fencing counter a Redis grant minted, a row lock's
+    /// transaction): what [`Locks::break_holder`](crate::Locks::break_holder) compares, so that a later
+    /// hold of the same owner (a `Lock` that released and acquired again, a pooled session) is never
+    /// broken. Opaque: only the engine that showed it reads it.
+    pub hold_id: Option<String>,
 }
 
 /// The engine side of a lock service. See the [module docs](self) for the contract.

@@ -1130,7 +1130,13 @@ pub async fn break_ends_only_the_holder_shown(provider: &impl Provider) {
     let b = provider.client().await;
     let operator = provider.client().await;
     let lease = Duration::from_secs(3);
-    let first = a.hold(&name, lease).await;
+    let first_lock = a.lock(&name);
+    let first = first_lock
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire");
     let shown = |info: distlock_core::LockInfo| info.holder.expect("inspect shows the holder");
     let first_shown = shown(operator.locks.inspect(&name).await.expect("inspect"));
     if !operator.locks.capabilities().breaks_holders {
@@ -1146,8 +1152,32 @@ pub async fn break_ends_only_the_holder_shown(provider: &impl Provider) {
         return;
     }
 
+    // Aimed at a holder that has gone while the same `Lock` holds again (same owner id): where
+    // inspect shows the hold's identity (a token or an engine's hold id), the new hold is not touched.
+    first.release().await.expect("release");
+    let first = first_lock
+        .options()
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire again");
+    let again = shown(operator.locks.inspect(&name).await.expect("inspect"));
+    if first_shown.token.is_some() || first_shown.hold_id.is_some() {
+        let stale = operator
+            .locks
+            .break_holder(&name, &first_shown)
+            .await
+            .expect("break");
+        assert!(
+            !stale,
+            "a break aimed at the first hold broke the same owner's next hold ({first_shown:?}, now {again:?})"
+        );
+        assert_eq!(first.state(), LockState::Held);
+    }
+
     // Aimed at a holder that has gone: the one there now is not touched.
     first.release().await.expect("release");
+    let first_shown = again;
     let second = b.hold(&name, lease).await;
     let stale = operator
         .locks
@@ -1192,6 +1222,26 @@ pub async fn break_ends_only_the_holder_shown(provider: &impl Provider) {
         assert!(next > broken, "{next} after the broken {broken}");
     }
     third.release().await.expect("release");
+
+    // Aimed at a writer that has gone while readers hold the name now: nothing to break there, and
+    // no refusal either (the holder shown is simply gone).
+    if operator.locks.capabilities().kinds.read_write {
+        let name = unique_name("break_rw");
+        let writer = a.locks.read_write(&name).expect("a read-write lock");
+        let written = writer.write().await.expect("write");
+        let writer_shown = shown(operator.locks.inspect(&name).await.expect("inspect"));
+        written.release().await.expect("release");
+        let reader = b.locks.read_write(&name).expect("a read-write lock");
+        let read = reader.read().await.expect("read");
+        let broken = operator
+            .locks
+            .break_holder(&name, &writer_shown)
+            .await
+            .expect("a stale break of a writer while readers hold is no error");
+        assert!(!broken, "a reader was broken by a break aimed at a writer");
+        assert_eq!(read.state(), LockState::Held);
+        read.release().await.expect("release");
+    }
 }
 
 /// Expands the whole suite for one backend: one `#[tokio::test]` per case, named after it.
