@@ -107,7 +107,8 @@ pub fn holder_text(holder: &HolderInfo, now: SystemTime) -> String {
     let mut out = match (holder.pid, &holder.host, &holder.owner) {
         (Some(pid), Some(host), _) => format!("pid {pid} on {host}"),
         (Some(pid), None, _) => format!("pid {pid}"),
-        (None, _, Some(owner)) => owner.clone(),
+        (None, Some(host), Some(owner)) => format!("{owner} on {host}"),
+        (None, None, Some(owner)) => owner.clone(),
         (None, Some(host), None) => format!("a process on {host}"),
         (None, None, None) => "another owner".into(),
     };

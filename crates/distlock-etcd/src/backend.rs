@@ -74,6 +74,22 @@ use crate::rpc::pb::etcdserverpb::RangeRequest;
 use crate::rpc::Client;
 use crate::session::Session;
 
+/// The error of a break aimed at a shared holder of `name` (a reader, a permit holder), which a break
+/// never ends.
+fn shared_holder(name: &str, kind: NameKey) -> Error {
+    let holder = if kind == NameKey::Read {
+        "a reader"
+    } else {
+        "a semaphore permit holder"
+    };
+    Error::new(
+        ErrorKind::Unsupported,
+        format!("break ends an exclusive holder only (a mutex or a write lock); the holder given is {holder} of {name:?}, which is left holding"),
+    )
+    .with_backend(BACKEND)
+    .with_lock(name)
+}
+
 /// The etcd backend. Cheap to clone: clones share the connection, the sessions and the local key claims,
 /// so `Locks` built on clones exclude each other (each owner queues with a key of its own).
 ///
@@ -347,21 +363,31 @@ impl EtcdBackend {
 
     /// `distlock break`: ends the exclusive hold `holder` (as [`inspect_name`](Self::inspect_name)
     /// showed it) by deleting its key ([`layout::break_txn`]), only while that key still has the
-    /// token shown as its create_revision (and the owner shown as its value). The holder is the
-    /// oldest contender of the name, read first: a reader or a permit there is `Unsupported`; another
-    /// hold there (or none) is `Ok(false)`. A key passing the txn's compare is still the holder (no
-    /// key older than it can appear), so the compare alone keeps a holder that came since safe. The
-    /// holder's session lease is left alone (its other locks live on); waiters watching the key and
-    /// the holder's own held-key watch (`held.rs`) see the delete as they see a release.
+    /// token shown as its create_revision (and the owner shown as its value, and the hold id shown,
+    /// [`layout::hold_id`]). A holder given that is a reader or a permit holder (its hold id or its
+    /// permit says so; with neither, it matches one of the name's shared holders now by owner and
+    /// token) is `Unsupported`. Otherwise the holder is the oldest contender of the name, read first:
+    /// any other hold there (readers, permits, another exclusive holder) or none is `Ok(false)`, the
+    /// holder shown having gone. A key passing the txn's compare is still the holder (no key older
+    /// than it can appear), so the compare alone keeps a holder that came since safe. The holder's
+    /// session lease is left alone (its other locks live on); waiters watching the key and the
+    /// holder's own held-key watch (`held.rs`) see the delete as they see a release.
     async fn break_name(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
         let core = |e: EtcdError| e.into_core(Some(name));
-        if holder.token.is_none() && holder.owner.is_none() {
+        let aimed = holder.hold_id.as_deref().and_then(layout::parse_hold_id);
+        if holder.token.is_none() && holder.owner.is_none() && aimed.is_none() {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
-                "the holder to break has neither a token nor an owner id: pass the holder status showed",
+                "the holder to break has neither a token, an owner id nor a hold id: pass the holder status showed",
             )
             .with_backend(BACKEND)
             .with_lock(name));
+        }
+        if let Some((kind, _)) = aimed.filter(|(kind, _)| !kind.is_exclusive()) {
+            return Err(shared_holder(name, kind));
+        }
+        if holder.permit.is_some() {
+            return Err(shared_holder(name, NameKey::Permit));
         }
         let resp = self
             .get("break read", layout::all_keys(name))
@@ -376,24 +402,20 @@ impl EtcdBackend {
             return Ok(false);
         };
         if !kind.is_exclusive() {
-            let held_by = if kind == NameKey::Read {
-                "readers"
-            } else {
-                "semaphore permits"
-            };
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!("break ends an exclusive holder only (a mutex or a write lock); {name:?} is held by {held_by}, which are left holding"),
-            )
-            .with_backend(BACKEND)
-            .with_lock(name));
+            // Readers or permits hold now: the exclusive holder shown has gone, unless the holder
+            // given (with no hold id: built by hand) is one of them, as status shows them.
+            if aimed.is_none() && self.is_shared_holder(name, holder).await.map_err(core)? {
+                return Err(shared_holder(name, kind));
+            }
+            return Ok(false);
         }
         let value = String::from_utf8_lossy(&kv.value);
+        let same_hold = aimed.is_none_or(|aimed| aimed == (kind, kv.create_revision));
         let same_token = holder
             .token
             .is_none_or(|t| t.get() == kv.create_revision.unsigned_abs());
         let same_owner = holder.owner.as_deref().is_none_or(|o| o == value);
-        if !(same_token && same_owner) {
+        if !(same_hold && same_token && same_owner) {
             return Ok(false);
         }
         let key = String::from_utf8_lossy(&kv.key).into_owned();
@@ -422,6 +444,23 @@ impl EtcdBackend {
             .with_lock(name));
         }
         Ok(false)
+    }
+
+    /// Whether `holder` (given with no hold id) is one of the readers or permit holders `status`
+    /// shows for `name` now: the same owner id and token, where given.
+    async fn is_shared_holder(
+        &self,
+        name: &str,
+        holder: &HolderInfo,
+    ) -> std::result::Result<bool, EtcdError> {
+        let info = self.inspect_name(name).await?;
+        Ok(info.holders.iter().any(|shared| {
+            holder
+                .owner
+                .as_ref()
+                .is_none_or(|o| shared.owner.as_ref() == Some(o))
+                && holder.token.is_none_or(|t| shared.token == Some(t))
+        }))
     }
 
     /// `status`: the name's keys ([`layout::classify`]; a nested lock's keys, issue 24, are neither
@@ -469,7 +508,7 @@ impl EtcdBackend {
             _ => None,
         };
         let mut holders = Vec::new();
-        for (_, kv) in keys.iter().take(holding) {
+        for (kind, kv) in keys.iter().take(holding) {
             let mut remaining = None;
             if kv.lease != 0 {
                 let client = self.client();
@@ -491,6 +530,7 @@ impl EtcdBackend {
             let mut holder = HolderInfo::default();
             holder.owner = (!value.is_empty()).then_some(value);
             holder.remaining_lease = remaining;
+            holder.hold_id = Some(layout::hold_id(*kind, kv.create_revision));
             match first {
                 // A reader carries the last recorded write token (or 0).
                 NameKey::Read => holder.token = Some(FencingToken::new(record.unwrap_or(0))),

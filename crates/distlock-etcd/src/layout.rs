@@ -44,6 +44,9 @@
 //!   that came since is never touched. The holder's session lease is not revoked (its other locks
 //!   live on); a broken writer's token is recorded as its release would ([`write_release_txn`]).
 //!   Waiters and the broken holder watch the key, so both learn of the delete as of a release.
+//!   `status` shows each holder's key kind and create_revision as its hold id ([`hold_id`]): a break
+//!   aimed at a reader or a permit is refused, one aimed at an exclusive holder that has gone finds
+//!   nothing to delete, whoever holds now.
 //!
 //! **Nested names** (issue 24). The prefix of `a` is `a/`, which also covers the keys of lock `a/b`
 //! (`a/b/<lease hex>`). distlock's `a` and `a/b` never block each other: only contenders count, and
@@ -208,6 +211,49 @@ impl NameKey {
     pub fn is_exclusive(self) -> bool {
         matches!(self, NameKey::Mutex | NameKey::Write)
     }
+
+    /// The word for the kind in a [`hold_id`]: `mutex`, `read`, `write`, `permit`.
+    fn tag(self) -> &'static str {
+        match self {
+            NameKey::Mutex => "mutex",
+            NameKey::Read => "read",
+            NameKey::Write => "write",
+            NameKey::Permit => "permit",
+        }
+    }
+}
+
+/// The hold id `status` shows for a holder (`HolderInfo::hold_id`): its key's kind and
+/// create_revision, `<kind>@<revision>`. The revision is the key's own (a reader's or a permit's token
+/// is not), so it names one hold of one key, and the kind tells a break whether it was aimed at an
+/// exclusive holder ([`parse_hold_id`]).
+///
+/// ```
+/// use distlock_etcd::layout::{hold_id, parse_hold_id, NameKey};
+/// assert_eq!(hold_id(NameKey::Write, 42), "write@42");
+/// assert_eq!(parse_hold_id("write@42"), Some((NameKey::Write, 42)));
+/// assert_eq!(parse_hold_id(&hold_id(NameKey::Read, 7)), Some((NameKey::Read, 7)));
+/// for other in ["", "write", "write@", "write@x", "lock@42", "42", "write@-1"] {
+///     assert_eq!(parse_hold_id(other), None, "{other:?}");
+/// }
+/// ```
+pub fn hold_id(kind: NameKey, create_revision: i64) -> String {
+    format!("{}@{create_revision}", kind.tag())
+}
+
+/// A [`hold_id`]'s kind and create_revision; `None` for anything else (another engine's id).
+pub fn parse_hold_id(id: &str) -> Option<(NameKey, i64)> {
+    let (tag, rev) = id.split_once('@')?;
+    let kind = [
+        NameKey::Mutex,
+        NameKey::Read,
+        NameKey::Write,
+        NameKey::Permit,
+    ]
+    .into_iter()
+    .find(|k| k.tag() == tag)?;
+    let rev: i64 = rev.parse().ok()?;
+    (rev > 0).then_some((kind, rev))
 }
 
 /// The key of a reader of the read-write lock `name`: `name/read/<unix nanos>`, Go's

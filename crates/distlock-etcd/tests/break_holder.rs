@@ -2,7 +2,9 @@
 //! TTL, keep-alives every 20 s): the broken holder's key is deleted by its create_revision, the
 //! broken guard goes `Lost` from its held-key watch within a round trip (not at a keep-alive, which
 //! would still succeed: the session lease is not revoked), a waiter gets the lock at once, the
-//! holder's other locks on the same session stay held, and readers or permits are not broken.
+//! holder's other locks on the same session stay held, and readers or permits are not broken (a
+//! break aimed at one is `Unsupported`; one aimed at a writer that has gone while readers hold now
+//! is `Ok(false)`).
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod common;
@@ -142,7 +144,8 @@ async fn a_break_leaves_the_holders_other_locks_on_its_session_alone() {
     kept.release().await.unwrap();
 }
 
-/// Readers and permits are not exclusive holders: a break is `Unsupported` and they keep holding.
+/// Readers and permits are not exclusive holders: a break aimed at one (as `status` shows it, or
+/// built by hand with its owner and token alone) is `Unsupported` and they keep holding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn breaking_readers_or_permits_is_unsupported_and_leaves_them_holding() {
     let server = EtcdServer::start_or_panic();
@@ -157,12 +160,24 @@ async fn breaking_readers_or_permits_is_unsupported_and_leaves_them_holding() {
     let info = operator.inspect(&name).await.unwrap();
     assert_eq!(info.holders.len(), 2, "{info:?}");
     for reader in &info.holders {
-        let refused = operator
-            .break_holder(&name, reader)
-            .await
-            .expect_err("a reader is not broken");
-        assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
-        assert!(refused.to_string().contains("exclusive"), "{refused}");
+        assert!(
+            reader
+                .hold_id
+                .as_deref()
+                .is_some_and(|id| id.starts_with("read@")),
+            "{reader:?}"
+        );
+        let mut by_hand = reader.clone();
+        by_hand.hold_id = None;
+        for aimed in [reader, &by_hand] {
+            let refused = operator
+                .break_holder(&name, aimed)
+                .await
+                .expect_err("a reader is not broken");
+            assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
+            assert!(refused.to_string().contains("exclusive"), "{refused}");
+            assert!(refused.to_string().contains("a reader"), "{refused}");
+        }
     }
     let keys = common::keys(&server.endpoints(), &layout::prefix(&name));
     assert_eq!(keys.len(), 2, "both readers' keys are there: {keys:?}");
@@ -174,11 +189,17 @@ async fn breaking_readers_or_permits_is_unsupported_and_leaves_them_holding() {
     let permits = holder.semaphore(&sem, 2).unwrap();
     let p1 = permits.acquire().await.unwrap();
     let info = operator.inspect(&sem).await.unwrap();
-    let refused = operator
-        .break_holder(&sem, &info.holders[0])
-        .await
-        .expect_err("a permit is not broken");
-    assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
+    let permit = &info.holders[0];
+    let mut by_hand = permit.clone();
+    (by_hand.hold_id, by_hand.permit) = (None, None);
+    for aimed in [permit, &by_hand] {
+        let refused = operator
+            .break_holder(&sem, aimed)
+            .await
+            .expect_err("a permit is not broken");
+        assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
+        assert!(refused.to_string().contains("permit"), "{refused}");
+    }
     assert_eq!(p1.state(), LockState::Held);
     assert_eq!(
         common::keys(&server.endpoints(), &layout::prefix(&sem)).len(),
@@ -187,6 +208,87 @@ async fn breaking_readers_or_permits_is_unsupported_and_leaves_them_holding() {
     p1.release().await.unwrap();
     r1.release().await.unwrap();
     r2.release().await.unwrap();
+}
+
+/// A break aimed at a writer that has gone while readers hold the name now ends nothing and is no
+/// error: `Ok(false)`, the readers keep holding. So also when one reader is the writer's own
+/// `RwLock` (the same owner id, and the token its write recorded): the hold id `status` showed tells
+/// the writer's key from the reader's. Without the hold id (a holder built by hand) that reader
+/// cannot be told from the writer, and the break is refused as aimed at a reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_writer_break_while_readers_hold_breaks_nothing() {
+    let server = EtcdServer::start_or_panic();
+    let url = server.url();
+    let name = common::name("break_stale_writer");
+    let holder = common::locks(&url).await;
+    let other = common::locks(&url).await;
+    let operator = common::locks(&url).await;
+    let rw = holder.read_write(&name).unwrap();
+    let written = rw.write().await.unwrap();
+    let writer_shown = shown(&operator, &name).await;
+    assert!(
+        writer_shown
+            .hold_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with("write@")),
+        "{writer_shown:?}"
+    );
+    written.release().await.unwrap();
+    let mut writer_by_hand = writer_shown.clone();
+    writer_by_hand.hold_id = None;
+
+    // Another owner reads now.
+    let other_read = other.read_write(&name).unwrap().read().await.unwrap();
+    for aimed in [&writer_shown, &writer_by_hand] {
+        assert!(
+            !operator
+                .break_holder(&name, aimed)
+                .await
+                .expect("a stale break of a writer while readers hold is no error"),
+            "a reader was broken by a break aimed at a writer"
+        );
+    }
+    assert_eq!(
+        common::keys(&server.endpoints(), &layout::prefix(&name)).len(),
+        1
+    );
+
+    // The writer's own `RwLock` reads too: its reader shows the writer's owner and token.
+    let own_read = rw.read().await.unwrap();
+    let info = operator.inspect(&name).await.unwrap();
+    assert!(
+        info.holders
+            .iter()
+            .any(|h| h.owner == writer_shown.owner && h.token == writer_shown.token),
+        "the own reader shows the writer's owner and token: {info:?}"
+    );
+    assert!(!operator
+        .break_holder(&name, &writer_shown)
+        .await
+        .expect("a stale break of a writer while its own reader holds is no error"));
+    let refused = operator
+        .break_holder(&name, &writer_by_hand)
+        .await
+        .expect_err("without a hold id the writer shown is its own reader");
+    assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
+    assert_eq!(
+        common::keys(&server.endpoints(), &layout::prefix(&name)).len(),
+        2
+    );
+    assert_eq!(
+        (own_read.state(), other_read.state()),
+        (LockState::Held, LockState::Held)
+    );
+    assert!(operator
+        .read_write(&name)
+        .unwrap()
+        .writer()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    own_read.release().await.unwrap();
+    other_read.release().await.unwrap();
 }
 
 /// A writer is an exclusive holder: broken as a mutex holder is, its token recorded as its release

@@ -41,11 +41,17 @@ enum BreakDelete {
     Changed,
 }
 
-/// The error of a break aimed at a name held by `held_by` (readers, permits).
-fn shared_holders(name: &str, held_by: &str) -> Error {
+/// The error of a break aimed at a shared holder of `name` (a reader, a permit holder), which a break
+/// never ends.
+fn shared_holder(name: &str, kind: layout::HoldKind) -> Error {
+    let holder = if kind == layout::HoldKind::Permit {
+        "a semaphore permit holder"
+    } else {
+        "a reader"
+    };
     Error::new(
         ErrorKind::Unsupported,
-        format!("break ends an exclusive holder only (a mutex or a write lock); {name:?} is held by {held_by}, which are left holding"),
+        format!("break ends an exclusive holder only (a mutex or a write lock); the holder given is {holder} of {name:?}, which is left holding"),
     )
     .with_backend(BACKEND)
     .with_lock(name)
@@ -177,9 +183,11 @@ impl ZkBackend {
                 .collect(),
             _ => vec![first],
         };
-        let described = holders
-            .iter()
-            .map(|node| describe_holder(config, client, &path, node));
+        let described = holders.iter().map(|node| {
+            let kind =
+                layout::HoldKind::Node(layout::node_type(node).unwrap_or(layout::NodeType::Mutex));
+            describe_holder(config, client, &path, node, kind)
+        });
         let described: Vec<Option<HolderInfo>> = futures_util::future::join_all(described)
             .await
             .into_iter()
@@ -261,9 +269,9 @@ impl ZkBackend {
         let held = limit.map_or(leases.len(), |l| {
             leases.len().min(usize::try_from(l).unwrap_or(usize::MAX))
         });
-        let described = leases[..held]
-            .iter()
-            .map(|node| describe_holder(config, client, &leases_path, node));
+        let described = leases[..held].iter().map(|node| {
+            describe_holder(config, client, &leases_path, node, layout::HoldKind::Permit)
+        });
         let mut info = LockInfo::default();
         // A Curator semaphore stores no limit: its kind (and the permits line) is then unknown.
         info.kind = limit.map(|limit| LockKind::Permit { limit });
@@ -283,22 +291,42 @@ impl ZkBackend {
 
 impl ZkBackend {
     /// `distlock break`: ends the exclusive hold `holder` (as [`inspect_zk`](Self::inspect_zk) showed
-    /// it: the node's data as owner, its czxid as token). The holder is the first lock node of the
-    /// name: a reader there, or semaphore permits held under the name, are `Unsupported`; a node
-    /// there that is not the one shown (or none) is `Ok(false)`. The node shown is deleted at the data
-    /// version read with its czxid (a writer's with its token recorded in the same `multi`, as its
-    /// release would): its path (`_c_<uuid>-…<seq>`) is its own, and no node sorting before it can
-    /// appear, so the node deleted is the holder shown. The waiter behind it watches it, and so does
-    /// the holder's own session (`held.rs`), so both learn of the delete as of a release.
+    /// it: the node's data as owner, its czxid as token and in its hold id, [`layout::hold_id`]). A
+    /// holder given that is a reader or a permit holder (its hold id or its permit says so; with
+    /// neither, it matches one of the name's shared holders now by owner and token) is
+    /// `Unsupported`. Otherwise the holder is the first lock node of the name: a node there that is
+    /// not the one shown (a reader's, another holder's) or none is `Ok(false)`, the holder shown having
+    /// gone. The node shown is deleted at the data version read with its czxid (a writer's with its
+    /// token recorded in the same `multi`, as its release would): its path (`_c_<uuid>-…<seq>`) is
+    /// its own, and no node sorting before it can appear, so the node deleted is the holder shown.
+    /// The waiter behind it watches it, and so does the holder's own session (`held.rs`), so both
+    /// learn of the delete as of a release.
     async fn break_zk(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
         let core = |e: ZkError| e.into_core(Some(name));
         let path = layout::lock_path(name).map_err(|m| core(ZkError::Config(m)))?;
-        if holder.token.is_none() && holder.owner.is_none() {
+        let aimed = holder.hold_id.as_deref().and_then(layout::parse_hold_id);
+        if holder.token.is_none() && holder.owner.is_none() && aimed.is_none() {
             return Err(core(ZkError::Config(
-                "the holder to break has neither a token nor an owner id: pass the holder status showed"
+                "the holder to break has neither a token, an owner id nor a hold id: pass the holder status showed"
                     .into(),
             )));
         }
+        if let Some((kind, _)) = aimed.filter(|(kind, _)| !kind.is_exclusive()) {
+            return Err(shared_holder(name, kind));
+        }
+        if holder.permit.is_some() {
+            return Err(shared_holder(name, layout::HoldKind::Permit));
+        }
+        // The holder shown holds no lock node now: `Ok(false)`, unless the holder given (with no hold
+        // id: built by hand) is one of the readers or permit holders status shows now.
+        let not_held = || async move {
+            if aimed.is_none() {
+                if let Some(kind) = self.shared_holder_kind(name, holder).await.map_err(core)? {
+                    return Err(shared_holder(name, kind));
+                }
+            }
+            Ok(false)
+        };
         let session = self.sessions.any().await.map_err(core)?;
         let config = self.sessions.config();
         let client = &session.client;
@@ -312,24 +340,13 @@ impl ZkBackend {
                     }) => return Ok(false),
                     Err(e) => return Err(core(e)),
                 };
-            if children
-                .iter()
-                .any(|c| c == layout::SEMAPHORE_LEASES || c == layout::SEMAPHORE_LIMIT)
-                && self
-                    .inspect_semaphore(&session, &path)
-                    .await
-                    .map_err(core)?
-                    .is_some()
-            {
-                return Err(shared_holders(name, "semaphore permits"));
-            }
             let children = layout::contenders(children);
             let Some(first) = children.first() else {
-                return Ok(false);
+                return not_held().await;
             };
             let kind = layout::node_type(first);
             if kind == Some(layout::NodeType::Read) {
-                return Err(shared_holders(name, "readers"));
+                return not_held().await;
             }
             let node = layout::join(&path, first);
             let (data, stat) = match retried(config, "getData", || client.get_data(&node)).await {
@@ -338,9 +355,13 @@ impl ZkBackend {
                 Err(ZkError::Request {
                     source: zk::Error::NoNode,
                     ..
-                }) => return Ok(false),
+                }) => return not_held().await,
                 Err(e) => return Err(core(e)),
             };
+            let same_hold = aimed.is_none_or(|(aimed_kind, czxid)| {
+                czxid == stat.czxid
+                    && aimed_kind == layout::HoldKind::Node(kind.unwrap_or(layout::NodeType::Mutex))
+            });
             let same_token = holder
                 .token
                 .is_none_or(|t| u64::try_from(stat.czxid).is_ok_and(|c| c == t.get()));
@@ -348,8 +369,8 @@ impl ZkBackend {
                 .owner
                 .as_deref()
                 .is_none_or(|o| o.as_bytes() == data.as_slice());
-            if !(same_token && same_owner) {
-                return Ok(false);
+            if !(same_hold && same_token && same_owner) {
+                return not_held().await;
             }
             let record =
                 (kind == Some(layout::NodeType::Write)).then(|| WriteRecord::of(&node, stat.czxid));
@@ -368,6 +389,28 @@ impl ZkBackend {
         Err(core(ZkError::OutcomeUnknown(format!(
             "break of {name:?}: the holder's node changed {BREAK_TRIES} times between its read and its delete (is something writing its data?); nothing was deleted"
         ))))
+    }
+
+    /// Whether `holder` (given with no hold id) is one of the readers or permit holders `status`
+    /// shows for `name` now (the same owner id and token, where given), and which.
+    async fn shared_holder_kind(
+        &self,
+        name: &str,
+        holder: &HolderInfo,
+    ) -> std::result::Result<Option<layout::HoldKind>, ZkError> {
+        let info = self.inspect_zk(name).await?;
+        let kind = match info.kind {
+            Some(LockKind::Read) => layout::HoldKind::Node(layout::NodeType::Read),
+            _ => layout::HoldKind::Permit,
+        };
+        let shared = info.holders.iter().any(|shared| {
+            holder
+                .owner
+                .as_ref()
+                .is_none_or(|o| shared.owner.as_ref() == Some(o))
+                && holder.token.is_none_or(|t| shared.token == Some(t))
+        });
+        Ok(shared.then_some(kind))
     }
 }
 
@@ -438,6 +481,7 @@ async fn describe_holder(
     client: &zk::Client,
     parent: &str,
     node: &str,
+    kind: layout::HoldKind,
 ) -> std::result::Result<Option<HolderInfo>, ZkError> {
     let path = layout::join(parent, node);
     match retried(config, "getData", || client.get_data(&path)).await {
@@ -445,6 +489,7 @@ async fn describe_holder(
             let mut holder = HolderInfo::default();
             holder.owner = Some(String::from_utf8_lossy(&data).into_owned());
             holder.token = u64::try_from(stat.czxid).ok().map(FencingToken::new);
+            holder.hold_id = Some(layout::hold_id(kind, stat.czxid));
             Ok(Some(holder))
         }
         Err(ZkError::Request {

@@ -34,6 +34,9 @@
 //!   `_c_<uuid>-` prefix and the sequence), so no later holder is deleted. A broken writer's token is
 //!   recorded as its release records it (below). Nothing else changes: the holder's session and its
 //!   other nodes stay. The waiter watching the node and the holder's own watch see the delete.
+//!   `status` shows each holder's node kind and czxid as its hold id ([`hold_id`]): a break aimed at
+//!   a reader or a permit is refused, one aimed at an exclusive holder that has gone finds nothing to
+//!   delete, whoever holds now.
 //!
 //! **Read-write lock** (`InterProcessReadWriteLock`), on the same path and the same queue:
 //!
@@ -123,6 +126,64 @@ impl NodeType {
     }
 
     const ALL: [NodeType; 3] = [NodeType::Mutex, NodeType::Read, NodeType::Write];
+}
+
+/// What a holder `status` shows holds: a lock node of a [`NodeType`], or a semaphore's lease node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HoldKind {
+    /// A lock node: a mutex's, a reader's or a writer's.
+    Node(NodeType),
+    /// A semaphore's lease node (a permit).
+    Permit,
+}
+
+impl HoldKind {
+    /// Whether a holder of this kind excludes every other contender (mutex and writer).
+    pub fn is_exclusive(self) -> bool {
+        matches!(self, HoldKind::Node(t) if t.is_exclusive())
+    }
+
+    /// The word for the kind in a [`hold_id`].
+    fn tag(self) -> &'static str {
+        match self {
+            HoldKind::Node(NodeType::Mutex) => "mutex",
+            HoldKind::Node(NodeType::Read) => "read",
+            HoldKind::Node(NodeType::Write) => "write",
+            HoldKind::Permit => "permit",
+        }
+    }
+
+    const ALL: [HoldKind; 4] = [
+        HoldKind::Node(NodeType::Mutex),
+        HoldKind::Node(NodeType::Read),
+        HoldKind::Node(NodeType::Write),
+        HoldKind::Permit,
+    ];
+}
+
+/// The hold id `status` shows for a holder (`HolderInfo::hold_id`): its node's kind and czxid,
+/// `<kind>@<czxid>`. The czxid is the node's own (a reader's token is not), so it names one hold, and
+/// the kind tells a break whether it was aimed at an exclusive holder ([`parse_hold_id`]).
+///
+/// ```
+/// use distlock_zookeeper::layout::{hold_id, parse_hold_id, HoldKind, NodeType};
+/// assert_eq!(hold_id(HoldKind::Node(NodeType::Write), 42), "write@42");
+/// assert_eq!(parse_hold_id("write@42"), Some((HoldKind::Node(NodeType::Write), 42)));
+/// assert_eq!(parse_hold_id(&hold_id(HoldKind::Permit, 7)), Some((HoldKind::Permit, 7)));
+/// for other in ["", "write", "write@", "write@x", "lock@42", "42", "write@-1"] {
+///     assert_eq!(parse_hold_id(other), None, "{other:?}");
+/// }
+/// ```
+pub fn hold_id(kind: HoldKind, czxid: i64) -> String {
+    format!("{}@{czxid}", kind.tag())
+}
+
+/// A [`hold_id`]'s kind and czxid; `None` for anything else (another engine's id).
+pub fn parse_hold_id(id: &str) -> Option<(HoldKind, i64)> {
+    let (tag, czxid) = id.split_once('@')?;
+    let kind = HoldKind::ALL.into_iter().find(|k| k.tag() == tag)?;
+    let czxid: i64 = czxid.parse().ok()?;
+    (czxid > 0).then_some((kind, czxid))
 }
 
 /// The lock path of a name: `/`-prefixed, checked against what ZooKeeper (and Curator's

@@ -3,7 +3,8 @@
 //! deleted at the version read with its czxid, the broken guard goes `Lost` from its session's watch
 //! on the node within a round trip (its session lives on, with its other locks), the waiter watching
 //! the node gets the lock at once, a broken writer's token is recorded as its release would, and
-//! readers or permits are not broken.
+//! readers or permits are not broken (a break aimed at one is `Unsupported`; one aimed at a writer
+//! that has gone while readers hold now is `Ok(false)`).
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod common;
@@ -118,7 +119,8 @@ async fn a_broken_holder_is_lost_and_its_waiter_granted_promptly_at_the_default_
     drop(held);
 }
 
-/// Readers and permits are not exclusive holders: a break is `Unsupported` and they keep holding.
+/// Readers and permits are not exclusive holders: a break aimed at one (as `status` shows it, or
+/// built by hand with its owner and token alone) is `Unsupported` and they keep holding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn breaking_readers_or_permits_is_unsupported_and_leaves_them_holding() {
     let server = ZkServer::start_or_panic();
@@ -132,12 +134,24 @@ async fn breaking_readers_or_permits_is_unsupported_and_leaves_them_holding() {
     let info = operator.inspect(&name_rw).await.unwrap();
     assert_eq!(info.holders.len(), 2, "{info:?}");
     for reader in &info.holders {
-        let refused = operator
-            .break_holder(&name_rw, reader)
-            .await
-            .expect_err("a reader is not broken");
-        assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
-        assert!(refused.to_string().contains("exclusive"), "{refused}");
+        assert!(
+            reader
+                .hold_id
+                .as_deref()
+                .is_some_and(|id| id.starts_with("read@")),
+            "{reader:?}"
+        );
+        let mut by_hand = reader.clone();
+        by_hand.hold_id = None;
+        for aimed in [reader, &by_hand] {
+            let refused = operator
+                .break_holder(&name_rw, aimed)
+                .await
+                .expect_err("a reader is not broken");
+            assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
+            assert!(refused.to_string().contains("exclusive"), "{refused}");
+            assert!(refused.to_string().contains("a reader"), "{refused}");
+        }
     }
     assert_eq!(children(&raw, &name_rw).await.len(), 2);
     assert_eq!((r1.state(), r2.state()), (LockState::Held, LockState::Held));
@@ -153,11 +167,17 @@ async fn breaking_readers_or_permits_is_unsupported_and_leaves_them_holding() {
         .unwrap();
     let info = operator.inspect(&name_sem).await.unwrap();
     assert_eq!(info.holders.len(), 1, "{info:?}");
-    let refused = operator
-        .break_holder(&name_sem, &info.holders[0])
-        .await
-        .expect_err("a permit is not broken");
-    assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
+    let permit = &info.holders[0];
+    let mut by_hand = permit.clone();
+    (by_hand.hold_id, by_hand.permit) = (None, None);
+    for aimed in [permit, &by_hand] {
+        let refused = operator
+            .break_holder(&name_sem, aimed)
+            .await
+            .expect_err("a permit is not broken");
+        assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
+        assert!(refused.to_string().contains("permit"), "{refused}");
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(p1.state(), LockState::Held);
     let leases = children(&raw, &format!("{name_sem}/leases")).await;
@@ -165,6 +185,82 @@ async fn breaking_readers_or_permits_is_unsupported_and_leaves_them_holding() {
     p1.release().await.unwrap();
     r1.release().await.unwrap();
     r2.release().await.unwrap();
+}
+
+/// A break aimed at a writer that has gone while readers hold the name now ends nothing and is no
+/// error: `Ok(false)`, the readers keep holding. So also when one reader is the writer's own
+/// `RwLock` (the same owner id, and the token its write recorded): the hold id `status` showed tells
+/// the writer's node from the reader's. Without the hold id (a holder built by hand) that reader
+/// cannot be told from the writer, and the break is refused as aimed at a reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_writer_break_while_readers_hold_breaks_nothing() {
+    let server = ZkServer::start_or_panic();
+    let raw = raw_client(&server.addr().to_string()).await;
+    let holder = locks_on(&backend_at(&server.url()).await);
+    let other = locks_on(&backend_at(&server.url()).await);
+    let operator = locks_on(&backend_at(&server.url()).await);
+    let name = name("break_stale_writer");
+    let rw = holder.read_write(&name).unwrap();
+    let written = rw.write().await.unwrap();
+    let writer_shown = shown(&operator, &name).await;
+    assert!(
+        writer_shown
+            .hold_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with("write@")),
+        "{writer_shown:?}"
+    );
+    written.release().await.unwrap();
+    let mut writer_by_hand = writer_shown.clone();
+    writer_by_hand.hold_id = None;
+
+    // Another owner reads now.
+    let other_read = other.read_write(&name).unwrap().read().await.unwrap();
+    for aimed in [&writer_shown, &writer_by_hand] {
+        assert!(
+            !operator
+                .break_holder(&name, aimed)
+                .await
+                .expect("a stale break of a writer while readers hold is no error"),
+            "a reader was broken by a break aimed at a writer"
+        );
+    }
+    assert_eq!(children(&raw, &name).await.len(), 1);
+
+    // The writer's own `RwLock` reads too: its reader shows the writer's owner and token.
+    let own_read = rw.read().await.unwrap();
+    let info = operator.inspect(&name).await.unwrap();
+    assert!(
+        info.holders
+            .iter()
+            .any(|h| h.owner == writer_shown.owner && h.token == writer_shown.token),
+        "the own reader shows the writer's owner and token: {info:?}"
+    );
+    assert!(!operator
+        .break_holder(&name, &writer_shown)
+        .await
+        .expect("a stale break of a writer while its own reader holds is no error"));
+    let refused = operator
+        .break_holder(&name, &writer_by_hand)
+        .await
+        .expect_err("without a hold id the writer shown is its own reader");
+    assert_eq!(refused.kind(), ErrorKind::Unsupported, "{refused}");
+    assert_eq!(children(&raw, &name).await.len(), 2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        (own_read.state(), other_read.state()),
+        (LockState::Held, LockState::Held)
+    );
+    assert!(operator
+        .read_write(&name)
+        .unwrap()
+        .writer()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    own_read.release().await.unwrap();
+    other_read.release().await.unwrap();
 }
 
 /// A writer is an exclusive holder: broken as a mutex holder is, its token recorded in the name

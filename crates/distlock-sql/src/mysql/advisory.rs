@@ -4,7 +4,11 @@
 //!   so a dropped wait future leaves the session whole. `abandon` ends a wait still in the server with
 //!   `KILL QUERY <id>` on the control connection, then collects the session: a wait that won in the
 //!   meantime is released with `RELEASE_LOCK`, so a cancelled wait never takes the lock later.
-//! * The grant bumps the name's fence counter on the same session (autocommit), then reports.
+//! * The grant bumps the name's fence counter on the same session (autocommit), in the query that
+//!   took the lock (a try's `GET_LOCK(n, 0)`, or a wait's `GET_LOCK(n, 10)`), then reports: the token
+//!   is committed back to back with the grant, so a break finds a later hold of the same session by
+//!   its token (see `breaking.rs`). The bump also records the session as the token's minter, which
+//!   tells `inspect` and a break a distlock holder from another client holding the name.
 //! * A probe (the watchdog's renewal) runs in a task too (`SET SESSION wait_timeout` if the lease
 //!   changed, then `SELECT CONNECTION_ID(), IS_USED_LOCK(n)`), so a renewal dropped by the core's bound
 //!   never leaves the held session half-read.
@@ -25,7 +29,22 @@ use crate::error::SqlError;
 
 use super::layout::{PERMIT_WAIT_SLICE_SECS, WAIT_SLICE_SECS};
 
-type WaitTask = JoinHandle<(Session, Result<Option<i64>, SqlError>)>;
+type WaitTask = JoinHandle<(Session, Result<Answer, SqlError>)>;
+
+/// A wait slice's answer: whether it got the lock (`Some(1)`) and, for a mutex's wait that mints with
+/// its grant, the counter bump's answer.
+#[derive(Debug, Clone, Copy, Default)]
+struct Answer {
+    got: Option<i64>,
+    minted: Option<Minted>,
+}
+
+/// A counter bump's answer: the rows it changed (0: not bumped) and the new token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Minted {
+    pub(crate) bumped: u64,
+    pub(crate) token: Option<u64>,
+}
 
 /// An acquire under way: the session it tries on, and a wait in the server.
 #[derive(Debug, Default)]
@@ -34,6 +53,8 @@ pub struct Waiting {
     task: Option<(u64, WaitTask)>,
     /// A finished wait's session and answer, not yet looked at by a try.
     pub(crate) done: Option<(Session, Option<i64>)>,
+    /// The counter bump a finished mutex wait sent with its grant (`Flavor::Advisory`'s `mint`).
+    pub(crate) minted: Option<Minted>,
 }
 
 impl Waiting {
@@ -47,8 +68,9 @@ impl Waiting {
 /// that wait for it, probe it, release it and undo an abandoned grant differ; the rest is shared.
 #[derive(Debug, Clone)]
 pub(crate) enum Flavor {
-    /// `GET_LOCK(key)`.
-    Advisory { key: String },
+    /// `GET_LOCK(key)`; a wait sends `mint` (the counter bump of a mutex, which runs only when the
+    /// session got `key`) in the same query as its `GET_LOCK`.
+    Advisory { key: String, mint: Option<String> },
     /// `GET_LOCK(key)` of a semaphore slot: as `Advisory`, but a wait on it lasts
     /// [`PERMIT_WAIT_SLICE_SECS`] (the waiter then tries every slot and waits on the next one).
     Slot { key: String },
@@ -59,14 +81,16 @@ pub(crate) enum Flavor {
 impl Flavor {
     fn undo_sql(&self) -> String {
         match self {
-            Flavor::Advisory { key } | Flavor::Slot { key } => format!("DO RELEASE_LOCK('{key}')"),
+            Flavor::Advisory { key, .. } | Flavor::Slot { key } => {
+                format!("DO RELEASE_LOCK('{key}')")
+            }
             Flavor::Row { .. } => "ROLLBACK".into(),
         }
     }
 
     fn probe_sql(&self) -> String {
         match self {
-            Flavor::Advisory { key } | Flavor::Slot { key } => {
+            Flavor::Advisory { key, .. } | Flavor::Slot { key } => {
                 format!("SELECT CONNECTION_ID(), IS_USED_LOCK('{key}')")
             }
             Flavor::Row { .. } => "SELECT CONNECTION_ID(), @@in_transaction".into(),
@@ -91,19 +115,48 @@ impl Flavor {
 
     /// Runs the in-server wait on `session`: `Some(1)` when it got the lock, `Some(0)` when the slice
     /// ended without it.
-    async fn wait_once(&self, session: &mut Session) -> Result<Option<i64>, SqlError> {
+    async fn wait_once(&self, session: &mut Session) -> Result<Answer, SqlError> {
         match self {
-            Flavor::Advisory { key } | Flavor::Slot { key } => {
+            Flavor::Advisory {
+                key,
+                mint: Some(mint),
+            } => {
+                let secs = self.slice_secs();
+                let sql = format!("SELECT GET_LOCK('{key}', {secs}); {mint}");
+                async {
+                    let mut result = session.conn.query_iter(sql).await?;
+                    let got: Vec<Option<i64>> = result.collect().await?;
+                    // `collect` has moved to the second statement's answer: the bump's OK packet.
+                    let minted = Minted {
+                        bumped: result.affected_rows(),
+                        token: result.last_insert_id(),
+                    };
+                    result.drop_result().await?;
+                    let got = got.first().copied().flatten();
+                    Ok::<_, mysql_async::Error>(Answer {
+                        got,
+                        minted: Some(minted),
+                    })
+                }
+                .await
+                .map_err(|e| conn::map_error("waiting in GET_LOCK", e))
+            }
+            Flavor::Advisory { key, .. } | Flavor::Slot { key } => {
                 let secs = self.slice_secs();
                 session
                     .conn
                     .query_first::<Option<i64>, _>(format!("SELECT GET_LOCK('{key}', {secs})"))
                     .await
-                    .map(Option::flatten)
+                    .map(|got| Answer {
+                        got: got.flatten(),
+                        minted: None,
+                    })
                     .map_err(|e| conn::map_error("waiting in GET_LOCK", e))
             }
             Flavor::Row { table, row } => {
-                super::row::wait_for_row(session, table, row, false, true).await
+                super::row::wait_for_row(session, table, row, false, true)
+                    .await
+                    .map(|got| Answer { got, minted: None })
             }
         }
     }
@@ -194,6 +247,7 @@ pub(crate) async fn try_acquire(
     let key = advisory_name(&request.name);
     let mut session = if let Some((session, got)) = waiting.done.take() {
         if got != Some(1) {
+            waiting.minted = None;
             waiting.session = Some(session);
             return Ok(Attempt::Busy { retry_after: None });
         }
@@ -261,14 +315,31 @@ pub(crate) async fn try_acquire(
         };
         return grant(session, key, token, request);
     };
-    // Won in a wait: on an error the lock is released before the error is reported.
-    let token = match inner
-        .bump_mutex_fence(&mut session.conn, &request.name)
-        .await
-    {
-        Ok(Some(token)) => token,
-        Ok(None) => {
+    // Won in a wait, which minted the token with its grant (a wait that sent no bump has its lock
+    // bumped now): on an error the lock is released before the error is reported.
+    let minted = match waiting.minted.take() {
+        Some(minted) => Ok(minted),
+        None => inner
+            .bump_mutex_fence(&mut session.conn, &request.name)
+            .await
+            .map(|token| Minted {
+                bumped: u64::from(token.is_some()),
+                token,
+            }),
+    };
+    let token = match minted {
+        Ok(Minted { bumped: 0, .. }) if inner.limit_table().is_some() => {
             return refuse_semaphore_name(inner, waiting, session, &key, &request.name).await;
+        }
+        Ok(Minted {
+            bumped,
+            token: Some(token),
+        }) if bumped > 0 && token > 0 => token,
+        Ok(other) => {
+            undo_and_drop(inner, session, &key).await;
+            return Err(SqlError::Protocol(format!(
+                "the fencing counter statement after the wait answered {other:?}"
+            )));
         }
         Err(e) => {
             undo_and_drop(inner, session, &key).await;
@@ -335,7 +406,7 @@ fn grant(
     request: &AcquireRequest,
 ) -> Result<Attempt<MysqlLease>, SqlError> {
     let loss = session.loss_signal();
-    let held = Held::new(session, Flavor::Advisory { key });
+    let held = Held::new(session, Flavor::Advisory { key, mint: None });
     let mut grant = Grant::new(MysqlLease::Advisory(held))
         .with_token(FencingToken::new(token))
         .with_ttl(request.lease);
@@ -405,7 +476,10 @@ pub(crate) async fn wait(
     let (session, got) =
         joined.map_err(|e| SqlError::Protocol(format!("the wait task failed: {e}")))?;
     match got {
-        Ok(got) => waiting.done = Some((session, got)),
+        Ok(answer) => {
+            waiting.done = Some((session, answer.got));
+            waiting.minted = answer.minted;
+        }
         Err(e) if connection_broke(&e) => {
             tracing::warn!(session = session.id, error = %e, "a waiting connection broke or went silent; waiting on over another one");
             drop(session);
@@ -428,7 +502,7 @@ pub(crate) async fn abandon(
             return;
         }
         match tokio::time::timeout(inner.limits.request, task).await {
-            Ok(Ok((session, Ok(got)))) => waiting.done = Some((session, got)),
+            Ok(Ok((session, Ok(answer)))) => waiting.done = Some((session, answer.got)),
             Ok(Ok((_, Err(_)))) | Ok(Err(_)) => {}
             Err(_) => {
                 tracing::warn!(lock = %request.name, "an abandoned wait did not end after KILL QUERY; its session is dropped")
@@ -533,7 +607,7 @@ pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlE
         return Ok(Released::NotHeld);
     }
     let released = match &held.flavor {
-        Flavor::Advisory { key } | Flavor::Slot { key } => {
+        Flavor::Advisory { key, .. } | Flavor::Slot { key } => {
             let got: Option<Option<i64>> = bounded(
                 "RELEASE_LOCK",
                 inner.limits.request,
@@ -568,31 +642,33 @@ pub(crate) async fn release(inner: &Inner, held: &Held) -> Result<Released, SqlE
     })
 }
 
+/// What `distlock status` shows in advisory mode: the session holding the name's `GET_LOCK`, with the
+/// name's counter as its token when that session minted it (a distlock holder, see the module docs;
+/// another client holding the name, which minted nothing, is shown without a token), and its `HOST`
+/// where the user may read it; then the permits of a semaphore of that name.
 pub(crate) async fn inspect(inner: &Inner, name: &str) -> Result<LockInfo, SqlError> {
     let key = advisory_name(name);
     let mut session = inner.pool.checkout(&inner.opts, &inner.limits).await?;
-    let holder: Option<Option<u64>> = bounded(
+    type Read = (Option<u64>, Option<u64>, Option<Vec<u8>>, Option<String>);
+    let read: Option<Read> = bounded(
         "IS_USED_LOCK",
         inner.limits.request,
         session
             .conn
-            .query_first(format!("SELECT IS_USED_LOCK('{key}')")),
+            .query_first(layout::advisory_holder(&inner.table, name, &key)),
     )
     .await?;
-    let fence: Option<u64> = bounded(
-        "reading the fencing counter",
-        inner.limits.request,
-        session
-            .conn
-            .query_first(layout::read_fence(&inner.table, name)),
-    )
-    .await?;
+    let (holder, fence, minter, host) = read.unwrap_or_default();
     let mut info = LockInfo::default();
     info.last_token = fence.filter(|f| *f > 0).map(FencingToken::new);
-    if let Some(conn_id) = holder.flatten() {
+    if let Some(conn_id) = holder {
+        let owner = layout::session_owner(conn_id);
         let mut h = HolderInfo::default();
-        h.owner = Some(layout::session_owner(conn_id));
-        h.token = info.last_token;
+        if minter.as_deref() == Some(owner.as_bytes()) {
+            h.token = info.last_token;
+        }
+        h.owner = Some(owner);
+        h.host = host;
         info.kind = Some(LockKind::Mutex);
         info.holder = Some(h);
     }

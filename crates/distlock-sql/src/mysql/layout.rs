@@ -202,13 +202,20 @@ pub(crate) fn bump_fence_if_locked(
     key: &str,
 ) -> String {
     format!(
-        "INSERT INTO {table} (name, fence) SELECT {lit}, LAST_INSERT_ID(1) FROM DUAL \
+        "INSERT INTO {table} (name, fence, owner) SELECT {lit}, LAST_INSERT_ID(1), {MINTER} FROM DUAL \
          WHERE IS_USED_LOCK('{key}') = CONNECTION_ID(){not_semaphore} \
-         ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)",
+         ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), owner = {MINTER}",
         lit = literal(name.as_bytes()),
         not_semaphore = not_a_semaphore(limit_table, name)
     )
 }
+
+/// Advisory mode: what a mutex grant writes (committed, with its counter bump) in the name's row's
+/// `owner` column, which only lease mode uses otherwise: the session that minted the name's last
+/// token, as `inspect` shows a session (`mysql session <id>`, [`session_owner`]). A session holding the
+/// name's `GET_LOCK` whose id is not there minted no token: it is not a distlock holder (a `mariadb`
+/// shell, another application), and a break cannot tell its hold from a later one of that session.
+const MINTER: &str = "CONCAT('mysql session ', CONNECTION_ID())";
 
 /// The first statement of the mutex's try: `GET_LOCK(key, 0)` and `CONNECTION_ID()`. Given the limit
 /// table, a name that has a limit row answers [`SEMAPHORE_NAME`] instead, without taking `key`: a
@@ -237,8 +244,9 @@ pub(crate) fn bump_fence_unless_semaphore(
     name: &str,
 ) -> String {
     format!(
-        "INSERT INTO {table} (name, fence) SELECT {lit}, LAST_INSERT_ID(1) FROM DUAL WHERE 1{not_semaphore} \
-         ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)",
+        "INSERT INTO {table} (name, fence, owner) SELECT {lit}, LAST_INSERT_ID(1), {MINTER} FROM DUAL \
+         WHERE 1{not_semaphore} \
+         ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), owner = {MINTER}",
         lit = literal(name.as_bytes()),
         not_semaphore = not_a_semaphore(limit_table, name)
     )
@@ -360,70 +368,154 @@ pub(crate) fn session_owner(id: u64) -> String {
     format!("{SESSION_OWNER_PREFIX}{id}")
 }
 
-/// Row mode: records the holding session in the lock row, uncommitted, inside the held transaction
-/// (sent behind the `SELECT … FOR UPDATE` in the same query, so it runs only when the row was got).
-/// The transaction always ends with `ROLLBACK` (a release, or the session's end), which takes the
-/// write back: only a read that sees uncommitted rows ([`row_holder`]) ever sees it, and then only
-/// while that session holds the row. It is what lets `inspect` name the holder and `distlock break`
-/// end it, without the `PROCESS` privilege InnoDB's lock tables need.
+/// Row mode: records the hold in the lock row, uncommitted, inside the held transaction (sent behind
+/// the `SELECT … FOR UPDATE` in the same query, so it runs only when the row was got): the mark
+/// `<CONNECTION_ID()>/<UUID()>`, the session and an id of this hold alone, so a later hold of the same
+/// session (a pooled session the same process took again) has another mark. The transaction always
+/// ends with `ROLLBACK` (a release, or the session's end), which takes the write back: only a read
+/// that sees uncommitted rows ([`row_holder`]) ever sees it, and then only while that transaction
+/// holds the row. It is what lets `inspect` name the holder and `distlock break` end that hold and no
+/// other, without the `PROCESS` privilege InnoDB's lock tables need.
 pub(crate) fn mark_row_holder(table: &str, row: &str) -> String {
-    format!("UPDATE {table} SET owner = CONNECTION_ID() WHERE name = {row}")
+    format!("UPDATE {table} SET owner = CONCAT(CONNECTION_ID(), '/', UUID()) WHERE name = {row}")
 }
 
-/// Row mode: the session holding the lock row `row` (see [`mark_row_holder`]), read uncommitted (the
-/// isolation set for the next transaction only, which this read is). One row: the owner, `NULL` when
-/// no session of this version of distlock holds the row.
+/// The session id in a row-mode mark ([`mark_row_holder`]; an older distlock's mark is the id alone).
+pub(crate) fn mark_session(mark: &str) -> Option<u64> {
+    mark.split('/').next()?.trim().parse().ok()
+}
+
+/// Row mode: the lock row's owner as committed (a consistent read, autocommit), then as the holding
+/// transaction left it (read uncommitted: the isolation set for the next transaction only, which
+/// that read is). One row: the uncommitted owner and the committed one. A mark there that is not
+/// committed ([`mark_row_holder`]) is the write of a transaction still open, which holds the row.
+/// Every read is a plain `SELECT` (`… INTO @v`): a subquery in a `SET` is a locking read in InnoDB,
+/// which would wait for the holder.
 pub(crate) fn row_holder(table: &str, row: &str) -> String {
     format!(
-        "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; \
-         SELECT owner FROM {table} WHERE name = {row}"
+        "SET @dl_committed = NULL; SELECT owner INTO @dl_committed FROM {table} WHERE name = {row}; \
+         SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; \
+         SELECT owner, @dl_committed FROM {table} WHERE name = {row}"
     )
 }
 
-/// `distlock break` of a lock held by session `id`: `KILL CONNECTION id`, prepared from a string the
-/// server picks by `check` (an SQL condition: that session still holds the lock) in the statement
-/// just before, so the check and the kill run back to back in the server with no round trip in
-/// between (`KILL` is a statement, not a function: it cannot sit inside the check's own statement).
-/// `dirty`: the check reads uncommitted rows ([`row_holder`]). The last statement answers whether
-/// the kill was sent.
-pub(crate) fn kill_if(check: &str, id: u64, dirty: bool) -> String {
-    let isolation = if dirty {
-        "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; "
-    } else {
-        ""
+/// The session's `HOST` (`address:port`) as `information_schema.PROCESSLIST` shows it (only with the
+/// `PROCESS` privilege for another user's session), for `inspect`'s `HolderInfo::host`.
+pub(crate) fn session_host(id_sql: &str) -> String {
+    format!("(SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = {id_sql})")
+}
+
+/// Advisory mode, `distlock status`: one row: the `GET_LOCK` holder of `key` (a connection id, or
+/// `NULL`), the name's counter and its minter ([`MINTER`]), and the holder's `HOST`.
+pub(crate) fn advisory_holder(table: &str, name: &str, key: &str) -> String {
+    let lit = literal(name.as_bytes());
+    format!(
+        "SELECT IS_USED_LOCK('{key}'), (SELECT fence FROM {table} WHERE name = {lit}), \
+         (SELECT owner FROM {table} WHERE name = {lit}), {}",
+        session_host(&format!("IS_USED_LOCK('{key}')"))
+    )
+}
+
+/// Runs `KILL CONNECTION id` if `@dl_break` (set by the statements before) is true, as a prepared
+/// statement (`KILL` is a statement, not a function: it cannot sit inside a check's own statement),
+/// so the check and the kill run back to back in the server with no round trip in between.
+fn kill_if_flagged(id: u64) -> String {
+    format!(
+        "SET @dl_kill = IF(@dl_break, 'KILL CONNECTION {id}', 'DO 0'); \
+         PREPARE dl_break FROM @dl_kill; EXECUTE dl_break; DEALLOCATE PREPARE dl_break"
+    )
+}
+
+/// Row mode, `distlock break` of the hold whose mark ([`mark_row_holder`]) is `mark` (a whole mark,
+/// or, for a holder given without one, `<id>/` and anything after) on session `id`: the lock row's
+/// owner as committed is read first; then, read uncommitted, the check that the mark is there and not
+/// committed (the transaction that wrote it is open, so it holds the row) and, given `token`, the
+/// name's counter is it; then the kill, prepared from what the check found. The last statement
+/// answers whether the kill was sent.
+pub(crate) fn break_row(
+    table: &str,
+    row: &str,
+    name: &str,
+    id: u64,
+    mark: Option<&str>,
+    token: Option<u64>,
+) -> String {
+    let owner = format!("(SELECT owner FROM {table} WHERE name = {row})");
+    let (matches, committed) = match mark {
+        Some(mark) => {
+            let mark = literal(mark.as_bytes());
+            (
+                format!("{owner} <=> {mark}"),
+                format!("@dl_committed <=> {mark}"),
+            )
+        }
+        None => {
+            let prefix = literal(format!("{id}/").as_bytes());
+            (
+                format!(
+                    "(LEFT({owner}, {len}) <=> {prefix} OR {owner} <=> '{id}')",
+                    len = id.to_string().len() + 1
+                ),
+                format!("@dl_committed <=> {owner}"),
+            )
+        }
     };
     format!(
-        "{isolation}SELECT IF({check}, 'KILL CONNECTION {id}', 'DO 0') INTO @dl_break; \
-         PREPARE dl_break FROM @dl_break; EXECUTE dl_break; DEALLOCATE PREPARE dl_break; \
-         SELECT @dl_break <> 'DO 0'"
+        "SET @dl_committed = NULL; SELECT owner INTO @dl_committed FROM {table} WHERE name = {row}; \
+         SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; \
+         SELECT ({matches} AND NOT ({committed}){fence}) INTO @dl_break; \
+         {kill}; \
+         SELECT @dl_break",
+        fence = fence_is(table, name, token),
+        kill = kill_if_flagged(id)
     )
 }
 
-/// `kill_if`'s check in advisory mode: session `id` holds the `GET_LOCK` name `key`.
-pub(crate) fn holds_advisory(key: &str, id: u64) -> String {
-    format!("IS_USED_LOCK('{key}') <=> {id}")
-}
-
-/// `kill_if`'s check in row mode: session `id` holds the lock row `row` ([`mark_row_holder`]).
-pub(crate) fn holds_row(table: &str, row: &str, id: u64) -> String {
-    format!("(SELECT owner FROM {table} WHERE name = {row}) <=> '{id}'")
-}
-
-/// ` AND` the name's counter is `token`: the hold shown is the one there now, not a later hold of
-/// the same session.
-pub(crate) fn fence_is(table: &str, name: &str, token: u64) -> String {
+/// Advisory mode, `distlock break` of session `id`'s hold of the `GET_LOCK` name `key` with `token`
+/// (`None`: a holder given without one), in one query inside one transaction: the name's row is read
+/// `FOR UPDATE SKIP LOCKED` (a grant's counter bump in flight, the lock taken and the token not yet
+/// committed, makes it skip: that session is acquiring again, and the hold shown is gone; otherwise
+/// the row stays locked until the `COMMIT`, after the kill, so no grant of the name can commit a
+/// token before it); then the check: `id` holds `key`, it minted the name's last token ([`MINTER`]:
+/// a distlock holder), and the counter is `token`; then the kill, prepared from what the check found.
+/// The last statement answers: whether the kill was sent, whether the row was read (`0`: skipped or
+/// missing), whether it exists, whether `id` held `key`, and whether `id` minted the last token.
+pub(crate) fn break_advisory(
+    table: &str,
+    name: &str,
+    key: &str,
+    id: u64,
+    token: Option<u64>,
+) -> String {
+    let lit = literal(name.as_bytes());
+    let fence = token.map_or_else(String::new, |t| format!(" AND @dl_fence <=> {t}"));
     format!(
-        " AND (SELECT fence FROM {table} WHERE name = {}) <=> {token}",
-        literal(name.as_bytes())
+        "SET @dl_got = 0, @dl_fence = NULL, @dl_minter = NULL; \
+         SELECT COUNT(*) INTO @dl_exists FROM {table} WHERE name = {lit}; \
+         START TRANSACTION; \
+         SELECT 1, fence, owner INTO @dl_got, @dl_fence, @dl_minter FROM {table} WHERE name = {lit} \
+           FOR UPDATE SKIP LOCKED; \
+         SET @dl_holds = IS_USED_LOCK('{key}') <=> {id}, \
+           @dl_ours = @dl_minter <=> CONCAT('{prefix}', {id}); \
+         SET @dl_break = (@dl_holds AND @dl_ours{fence}); \
+         {kill}; \
+         COMMIT; \
+         SELECT @dl_break, @dl_got, @dl_exists, @dl_holds, @dl_ours",
+        prefix = SESSION_OWNER_PREFIX,
+        kill = kill_if_flagged(id)
     )
 }
 
-/// The counter of a name (`NULL`-free: no row → no result).
-pub(crate) fn read_fence(table: &str, name: &str) -> String {
-    format!(
-        "SELECT fence FROM {table} WHERE name = {}",
-        literal(name.as_bytes())
-    )
+/// ` AND` the name's counter is `token` (nothing without one): the hold shown is the one there now,
+/// not a later hold of the same session.
+pub(crate) fn fence_is(table: &str, name: &str, token: Option<u64>) -> String {
+    match token {
+        Some(token) => format!(
+            " AND (SELECT fence FROM {table} WHERE name = {}) <=> {token}",
+            literal(name.as_bytes())
+        ),
+        None => String::new(),
+    }
 }
 
 #[cfg(test)]

@@ -31,6 +31,8 @@ use crate::error::SqlError;
 
 /// The clock every expiry is on.
 const CLOCK: &str = "UTC_TIMESTAMP(6)";
+/// The expiry a break leaves: `DATETIME`'s smallest value, below every clock reading.
+const BROKEN: &str = "'1000-01-01 00:00:00'";
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -334,7 +336,11 @@ pub(crate) async fn release(
 
 /// `distlock break`: expires the lease of `name` if `owner` holds it unexpired (at version `fence`,
 /// if given). The owner stays, so the broken holder's renewal and release find their lease expired
-/// (lost), never released by them; waiters find it free at their next try. Whether it was expired.
+/// (lost), never released by them; waiters find it free at their next try. The expiry is
+/// [`BROKEN`], not the clock: a renewal whose statement began before this one (its clock earlier)
+/// and waited for the row re-checks `expires_at > clock` on the row this statement left, which an
+/// expiry at the break's clock would pass (the renewal would undo the break); no clock is below
+/// [`BROKEN`], and the acquire finds it free (`expires_at <= clock`). Whether it was expired.
 pub(crate) async fn break_lease(
     inner: &Inner,
     name: &str,
@@ -343,7 +349,7 @@ pub(crate) async fn break_lease(
 ) -> Result<bool, SqlError> {
     let version = fence.map_or_else(String::new, |f| format!(" AND fence = {f}"));
     let sql = format!(
-        "UPDATE {} SET expires_at = {CLOCK} WHERE name = {} AND owner = {}{version} \
+        "UPDATE {} SET expires_at = {BROKEN} WHERE name = {} AND owner = {}{version} \
          AND expires_at > {CLOCK}",
         inner.table,
         literal(name.as_bytes()),

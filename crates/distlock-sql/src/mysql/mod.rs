@@ -45,10 +45,12 @@
 //! name's mutex. Row and lease modes are mutex-only.
 //!
 //! **Breaking** (`Locks::break_holder`, `distlock break`): advisory and row modes kill the holder's
-//! session (`KILL CONNECTION`, prepared from a string that a check of `IS_USED_LOCK`, or of the row's
-//! uncommitted owner, picks in the same query) where the session `inspect` showed
-//! (`owner = "mysql session <id>"`) still holds the name with the token shown; lease mode expires the
-//! lease row where owner and version match. Permits are never broken (`Unsupported`).
+//! session (`KILL CONNECTION`, prepared from a string that the check picks in the same query) where
+//! the session `inspect` showed (`owner = "mysql session <id>"`) still holds the name as the very hold
+//! shown: in row mode the hold's uncommitted mark in the lock row (`hold_id`), in advisory mode
+//! `IS_USED_LOCK` with the token shown, minted by that session; lease mode expires the lease row (at
+//! `1000-01-01`) where owner and version match. Permit holders, and holders that are not distlock's
+//! (no token, no mark), are refused (`Unsupported`).
 //!
 //! The table (`?table=`, default `distlock_locks`, in `?schema=` or the URL's database) is created on
 //! first use under `GET_LOCK('dl-schema')`: `name VARBINARY(1024)` (case kept, 1,024 bytes), `fence`,
@@ -475,8 +477,17 @@ impl Backend for MysqlBackend {
                 .await
             }
             _ => {
+                // The mutex's wait mints its token with its grant, as its try does.
+                let key = advisory_name(&request.name);
+                let mint = layout::bump_fence_if_locked(
+                    &inner.table,
+                    inner.limit_table(),
+                    &request.name,
+                    &key,
+                );
                 let flavor = advisory::Flavor::Advisory {
-                    key: advisory_name(&request.name),
+                    key,
+                    mint: Some(mint),
                 };
                 advisory::wait(&mut acquisition.advisory, flavor, inner.limits.request).await
             }
@@ -497,7 +508,7 @@ impl Backend for MysqlBackend {
             }
             _ => {
                 let key = advisory_name(&request.name);
-                let flavor = advisory::Flavor::Advisory { key };
+                let flavor = advisory::Flavor::Advisory { key, mint: None };
                 advisory::abandon(inner, acquisition.advisory, request, flavor).await
             }
         }
@@ -551,9 +562,9 @@ impl Backend for MysqlBackend {
         info.map_err(|e| inner.error(e, Some(name)))
     }
 
-    /// Advisory and row modes kill the holder's session where it still holds the name (checked in
-    /// the server just before the kill, in the same query); lease mode expires the lease row where
-    /// owner and version still match. See `breaking.rs`.
+    /// Advisory and row modes kill the holder's session where it still holds the name as the hold
+    /// shown (checked in the server just before the kill, in the same query); lease mode expires the
+    /// lease row where owner and version still match. See `breaking.rs`.
     async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
         let inner = &self.inner;
         breaking::break_holder(inner, name, holder)

@@ -12,9 +12,12 @@
 //!   `abandon` ends it with `KILL QUERY` and rolls back. Probes and the loss deadline are the advisory
 //!   mode's (`SELECT CONNECTION_ID(), @@in_transaction`).
 //! * **Who holds it.** The `FOR UPDATE` that gets the row is followed, in the same query, by an
-//!   `UPDATE` of the row's `owner` to the session's `CONNECTION_ID()`, never committed (the hold ends
-//!   with `ROLLBACK` or the session's end, which take it back). A read that sees uncommitted rows finds
-//!   the holding session there: `inspect` shows it and `distlock break` kills it (see `breaking.rs`).
+//!   `UPDATE` of the row's `owner` to the mark `<CONNECTION_ID()>/<UUID()>`, never committed (the hold
+//!   ends with `ROLLBACK` or the session's end, which take it back). A read that sees uncommitted rows
+//!   finds the hold there (a mark that differs from the committed value is an open transaction's):
+//!   `inspect` shows its session, with the mark as the hold's identity, and `distlock break` kills
+//!   that session only while that mark is there (see `breaking.rs`), so a later hold of the same
+//!   session is never broken.
 
 use distlock_core::raw::{AcquireRequest, Attempt, Grant};
 use distlock_core::FencingToken;
@@ -24,7 +27,10 @@ use sha2::{Digest as _, Sha256};
 use super::advisory::{self, set_wait_timeout, Flavor, Held, Waiting};
 use super::conn::last_row;
 use super::conn::{bounded, Session};
-use super::layout::{literal, mark_row_holder, row_holder as row_holder_sql, session_owner};
+use super::layout::{
+    literal, mark_row_holder, mark_session, row_holder as row_holder_sql, session_host,
+    session_owner,
+};
 use super::{Inner, MysqlLease};
 use crate::error::SqlError;
 
@@ -184,11 +190,14 @@ pub(crate) async fn try_acquire(
     Ok(Attempt::Acquired(grant))
 }
 
-/// What `distlock status` shows in row mode: the session holding the lock row, as its acquire
-/// recorded it uncommitted in the row ([`mark_row_holder`], read uncommitted: InnoDB's own lock tables
-/// need the `PROCESS` privilege), with the name's counter as its token. A row locked by a session that
-/// recorded nothing (an older distlock) is found by trying it with `FOR UPDATE NOWAIT`, rolled back at
-/// once (a locking read that finds it free holds it for one round trip), and shown without an owner.
+/// What `distlock status` shows in row mode: the hold recorded uncommitted in the lock row
+/// ([`mark_row_holder`], read uncommitted: InnoDB's own lock tables need the `PROCESS` privilege) by a
+/// transaction still open (the mark differs from the committed value), shown by its session in
+/// `owner`, its mark in `hold_id`, the session's `HOST` in `host` (where the user may read it) and
+/// the name's counter as its token. A row locked by a session that recorded nothing (an older
+/// distlock, or another client locking the row) is found by trying it with `FOR UPDATE NOWAIT`, rolled
+/// back at once (a locking read that finds it free holds it for one round trip), and shown without an
+/// owner: a break cannot tell whom to end (`Unsupported`).
 pub(crate) async fn inspect(
     inner: &Inner,
     name: &str,
@@ -205,10 +214,10 @@ pub(crate) async fn inspect(
     )
     .await?;
     let mut held = false;
-    let mut holder_session = None;
+    let mut mark = None;
     if exists.is_some() {
-        holder_session = row_holder(inner, &mut session, &row).await?;
-        held = holder_session.is_some();
+        mark = row_holder(inner, &mut session, &row).await?;
+        held = mark.is_some();
     }
     if exists.is_some() && !held {
         let got = tokio::time::timeout(
@@ -225,20 +234,27 @@ pub(crate) async fn inspect(
         }
         held = got == Some(0);
     }
-    let fence: Option<u64> = bounded(
+    let id = mark.as_deref().and_then(mark_session);
+    let (fence, host): (Option<u64>, Option<String>) = bounded(
         "reading the fencing counter",
         request,
-        session
-            .conn
-            .query_first(super::layout::read_fence(&inner.table, name)),
+        session.conn.query_first(format!(
+            "SELECT (SELECT fence FROM {} WHERE name = {}), {}",
+            inner.table,
+            literal(name.as_bytes()),
+            session_host(&id.map_or_else(|| "NULL".to_string(), |id| id.to_string()))
+        )),
     )
-    .await?;
+    .await?
+    .unwrap_or((None, None));
     inner.pool.checkin(session);
     let mut info = distlock_core::raw::LockInfo::default();
     info.last_token = fence.filter(|f| *f > 0).map(FencingToken::new);
     if held {
         let mut holder = distlock_core::HolderInfo::default();
-        holder.owner = holder_session.map(session_owner);
+        holder.owner = id.map(session_owner);
+        holder.hold_id = id.and(mark);
+        holder.host = host;
         holder.token = info.last_token;
         info.kind = Some(distlock_core::LockKind::Mutex);
         info.holder = Some(holder);
@@ -246,23 +262,31 @@ pub(crate) async fn inspect(
     Ok(info)
 }
 
-/// The session holding the lock row `row`, as its acquire recorded it ([`mark_row_holder`]), read
-/// uncommitted; `None` when no session recorded itself. On an error the caller drops `session` (the
-/// read's isolation may still be pending on it).
+/// The mark of the hold of the lock row `row` ([`mark_row_holder`]), read uncommitted, if a
+/// transaction still open wrote it (it differs from the committed value); `None` when no open
+/// transaction recorded itself there. On an error the caller drops `session` (the read's isolation
+/// may still be pending on it).
 pub(crate) async fn row_holder(
     inner: &Inner,
     session: &mut Session,
     row: &str,
-) -> Result<Option<u64>, SqlError> {
+) -> Result<Option<String>, SqlError> {
     let found = bounded(
         "reading the lock row's holder",
         inner.limits.request,
         last_row(&mut session.conn, row_holder_sql(&inner.table, row)),
     )
     .await?;
-    let owner: Option<Vec<u8>> = found
-        .and_then(|r| r.get_opt::<Option<Vec<u8>>, usize>(0))
-        .and_then(Result::ok)
-        .flatten();
-    Ok(owner.and_then(|o| std::str::from_utf8(&o).ok()?.trim().parse().ok()))
+    let column = |i: usize| -> Option<Vec<u8>> {
+        found
+            .as_ref()
+            .and_then(|r| r.get_opt::<Option<Vec<u8>>, usize>(i))
+            .and_then(Result::ok)
+            .flatten()
+    };
+    let (dirty, committed) = (column(0), column(1));
+    if dirty.is_none() || dirty == committed {
+        return Ok(None);
+    }
+    Ok(dirty.and_then(|d| String::from_utf8(d).ok()))
 }

@@ -252,6 +252,7 @@ fn grant(
         session,
         Flavor::Advisory {
             key: permit_name(name, slot),
+            mint: None,
         },
     );
     let mut grant = Grant::new(MysqlLease::Advisory(held))

@@ -879,8 +879,8 @@ impl Backend for PostgresBackend {
     }
 
     /// Advisory and row modes terminate the holder's backend (`pg_terminate_backend`) where it still
-    /// holds the name exclusive, checked in the same statement; lease mode expires the lease row
-    /// where owner and version still match. See `breaking.rs`.
+    /// holds the name exclusive as the hold shown, checked in the same statement; lease mode expires
+    /// the lease row where owner and version still match. See `breaking.rs`.
     async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
         breaking::break_holder(&self.inner, name, holder)
             .await

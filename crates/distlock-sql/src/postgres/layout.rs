@@ -425,11 +425,15 @@ impl Tables {
 
     /// Lease mode, `distlock break`: expires the lease of `$1` if owner `$2` holds it unexpired (at
     /// version `$3`, unless `NULL`), and wakes the waiters. The owner stays, so the broken holder's
-    /// renewal and release find their lease expired (lost), never released by them. Returns whether
-    /// it was expired.
+    /// renewal and release find their lease expired (lost), never released by them. The expiry is
+    /// `-infinity`, not `now()`: a renewal whose statement began before this one (its `now()` earlier)
+    /// and waited for the row re-checks `expires_at > now()` on the row this statement left, which a
+    /// break at `now()` would pass (and the renewal would undo the break); no `now()` is below
+    /// `-infinity`, and every statement that takes a lease (`expires_at <= now()`) finds it free.
+    /// Returns whether it was expired.
     pub(crate) fn break_lease(&self) -> String {
         format!(
-            "WITH b AS (UPDATE {locks} SET expires_at = now() \
+            "WITH b AS (UPDATE {locks} SET expires_at = '-infinity' \
              WHERE name = $1 AND owner = $2 AND ($3::bigint IS NULL OR version = $3) AND expires_at > now() \
              RETURNING name), \
              n AS (SELECT pg_notify('{channel}', name) FROM b) \
@@ -441,21 +445,34 @@ impl Tables {
 
     /// Advisory mode, `distlock break`, one statement: terminates backend `$4` if it holds the key
     /// (`pg_locks`' `$1`, `$2`, `$3`: classid, objid, objsubid) exclusive, its session started at `$5`
-    /// (unless `NULL`) and the counter of `$7` is `$6` (unless `NULL`), waiting up to `$8` ms for it to
-    /// exit. The check and the signal are one step in the server: a holder that came since (another
-    /// session, or a new session on a recycled pid) is never signalled. Returns the backends matched
-    /// (0 or 1), whether they exited in time, and whether the key is held shared (readers, permits).
+    /// (unless `NULL`), and the hold is the one shown: a session that stayed idle since its state
+    /// changed at `$9` (when given: a holder that is not distlock's, see [`HoldId`]), or else one of
+    /// distlock's sessions ([`DISTLOCK_SESSION`]) while the counter of `$7` is `$6` (unless `NULL`),
+    /// waiting up to `$8` ms for it to exit.
+    ///
+    /// The counter is read `FOR SHARE SKIP LOCKED`: a grant's bump of it in flight (the lock taken,
+    /// the token not yet committed) makes it skip, so nothing matches (that holder's hold is gone: the
+    /// session is acquiring again); otherwise the row stays locked until this statement ends, so no
+    /// bump (no new grant) of the name commits before the backend is terminated. The check and the
+    /// signal are one statement, not one atomic step: `pg_locks` is read first, then the signal is
+    /// sent microseconds later (see the engine docs). Returns the backends matched (0 or 1), whether
+    /// they exited in time, whether backend `$4` holds the key shared (a reader, a permit holder),
+    /// and whether the session holding it exclusive as `$4` is not distlock's (`NULL` when none does).
     pub(crate) fn break_advisory(&self) -> String {
         format!(
-            "WITH h AS (SELECT l.pid FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-               WHERE {key} AND l.granted AND l.mode = 'ExclusiveLock' \
-               AND l.pid = $4 AND l.pid <> pg_backend_pid() \
-               AND ($5::timestamptz IS NULL OR a.backend_start = $5) \
-               AND ($6::bigint IS NULL OR (SELECT token FROM {fence} WHERE name = $7) = $6)), \
-             k AS (SELECT pg_terminate_backend(pid, $8::bigint) AS done FROM h) \
-             SELECT (SELECT count(*) FROM h), (SELECT bool_and(done) FROM k), \
-               EXISTS (SELECT 1 FROM pg_locks l WHERE {key} AND l.granted AND l.mode = 'ShareLock')",
-            key = PG_LOCKS_KEY,
+            "WITH f AS MATERIALIZED (SELECT token FROM {fence} WHERE name = $7 FOR SHARE SKIP LOCKED), \
+             h AS (SELECT l.pid, {DISTLOCK_SESSION} AS ours, a.backend_start, a.state, a.state_change \
+               FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+               WHERE {PG_LOCKS_KEY} AND l.granted AND l.mode = 'ExclusiveLock' \
+               AND l.pid = $4 AND l.pid <> pg_backend_pid()), \
+             ok AS (SELECT pid FROM h WHERE ($5::timestamptz IS NULL OR backend_start = $5) \
+               AND CASE WHEN $9::timestamptz IS NOT NULL THEN state = 'idle' AND state_change = $9 \
+                 ELSE ours AND ($6::bigint IS NULL OR (SELECT token FROM f) = $6) END), \
+             k AS (SELECT pg_terminate_backend(pid, $8::bigint) AS done FROM ok) \
+             SELECT (SELECT count(*) FROM ok), (SELECT bool_and(done) FROM k), \
+               EXISTS (SELECT 1 FROM pg_locks l WHERE {PG_LOCKS_KEY} AND l.granted AND l.mode = 'ShareLock' \
+                 AND l.pid = $4), \
+               (SELECT bool_or(NOT ours) FROM h)",
             fence = self.fence
         )
     }
@@ -464,11 +481,12 @@ impl Tables {
     /// is no `pg_locks` entry: the locker's transaction id is the row's `xmax`, and every transaction
     /// holds its own id exclusive in `pg_locks`. Exclusive is told by a `FOR SHARE SKIP LOCKED` that
     /// skips the row (a reader's `FOR SHARE` does not make it skip; `xmax` alone cannot tell a single
-    /// reader from a writer). Returns its pid, client address and session start, or no row.
+    /// reader from a writer). Returns its pid, client address, transaction start, `application_name`
+    /// and transaction id (the hold's identity: every hold is a transaction of its own), or no row.
     pub(crate) fn row_holder(&self) -> String {
         format!(
             "WITH free AS (SELECT 1 FROM {locks} WHERE name = $1 FOR SHARE SKIP LOCKED) \
-             SELECT l.pid, a.client_addr::text, a.backend_start \
+             SELECT l.pid, host(a.client_addr), a.xact_start, a.application_name, t.xmax::text \
              FROM {locks} t JOIN pg_locks l ON {row_locker} \
              LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
              WHERE t.name = $1 AND l.pid <> pg_backend_pid() AND NOT EXISTS (SELECT 1 FROM free)",
@@ -477,23 +495,47 @@ impl Tables {
         )
     }
 
+    /// Row mode, once `$1`'s row is known to be locked ([`Tables::row_locked`]): its readers, none
+    /// when it is held exclusive (a `FOR SHARE SKIP LOCKED` that skips it, as in
+    /// [`Tables::row_holder`]). A single reader's transaction id is the row's `xmax` (held by a live
+    /// transaction in `pg_locks`); several readers share a multixact there, whose members
+    /// `pg_get_multixact_members` lists (only called on an `xmax` that names no live transaction, which
+    /// is then a multixact: a strict function, given `NULL` otherwise). Returns, per reader, what
+    /// [`Tables::row_holder`] returns of a writer.
+    pub(crate) fn row_readers(&self) -> String {
+        format!(
+            "WITH free AS (SELECT 1 FROM {locks} WHERE name = $1 FOR SHARE SKIP LOCKED), \
+             r AS (SELECT t.xmax, EXISTS (SELECT 1 FROM pg_locks s WHERE s.locktype = 'transactionid' \
+               AND s.transactionid = t.xmax AND s.mode = 'ExclusiveLock' AND s.granted) AS single \
+               FROM {locks} t WHERE t.name = $1), \
+             x AS (SELECT r.xmax AS xid FROM r WHERE r.single \
+               UNION ALL SELECT m.xid FROM r, \
+               pg_get_multixact_members(CASE WHEN r.single OR r.xmax = '0'::xid THEN NULL ELSE r.xmax END) m) \
+             SELECT l.pid, host(a.client_addr), a.xact_start, a.application_name, x.xid::text \
+             FROM x JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = x.xid \
+               AND l.mode = 'ExclusiveLock' AND l.granted \
+             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.pid <> pg_backend_pid() AND EXISTS (SELECT 1 FROM free) ORDER BY l.pid",
+            locks = self.locks
+        )
+    }
+
     /// Row mode, `distlock break`, one statement: terminates backend `$2` if its transaction holds
-    /// `$1`'s row exclusive ([`Tables::row_holder`]), its session started at `$3` (unless `NULL`) and
-    /// the counter of `$1` is `$4` (unless `NULL`), waiting up to `$5` ms for it to exit. Returns the
-    /// backends matched (0 or 1), whether they exited in time, and whether the row is held exclusive
-    /// (by anyone: the holder given, or one that came since).
+    /// `$1`'s row exclusive ([`Tables::row_holder`]), that transaction is `$3` (the hold shown, unless
+    /// `NULL`: a later hold of the same session is another transaction) and the counter of `$1` is
+    /// `$4` (unless `NULL`), waiting up to `$5` ms for it to exit. As in advisory mode the row's
+    /// locker is read, then the signal sent microseconds later, in one statement. Returns the backends
+    /// matched (0 or 1) and whether they exited in time.
     pub(crate) fn break_row(&self) -> String {
         format!(
             "WITH free AS (SELECT 1 FROM {locks} WHERE name = $1 FOR SHARE SKIP LOCKED), \
              h AS (SELECT l.pid FROM {locks} t JOIN pg_locks l ON {row_locker} \
-               LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
                WHERE t.name = $1 AND l.pid = $2 AND l.pid <> pg_backend_pid() \
-               AND ($3::timestamptz IS NULL OR a.backend_start = $3) \
+               AND ($3::text IS NULL OR t.xmax::text = $3) \
                AND ($4::bigint IS NULL OR (SELECT token FROM {fence} WHERE name = $1) = $4) \
                AND NOT EXISTS (SELECT 1 FROM free)), \
              k AS (SELECT pg_terminate_backend(pid, $5::bigint) AS done FROM h) \
-             SELECT (SELECT count(*) FROM h), (SELECT bool_and(done) FROM k), \
-               NOT EXISTS (SELECT 1 FROM free)",
+             SELECT (SELECT count(*) FROM h), (SELECT bool_and(done) FROM k)",
             locks = self.locks,
             fence = self.fence,
             row_locker = ROW_LOCKER
@@ -501,8 +543,8 @@ impl Tables {
     }
 
     /// Row mode: whether `$1`'s row exists and whether it is locked against `FOR UPDATE` (tried with
-    /// `SKIP LOCKED`, autocommit: a free row is held for this one statement). After a break found no
-    /// exclusive holder, a row locked so is held by readers.
+    /// `SKIP LOCKED`, autocommit: a free row is held for this one statement). Once no exclusive holder
+    /// was found, a row locked so is held by readers.
     pub(crate) fn row_locked(&self) -> String {
         format!(
             "SELECT EXISTS (SELECT 1 FROM {locks} WHERE name = $1), \
@@ -586,6 +628,20 @@ fn key_arity(key: AdvisoryKey) -> usize {
     }
 }
 
+/// Advisory mode, `distlock status`: every session in `pg_locks` on the key in `$1`, `$2`, `$3`
+/// (classid, objid, objsubid), granted or waiting, with what `pg_stat_activity` shows of it: pid,
+/// granted, client address, session start, lock mode, `application_name`, state, last state
+/// change, and whether it is one of distlock's sessions ([`DISTLOCK_SESSION`]). The session
+/// columns other than `application_name` are `NULL` for another role's session unless this role
+/// has `pg_read_all_stats`.
+pub(crate) fn advisory_holders() -> String {
+    format!(
+        "SELECT l.pid, l.granted, host(a.client_addr), a.backend_start, l.mode, a.application_name, \
+         a.state, a.state_change, {DISTLOCK_SESSION} \
+         FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE {PG_LOCKS_KEY}"
+    )
+}
+
 /// A `pg_locks l` row of the advisory key in `$1`, `$2`, `$3` (classid, objid, objsubid, as
 /// [`pg_locks_row`] gives them), in this database (an advisory key is per database).
 const PG_LOCKS_KEY: &str = "l.locktype = 'advisory' AND l.classid = $1::bigint::oid \
@@ -596,6 +652,134 @@ const PG_LOCKS_KEY: &str = "l.locktype = 'advisory' AND l.classid = $1::bigint::
 /// [`Tables::row_holder`]).
 const ROW_LOCKER: &str = "l.locktype = 'transactionid' AND l.transactionid = t.xmax \
                           AND l.mode = 'ExclusiveLock' AND l.granted";
+
+/// Whether the `pg_stat_activity a` row is one of distlock's sessions: its `application_name` is
+/// `distlock` (distlock's default) or this session's own (the URL's `application_name`, when the
+/// operator uses the holders' URL). A session holding the name that is not distlock's (`psql`, .NET
+/// DistributedLock, an application's own connection) mints no token, so a break cannot tell its
+/// hold from a later one of the same session by the token (see [`HoldId`]).
+const DISTLOCK_SESSION: &str =
+    "(a.application_name IN ('distlock', current_setting('application_name')))";
+
+/// The identity of one hold (`HolderInfo::hold_id`), as `inspect` shows it and `distlock break`
+/// compares it, in text: a word for the mode and the kind, then `key=value` fields.
+///
+/// * `row exclusive xid=<n>` / `row shared xid=<n>`: row mode; the transaction that holds the row
+///   (its `xmax`, or a member of its multixact). Every hold of the row is a transaction of its own, so
+///   a later hold, even of the same session, has another id.
+/// * `advisory exclusive [session=<µs>] [idle=<µs>]` / `advisory shared [session=<µs>]`: advisory
+///   mode; `session` is the holder's `backend_start` (microseconds since 1970), which tells a
+///   session from a later one given the same pid; `idle` is, for a holder that is not one of
+///   distlock's sessions (which mint no token), the `state_change` of its session, idle when shown:
+///   the break ends it only if it is still idle since then (a session that took the lock again
+///   has run statements since). Both need the privileges to read the session's activity
+///   (`pg_read_all_stats`, or its role), and are left out without them.
+///
+/// ```text
+/// row exclusive xid=7312
+/// advisory exclusive session=1714566896123456
+/// advisory exclusive session=1714566896123456 idle=1714566990654321
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HoldId {
+    /// Advisory mode.
+    Advisory {
+        shared: bool,
+        /// `backend_start`, microseconds since 1970.
+        session: Option<i64>,
+        /// A foreign holder's idle `state_change`, microseconds since 1970.
+        idle: Option<i64>,
+    },
+    /// Row mode.
+    Row { shared: bool, xid: u32 },
+}
+
+impl HoldId {
+    /// Whether the hold is a shared one (a reader's, a permit's).
+    pub(crate) fn shared(&self) -> bool {
+        match self {
+            HoldId::Advisory { shared, .. } | HoldId::Row { shared, .. } => *shared,
+        }
+    }
+
+    /// Reads one back; `None` if it is not one of these.
+    pub(crate) fn parse(text: &str) -> Option<HoldId> {
+        let mut words = text.split_whitespace();
+        let mode = words.next()?;
+        let shared = match words.next()? {
+            "exclusive" => false,
+            "shared" => true,
+            _ => return None,
+        };
+        let (mut session, mut idle, mut xid) = (None, None, None);
+        for field in words {
+            let (key, value) = field.split_once('=')?;
+            match key {
+                "session" => session = Some(value.parse().ok()?),
+                "idle" => idle = Some(value.parse().ok()?),
+                "xid" => xid = Some(value.parse().ok()?),
+                _ => return None,
+            }
+        }
+        match mode {
+            "advisory" if xid.is_none() => Some(HoldId::Advisory {
+                shared,
+                session,
+                idle,
+            }),
+            "row" if session.is_none() && idle.is_none() => Some(HoldId::Row { shared, xid: xid? }),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for HoldId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = |shared: bool| if shared { "shared" } else { "exclusive" };
+        match self {
+            HoldId::Row { shared, xid } => write!(f, "row {} xid={xid}", kind(*shared)),
+            HoldId::Advisory {
+                shared,
+                session,
+                idle,
+            } => {
+                write!(f, "advisory {}", kind(*shared))?;
+                if let Some(session) = session {
+                    write!(f, " session={session}")?;
+                }
+                if let Some(idle) = idle {
+                    write!(f, " idle={idle}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A time as [`HoldId`] keeps it: microseconds since 1970 (`None` before it).
+pub(crate) fn micros_since_epoch(time: std::time::SystemTime) -> Option<i64> {
+    let since = time.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since.as_micros()).ok()
+}
+
+/// The time of [`micros_since_epoch`] back.
+pub(crate) fn time_of_micros(micros: i64) -> Option<std::time::SystemTime> {
+    let micros = u64::try_from(micros).ok()?;
+    std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_micros(micros))
+}
+
+/// How `inspect` shows a holder's session in `HolderInfo::host`: its client address (`local socket`
+/// for a unix socket) and its `application_name`, which tells distlock's sessions (`distlock`, or the
+/// URL's) from others (`psql`, an application's own connection).
+pub(crate) fn session_host(addr: Option<String>, application: Option<String>) -> Option<String> {
+    match (addr, application) {
+        (addr, Some(app)) => Some(format!(
+            "{}, application_name {app:?}",
+            addr.as_deref().unwrap_or("local socket")
+        )),
+        (addr, None) => addr,
+    }
+}
 
 /// How `inspect` shows a session's holder in advisory and row modes, as `HolderInfo::owner`: the
 /// server's backend pid (a process of the database server, not of the holder's machine, so not
@@ -644,6 +828,30 @@ pub(crate) fn advisory(key: AdvisoryKey, function: &str) -> String {
 /// `pg_backend_pid()`, so the grant is checked to be this connection's own session.
 pub(crate) fn advisory_wait(key: AdvisoryKey, function: &str) -> String {
     format!("SELECT {}, pg_backend_pid()", advisory_call(key, function))
+}
+
+/// An exclusive server-side wait's lock statement: `pg_advisory_lock` on the key and, in the same
+/// statement once it is granted, the fencing counter bump of `name` (in `fence`), as a try's
+/// [`Tables::try_lock_and_next_token`] does: the grant's token is committed with the message that
+/// got the lock, not by a later statement (a break in between would find the lock held with the
+/// previous hold's token). Returns the new token and `pg_backend_pid()`. Sent in a simple query
+/// (no parameters): the name is a hex literal, which no server setting reads differently.
+pub(crate) fn advisory_wait_minting(key: AdvisoryKey, fence: &str, name: &str) -> String {
+    format!(
+        "WITH l AS (SELECT {lock} AS got), \
+         t AS (INSERT INTO {fence} AS f (name, token) SELECT {name}, 1 FROM l \
+         ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token) \
+         SELECT (SELECT token FROM t), pg_backend_pid()",
+        lock = advisory_call(key, "pg_advisory_lock"),
+        name = text_literal(name)
+    )
+}
+
+/// A text literal of `text` that reads the same whatever `standard_conforming_strings` says: its
+/// UTF-8 bytes in hex, decoded by the server.
+fn text_literal(text: &str) -> String {
+    let hex: String = text.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("convert_from(decode('{hex}', 'hex'), 'UTF8')")
 }
 
 /// Releases every session advisory lock of the session, if it is still `pid` (through a pooler it could

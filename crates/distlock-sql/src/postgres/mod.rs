@@ -53,10 +53,12 @@
 //! the token.
 //!
 //! **Breaking** (`Locks::break_holder`, `distlock break`): advisory and row modes end the holder's
-//! session with `pg_terminate_backend`, in the statement that checks, in `pg_locks`, that the session
-//! `inspect` showed (`owner = "postgres backend <pid>"`) still holds the name exclusive with the token
-//! shown; lease mode expires the lease row where owner and version match. Readers and permits are
-//! never broken (`Unsupported`).
+//! session with `pg_terminate_backend`, in the statement that checks that the session `inspect`
+//! showed (`owner = "postgres backend <pid>"`) still holds the name exclusive as the very hold shown
+//! (`hold_id`: the row lock's transaction; in advisory mode the token, or for a session that is not
+//! distlock's its idle state); lease mode expires the lease row (at `-infinity`) where owner and
+//! version match. A holder given that is a reader or a permit holder is `Unsupported`; a holder that
+//! is not distlock's is refused where its hold cannot be told from a later one.
 //!
 //! ```no_run
 //! # async fn demo() -> distlock_core::Result<()> {

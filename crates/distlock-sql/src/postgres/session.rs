@@ -67,6 +67,9 @@ pub(crate) struct Acquiring {
     pub(super) from_pool: bool,
     /// The next connection is a new one, not one from the pool.
     fresh: bool,
+    /// The token an exclusive advisory wait minted with its grant ([`layout::advisory_wait_minting`]),
+    /// for the try that reports it.
+    minted: Option<FencingToken>,
 }
 
 /// What a held session holds.
@@ -303,6 +306,7 @@ pub(crate) async fn try_acquire(
     acquiring.clean = false;
     connection(inner, acquiring).await?;
     let stage = acquiring.stage;
+    let minted = acquiring.minted.take();
     let conn = conn_of(acquiring)?;
     let lease = request.lease;
     let name = request.name.as_str();
@@ -322,6 +326,11 @@ pub(crate) async fn try_acquire(
             let (token, limit) = read?;
             refuse_semaphore(inner, name, limit)?;
             token
+        }
+        (Stage::Locked, Some(_)) if minted.is_some() => {
+            // The advisory wait got the lock and minted its token in the same statement: the probe.
+            probe_for_try(conn, lease, bound).await?;
+            minted.ok_or_else(|| SqlError::Protocol("internal error: no minted token".into()))?
         }
         (Stage::Locked, _) => {
             // The wait got the lock: the probe and the counter bump.
@@ -645,19 +654,19 @@ pub(crate) async fn wait(
         // session ended by the server); a probe that fails sends no wait. The message is one implicit
         // transaction: a wait ended by lock_timeout rolls the slice's setting back; a granted one sets
         // it back to 0. Its lock statement also reads `pg_backend_pid()`, checked before any grant.
+        // An exclusive wait mints its token in the statement that gets the lock, as a try does: no
+        // later statement of the acquire is needed to tell this hold from the session's last one.
+        let lock = if shared {
+            layout::advisory_wait(key, "pg_advisory_lock_shared")
+        } else {
+            layout::advisory_wait_minting(key, &inner.tables.fence, name)
+        };
         let sql = format!(
-            "{}; {}; {}",
+            "{}; {lock}; {}",
             layout::wait_slice(slice_ms, false),
-            layout::advisory_wait(
-                key,
-                if shared {
-                    "pg_advisory_lock_shared"
-                } else {
-                    "pg_advisory_lock"
-                }
-            ),
             layout::wait_slice(0, false)
         );
+        acquiring.minted = None;
         probe_for_try(conn_of(acquiring)?, request.lease, bound).await?;
         acquiring.stage = Stage::Waiting;
         let conn = conn_of(acquiring)?;
@@ -680,11 +689,18 @@ pub(crate) async fn wait(
                 acquiring.stage = Stage::Locked;
                 // A changed pid is refused before any grant: the lock it got goes with the
                 // connection, which the abandon closes.
-                let granted_on = messages.iter().find_map(|m| match m {
-                    SimpleQueryMessage::Row(row) => row.get(1).and_then(|p| p.parse::<i32>().ok()),
+                let granted = messages.iter().find_map(|m| match m {
+                    SimpleQueryMessage::Row(row) => Some((row.get(0), row.get(1))),
                     _ => None,
                 });
+                let granted_on = granted.and_then(|(_, p)| p.and_then(|p| p.parse::<i32>().ok()));
                 same_session(granted_on, pid)?;
+                if !shared {
+                    let token = granted
+                        .and_then(|(t, _)| t)
+                        .and_then(|t| t.parse::<i64>().ok());
+                    acquiring.minted = Some(token_of(token, name)?);
+                }
             }
         }
         return Ok(());
@@ -743,6 +759,7 @@ fn silent_wait(after: Duration) {
 async fn discard(inner: &Inner, acquiring: &mut Acquiring) {
     let stage = std::mem::take(&mut acquiring.stage);
     let clean = std::mem::take(&mut acquiring.clean);
+    acquiring.minted = None;
     let Some(conn) = acquiring.conn.take() else {
         return;
     };
