@@ -322,16 +322,21 @@ impl Backend for RedisBackend {
     /// its expiry and the semaphore's limit; the last token (the token key) and, outside Cluster,
     /// `PUBSUB NUMSUB` of the kind's channel as the waiters: the number of *connections* subscribed (one
     /// per waiting distlock backend or Redisson client, however many tasks wait in it), so an
-    /// estimate. A holder's own token is not recorded in Redisson's layout (`None`).
+    /// estimate. A holder's own token is not recorded in Redisson's layout (`None`); a mutex's or
+    /// writer's holder gets the token counter, read in the same script, as its hold id (where this
+    /// client's grants mint tokens): what a break compares (see `breaking`).
     async fn inspect(&self, name: &str) -> Result<LockInfo> {
         self.inspect_lock(name).await
     }
 
     /// One script ([`layout::BREAK`]): the name's key is deleted if the owner `holder` names holds it
     /// exclusively (a mutex's field in either layout, or the write side), whatever its hold count,
-    /// and what a release would publish is published (a fair queue's head woken too). Matched by the
-    /// owner id only (no layout keeps a holder's token). A name held by readers or permits is
-    /// `Unsupported`, and left alone.
+    /// and what a release would publish is published (a fair queue's head woken too), and, when
+    /// `holder` has a hold id, only if the token counter has not moved since `inspect` read it (no
+    /// grant came since: a later hold of the same owner is not broken). Holders that mint no token
+    /// are matched by owner id only (see `breaking`). A reader or a permit's holder given is
+    /// `Unsupported`, and left alone; an exclusive holder that has gone is `false`, whatever holds the
+    /// name now.
     async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {
         self.break_exclusive(name, holder).await
     }

@@ -1,10 +1,23 @@
 //! Break (`distlock break`, `Locks::break_holder`): an operator ends another holder's exclusive hold
-//! in one script ([`layout::BREAK`]), only if the owner `inspect` showed still holds it.
+//! in one script ([`layout::BREAK`]), only if the hold `inspect` showed still holds it.
 //!
-//! The holder is matched by its owner id alone: none of Redis's layouts keeps a holder's fencing token
-//! with its hold (`inspect` shows none), so a token in the [`HolderInfo`] is not compared. An owner id
-//! is one `Lock`'s, so a later hold of that same `Lock` (the same process) is broken by a break aimed
-//! at its earlier hold; a holder that came since from any other `Lock` never is.
+//! The hold is told by its owner id and, where `inspect` showed one, its hold id
+//! (`HolderInfo::hold_id`): the name's token counter as the inspect script read it with the holder.
+//! Every grant that mints a token `INCR`s that counter (in every layout and deployment: standalone,
+//! Sentinel, Cluster, where the counter is in the name's slot), so the break script, which reads it
+//! too, answers "not broken" once a grant came since: a `Lock` that released and acquired again (same
+//! owner id) keeps its new hold. `inspect` shows a hold id only where this client's grants mint tokens
+//! (not with `layout=plain&tokens=false`) and the counter exists.
+//!
+//! Holders that mint no token leave the counter alone, and are matched by their owner id only: a
+//! Redisson `RLock` or `RReadWriteLock` (whose owner, `<client id>:<thread id>`, is shared by every hold
+//! taken on one pooled thread), a plain lock with `tokens=false`, redis-py's. A later hold of such an
+//! owner, taken between the operator's `inspect` and the break, is broken by it. So is any hold when
+//! the holder given has no hold id (built by hand with an owner id alone).
+//!
+//! Readers and permits are not broken: a holder given that is itself a reader of the name, or whose
+//! permit is held there, is `Unsupported`. A writer or mutex holder shown that has gone is `false`,
+//! whatever holds the name now (readers, permits, another writer).
 
 use distlock_core::raw::HolderInfo;
 use distlock_core::{Error, ErrorKind, Result};
@@ -15,7 +28,7 @@ use crate::layout::{self, PrefixedKey};
 use crate::rpc::{int, ScriptCall};
 use crate::RedisBackend;
 
-/// Why break refuses a name held by readers or permits.
+/// Why break refuses a reader or a permit's holder.
 const SHARED: &str = "break ends an exclusive holder only (a mutex or a write lock)";
 
 impl RedisBackend {
@@ -33,7 +46,7 @@ impl RedisBackend {
             )
             .into_core(Some(name)));
         };
-        let call = self.break_call(name, owner);
+        let call = self.break_call(name, owner, holder.hold_id.as_deref());
         let mut sent = Sent::default();
         let value = self
             .script(&self.inner.link, "break", call, &mut sent)
@@ -54,11 +67,11 @@ impl RedisBackend {
             .with_lock(name)),
             Some(0) => Ok(false),
             Some(layout::BREAK_READERS) => Err(RedisError::Unsupported(format!(
-                "{SHARED}: {name:?} is held by readers, which are left holding"
+                "{SHARED}: {owner:?} holds a read lock of {name:?}, which is left holding"
             ))
             .into_core(Some(name))),
             Some(layout::BREAK_PERMITS) => Err(RedisError::Unsupported(format!(
-                "{SHARED}: {name:?} is a semaphore with permits held, which are left holding"
+                "{SHARED}: {owner:?} holds a permit of the semaphore {name:?}, which is left holding"
             ))
             .into_core(Some(name))),
             _ => Err(RedisError::Reply {
@@ -69,13 +82,16 @@ impl RedisBackend {
         }
     }
 
-    /// The break script's call (see [`layout::BREAK`]).
-    fn break_call(&self, name: &str, owner: &str) -> ScriptCall<'_> {
+    /// The break script's call (see [`layout::BREAK`]): the token counter declared, and `hold_id`
+    /// compared with it, only when a hold id is given.
+    fn break_call(&self, name: &str, owner: &str, hold_id: Option<&str>) -> ScriptCall<'_> {
         let channel = |prefix| PrefixedKey { prefix, name };
         let (queue, deadlines) = (layout::queue_key(name), layout::queue_timeout_key(name));
         let permits = layout::semaphore_timeout_key(name);
         let write = layout::write_field(owner);
         let waiters = layout::waiter_channel_prefix(name);
+        let permit = layout::permit_id(owner);
+        let counter = channel(layout::TOKEN_PREFIX);
         let (release, plain, rw) = (
             channel(layout::CHANNEL_PREFIX),
             channel(layout::PLAIN_CHANNEL_PREFIX),
@@ -85,19 +101,25 @@ impl RedisBackend {
             + queue.len()
             + deadlines.len()
             + permits.len()
+            + hold_id.map_or(0, |id| counter.len() + id.len())
             + owner.len()
             + write.len()
             + release.len()
             + plain.len()
             + rw.len()
             + waiters.len()
+            + permit.len()
             + 20;
-        let mut call = ScriptCall::new(&self.inner.scripts.break_holder, 4, 13, bytes);
+        let keys = if hold_id.is_some() { 5 } else { 4 };
+        let mut call = ScriptCall::new(&self.inner.scripts.break_holder, keys, keys + 11, bytes);
         call.arg(layout::lock_key(name))
             .arg(queue)
             .arg(deadlines)
-            .arg(permits)
-            .arg(owner)
+            .arg(permits);
+        if hold_id.is_some() {
+            call.arg(counter);
+        }
+        call.arg(owner)
             .arg(write)
             .arg(self.inner.publish)
             .arg(layout::UNLOCK_MESSAGE)
@@ -105,7 +127,11 @@ impl RedisBackend {
             .arg(release)
             .arg(plain)
             .arg(rw)
-            .arg(waiters);
+            .arg(waiters)
+            .arg(&permit[..]);
+        if let Some(hold_id) = hold_id {
+            call.arg(hold_id);
+        }
         call
     }
 }

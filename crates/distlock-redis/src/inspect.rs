@@ -146,8 +146,12 @@ impl RedisBackend {
         }
         let mut info = parse_inspect(values.first()).map_err(|e| e.into_core(Some(name)))?;
         if !self.mints_token() {
-            // The counter may be left from before `tokens=false`: nothing of this backend's.
+            // The counter may be left from before `tokens=false`: nothing of this backend's. Nor is
+            // it the hold's identity: these grants do not move it (see `breaking`).
             info.last_token = None;
+            if let Some(holder) = info.holder.as_mut() {
+                holder.hold_id = None;
+            }
         }
         if !cluster {
             let counts = numsub(values.get(1));
@@ -174,23 +178,25 @@ impl RedisBackend {
 
     /// The inspect script's reply ([`layout::INSPECT`]), made of requests about one key each, every
     /// one following its own `ASK`: for a Cluster slot under migration, whose keys may be on either
-    /// node. The name's key (`TYPE`, `PTTL`) and the token key first, then what the type says: the
-    /// hash (`HGETALL`) and each reader's timeout keys (`PTTL`), or the semaphore's counter (`GET`) and
+    /// node. The token key first, then the name's key (`TYPE`, `PTTL`), then what the type says:
+    /// the hash (`HGETALL`) and each reader's timeout keys (`PTTL`), or the semaphore's counter (`GET`) and
     /// its permits (`ZRANGE`, with `TIME`). Not one snapshot, as the script's reply is: a key read after
-    /// another may have changed in between (a status report, never a decision).
+    /// another may have changed in between (a status report, never a decision). The counter is read
+    /// before the holder, so the hold id it gives a holder is never newer than that holder's grant: a
+    /// grant between the two reads makes a break answer "not broken", never break a later hold.
     async fn inspect_by_key(&self, name: &str) -> std::result::Result<Value, RedisError> {
         let lock = layout::lock_key(name);
         let bad = |detail: String| RedisError::Reply {
             what: "inspect",
             detail,
         };
-        let mut head = redis::pipe();
-        head.cmd("TYPE").arg(lock).cmd("PTTL").arg(lock);
+        // The token counter first, then the holder (see above).
         let mut token = redis::pipe();
         token.cmd("GET").arg(layout::token_key(name));
-        let (head, token) =
-            futures_util::future::join(self.inspect_one(head, 2), self.inspect_one(token, 1)).await;
-        let (head, token) = (head?, token?);
+        let token = self.inspect_one(token, 1).await?;
+        let mut head = redis::pipe();
+        head.cmd("TYPE").arg(lock).cmd("PTTL").arg(lock);
+        let head = self.inspect_one(head, 2).await?;
         let [kind, lock_pttl] = head.as_slice() else {
             return Err(bad(format!("{head:?}")));
         };
@@ -361,7 +367,8 @@ impl RedisBackend {
     }
 }
 
-/// The inspect script's reply: `{kind, token, limit, holder, ms, …}`.
+/// The inspect script's reply: `{kind, token, limit, holder, ms, …}`. A mutex's or writer's holder
+/// gets the token counter's value (when it exists) as its `hold_id`.
 fn parse_inspect(value: Option<&Value>) -> std::result::Result<LockInfo, RedisError> {
     let bad = || RedisError::Reply {
         what: "the inspect script",
@@ -374,7 +381,9 @@ fn parse_inspect(value: Option<&Value>) -> std::result::Result<LockInfo, RedisEr
         return Err(bad());
     };
     let mut info = LockInfo::default();
-    info.last_token = text(token)
+    let counter = text(token).filter(|t| !t.is_empty());
+    info.last_token = counter
+        .as_deref()
         .and_then(|t| t.parse::<u64>().ok())
         .map(FencingToken::new);
     // A negative remainder is an expired hold not cleaned up yet (a crashed reader's field, a permit
@@ -409,6 +418,11 @@ fn parse_inspect(value: Option<&Value>) -> std::result::Result<LockInfo, RedisEr
                 LockKind::Mutex
             });
             info.holder = found.drain(..).next();
+            if let Some(holder) = info.holder.as_mut() {
+                // The counter as this script read it with the holder: the hold's identity for a
+                // break (see `breaking`), which a grant since would have moved.
+                holder.hold_id = counter;
+            }
         }
         "read" => {
             info.kind = Some(LockKind::Read);

@@ -26,8 +26,11 @@
 //!
 //! An operator's break (`distlock break`, [`BREAK`]) deletes `NAME` when it holds the exclusive hold
 //! (a mutex's field, a writer's `<owner>:write`, or a plain lock's value) of the owner `inspect`
-//! showed, and publishes what a release of that hold would (a fair queue's head woken too); the token
-//! counter is left as it is. Readers and permits are not broken.
+//! showed and, when `inspect` showed a hold id (the token counter's value, read with the holder), the
+//! counter has not moved since (no grant came in between: a `Lock` that released and acquired again is
+//! not broken), and publishes what a release of that hold would (a fair queue's head woken too); the
+//! token counter is only read. Holders that mint no token (Redisson's `RLock`, `tokens=false`) are
+//! matched by owner id alone. Readers and permits are not broken.
 //!
 //! ```
 //! use distlock_redis::layout;
@@ -1381,22 +1384,37 @@ return out;
 "
 );
 
-/// What [`BREAK`] answers when the name is held by readers: break ends an exclusive holder only.
+/// What [`BREAK`] answers when the holder given is a reader of the name (its owner id has a read
+/// field there, and no hold id was given): break ends an exclusive holder only.
 pub const BREAK_READERS: i64 = -1;
 
-/// What [`BREAK`] answers when the name is a semaphore with permits held.
+/// What [`BREAK`] answers when the holder given holds a permit of the name (a semaphore's permit
+/// whose id is its owner's, see [`permit_id`], and no hold id was given).
 pub const BREAK_PERMITS: i64 = -2;
 
 /// Break (`distlock break`, `Locks::break_holder`): an operator ends another holder's exclusive hold,
-/// the one `inspect` showed, if that holder still holds the name. `KEYS[1]` the lock, `KEYS[2]`
-/// [`queue_key`], `KEYS[3]` [`queue_timeout_key`], `KEYS[4]` [`semaphore_timeout_key`]; `ARGV[1]`
-/// the owner, `ARGV[2]` its write field ([`write_field`]), `ARGV[3]` the publish command, `ARGV[4]`
-/// [`UNLOCK_MESSAGE`], `ARGV[5]` [`READ_UNLOCK_MESSAGE`], `ARGV[6]` the release channel
-/// ([`channel`]), `ARGV[7]` the plain layout's ([`plain_channel`]), `ARGV[8]` [`rw_channel`],
-/// `ARGV[9]` [`waiter_channel_prefix`] (channels are arguments: see [`RELEASE`]). Answers 1 when
-/// the hold was ended, 0 when that owner does not hold the name (nothing written),
-/// [`BREAK_READERS`] or [`BREAK_PERMITS`] when the name is held by readers or permits (nothing
-/// written).
+/// the one `inspect` showed, if that hold still holds the name. `KEYS[1]` the lock, `KEYS[2]`
+/// [`queue_key`], `KEYS[3]` [`queue_timeout_key`], `KEYS[4]` [`semaphore_timeout_key`], and
+/// `KEYS[5]` [`token_key`] only when a hold id is given; `ARGV[1]` the owner, `ARGV[2]` its write
+/// field ([`write_field`]), `ARGV[3]` the publish command, `ARGV[4]` [`UNLOCK_MESSAGE`], `ARGV[5]`
+/// [`READ_UNLOCK_MESSAGE`], `ARGV[6]` the release channel ([`channel`]), `ARGV[7]` the plain
+/// layout's ([`plain_channel`]), `ARGV[8]` [`rw_channel`], `ARGV[9]` [`waiter_channel_prefix`]
+/// (channels are arguments: see [`RELEASE`]), `ARGV[10]` the owner's [`permit_id`] (raw), `ARGV[11]`
+/// the hold id (with `KEYS[5]`). Answers 1 when the hold was ended, 0 when that hold no longer
+/// holds the name (nothing written), [`BREAK_READERS`] or [`BREAK_PERMITS`] when the holder given
+/// is itself a reader or a permit's holder there (nothing written).
+///
+/// **The hold id** (`HolderInfo::hold_id`) is the token counter's value that [`INSPECT`] read in
+/// the same script as the holder: every grant that mints a token (a mutex's and a writer's in
+/// Redisson's layout, a plain one's with tokens on, a permit's; a fair one's and a handoff's too)
+/// `INCR`s the counter, so a counter that moved since means a grant came since, and the break
+/// answers 0 before it looks at anything else: a `Lock` that released and acquired again (same owner
+/// id) is never broken by a break aimed at its earlier hold. A holder that mints no token (Redisson's
+/// `RLock` and `RReadWriteLock`, a plain lock with `tokens=false`, redis-py) leaves the counter as it
+/// is, so a later hold of *the same owner id* still matches: for those the owner is all that is
+/// compared (a Redisson owner is `<client id>:<thread id>`, shared by every hold on one pooled
+/// thread). Without a hold id (a holder built by hand, a counter that did not exist) the owner alone
+/// is compared.
 ///
 /// What the name is, is read from the server as [`INSPECT`] reads it, whatever the caller's own
 /// layout or mode (an operator's URL need not match the holders'):
@@ -1407,22 +1425,26 @@ pub const BREAK_PERMITS: i64 = -2;
 /// * a hash with `mode=write` and the owner's write field: the whole hash goes (a Redisson writer's
 ///   own read holds under its write go with it; their timeout keys expire by themselves, nothing
 ///   reads them without the field), and `1` is published on the read-write channel, as a write
-///   release does; with `mode=read`: [`BREAK_READERS`];
+///   release does; with `mode=read`: [`BREAK_READERS`] if the owner given is one of the readers and
+///   no hold id was given (a reader is not an exclusive holder), else 0 (the writer shown is gone);
 /// * a string: a semaphore's counter by [`INSPECT`]'s rule (digits, and no expiry or permits
-///   beside it) is [`BREAK_PERMITS`] while a permit is held, else 0; any other string is a plain
-///   layout's lock, deleted if its value is the owner, and `0` published on the plain channel.
+///   beside it) is [`BREAK_PERMITS`] if the owner's permit is held and no hold id was given, else 0
+///   (the holder shown is gone); any other string is a plain layout's lock, deleted if its value is
+///   the owner, and `0` published on the plain channel.
 ///
 /// After a mutex's hold is broken, a fair queue beside it (if any: nothing of it is touched
 /// otherwise, so a user without fair mode's ACL rules can break a lock nobody queues for) is mended
 /// as every fair script mends it (waiters past their deadline dropped) and its head woken on its
 /// own channel, as a fair release does. Every publish runs before the `DEL`: a publish the ACL
-/// refuses fails the script before it deleted anything. The token counter is never touched (tokens
-/// keep rising), and no renewal recreates the key: every renew script extends only a key that
-/// holds its owner, so the broken holder's next renewal finds it gone and its guard goes `Lost`.
+/// refuses fails the script before it deleted anything. The token counter is only read, never
+/// written (tokens keep rising), and no renewal recreates the key: every renew script extends only a
+/// key that holds its owner, so the broken holder's next renewal finds it gone and its guard goes
+/// `Lost`.
 ///
-/// Cluster: the four keys are declared (one slot); in a slot under migration the script runs where
-/// all of them are, so while the queue or the permits' set does not exist (most of the time) it is
-/// refused with `TRYAGAIN` until the migration ends, as a fair release is.
+/// Cluster: every key is declared, and all are in the name's slot ([`keys_share_slot`], the token
+/// counter included); in a slot under migration the script runs where all of them are, so while
+/// the queue or the permits' set does not exist (most of the time) it is refused with `TRYAGAIN`
+/// until the migration ends, as a fair release is.
 ///
 /// ```
 /// use distlock_redis::layout;
@@ -1430,6 +1452,9 @@ pub const BREAK_PERMITS: i64 = -2;
 /// assert!(!layout::BREAK.contains("incr"));
 /// let deletes = layout::BREAK.matches("'del'").count();
 /// assert_eq!(layout::BREAK.matches("'del', KEYS[1])").count(), deletes);
+/// // A hold id is compared with the counter before anything else.
+/// let compared = layout::BREAK.find("~= ARGV[11]").unwrap();
+/// assert!(compared < layout::BREAK.find("'type', KEYS[1]").unwrap());
 /// ```
 pub const BREAK: &str = concat!(
     r"
@@ -1446,11 +1471,18 @@ local function wake_fair_head()
         redis.call(ARGV[3], ARGV[9] .. head, ARGV[4]);
     end;
 end;
+local shown = #KEYS >= 5;
+if shown and redis.pcall('get', KEYS[5]) ~= ARGV[11] then
+    return 0;
+end;
 local t = redis.call('type', KEYS[1]).ok;
 if t == 'hash' then
     local mode = redis.call('hget', KEYS[1], 'mode');
     if mode == 'read' then
-        return -1;
+        if not shown and redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+            return -1;
+        end;
+        return 0;
     end;
     if mode == 'write' then
         if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
@@ -1471,9 +1503,11 @@ end;
 if t == 'string' then
     local value = redis.call('get', KEYS[1]);
     if string.match(value, '^%d+$') then
-        local permits = redis.call('exists', KEYS[4]) == 1;
-        if permits then
-            return -2;
+        if redis.call('exists', KEYS[4]) == 1 then
+            if not shown and redis.call('zscore', KEYS[4], ARGV[10]) ~= false then
+                return -2;
+            end;
+            return 0;
         end;
         if redis.call('pttl', KEYS[1]) == -1 then
             return 0;

@@ -799,6 +799,105 @@ async fn a_reentrant_hold_is_broken_whole() {
     );
 }
 
+/// A break aimed at a hold that a grant with a token came after leaves the later hold alone, even
+/// when it is the same `Lock`'s (same owner id): `inspect` shows the token counter as the hold id,
+/// read with the holder, and the break script answers "not broken" once the counter moved. In
+/// Redisson's layout, the plain one with tokens, and fair mode. A holder built by hand with the owner
+/// id alone (no hold id) is matched by its owner: that later hold is broken then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_spares_the_same_locks_next_hold_with_tokens() {
+    let server = RedisServer::start_or_panic();
+    for query in ["", "?layout=plain", "?fair=true"] {
+        let url = format!("{}{query}", server.url());
+        let (holder, operator) = (locks(&url).await, locks(&url).await);
+        let name = unique("break_same_lock");
+        let lease = Duration::from_secs(3);
+        let lock = holder.lock(&name).unwrap();
+        let first = lock.options().lease(lease).acquire().await.unwrap();
+        let shown = operator.inspect(&name).await.unwrap().holder.expect("held");
+        assert_eq!(shown.owner.as_deref(), Some(lock.owner()), "{query}");
+        assert_eq!(
+            shown.hold_id,
+            first.token().map(|t| t.get().to_string()),
+            "{query}: the hold id is the counter the grant minted"
+        );
+        first.release().await.unwrap();
+        let second = lock.options().lease(lease).acquire().await.unwrap();
+        assert!(
+            !operator.break_holder(&name, &shown).await.unwrap(),
+            "{query}: a break aimed at the first hold broke the same Lock's next hold"
+        );
+        assert_eq!(second.state(), LockState::Held, "{query}");
+        assert!(exists(&server, &name), "{query}: the key was deleted");
+        assert!(
+            operator
+                .lock(&name)
+                .unwrap()
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_none(),
+            "{query}: the name is free after a break that answered false"
+        );
+
+        // The same holder without its hold id: the owner alone is compared.
+        let mut by_owner = distlock_core::raw::HolderInfo::default();
+        by_owner.owner = shown.owner.clone();
+        assert!(operator.break_holder(&name, &by_owner).await.unwrap());
+        assert!(!exists(&server, &name), "{query}");
+        tokio::time::timeout(lease / 3 + Duration::from_millis(700), second.lost())
+            .await
+            .expect("the broken guard is Lost at its next renewal");
+    }
+}
+
+/// What a Redisson `RLock` hold gets: Redisson's acquire mints no token, so the counter `inspect`
+/// shows as the hold id (left by an earlier distlock grant) does not move when the same Redisson owner
+/// (`<client id>:<thread id>`: one pooled thread) unlocks and takes the lock again. The break, aimed
+/// at the first hold, matches that later hold by its owner id and breaks it: the documented limit of
+/// holders without tokens. A client with `tokens=false` shows no hold id at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_matches_a_redisson_holds_retake_by_owner_only() {
+    let server = RedisServer::start_or_panic();
+    let name = unique("break_redisson_retake");
+    let mut conn = driver(&server).await;
+    let operator = locks(&server.url()).await;
+    operator
+        .lock(&name)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let last = token_counter(&server, &name);
+    assert!(last >= 1);
+
+    assert_eq!(redisson_acquire(&mut conn, &name, 30_000).await, None);
+    let shown = operator.inspect(&name).await.unwrap().holder.expect("held");
+    assert_eq!(shown.owner.as_deref(), Some(REDISSON_OWNER));
+    assert_eq!(shown.hold_id, Some(last.to_string()));
+    let bare = locks(&format!("{}?layout=plain&tokens=false", server.url())).await;
+    let bare_shown = bare.inspect(&name).await.unwrap().holder.expect("held");
+    assert_eq!(bare_shown.owner.as_deref(), Some(REDISSON_OWNER));
+    assert_eq!(bare_shown.hold_id, None, "tokens=false shows no hold id");
+
+    assert_eq!(redisson_unlock(&mut conn, &name).await, Some(1));
+    assert_eq!(redisson_acquire(&mut conn, &name, 30_000).await, None);
+    assert_eq!(
+        token_counter(&server, &name),
+        last,
+        "Redisson minted a token"
+    );
+    assert!(
+        operator.break_holder(&name, &shown).await.unwrap(),
+        "owner-only match: the same Redisson owner's later hold is broken"
+    );
+    assert!(!exists(&server, &name));
+    assert_eq!(token_counter(&server, &name), last);
+}
+
 /// `calls` of a command in `INFO commandstats` (0 if it never ran).
 fn calls(server: &RedisServer, command: &str) -> u64 {
     let info = server.command(&["INFO", "commandstats"]).unwrap();

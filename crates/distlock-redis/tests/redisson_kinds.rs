@@ -935,13 +935,14 @@ async fn one_name_is_one_kind() {
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
 }
 
-/// `distlock break` ends an exclusive holder only. A name held by readers (distlock's and a Redisson
+/// `distlock break` ends an exclusive holder only. A reader given (distlock's and a Redisson
 /// reader) is `Unsupported`, saying why, and nothing is touched: the hash is as it was, the readers
-/// hold on, a writer still cannot get in. The same for a semaphore with a permit held, whether the
-/// holder shown is the permit or an owner id. A writer is broken: a Redisson writer that re-entered
+/// hold on, a writer still cannot get in. The same for a permit held, whether the holder given is the
+/// permit or its owner id; another owner id there (an exclusive holder that has gone) is `false`. A writer is broken: a Redisson writer that re-entered
 /// and holds a read of its own under its write loses the whole hash, and a distlock reader waiting is
-/// let in long before the 30 s pttl; a distlock writer's guard goes `Lost` at its next renewal, which
-/// does not recreate the hash.
+/// let in long before the 30 s pttl, and the writer shown, broken again under that reader, is `false`
+/// (gone), not refused; a distlock writer's guard goes `Lost` at its next renewal, which does not
+/// recreate the hash.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn break_ends_a_writer_and_refuses_readers_and_permits() {
     let server = RedisServer::start_or_panic();
@@ -994,8 +995,12 @@ async fn break_ends_a_writer_and_refuses_readers_and_permits() {
     by_owner.permit = None;
     refused(
         operator.break_holder(&name, &by_owner).await,
-        "an owner id on a semaphore",
+        "the owner id of a permit held",
     );
+    // An exclusive holder that has gone (not a permit's): nothing to break, and no refusal.
+    let mut gone = distlock_core::raw::HolderInfo::default();
+    gone.owner = Some(REDISSON_OWNER.to_string());
+    assert!(!operator.break_holder(&name, &gone).await.unwrap());
     let timeout_key = layout::semaphore_timeout_key(&name);
     assert_eq!(int(&server, &["ZCARD", &timeout_key]), 1);
     assert_eq!(server.command(&["GET", &name]).unwrap().as_str(), Some("1"));
@@ -1030,10 +1035,14 @@ async fn break_ends_a_writer_and_refuses_readers_and_permits() {
         sorted(vec!["mode".to_string(), read.owner().to_string()]),
         "nothing of the broken writer is left"
     );
-    // The name is a reader's now: a second break of the writer shown is refused, not aimed at it.
-    refused(
-        operator.break_holder(&name, &shown).await,
-        "the broken writer again, under a reader",
+    // The name is a reader's now: the writer shown is gone, whatever holds the name now (a stale
+    // break is no refusal), and the reader is not touched.
+    assert!(!operator.break_holder(&name, &shown).await.unwrap());
+    assert_eq!(read.state(), LockState::Held);
+    assert_eq!(
+        hash_of(&server, &name).len(),
+        2,
+        "the reader's hash was touched"
     );
     read.release().await.unwrap();
     assert!(!operator.break_holder(&name, &shown).await.unwrap());
@@ -1066,6 +1075,23 @@ async fn break_ends_a_writer_and_refuses_readers_and_permits() {
         0,
         "a renewal recreated the hash"
     );
+
+    // A writer shown that has since turned into a reader (a downgrade: same owner, no new token) is
+    // gone as a writer: `false`, its read hold left alone.
+    let name = unique("break_downgraded");
+    let mut write = locks.read_write(&name).unwrap().write().await.unwrap();
+    let shown = operator
+        .inspect(&name)
+        .await
+        .unwrap()
+        .holder
+        .expect("the writer");
+    assert_eq!(shown.hold_id, write.token().map(|t| t.get().to_string()));
+    write.downgrade().await.unwrap();
+    assert!(!operator.break_holder(&name, &shown).await.unwrap());
+    assert_eq!(write.state(), LockState::Held);
+    assert_eq!(int(&server, &["EXISTS", &name]), 1);
+    write.release().await.unwrap();
 }
 
 /// A hold whose own server-side expiry is gone is `Lost` at the next renewal (a third of the lease),

@@ -259,8 +259,8 @@ async fn inspect_shows_every_node() {
     guard.release().await.unwrap();
 }
 
-/// A break deletes, on every node, the key of the owner `inspect` shows and nothing else: a distlock
-/// holder's (`<owner>#<nonce>`, whatever the nonce; a node where the key is gone already counts as
+/// A break deletes, on every node, the key of the hold `inspect` shows and nothing else: a distlock
+/// holder's (`<owner>#<nonce>`, the value shown; a node where the key is gone already counts as
 /// not holding it), then another client's random value (node-redlock's), shown as it is, while other
 /// values of the name on other nodes, including one whose owner id starts with the broken one's, stay.
 /// The broken distlock holder's guard goes `Lost` at its next renewal, which recreates nothing.
@@ -325,6 +325,69 @@ async fn a_break_deletes_the_owners_key_on_every_node() {
             Some("someone-else".into())
         ]
     );
+}
+
+/// `inspect` shows the value a quorum holds (owner id and that acquire's nonce) as the hold id, and a
+/// break compares the whole of it: the same `Lock`, released and acquired again (same owner id, a new
+/// nonce), keeps its keys on every node against a break aimed at its first hold. A holder built by
+/// hand with the owner id alone is matched by owner, any nonce: that later hold is broken then. A hold
+/// id of another owner than the one given is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_spares_the_same_locks_next_hold() {
+    let nodes = RedlockNodes::start_or_panic(5);
+    let operator = Locks::new(backend(&nodes.url()).await);
+    let holder = Locks::new(backend(&nodes.url()).await);
+    let name = unique("break_same_lock");
+    let lease = Duration::from_millis(1500);
+    let lock = holder.lock(&name).unwrap();
+    let first = lock.options().lease(lease).acquire().await.unwrap();
+    on_every_node(&nodes, &name, lock.owner()).await;
+    let shown = operator.inspect(&name).await.unwrap().holder.expect("held");
+    let value = nodes.node(0).command(&["GET", &name]).unwrap();
+    assert_eq!(shown.hold_id.as_deref(), value.as_str());
+    assert_eq!(shown.owner.as_deref(), Some(lock.owner()));
+    first.release().await.unwrap();
+    let second = lock.options().lease(lease).acquire().await.unwrap();
+    on_every_node(&nodes, &name, lock.owner()).await;
+    let values = |nodes: &RedlockNodes| -> Vec<Option<String>> {
+        nodes
+            .nodes()
+            .iter()
+            .map(|n| {
+                n.command(&["GET", &name])
+                    .unwrap()
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .collect()
+    };
+    let held = values(&nodes);
+    assert!(held
+        .iter()
+        .all(|v| v.is_some() && v.as_deref() != shown.hold_id.as_deref()));
+    assert!(
+        !operator.break_holder(&name, &shown).await.unwrap(),
+        "a break aimed at the first hold broke the same Lock's next hold"
+    );
+    assert_eq!(values(&nodes), held, "a key of the next hold was deleted");
+    assert_eq!(second.state(), LockState::Held);
+
+    let mut foreign = shown.clone();
+    foreign.hold_id = Some("someone-else#0123456789abcdef".into());
+    let err = operator
+        .break_holder(&name, &foreign)
+        .await
+        .expect_err("a hold id of another owner");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert_eq!(values(&nodes), held);
+
+    let mut by_owner = distlock_core::raw::HolderInfo::default();
+    by_owner.owner = shown.owner.clone();
+    assert!(operator.break_holder(&name, &by_owner).await.unwrap());
+    assert!(values(&nodes).iter().all(Option::is_none));
+    tokio::time::timeout(lease, second.lost())
+        .await
+        .expect("the broken guard is Lost at its next renewal");
 }
 
 /// A break that too few nodes answer cannot tell whether the holder still has a quorum on the silent

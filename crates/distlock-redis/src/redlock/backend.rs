@@ -488,8 +488,9 @@ impl Backend for RedlockBackend {
     }
 
     /// The break script ([`layout::BREAK`](crate::redlock::layout::BREAK)) on every node at once:
-    /// the key deleted where its value is `holder`'s owner id (the one `inspect` shows, whatever its
-    /// nonce). `true` once the holder's key was deleted somewhere and too few nodes hold it for a
+    /// the key deleted where it still holds the value `inspect` showed (`holder.hold_id`: owner id and
+    /// nonce, so a later acquire of the same owner is never broken; without one, any value of
+    /// `holder`'s owner id). `true` once the holder's key was deleted somewhere and too few nodes hold it for a
     /// quorum; `false` when no node deleted anything and no quorum holds it; else `Unavailable` (see
     /// the `breaking` module).
     async fn break_holder(&self, name: &str, holder: &HolderInfo) -> Result<bool> {

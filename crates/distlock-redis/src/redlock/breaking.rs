@@ -1,5 +1,11 @@
-//! Break (`distlock break`): the holder's key deleted, owner-checked ([`layout::BREAK`]), on every
-//! node at once.
+//! Break (`distlock break`): the holder's key deleted, checked against the hold `inspect` showed
+//! ([`layout::BREAK`]), on every node at once.
+//!
+//! The hold is told by its whole value (`HolderInfo::hold_id`, which `inspect` fills with the value a
+//! quorum of nodes held: `<owner id>#<nonce>`, the nonce new for every acquire), so a later hold of the
+//! same owner id (a `Lock` that released and acquired again between the operator's `inspect` and the
+//! break) keeps its keys: the break answers `false`. A holder without a `hold_id` (built by hand from an
+//! owner id) is matched by its owner alone, any nonce: then such a later hold *is* broken.
 //!
 //! A quorum system's hold is over once too few nodes hold it for a quorum: the answer is `true`
 //! when the script deleted the holder's key on at least one node and more than N − Q nodes no
@@ -32,20 +38,37 @@ impl RedlockBackend {
             .with_backend(BACKEND)
             .with_lock(name));
         };
+        let hold = holder.hold_id.as_deref();
+        if let Some(value) = hold.filter(|value| layout::owner_of(value) != owner) {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "the holder to break has owner {owner:?} but hold id {value:?}, which is another owner's: pass the holder inspect showed"
+                ),
+            )
+            .with_backend(BACKEND)
+            .with_lock(name));
+        }
         let bound = self.config().connection.request_timeout;
         let scripts = self.scripts();
-        let (key, owner_owned) = (layout::lock_key(name).to_string(), owner.to_string());
+        let key = layout::lock_key(name).to_string();
+        // The owner, then (when inspect showed it) the whole value: see `layout::BREAK`.
+        let args: Vec<String> = std::iter::once(owner)
+            .chain(hold)
+            .map(str::to_string)
+            .collect();
         let replies = fan_out(self.nodes(), |node| {
-            let (scripts, key, owner) = (scripts.clone(), key.clone(), owner_owned.clone());
+            let (scripts, key, args) = (scripts.clone(), key.clone(), args.clone());
             async move {
                 let mut sent = Sent::default();
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 let reply = node
                     .script_recorded(
                         "Redlock break",
                         bound,
                         &scripts.break_holder,
                         &key,
-                        &[&owner],
+                        &args,
                         &mut sent,
                     )
                     .await;

@@ -11,7 +11,9 @@ use crate::rpc::{int, pttl, server_error};
 
 impl RedlockBackend {
     /// `GET` and `PTTL` of the key on every node at once. The holder is the owner whose key (one
-    /// acquire's value, see [`layout::value`]) a quorum of nodes holds, with the Q-th longest of their pttls (how long that quorum lasts unrenewed); a
+    /// acquire's value, see [`layout::value`]) a quorum of nodes holds, with the Q-th longest of their
+    /// pttls (how long that quorum lasts unrenewed) and that value as its `hold_id` (what a break
+    /// compares, so that a later acquire of the same owner is never broken); a
     /// name held on fewer nodes shows as free, with the nodes' keys in [`LockInfo::nodes`]. A node whose
     /// key is not a string (a `redis://` lock of the same name) shows a `WRONGTYPE` error saying so.
     pub(crate) async fn inspect_nodes(&self, name: &str) -> Result<LockInfo> {
@@ -66,7 +68,8 @@ impl RedlockBackend {
     }
 }
 
-/// The holder whose value (`values[i]` is node `i`'s) a quorum of nodes holds, shown by its owner id.
+/// The holder whose value (`values[i]` is node `i`'s) a quorum of nodes holds, shown by its owner id,
+/// with the whole value as its `hold_id`.
 fn quorum_holder(
     nodes: &[NodeInfo],
     values: &[Option<String>],
@@ -83,6 +86,8 @@ fn quorum_holder(
             pttls.sort_by(|a, b| b.cmp(a));
             let mut holder = HolderInfo::default();
             holder.owner = Some(layout::owner_of(value).to_string());
+            // The hold itself (owner and nonce): what a break compares (see `layout::BREAK`).
+            holder.hold_id = Some(value.clone());
             holder.remaining_lease = pttls.get(quorum - 1).copied().flatten();
             return Some(holder);
         }

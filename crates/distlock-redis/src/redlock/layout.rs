@@ -28,8 +28,10 @@
 //! * **Extend** ([`EXTEND`]) sets a new `PEXPIRE` only if the key holds the hold's value
 //!   (compare-and-pexpire; node-redlock's extend does the same with `SET … PX`), so it never
 //!   recreates a key that was deleted.
-//! * **Break** ([`BREAK`], `distlock break`) deletes the key only if its value is the given owner's
-//!   (any nonce): the operator's tool against a dead holder, sent to every node.
+//! * **Break** ([`BREAK`], `distlock break`) deletes the key only if it still holds the value
+//!   `inspect` showed (`HolderInfo::hold_id`: the owner id *and* that acquire's nonce), so a later
+//!   hold of the same `Lock` is never broken; given an owner id alone (a holder built by hand), any
+//!   value of that owner's. The operator's tool against a dead holder, sent to every node.
 //!
 //! ```
 //! use distlock_redis::redlock::layout;
@@ -113,14 +115,20 @@ return 0
 ";
 
 /// Break (`distlock break`): `KEYS[1]` = lock key, `ARGV[1]` = the owner id `inspect` showed (what
-/// [`owner_of`] makes of the node's value). Deletes the key when its value is that owner's, whatever
-/// the nonce (as [`owner_of`] reads it: `<owner>#<16 hex digits>`, or a value that is the owner
-/// itself); returns 1 when it deleted the key, else 0 (absent, or another owner's).
+/// [`owner_of`] makes of the node's value), `ARGV[2]` (optional) = the whole value `inspect` showed
+/// (`HolderInfo::hold_id`: `<owner>#<nonce>`, the value a quorum of nodes held). With `ARGV[2]`,
+/// the key is deleted only when it holds that very value: one acquire's, so a later hold of the same
+/// owner (a `Lock` that released and acquired again has a new nonce) is never deleted. Without it
+/// (a holder built by hand, with an owner id alone), the key is deleted when its value is that
+/// owner's, whatever the nonce (as [`owner_of`] reads it: `<owner>#<16 hex digits>`, or a value
+/// that is the owner itself): then a later hold of that same owner id is deleted too. Returns 1 when
+/// it deleted the key, else 0 (absent, another value, or another owner's).
 ///
 /// ```
 /// use distlock_redis::redlock::layout;
-/// // Only the lock's key is ever deleted, and only after its owner is compared.
+/// // Only the lock's key is ever deleted, and only after its value or owner is compared.
 /// assert_eq!(layout::BREAK.matches("'DEL'").count(), 1);
+/// assert!(layout::BREAK.contains("current ~= ARGV[2]"));
 /// assert!(layout::BREAK.contains("owner ~= ARGV[1]"));
 /// ```
 pub const BREAK: &str = r"
@@ -128,12 +136,18 @@ local current = redis.call('GET', KEYS[1])
 if current == false then
   return 0
 end
-local owner = string.match(current, '^(.*)#%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x$')
-if owner == nil then
-  owner = current
-end
-if owner ~= ARGV[1] then
-  return 0
+if #ARGV >= 2 then
+  if current ~= ARGV[2] then
+    return 0
+  end
+else
+  local owner = string.match(current, '^(.*)#%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x$')
+  if owner == nil then
+    owner = current
+  end
+  if owner ~= ARGV[1] then
+    return 0
+  end
 end
 return redis.call('DEL', KEYS[1])
 ";

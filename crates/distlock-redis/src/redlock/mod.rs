@@ -7,8 +7,9 @@
 //!   arriving before the core's validity deadline, else releases on every node and retries after a
 //!   jittered backoff bounded by the Q-th smallest pttl (no notification across independent nodes).
 //! * **Renewal** needs a quorum; **release** goes to every node.
-//! * **Break** (`distlock break`) deletes the holder's key, owner-checked, on every node; it is over
-//!   once too few nodes hold it for a quorum (see `breaking`).
+//! * **Break** (`distlock break`) deletes, on every node, the key that still holds the value `inspect`
+//!   showed (owner id and nonce: a later hold of the same `Lock` is left alone); it is over once too
+//!   few nodes hold it for a quorum (see `breaking`).
 //! * **No fencing token**: [`Fencing::None`](distlock_core::Fencing::None). Redlock's safety rests on
 //!   bounded clock drift, pauses and network delays, and on nodes not losing keys (a restart without
 //!   persistence): see the Redlock section of GUARANTEES.md. Use it for efficiency, not correctness.
