@@ -129,6 +129,13 @@ impl NodeType {
 }
 
 /// What a holder `status` shows holds: a lock node of a [`NodeType`], or a semaphore's lease node.
+///
+/// ```
+/// use distlock_zookeeper::layout::{HoldKind, NodeType};
+/// // Only a mutex's or a writer's hold can be broken: readers and permits exclude no one alone.
+/// assert!(HoldKind::Node(NodeType::Write).is_exclusive());
+/// assert!(!HoldKind::Node(NodeType::Read).is_exclusive() && !HoldKind::Permit.is_exclusive());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HoldKind {
     /// A lock node: a mutex's, a reader's or a writer's.

@@ -454,6 +454,15 @@ pub(crate) async fn wait(
             return Ok(()); // nothing to wait on: the core tries again
         };
         let id = session.id;
+        // A mutex's wait bumps the counter in the same query as its GET_LOCK: if the bump fails, the
+        // session may hold the lock, which is released before the error is reported.
+        let undo_key = match &flavor {
+            Flavor::Advisory {
+                key,
+                mint: Some(_),
+            } => Some(key.clone()),
+            _ => None,
+        };
         // A permit's slice is 1 s: its silent connection is given up after 1 s + `request`, not 10 s.
         let bound = Duration::from_secs(flavor.slice_secs()) + request;
         let task = tokio::spawn(async move {
@@ -463,6 +472,18 @@ pub(crate) async fn wait(
                     action: "waiting for the lock (one wait slice)",
                     after: bound,
                 }),
+            };
+            let got = match (got, undo_key) {
+                (Err(e), Some(key)) if !connection_broke(&e) => {
+                    let undo = session
+                        .conn
+                        .query_drop(format!("DO RELEASE_LOCK('{key}')"));
+                    if !matches!(tokio::time::timeout(request, undo).await, Ok(Ok(()))) {
+                        tracing::debug!("releasing the lock of a failed wait failed; its session is closed");
+                    }
+                    Err(e)
+                }
+                (got, _) => got,
             };
             (session, got)
         });
