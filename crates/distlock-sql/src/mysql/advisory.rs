@@ -457,10 +457,7 @@ pub(crate) async fn wait(
         // A mutex's wait bumps the counter in the same query as its GET_LOCK: if the bump fails, the
         // session may hold the lock, which is released before the error is reported.
         let undo_key = match &flavor {
-            Flavor::Advisory {
-                key,
-                mint: Some(_),
-            } => Some(key.clone()),
+            Flavor::Advisory { key, mint: Some(_) } => Some(key.clone()),
             _ => None,
         };
         // A permit's slice is 1 s: its silent connection is given up after 1 s + `request`, not 10 s.
@@ -475,11 +472,11 @@ pub(crate) async fn wait(
             };
             let got = match (got, undo_key) {
                 (Err(e), Some(key)) if !connection_broke(&e) => {
-                    let undo = session
-                        .conn
-                        .query_drop(format!("DO RELEASE_LOCK('{key}')"));
+                    let undo = session.conn.query_drop(format!("DO RELEASE_LOCK('{key}')"));
                     if !matches!(tokio::time::timeout(request, undo).await, Ok(Ok(()))) {
-                        tracing::debug!("releasing the lock of a failed wait failed; its session is closed");
+                        tracing::debug!(
+                            "releasing the lock of a failed wait failed; its session is closed"
+                        );
                     }
                     Err(e)
                 }
