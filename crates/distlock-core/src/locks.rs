@@ -257,10 +257,8 @@ impl Locks {
 
     /// Checks a name, an owner id and that the backend supports `kind`.
     fn check(&self, name: &str, owner: Option<&str>, kind: LockKind) -> Result<()> {
+        self.validate_name(name)?;
         let backend = self.inner.backend.kind();
-        crate::name::validate(name)
-            .and_then(|()| self.inner.backend.validate_name(name))
-            .map_err(|e| e.with_backend(backend))?;
         if owner.is_some_and(|owner| owner.is_empty() || owner.len() > MAX_OWNER_BYTES) {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
@@ -359,19 +357,22 @@ impl Locks {
 
     /// What the server knows about `name`: holder, token, remaining lease, waiters where it can tell.
     pub async fn inspect(&self, name: &str) -> Result<LockInfo> {
+        self.validate_name(name)?;
         let backend = self.inner.backend.kind();
-        crate::name::validate(name)
-            .and_then(|()| self.inner.backend.validate_name(name))
-            .map_err(|e| e.with_backend(backend))?;
         self.inner
             .backend
             .inspect(name)
             .await
             .map_err(|e| tag(e, backend, name))
     }
-}
 
-impl Locks {
+    /// The core's and the backend's name rules: every call that takes a name checks them first.
+    fn validate_name(&self, name: &str) -> Result<()> {
+        crate::name::validate(name)
+            .and_then(|()| self.inner.backend.validate_name(name))
+            .map_err(|e| e.with_backend(self.inner.backend.kind()))
+    }
+
     /// Ends another holder's exclusive hold of `name` against its will: the operator's tool when a
     /// holder is known to be dead and its lease is long (`distlock break`). `holder` is what
     /// [`inspect`](Self::inspect) showed; the engine ends the hold only if that holder still holds the
@@ -401,10 +402,8 @@ impl Locks {
     /// # }
     /// ```
     pub async fn break_holder(&self, name: &str, holder: &crate::raw::HolderInfo) -> Result<bool> {
+        self.validate_name(name)?;
         let backend = self.inner.backend.kind();
-        crate::name::validate(name)
-            .and_then(|()| self.inner.backend.validate_name(name))
-            .map_err(|e| e.with_backend(backend))?;
         let broken = self
             .inner
             .backend
