@@ -625,7 +625,8 @@ pub struct HolderInfo {
     pub remaining_lease: Option<Duration>,
     /// The holder's process id.
     pub pid: Option<u32>,
-    /// The holder's host name.
+    /// Where the holder runs, as the engine tells it: its host name, or (PostgreSQL) the session's
+    /// client address and `application_name`.
     pub host: Option<String>,
     /// When the hold began.
     pub since: Option<SystemTime>,

@@ -113,10 +113,9 @@ async fn a_broken_session_holder_is_lost_at_once_and_a_waiter_gets_the_lock() {
                 .wait(Duration::from_secs(20))
                 .acquire()
                 .await;
-            (got, Instant::now())
+            got
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let broke_at = Instant::now();
         assert!(
             operator.break_holder(&name, &shown).await.unwrap(),
             "{mode}: the holder shown was not broken"
@@ -124,16 +123,11 @@ async fn a_broken_session_holder_is_lost_at_once_and_a_waiter_gets_the_lock() {
         tokio::time::timeout(PROMPT, guard.lost())
             .await
             .unwrap_or_else(|_| panic!("{mode}: the broken guard was not Lost within {PROMPT:?}"));
-        let (got, got_at) = tokio::time::timeout(PROMPT, waiting)
+        let got = tokio::time::timeout(PROMPT, waiting)
             .await
             .unwrap_or_else(|_| panic!("{mode}: the waiter did not get the lock within {PROMPT:?}"))
             .unwrap();
         let next = got.unwrap();
-        assert!(
-            got_at.duration_since(broke_at) < PROMPT,
-            "{mode}: the waiter got it {:?} after the break",
-            got_at.duration_since(broke_at)
-        );
         assert!(
             !session_alive(&server, id),
             "{mode}: the holder's session is still there"

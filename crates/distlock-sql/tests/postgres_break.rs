@@ -99,10 +99,9 @@ async fn a_broken_session_holder_is_lost_at_once_and_a_waiter_gets_the_lock() {
                 .wait(Duration::from_secs(20))
                 .acquire()
                 .await;
-            (got, Instant::now())
+            got
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let broke_at = Instant::now();
         assert!(
             operator.break_holder(&name, &shown).await.unwrap(),
             "{mode}: the holder shown was not broken"
@@ -114,16 +113,11 @@ async fn a_broken_session_holder_is_lost_at_once_and_a_waiter_gets_the_lock() {
         tokio::time::timeout(PROMPT, guard.lost())
             .await
             .unwrap_or_else(|_| panic!("{mode}: the broken guard was not Lost within {PROMPT:?}"));
-        let (got, got_at) = tokio::time::timeout(PROMPT, waiting)
+        let got = tokio::time::timeout(PROMPT, waiting)
             .await
             .unwrap_or_else(|_| panic!("{mode}: the waiter did not get the lock within {PROMPT:?}"))
             .unwrap();
         let next = got.unwrap();
-        assert!(
-            got_at.duration_since(broke_at) < PROMPT,
-            "{mode}: the waiter got it {:?} after the break",
-            got_at.duration_since(broke_at)
-        );
         assert!(
             next.token() > shown.token,
             "{mode}: a new token after the broken one"
